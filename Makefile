@@ -1,0 +1,31 @@
+# loadwatch: `make demo` runs the main job on a bundled default, `make test` runs every check.
+PYTHON ?= python3
+BIN := .venv/bin
+PYTEST_ARGS ?=
+
+.PHONY: venv tools vllm lint test test-fast demo bench fuzz clean
+
+venv:
+	@PYTHON=$(PYTHON) ./scripts/ensure-venv.sh
+
+tools:
+	@./scripts/ensure-tools.sh
+
+vllm:
+	@./scripts/ensure-vllm.sh
+
+lint: venv
+	$(BIN)/ruff check daemon parsers exporters tests bench
+	$(BIN)/ruff format --check -q daemon parsers exporters tests bench
+	$(BIN)/mypy daemon parsers exporters
+
+# Everything: lint, unit and property tests, real Prometheus/promtool/mtail, real vLLM on the CPU.
+test: venv tools vllm lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The quick loop: no real vLLM, no real Prometheus, no soak.
+test-fast: venv lint
+	$(BIN)/pytest -m "not slow and not realvllm and not prometheus" $(PYTEST_ARGS)
+
+clean:
+	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""The loadwatch process: sources, state, forecasts, supervisor and command line."""

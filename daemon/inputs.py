@@ -1,0 +1,141 @@
+"""Value types the sources hand to the state fold (besides parser events).
+
+Units are in the names; "not available" is ``None``, never 0. Times are epoch seconds from the
+injected clock of whoever made the value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A run of whole records from the followed file, as the follower read them.
+
+    ``data`` ends with a record terminator (``\\n`` or ``\\r``). A record longer than the cap is
+    delivered cut to the cap with a ``\\n`` appended; ``cut`` says so (then ``data`` is not the
+    file's bytes and ``offset + len(data)`` is not the next offset: use ``next_offset``).
+    """
+
+    data: bytes
+    offset: int
+    file_id: str
+    next_offset: int
+    cut: bool = False
+
+
+# -- GPUs -------------------------------------------------------------------------------------
+
+GpuHealth = Literal["ok", "lost", "error", "stale", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    index: int
+    health: GpuHealth = "unknown"
+    uuid: str | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    utilization_ratio: float | None = None  # 0..1, GPU busy
+    memory_utilization_ratio: float | None = None  # 0..1, memory controller busy
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    pstate: int | None = None
+    clock_event_reasons: int | None = None  # NVML bitmask (throttle reasons)
+    ecc_uncorrected_total: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    sampled_at: float | None = None
+    error: str | None = None  # one line, when health is not "ok"
+
+    @property
+    def up(self) -> bool:
+        return self.health == "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    gpu_index: int
+    xid: int
+    ts: float
+    uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One poll of every GPU, plus what happened since the last one."""
+
+    ts: float
+    samples: tuple[GpuSample, ...] = ()
+    xids: tuple[XidEvent, ...] = ()
+    source_up: bool = True
+    error: str | None = None  # one line when the source as a whole is down
+    poll_seconds: float | None = None
+
+
+class GpuSource(Protocol):
+    def poll(self) -> GpuReading: ...
+
+
+# -- the vLLM process -------------------------------------------------------------------------
+
+ProcessEventKind = Literal["started", "exited", "stopping", "backoff", "fatal"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessEvent:
+    kind: ProcessEventKind
+    ts: float
+    pid: int | None = None
+    argv: tuple[str, ...] = ()
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None  # one line: why it exited, why fatal, why backing off
+    backoff_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IoSample:
+    """Bytes read so far by the vLLM process tree (``/proc/<pid>/io`` read_bytes, summed)."""
+
+    ts: float
+    read_bytes: int | None
+    pids: int = 0
+
+
+# -- the checkpoint ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    name: str
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the model directory says, read once (and again if it changes)."""
+
+    path: str
+    shards: tuple[ShardInfo, ...] = ()  # in the order vLLM loads them
+    total_bytes: int | None = None
+    architecture: str | None = None
+    model_type: str | None = None
+    is_mla: bool | None = None
+    num_layers: int | None = None
+    quant_algo: str | None = None  # e.g. "NVFP4"
+    checkpoint_kv_dtype: str | None = None  # "fp8" when the checkpoint declares an FP8 KV cache
+    kv_sources: tuple[str, ...] = ()  # where the KV declaration was found ("hf_quant_config.json")
+    errors: tuple[str, ...] = field(default_factory=tuple)  # one line each: what could not be read

@@ -1,0 +1,202 @@
+"""Value types that cross the parser boundary: records in, events out.
+
+Every event is a small frozen dataclass. ``ts`` is the record's own time (epoch seconds, from the
+vLLM header or derived from a progress bar's elapsed field) and is ``None`` when the record carries
+none. ``offset`` is the byte offset of the record that produced the event; for a folded traceback it
+is the offset of its first record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+Severity = Literal["info", "warning", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record of the log: the bytes between two terminators (``\\n``, ``\\r\\n`` or ``\\r``)."""
+
+    text: str
+    offset: int = 0
+    file_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Fields every event has."""
+
+    type: ClassVar[str] = "event"
+    offset: int = 0
+    ts: float | None = None
+    process: str | None = None  # the `(NAME pid=P)` name, e.g. "Worker_TP0", "EngineCore_0"
+    pid: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with the type name first; used by golden files and the event log."""
+        out: dict[str, Any] = {"type": self.type}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardProgress(Event):
+    """One update of a tqdm progress bar (weights, graph capture, prefetch)."""
+
+    type: ClassVar[str] = "shard_progress"
+    desc: str
+    bar: Literal["weights", "graph_capture", "prefetch", "other"]
+    done: int
+    total: int
+    elapsed_s: float | None = None
+    remaining_s: float | None = None
+    rate_per_s: float | None = None  # items per second, converted from `s/it` when needed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvScaleWarning(Event):
+    """`Found k_scale in the checkpoint (e.g. X), but not found the expected name ...`."""
+
+    type: ClassVar[str] = "kv_scale_warning"
+    scale: Literal["k", "v", "q", "kv", "prob", "zero_point", "other"]
+    layer: int | None = None
+    checkpoint_name: str | None = None
+    model_name: str | None = None
+    deprecated: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScaleFactorWarning(Event):
+    """The scaling-factor family: default 1.0 KV scale, q scale from k, uncalibrated q/prob."""
+
+    type: ClassVar[str] = "scale_factor_warning"
+    code: Literal["kv_scale_default", "q_scale_from_k", "q_prob_scale_default"]
+    message: str = ""
+
+
+MilestoneKind = Literal[
+    "version",
+    "model_load_start",
+    "checkpoint_info",
+    "attention_backend",
+    "weights_loaded",
+    "model_memory",
+    "torch_compile",
+    "kv_cache",
+    "graph_capture",
+    "engine_init",
+    "api_server_start",
+    "app_startup_complete",
+    "gguf_shards",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Milestone(Event):
+    """A step of the startup sequence. Unused value fields stay ``None``."""
+
+    type: ClassVar[str] = "milestone"
+    kind: MilestoneKind
+    detail: str | None = None  # sub-kind: e.g. "available_memory", "blocks", "compile_total"
+    seconds: float | None = None
+    gib: float | None = None
+    tokens: int | None = None
+    blocks: int | None = None
+    count: int | None = None
+    value: str | None = None  # version, backend name, model name, URL, filesystem type
+
+
+FailureKind = Literal[
+    "cuda_oom",
+    "kv_cache_too_small",
+    "max_model_len",
+    "engine_init_failed",
+    "worker_died",
+    "nccl",
+    "fp8_kv_unsupported",
+    "other",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failure(Event):
+    """A fatal or likely-fatal error: one ERROR line, or a whole traceback folded into one."""
+
+    type: ClassVar[str] = "failure"
+    kind: FailureKind
+    message: str
+    exc_type: str | None = None
+    first_line: str = ""
+    records: int = 1  # how many records the failure spans
+    last_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StallHint(Event):
+    """`No available shared memory broadcast block found in N seconds`."""
+
+    type: ClassVar[str] = "stall_hint"
+    seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogWarning(Event):
+    """A WARNING record that no catalog entry knows; grouped by its source location."""
+
+    type: ClassVar[str] = "log_warning"
+    source: str | None = None  # "file.py:123" from the header
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogError(Event):
+    """An ERROR/CRITICAL record outside a traceback that no catalog entry knows."""
+
+    type: ClassVar[str] = "log_error"
+    source: str | None = None
+    message: str = ""
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.type: cls
+    for cls in (
+        ShardProgress,
+        KvScaleWarning,
+        ScaleFactorWarning,
+        Milestone,
+        Failure,
+        StallHint,
+        LogWarning,
+        LogError,
+    )
+}
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Inverse of :meth:`Event.to_dict`."""
+    data = dict(data)
+    cls = EVENT_TYPES[data.pop("type")]
+    return cls(**data)
+
+
+__all__ = [
+    "EVENT_TYPES",
+    "Event",
+    "Failure",
+    "FailureKind",
+    "KvScaleWarning",
+    "LogError",
+    "LogWarning",
+    "Milestone",
+    "MilestoneKind",
+    "Record",
+    "ScaleFactorWarning",
+    "Severity",
+    "ShardProgress",
+    "StallHint",
+    "event_from_dict",
+]

@@ -1,0 +1,155 @@
+"""The anatomy of one vLLM log record: colour codes, process prefixes, the logging header.
+
+Every pattern is linear on hostile input: bounded repeats, possessive quantifiers, and searches
+limited to the first few hundred characters where a header can be.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+import regex
+
+# ESC [ ... m, and the same with the ESC byte lost in a copy (`[1;36m`).
+_ANSI = regex.compile(r"\x1b\[[0-9;]{0,16}+[A-Za-z]|\[[0-9]{1,3}+(?:;[0-9]{1,3}+){0,7}+m")
+
+# `(Worker_TP0 pid=1700) `, `(VllmWorker rank=1 pid=9)`, `(VllmWorker PP0_TP1 pid=2)`,
+# `(RayWorkerWrapper pid=5, ip=10.0.0.2)`.
+_PREFIX_CORE = (
+    r"\((?P<name>[A-Za-z][A-Za-z0-9_]{0,63}+)"
+    r"(?: rank=(?P<rank>\d{1,6}+))?"
+    r"(?: (?P<ranks>[A-Z]{1,8}+\d{1,6}+(?:_[A-Z]{1,8}+\d{1,6}+){0,7}+))?"
+    r" pid=(?P<pid>\d{1,10}+)(?:, ip=[0-9A-Fa-f.:]{1,64}+)?\)"
+)
+_PREFIX = regex.compile(r"\s{0,8}+" + _PREFIX_CORE + r" ?")
+# A prefix in mid-record marks where another process's line begins (tqdm `\r` bars).
+_MIDLINE_PREFIX = regex.compile(r"(?<=\S)" + _PREFIX_CORE + r" ")
+_RAY_REPEAT = regex.compile(r" \[repeated (\d{1,9}+)x across cluster\]\s*+$")
+
+# `INFO 11-30 10:00:00 [file.py:123] msg` and the older `INFO 11-30 10:00:00 file.py:123] msg`.
+_HEADER = regex.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
+    r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:[.,]\d{1,6}+)? "
+    r"(?:\[(?P<src>[^\]\s]{1,200}+)\]|(?P<osrc>[^\]\s]{1,200}+)\]) ?"
+)
+# uvicorn's own format: `INFO:     Application startup complete.`
+_UVICORN = regex.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s{1,8}+")
+# flashinfer: `2025-11-21 10:26:22,420 - INFO - msg`
+_DATED = regex.compile(
+    r"(?P<Y>\d{4})-(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)[.,]\d{1,6}+"
+    r" - (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - "
+)
+_HEADER_WINDOW = 256  # a VLLM_LOGGING_PREFIX may stand before the header; nothing longer
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """What stands before the message of one record."""
+
+    process: str | None
+    pid: int | None
+    level: str | None  # None: no recognised header (bare stderr, tracebacks, bars)
+    ts: float | None
+    source: str | None
+    body: str
+    prefix_only: bool = False
+
+
+def strip_ansi(text: str) -> str:
+    if "[" not in text:
+        return text
+    return _ANSI.sub("", text)
+
+
+def split_segments(text: str) -> list[str]:
+    """Split a record where another process's prefix starts in mid-record."""
+    if "pid=" not in text:
+        return [text]
+    cuts = [m.start() for m in _MIDLINE_PREFIX.finditer(text)]
+    if not cuts:
+        return [text]
+    parts: list[str] = []
+    start = 0
+    for cut in cuts:
+        parts.append(text[start:cut])
+        start = cut
+    parts.append(text[start:])
+    return [p for p in parts if p.strip()]
+
+
+class YearResolver:
+    """vLLM timestamps have no year: pick the one that puts the time nearest before `ref_ts`."""
+
+    def __init__(self, ref_ts: float | None = None) -> None:
+        self.ref_ts = time.time() if ref_ts is None else ref_ts
+        self._cache: dict[tuple[int, int, int], float | None] = {}
+
+    def resolve(self, mon: int, day: int, h: int, m: int, s: int) -> float | None:
+        key = (mon, day, h)
+        if key not in self._cache:
+            self._cache[key] = self._hour_start(mon, day, h)
+        base = self._cache[key]
+        return None if base is None else base + m * 60 + s
+
+    def _hour_start(self, mon: int, day: int, h: int) -> float | None:
+        ref_year = datetime.fromtimestamp(self.ref_ts).year
+        best: float | None = None
+        for year in (ref_year + 1, ref_year, ref_year - 1):
+            try:
+                ts = datetime(year, mon, day, h).timestamp()
+            except (ValueError, OverflowError):
+                continue
+            # A line can be at most a little ahead of the reference (clock skew, late reads).
+            if ts <= self.ref_ts + 86400 and (best is None or ts > best):
+                best = ts
+        return best
+
+
+def parse_head(segment: str, years: YearResolver) -> Head:
+    """Peel the process prefix(es) and the logging header off one segment."""
+    process: str | None = None
+    pid: int | None = None
+    pos = 0
+    # Prefixes may nest or repeat (before 2026-03): the innermost names the process.
+    while segment.startswith("(", pos) or segment[pos : pos + 1].isspace():
+        m = _PREFIX.match(segment, pos)
+        if m is None:
+            break
+        process = _process_name(m)
+        pid = int(m.group("pid"))
+        pos = m.end()
+    rest = segment[pos:]
+    if process is not None and not rest.strip():
+        return Head(process, pid, None, None, None, "", prefix_only=True)
+    if " [repeated " in rest:
+        rest = _RAY_REPEAT.sub("", rest)
+
+    h = _HEADER.search(rest, 0, _HEADER_WINDOW) if len(rest) > 20 else None
+    if h is not None:
+        ts = years.resolve(int(h["mon"]), int(h["day"]), int(h["h"]), int(h["m"]), int(h["s"]))
+        level = "WARNING" if h["level"] == "WARN" else h["level"]
+        return Head(process, pid, level, ts, h["src"] or h["osrc"], rest[h.end() :])
+    u = _UVICORN.match(rest)
+    if u is not None:
+        return Head(process, pid, u["level"], None, None, rest[u.end() :])
+    d = _DATED.match(rest)
+    if d is not None:
+        try:
+            ts2: float | None = datetime(
+                int(d["Y"]), int(d["mon"]), int(d["day"]), int(d["h"]), int(d["m"]), int(d["s"])
+            ).timestamp()
+        except (ValueError, OverflowError):
+            ts2 = None
+        return Head(process, pid, d["level"], ts2, None, rest[d.end() :])
+    return Head(process, pid, None, None, None, rest)
+
+
+def _process_name(m: regex.Match[str]) -> str:
+    name = m.group("name")
+    if m.group("ranks"):
+        return f"{name}_{m.group('ranks')}"
+    if m.group("rank"):
+        return f"{name}_rank{m.group('rank')}"
+    return name
