@@ -553,7 +553,10 @@ _CLASSIFY: tuple[tuple[regex.Pattern[str], FailureKind], ...] = (
     ),
     (_c(r"max_model_len|max model len|max_position_embeddings"), "max_model_len"),
     (_c(r"NCCL error|NCCL|DistBackendError"), "nccl"),
-    (_c(r"Engine core initialization failed|failed to start"), "engine_init_failed"),
+    (
+        _c(r"Engine core initialization failed|initialization failed|failed to start"),
+        "engine_init_failed",
+    ),
     (_c(r"EngineDeadError|died unexpectedly|died, exit code|fatal error"), "worker_died"),
 )
 

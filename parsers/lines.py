@@ -25,7 +25,8 @@ _PREFIX_CORE = (
 )
 _PREFIX = regex.compile(r"\s{0,8}+" + _PREFIX_CORE + r" ?")
 # A prefix in mid-record marks where another process's line begins (tqdm `\r` bars).
-_MIDLINE_PREFIX = regex.compile(r"(?<=\S)" + _PREFIX_CORE + r" ")
+_MIDLINE_PREFIX = regex.compile(_PREFIX_CORE + r" ")
+MAX_SEGMENTS = 64
 _RAY_REPEAT = regex.compile(r" \[repeated (\d{1,9}+)x across cluster\]\s*+$")
 
 # `INFO 11-30 10:00:00 [file.py:123] msg` and the older `INFO 11-30 10:00:00 file.py:123] msg`.
@@ -64,10 +65,22 @@ def strip_ansi(text: str) -> str:
 
 
 def split_segments(text: str) -> list[str]:
-    """Split a record where another process's prefix starts in mid-record."""
-    if "pid=" not in text:
-        return [text]
-    cuts = [m.start() for m in _MIDLINE_PREFIX.finditer(text)]
+    """Split a record where another process's prefix starts in mid-record.
+
+    Walks the `pid=` occurrences (rare) instead of running a pattern at every position, and stops
+    after a bounded number of segments: the rest stays in the last one.
+    """
+    cuts: list[int] = []
+    tries = 0
+    i = text.find(" pid=", 1)
+    while i >= 0 and len(cuts) < MAX_SEGMENTS and tries < 4 * MAX_SEGMENTS:
+        tries += 1
+        open_at = text.rfind("(", max(0, i - 80), i)
+        if open_at > 0 and not text[open_at - 1].isspace():
+            m = _MIDLINE_PREFIX.match(text, open_at)
+            if m is not None:
+                cuts.append(open_at)
+        i = text.find(" pid=", i + 5)
     if not cuts:
         return [text]
     parts: list[str] = []

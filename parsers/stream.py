@@ -48,6 +48,7 @@ PREFILTER_NEEDLES: tuple[str, ...] = tuple(
     sorted(set(NEEDLES) | set(_LEVEL_NEEDLES) | {"Traceback"})
 )
 MAX_TRACEBACK_RECORDS = 2000
+PREFIX_RECORD_MAX = 256  # a record holding only a process prefix (colour codes included)
 MAX_MESSAGE_CHARS = 2000
 
 
@@ -126,10 +127,15 @@ class EventStream:
         self._pending_prefix: tuple[str, int | None] | None = None
         self._last_ts: float | None = None
         self._bars: dict[tuple[str | None, str], _BarAnchor] = {}
+        self._bar_owner: dict[str, tuple[str, int | None]] = {}
 
     @property
     def in_traceback(self) -> bool:
         return bool(self._tracebacks)
+
+    def forget_pending(self) -> None:
+        """Records were skipped unseen: a prefix seen before them names nothing now."""
+        self._pending_prefix = None
 
     def feed(self, record: Record) -> list[Event]:
         self.stats.records += 1
@@ -137,7 +143,7 @@ class EventStream:
         text = record.text
         if not self._tracebacks and not has_needle(text):
             # A prefix alone in its record names the process of the `\r` bar that follows.
-            if text.endswith((")", ") ")) and "pid=" in text:
+            if "pid=" in text and len(text) <= PREFIX_RECORD_MAX:
                 head = parse_head(strip_ansi(text), self.years)
                 if head.prefix_only and head.process is not None:
                     self._pending_prefix = (head.process, head.pid)
@@ -188,7 +194,8 @@ class EventStream:
                 return [self._close(tb)]
             # Not part of the traceback after all: close it, then parse the record as usual.
             return [self._close(tb), *self._parse(head, offset)]
-        if body.lstrip().startswith(TRACEBACK_START) and head.level in (None, "ERROR", "CRITICAL"):
+        # `EngineCore hit an exception: Traceback (most recent call last):` opens one too.
+        if body.rstrip().endswith(TRACEBACK_START) and head.level in (None, "ERROR", "CRITICAL"):
             self.stats.tracebacks += 1
             self._tracebacks[key] = _Traceback(
                 offset=offset,
@@ -202,10 +209,22 @@ class EventStream:
         return self._parse(head, offset)
 
     def _parse(self, head: Head, offset: int) -> list[Event]:
-        if head.ts is None and head.level is None and self._last_ts is not None:
-            events = parse_segment(head, offset)
+        events = parse_segment(head, offset)
+        if events and isinstance(events[0], ShardProgress):
+            events[0] = self._bar_process(events[0])
+        if head.ts is None and self._last_ts is not None:
             return [self._timed(e) for e in events]
-        return parse_segment(head, offset)
+        return events
+
+    def _bar_process(self, event: ShardProgress) -> ShardProgress:
+        """`\r`-only bars repeat no prefix: an update belongs to whoever drew that bar last."""
+        if event.process is not None:
+            self._bar_owner[event.desc] = (event.process, event.pid)
+            return event
+        owner = self._bar_owner.get(event.desc)
+        if owner is None:
+            return event
+        return replace(event, process=owner[0], pid=owner[1])
 
     def _timed(self, event: Event) -> Event:
         """Give a record without a header a time: bars from their own elapsed field."""
