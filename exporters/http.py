@@ -94,8 +94,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
     sys_version = ""
 
     def setup(self) -> None:
-        self.timeout = self.server.owner.config.request_timeout_s
         super().setup()
+        self.connection.settimeout(self.server.owner.config.request_timeout_s)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # requests are counted, not logged line by line
