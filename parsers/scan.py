@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from loadwatch.parsers.events import Event, Record
-from loadwatch.parsers.stream import PREFILTER_NEEDLES, PREFIX_RECORD_MAX, EventStream, has_needle
+from loadwatch.parsers.stream import PREFILTER, PREFIX_RECORD_MAX, EventStream, Mode, has_needle
 
-_NEEDLES_B = tuple(n.encode() for n in PREFILTER_NEEDLES)
+_NEEDLES_B: dict[Mode, tuple[bytes, ...]] = {
+    mode: tuple(n.encode() for n in needles) for mode, needles in PREFILTER.items()
+}
 _TERMINATORS = (0x0A, 0x0D)
 
 
@@ -42,7 +44,9 @@ def _next_terminator(data: bytes, start: int, end: int) -> int:
 
 
 def _record_start(data: bytes, pos: int) -> int:
-    return max(data.rfind(b"\n", 0, pos), data.rfind(b"\r", 0, pos)) + 1
+    lf = data.rfind(b"\n", 0, pos)
+    # look for a `\r` only after that newline: an unbounded rfind would scan the whole chunk
+    return max(lf, data.rfind(b"\r", lf + 1, pos)) + 1
 
 
 class ChunkScanner:
@@ -59,18 +63,28 @@ class ChunkScanner:
         out: list[Event] = []
         n = len(data)
         pos = 0
-        for start in self._candidates(data):
+        stream = self.stream
+        mode = stream.mode
+        candidates = self._candidates(data, 0, mode)
+        i = 0
+        while i < len(candidates):
+            start = candidates[i]
+            i += 1
             if start < pos:
                 continue
-            if self.stream.in_traceback:
+            if stream.in_traceback:
                 pos = self._walk(data, pos, base, file_id, out)
                 if start < pos:
                     continue
             self._before(data, start, base, file_id, out)
             end = _next_terminator(data, start, n)
-            self._feed(data[start:end], base + start, file_id, out)
+            self._feed(data[start:end], base + start, file_id, out, candidate=True)
             pos = end + 1
-        if self.stream.in_traceback:
+            if stream.mode != mode:  # the needle set changed: look again from here
+                mode = stream.mode
+                candidates = self._candidates(data, pos, mode)
+                i = 0
+        if stream.in_traceback:
             self._walk(data, pos, base, file_id, out)
         self._keep_tail(data, base)
         return out
@@ -89,8 +103,15 @@ class ChunkScanner:
         else:
             self.stream.forget_pending()
 
-    def _feed(self, raw: bytes, offset: int, file_id: str | None, out: list[Event]) -> None:
-        out.extend(self.stream.feed(Record(decode(raw), offset, file_id)))
+    def _feed(
+        self,
+        raw: bytes,
+        offset: int,
+        file_id: str | None,
+        out: list[Event],
+        candidate: bool = False,
+    ) -> None:
+        out.extend(self.stream.feed(Record(decode(raw), offset, file_id), candidate))
         self._fed_end = offset + len(raw)
 
     def _walk(self, data: bytes, pos: int, base: int, file_id: str | None, out: list[Event]) -> int:
@@ -125,14 +146,18 @@ class ChunkScanner:
         if not prev or offset + len(prev) == self._fed_end:
             return  # nothing there, or the stream has seen it already
         self.stream.forget_pending()
-        if len(prev) <= PREFIX_RECORD_MAX and b"pid=" in prev and not has_needle(decode(prev)):
+        if (
+            len(prev) <= PREFIX_RECORD_MAX
+            and b"pid=" in prev
+            and not has_needle(decode(prev), self.stream.mode)
+        ):
             self._feed(prev, offset, file_id, out)
 
-    def _candidates(self, data: bytes) -> list[int]:
+    def _candidates(self, data: bytes, pos: int, mode: Mode) -> list[int]:
         starts: set[int] = set()
         n = len(data)
-        for needle in _NEEDLES_B:
-            i = data.find(needle)
+        for needle in _NEEDLES_B[mode]:
+            i = data.find(needle, pos)
             while i >= 0:
                 starts.add(_record_start(data, i))
                 e = _next_terminator(data, i, n)
