@@ -12,6 +12,7 @@ does, around it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import threading
@@ -75,6 +76,36 @@ _REINIT: Final = frozenset(
 
 MIB: Final = 1 << 20
 
+_Alt = tuple[str, str, tuple[Any, ...], dict[str, Any]]  # key, function, args after handle, kwargs
+# What one poll reads per GPU, in the order _read_hot unpacks it; equivalents newest-first,
+# except temperature, where the plain call is cheaper and stays until drivers drop it.
+_HOT_FIELDS: Final[tuple[tuple[_Alt, ...], ...]] = (
+    (
+        ("mem2", "nvmlDeviceGetMemoryInfo", (), {"version": MEMORY_INFO_V2}),
+        ("mem1", "nvmlDeviceGetMemoryInfo", (), {}),
+    ),
+    (("util", "nvmlDeviceGetUtilizationRates", (), {}),),
+    (
+        ("temp", "nvmlDeviceGetTemperature", (TEMPERATURE_GPU,), {}),
+        ("tempv", "nvmlDeviceGetTemperatureV", (TEMPERATURE_GPU,), {}),
+    ),
+    (("power", "nvmlDeviceGetPowerUsage", (), {}),),
+    (("pstate", "nvmlDeviceGetPerformanceState", (), {}),),
+    (
+        ("reasons", "nvmlDeviceGetCurrentClocksEventReasons", (), {}),
+        ("throttle", "nvmlDeviceGetCurrentClocksThrottleReasons", (), {}),
+    ),
+    (
+        (
+            "ecc",
+            "nvmlDeviceGetTotalEccErrors",
+            (MEMORY_ERROR_TYPE_UNCORRECTED, VOLATILE_ECC),
+            {},
+        ),
+    ),
+    (("procs", "nvmlDeviceGetComputeRunningProcesses", (), {}),),
+)
+
 log = logging.getLogger("loadwatch.gpu")
 
 
@@ -110,6 +141,7 @@ class _Gpu:
     never: set[str] = field(default_factory=set)  # calls that answered "not supported"
     errors: list[str] = field(default_factory=list)  # this poll's unexpected failures
     last_static: _Static = field(default_factory=_Static)
+    plan: list[Callable[[], Any] | None] | None = None  # the hot calls, bound; see _read_careful
 
 
 def describe(exc: BaseException) -> str:
@@ -390,16 +422,6 @@ class NvmlSource:
             gpu.errors.append(f"{fn_name}: {describe(exc)}")
             return None
 
-    def _first(self, gpu: _Gpu, fn_names: tuple[str, ...], *args: Any) -> Any:
-        """The first of several equivalent calls (newest first) that this driver answers."""
-        for name in fn_names:
-            if name in gpu.never:
-                continue
-            value = self._call(gpu, name, name, *args)
-            if value is not None or name not in gpu.never:
-                return value
-        return None
-
     # -- one GPU ------------------------------------------------------------------------------
 
     def _sample(self, gpu: _Gpu, now: float) -> GpuSample:
@@ -451,39 +473,20 @@ class NvmlSource:
         return static
 
     def _read_hot(self, gpu: _Gpu, st: _Static, now: float) -> GpuSample:
-        h = gpu.handle
-        reserved: int | None = None
-        mem = self._call(gpu, "mem2", "nvmlDeviceGetMemoryInfo", h, version=MEMORY_INFO_V2)
-        if mem is not None:
-            reserved = int(mem.reserved)
-        elif "mem2" in gpu.never:
-            mem = self._call(gpu, "mem1", "nvmlDeviceGetMemoryInfo", h)
+        values: list[Any] | None = None
+        if gpu.plan is not None:
+            # Every call answered last time: run them bare. Any fault at all drops to the
+            # careful path, which makes the same calls again one by one and sorts the fault out.
+            try:
+                values = [None if f is None else f() for f in gpu.plan]
+            except Exception:
+                gpu.plan = None
+        if values is None:
+            values = self._read_careful(gpu)
+        mem, util, temp, power_mw, pstate, reasons, ecc, procs = values
         if mem is not None and st.memory_total_bytes is None:
             st.memory_total_bytes = int(mem.total)
-        util = self._call(gpu, "util", "nvmlDeviceGetUtilizationRates", h)
-        temp = self._first(
-            # the plain call is the cheaper one; the versioned one replaces it once it is gone
-            gpu,
-            ("nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV"),
-            h,
-            TEMPERATURE_GPU,
-        )
-        power_mw = self._call(gpu, "power", "nvmlDeviceGetPowerUsage", h)
-        pstate = self._call(gpu, "pstate", "nvmlDeviceGetPerformanceState", h)
-        reasons = self._first(
-            gpu,
-            ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
-            h,
-        )
-        ecc = self._call(
-            gpu,
-            "ecc",
-            "nvmlDeviceGetTotalEccErrors",
-            h,
-            MEMORY_ERROR_TYPE_UNCORRECTED,
-            VOLATILE_ECC,
-        )
-        procs = self._call(gpu, "procs", "nvmlDeviceGetComputeRunningProcesses", h)
+        reserved = getattr(mem, "reserved", None)  # only the v2 structure has it
         return GpuSample(
             index=gpu.index,
             health="error" if gpu.errors else "ok",
@@ -493,7 +496,7 @@ class NvmlSource:
             compute_capability=st.compute_capability,
             memory_used_bytes=int(mem.used) if mem is not None else None,
             memory_total_bytes=st.memory_total_bytes,
-            memory_reserved_bytes=reserved,
+            memory_reserved_bytes=int(reserved) if reserved is not None else None,
             utilization_ratio=util.gpu / 100.0 if util is not None else None,
             memory_utilization_ratio=util.memory / 100.0 if util is not None else None,
             temperature_celsius=float(temp) if temp is not None else None,
@@ -506,6 +509,34 @@ class NvmlSource:
             sampled_at=now,
             error="; ".join(gpu.errors) if gpu.errors else None,
         )
+
+    def _read_careful(self, gpu: _Gpu) -> list[Any]:
+        """Each hot field through ``_call``, trying older equivalents where the newer is absent.
+
+        When every field answered (or is known absent), leaves ``gpu.plan``: the calls that
+        answered, bound to this handle, for the next polls to run bare.
+        """
+        h = gpu.handle
+        values: list[Any] = []
+        plan: list[Callable[[], Any] | None] = []
+        clean = True
+        for alternatives in _HOT_FIELDS:
+            value: Any = None
+            bound: Callable[[], Any] | None = None
+            for key, fn_name, args, kwargs in alternatives:
+                if key in gpu.never:
+                    continue
+                value = self._call(gpu, key, fn_name, h, *args, **kwargs)
+                if value is not None:
+                    bound = functools.partial(getattr(self._nvml, fn_name), h, *args, **kwargs)
+                    break
+                if key not in gpu.never:
+                    clean = False  # failed for now; not a reason to try the older call
+                    break
+            values.append(value)
+            plan.append(bound)
+        gpu.plan = plan if clean and not gpu.errors else None
+        return values
 
     # -- Xid events ---------------------------------------------------------------------------
 
