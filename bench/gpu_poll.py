@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadwatch.daemon.gpu import GuardedGpuSource  # noqa: E402
-from loadwatch.daemon.gpusim import SimulatedGpuSource  # noqa: E402
-from loadwatch.daemon.nvml import NvmlSource  # noqa: E402
-from tests.gpu.fake_pynvml import FakeNvml, devices  # noqa: E402
+from loadwatch.daemon.gpu import GuardedGpuSource
+from loadwatch.daemon.gpusim import SimulatedGpuSource
+from loadwatch.daemon.nvml import NvmlSource
+from tests.gpu.fake_pynvml import FakeNvml, devices
 
 
 def median_s(fn: Callable[[], object], n: int) -> float:
