@@ -9,6 +9,7 @@ on as before.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -65,15 +66,16 @@ class _Outcome:
 class GuardedGpuSource:
     """Polls ``inner`` on a worker thread and answers within ``deadline_s`` whatever happens.
 
-    ``poll()`` blocks its caller for at most ``deadline_s``; an asyncio loop calls it through
-    ``asyncio.to_thread`` so the loop itself never waits on NVML.
+    ``poll()`` blocks its caller for at most ``deadline_s``; an asyncio loop awaits
+    ``poll_async()`` instead, so the loop itself never waits on NVML. The default deadline matches
+    the default 1 s poll interval: a poll never takes longer than its tick.
     """
 
     def __init__(
         self,
         inner: GpuSource,
         *,
-        deadline_s: float = 2.0,
+        deadline_s: float = 1.0,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -133,6 +135,10 @@ class GuardedGpuSource:
             self._polls += 1
             self._last_poll_seconds = self._monotonic() - start
             return reading
+
+    async def poll_async(self) -> GpuReading:
+        """``poll()`` on a short-lived executor thread; it too returns within the deadline."""
+        return await asyncio.to_thread(self.poll)
 
     def health(self) -> GpuSourceHealth:
         with self._cv:

@@ -310,9 +310,9 @@ def start_child(steps: Sequence[int], uuid: str, log: IO[str]) -> subprocess.Pop
 
 
 def kill_child(child: subprocess.Popen[str]) -> None:
-    if child.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
+    # the whole group: anything the child started goes too
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(timeout=30)
 
@@ -395,7 +395,10 @@ def run_checks(args: argparse.Namespace, child_log: IO[str]) -> int:
         if not first.source_up:
             print(f"FAIL nvml-init: {first.error}")
             return 2
-        print(f"NVML up: {len(first.samples)} GPU(s); Xid events: {source.xid_status or 'watched'}")
+        print(f"NVML up: {len(first.samples)} GPU(s)")
+        checks.add(
+            "xid-events", source.xid_status is None, source.xid_status or "registered, watched"
+        )
         print(
             format_table(
                 (
@@ -447,7 +450,7 @@ def run_checks(args: argparse.Namespace, child_log: IO[str]) -> int:
 
         child = start_child(steps, target.uuid, child_log)
         reader = LineReader(child.stdout)  # type: ignore[arg-type]
-        ready = reader.expect("READY", args.wait_s * 4)
+        ready = reader.expect("READY", max(120.0, args.wait_s * 4))  # torch import + CUDA init
         pid, reserved0 = int(ready[0]), int(ready[1])
         # the child's CUDA context alone is the baseline the steps are measured from
         s0, listed, _ = wait_sample(
@@ -558,7 +561,7 @@ def run_checks(args: argparse.Namespace, child_log: IO[str]) -> int:
             f"pid listed: {process_bytes(after, pid) is not None}",
         )
         report = check_orphans(source.poll(), {pid, child.pid})
-        checks.add("orphans", report.clean and report.complete, report.summary())
+        checks.add("orphans", report.clean, report.summary())
         for h in report.unknown:
             print(
                 f"note: other holder pid {h.pid} on GPU {h.gpu_index}: {gib(h.used_bytes)} GiB {h.cmdline or ''}"

@@ -236,3 +236,36 @@ def test_poll_after_close_is_refused(sim: SimulatedGpuSource) -> None:
 def test_null_source_is_up_and_empty() -> None:
     r = NullGpuSource(clock=lambda: 9.0).poll()
     assert r == GpuReading(ts=9.0, samples=(), source_up=True, poll_seconds=0.0)
+
+
+def test_poll_async_keeps_the_event_loop_free_while_the_inner_call_hangs(
+    sim: SimulatedGpuSource,
+) -> None:
+    import asyncio
+
+    g = GuardedGpuSource(sim, deadline_s=0.2)
+
+    async def main() -> tuple[GpuReading, int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        first = await g.poll_async()
+        assert first.source_up
+        sim.hang()
+        task = asyncio.create_task(ticker())
+        reading = await g.poll_async()
+        task.cancel()
+        return reading, ticks
+
+    try:
+        reading, ticks = asyncio.run(main())
+    finally:
+        sim.unhang()
+    assert reading.stale
+    assert ticks >= 5  # the loop ran its other work during the 0.2 s wait
+    g.close()
