@@ -243,6 +243,12 @@ class NvmlSource:
             except _Reinit as exc:
                 self._go_down(str(exc), start)
                 return self._down(now, start, self._error)
+            # Only a poll that got through resets the backoff: a driver that comes up and falls
+            # over again at once keeps backing off instead of flapping every second.
+            self._backoff_s = self._backoff_initial_s
+            if self._logged_error is not None:
+                self._log(f"GPU source up again: NVML sees {len(self._gpus)} GPU(s)")
+                self._logged_error = None
             thread = self._xid_thread
             if thread is not None and not thread.is_alive():
                 self._stop_xid()  # the Xid thread ended on an error: free its set, start anew
@@ -314,10 +320,6 @@ class NvmlSource:
         self._gpus = gpus
         self._up = True
         self._error = None
-        self._backoff_s = self._backoff_initial_s
-        if self._logged_error is not None:
-            self._log(f"GPU source up again: NVML sees {count} GPU(s)")
-            self._logged_error = None
         if self._xid_enabled:
             self._start_xid()
         return True

@@ -561,3 +561,19 @@ def test_a_fault_after_clean_polls_is_sorted_out_as_on_a_first_poll(
     assert s.health == "ok"
     assert (s.power_watts is not None) == asked_again
     assert (fake.count("nvmlDeviceGetPowerUsage") > before) == asked_again
+
+
+def test_a_driver_that_falls_over_right_after_init_keeps_backing_off() -> None:
+    fake = FakeNvml(fk.devices(1))
+    fake.devices[0].fail["nvmlDeviceGetUUID"] = fk.UNINITIALIZED  # init works, every poll fails
+    src, _, mono, logs = make(fake)
+    attempts = []
+    for t in range(0, 20):
+        mono.t = float(t)
+        before = fake.init_calls
+        src.poll()
+        if fake.init_calls != before:
+            attempts.append(t)
+        fake.refcount = 0
+    assert attempts == [0, 1, 3, 7, 15]
+    assert len(logs) == 1  # the same fault: one line, not one per attempt
