@@ -74,8 +74,6 @@ _REINIT: Final = frozenset(
     }
 )
 
-MIB: Final = 1 << 20
-
 _Alt = tuple[str, str, tuple[Any, ...], dict[str, Any]]  # key, function, args after handle, kwargs
 # What one poll reads per GPU, in the order _read_hot unpacks it; equivalents newest-first,
 # except temperature, where the plain call is cheaper and stays until drivers drop it.
