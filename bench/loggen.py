@@ -150,7 +150,7 @@ _PROMPTS = (
 def serving(rng: random.Random, clock: _Clock, count: int) -> Iterator[str]:
     """Request, access and statistics lines of a busy server."""
     api = "(APIServer pid=51001) "
-    for i in range(count):
+    for _ in range(count):
         r = rng.random()
         rid = f"chatcmpl-{rng.getrandbits(64):016x}"
         if r < 0.35:
@@ -215,7 +215,9 @@ def serving_log(path: Path, lines: int = 1_000_000, seed: int = 1, restarts: int
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("shape", choices=("load", "serving"))
     ap.add_argument("path", type=Path)
     ap.add_argument("--lines", type=int, default=None)
