@@ -577,3 +577,22 @@ def test_a_driver_that_falls_over_right_after_init_keeps_backing_off() -> None:
         fake.refcount = 0
     assert attempts == [0, 1, 3, 7, 15]
     assert len(logs) == 1  # the same fault: one line, not one per attempt
+
+
+def test_process_list_is_reread_when_memory_moves_or_every_few_polls() -> None:
+    from loadwatch.daemon.nvml import PROCS_EVERY_POLLS
+
+    src, fake, _, _ = make(n=1)
+    dev = fake.devices[0]
+    dev.processes = [(1000, 1 * GIB)]
+    src.poll()  # careful path: reads the list
+    base = fake.count("nvmlDeviceGetComputeRunningProcesses")
+    for _ in range(PROCS_EVERY_POLLS):  # bare path from here on
+        assert src.poll().samples[0].processes[0].used_bytes == 1 * GIB
+    assert fake.count("nvmlDeviceGetComputeRunningProcesses") == base  # memory still: reused
+    src.poll()
+    assert fake.count("nvmlDeviceGetComputeRunningProcesses") == base + 1  # aged out: read again
+    dev.used += 2 * GIB
+    dev.processes = [(1000, 3 * GIB), (2000, 1 * GIB)]
+    s = src.poll().samples[0]  # memory moved: read at once, not a few polls later
+    assert [(p.pid, p.used_bytes) for p in s.processes] == [(1000, 3 * GIB), (2000, 1 * GIB)]
