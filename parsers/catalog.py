@@ -47,6 +47,7 @@ class Entry:
     severity: Severity
     levels: frozenset[Level] = MESSAGE  # the record levels this message is printed at
     serving: bool = False  # still looked for once the server is up (restart markers, stalls)
+    more: bool = False  # the same record may hold a second message: keep looking after a match
 
 
 def _num(text: str | None) -> float | None:
@@ -176,6 +177,10 @@ def _backend(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     # "Triton MLA" and "TRITON_MLA" name the same backend
     name = m["b"].strip().upper().replace(" ", "_")
     return Milestone(kind="attention_backend", value=name, **ctx)
+
+
+def _shutdown(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    return Milestone(kind="shutdown", value=(m["what"] or m["uv"]).strip(), **ctx)
 
 
 def _stall(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
@@ -325,10 +330,18 @@ CATALOG: tuple[Entry, ...] = (
         "ms.attention_backend",
         ("backend",),
         _c(
-            r"^Using (?:AttentionBackendEnum\.)?(?P<b>[A-Za-z0-9_]{1,40}+(?: [A-Za-z0-9_]{1,40}+){0,3}?)"
-            r" (?:attention )?backend(?:[. ]|$)"
+            r"^Using (?:AttentionBackendEnum\.)?"
+            r"(?P<b>[A-Za-z0-9_]{1,40}+(?: (?:Attention|MLA|SDPA))?) (?:attention )?backend"
+            r"(?: on V1 engine)?(?:\.|,| out of potential backends|\s*+$)"
         ),
         _backend,
+        "info",
+    ),
+    Entry(
+        "ms.model_init",
+        ("Initializing model took",),
+        _c(r"^Initializing model took " + _SEC + r" s"),
+        _milestone("model_init", seconds="sec"),
         "info",
     ),
     Entry(
@@ -398,11 +411,26 @@ CATALOG: tuple[Entry, ...] = (
         "info",
     ),
     Entry(
+        "ms.kv_explicit",
+        ("GiB for KV cache",),
+        _c(r"Explicitly set \((?P<gib>\d{1,9}+(?:\.\d{1,9}+)?)/[\d.]{1,20}+\) GiB for KV cache"),
+        _milestone("kv_cache", detail="available_memory", gib="gib"),
+        "info",
+    ),
+    Entry(
+        "ms.kv_dtype",
+        ("data type to store kv cache",),
+        _c(r"Using (?P<dtype>[A-Za-z0-9_]{1,40}+) data type to store kv cache"),
+        _milestone("kv_cache", detail="dtype", value="dtype"),
+        "info",
+    ),
+    Entry(
         "ms.kv_size",
         ("KV cache size:",),
         _c(r"(?P<dev>GPU|CPU|XPU|TPU)? ?KV cache size: (?P<tok>[\d,]{1,20}+) tokens"),
         _milestone("kv_cache", detail="size", tokens="tok", value="dev"),
         "info",
+        more=True,  # the CPU backend prints the concurrency on the same line
     ),
     Entry(
         "ms.kv_blocks",
@@ -476,6 +504,17 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"^Application startup complete\."),
         _milestone("app_startup_complete"),
         "info",
+    ),
+    Entry(
+        "ms.shutdown",
+        ("[shutdown]", "Shutting down", "application shutdown", "Application shutdown complete"),
+        _c(
+            r"^\[shutdown\] (?P<what>.{1,200}+)|^(?P<uv>Shutting down|Waiting for application shutdown"
+            r"|Application shutdown complete)"
+        ),
+        _shutdown,
+        "info",
+        serving=True,  # a stop usually comes while serving
     ),
     # -- stall hints -----------------------------------------------------------------------
     Entry(
@@ -558,6 +597,7 @@ _CLASSIFY: tuple[tuple[re.Pattern[str], FailureKind], ...] = (
     (
         _c(
             r"FP8 Triton MLA|TritonMLA(?: V1)? with FP8 KV cache not yet supported"
+            r"|expected scalar type \w{1,40}+ but found Float8_e\dm\d"
             r"|No valid attention backend.{0,4000}?kv_cache_dtype not supported"
         ),
         "fp8_kv_unsupported",

@@ -17,7 +17,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]{0,16}+[A-Za-z]|\[[0-9]{1,3}+(?:;[0-9]{1,3}+){0
 # `(Worker_TP0 pid=1700) `, `(VllmWorker rank=1 pid=9)`, `(VllmWorker PP0_TP1 pid=2)`,
 # `(RayWorkerWrapper pid=5, ip=10.0.0.2)`.
 _PREFIX_CORE = (
-    r"\((?P<name>[A-Za-z][A-Za-z0-9_]{0,63}+)"
+    r"\((?P<name>[A-Za-z][A-Za-z0-9_-]{0,63}+)"  # `VllmWorker-0` since 2026
     r"(?: rank=(?P<rank>\d{1,6}+))?"
     r"(?: (?P<ranks>[A-Z]{1,8}+\d{1,6}+(?:_[A-Z]{1,8}+\d{1,6}+){0,7}+))?"
     r" pid=(?P<pid>\d{1,10}+)(?:, ip=[0-9A-Fa-f.:]{1,64}+)?\)"

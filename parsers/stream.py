@@ -90,6 +90,7 @@ def has_needle(text: str, mode: Mode = "startup") -> bool:
 def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event]:
     """Catalog lookup for one segment whose head has been peeled off. Pure."""
     body = head.body
+    out: list[Event] = []
     for entry in DISPATCH[(mode, head.level)]:
         for needle in entry.needles:
             if needle in body:
@@ -97,39 +98,30 @@ def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event
         else:
             continue
         m = entry.pattern.search(body)
-        if m is not None:
-            ctx: dict[str, Any] = {
-                "offset": offset,
-                "ts": head.ts,
-                "process": head.process,
-                "pid": head.pid,
-            }
-            event = entry.build(m, head, ctx)
-            if event is not None:
-                return [event]
-    if head.level == "WARNING":
-        return [
-            LogWarning(
-                source=head.source,
-                message=body.strip()[:MAX_MESSAGE_CHARS],
-                offset=offset,
-                ts=head.ts,
-                process=head.process,
-                pid=head.pid,
-            )
-        ]
-    if head.level in ("ERROR", "CRITICAL"):
-        return [
-            LogError(
-                source=head.source,
-                message=body.strip()[:MAX_MESSAGE_CHARS],
-                offset=offset,
-                ts=head.ts,
-                process=head.process,
-                pid=head.pid,
-            )
-        ]
-    return []
+        if m is None:
+            continue
+        ctx = {"offset": offset, "ts": head.ts, "process": head.process, "pid": head.pid}
+        event = entry.build(m, head, ctx)
+        if event is not None:
+            out.append(event)
+            if not entry.more:
+                return out
+    if out or head.level not in ("WARNING", "ERROR", "CRITICAL"):
+        return out
+    message = body.strip()[:MAX_MESSAGE_CHARS]
+    if not message:
+        return out  # a header with nothing after it
+    cls = LogWarning if head.level == "WARNING" else LogError
+    return [
+        cls(
+            source=head.source,
+            message=message,
+            offset=offset,
+            ts=head.ts,
+            process=head.process,
+            pid=head.pid,
+        )
+    ]
 
 
 @dataclass(slots=True)
