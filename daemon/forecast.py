@@ -44,7 +44,7 @@ class EtaConfig:
     prior_sigma: float = 0.25  # log-duration noise assumed before the data says otherwise
     prior_weight: float = 3.0  # how many segments' worth that assumption counts for
     min_sigma: float = 0.05
-    ridge: float = 0.01  # pull on the per-file cost: with equal files it is not identifiable
+    ridge: float = 0.002  # pull on the per-file cost: with equal files it is not identifiable
     cusum_k: float = 0.75  # slack per segment, in sigmas
     cusum_h: float = 5.0  # alarm level, in sigmas
     range_z: float = 1.64  # the low/high range is about a 90% interval
