@@ -14,7 +14,7 @@ from loadwatch.daemon.forecast import EtaConfig, EtaState, MemoryFit, stall_thre
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import traces  # noqa: E402
+import traces
 
 
 def _cum(sizes: list[int]) -> tuple[int, ...]:

@@ -122,7 +122,7 @@ def test_one_crash_many_failures_keeps_the_root_cause_and_counts_duplicates() ->
     assert s.phase == "failed"
     assert s.session is not None and s.session.failure_kind == "kv_cache_too_small"
     fails = s.session.failures
-    assert [f.kind for f in fails][0] == "kv_cache_too_small"
+    assert next(f.kind for f in fails) == "kv_cache_too_small"
     kv = next(f for f in fails if f.kind == "kv_cache_too_small")
     assert kv.count == 2 and kv.processes == ("EngineCore_DP0", "EngineCore_DP1")
     assert s.session.failures_total == 4 and len(fails) == 3
@@ -178,12 +178,13 @@ def test_bad_exit_without_log_failure_then_late_traceback_refines_the_kind() -> 
     )
     assert st.session is not None and st.session.phase == "failed"
     assert st.session.failure_kind == "exited"
+    assert tr[-1].reason == "exited with code 1"
     # the follower delivers the traceback after the supervisor saw the exit
-    st, tr = fold(
+    st, _tr = fold(
         [(t + 10, fail("cuda_oom", "CUDA out of memory. Tried to allocate 2.00 GiB"))], st
     )
     assert st.session is not None and st.session.failure_kind == "cuda_oom"
-    st2, tr2 = fold(
+    _st2, tr2 = fold(
         [(t, started(t)), (t + 1, ms("model_load_start")), (t + 9, exited(t + 9, signal=9))]
     )  # type: ignore[list-item]
     assert tr2[-1].reason == "killed by signal 9"
@@ -262,7 +263,7 @@ def test_log_only_sessions_from_version_and_model_load_start() -> None:
 
 def test_process_start_adopts_a_session_the_log_opened_moments_before() -> None:
     t = T0
-    st, tr = fold([(t, ms("version", value="0.11.1")), (t + 1, started(t + 1, pid=7))])  # type: ignore[list-item]
+    st, _tr = fold([(t, ms("version", value="0.11.1")), (t + 1, started(t + 1, pid=7))])  # type: ignore[list-item]
     assert st.sessions_total == 1 and st.session is not None and st.session.pid == 7
 
 

@@ -54,13 +54,13 @@ def test_stall_raised_after_k_typical_shards_and_cleared_by_progress() -> None:
 
 def test_the_floor_holds_for_fast_shards() -> None:
     items = _steady(every=1.0) + _ticks(T0 + 10, T0 + 40)
-    st, tr = fold(items, stall_k=5.0, stall_floor_s=30.0)  # type: ignore[arg-type]
+    _st, tr = fold(items, stall_k=5.0, stall_floor_s=30.0)  # type: ignore[arg-type]
     (raised,) = [t for t in tr if t.kind == "stall_raised"]
     assert raised.threshold_s == 30.0
 
 
 def test_bytes_still_arriving_mean_a_slow_shard_not_a_stall() -> None:
-    items = _steady() + [(T0 + 41, io(T0 + 41, 0))]
+    items = [*_steady(), (T0 + 41, io(T0 + 41, 0))]
     for i in range(1, 60):  # 60 s with no line, but 50 MB/s being read
         items.append((T0 + 41 + i, io(T0 + 41 + i, i * 50_000_000)))
         items.append((T0 + 41 + i, Tick()))
@@ -79,7 +79,7 @@ def test_a_big_file_is_given_the_time_its_size_needs() -> None:
     sizes = [GIB] * 8 + [20 * GIB] + [GIB] * 11
     items = [(T0, model(sizes)), *_steady()]
     items += _ticks(T0 + 42, T0 + 140)  # file 9 is 20x the others: 100 s at this speed
-    st, tr = fold(items, stall_k=3.0, stall_floor_s=10.0)  # type: ignore[arg-type]
+    _st, tr = fold(items, stall_k=3.0, stall_floor_s=10.0)  # type: ignore[arg-type]
     assert "stall_raised" not in kinds(tr)
 
 
@@ -165,7 +165,7 @@ def test_no_oom_alarm_when_the_load_fits(final: float) -> None:
 def test_embedding_step_does_not_fool_the_projection() -> None:
     # 12 GiB of replicated embeddings in the first of 40 files: a line from the start would
     # project 12 GiB x 40 = far beyond the GPU.
-    st, tr = fold(_memory_load(0.9, emb=12 * GIB))  # type: ignore[arg-type]
+    _st, tr = fold(_memory_load(0.9, emb=12 * GIB))  # type: ignore[arg-type]
     assert "forecast_raised" not in kinds(tr)
 
 

@@ -108,10 +108,9 @@ def test_log_evidence_of_an_fp8_kv_cache_flags_the_missing_scales() -> None:
 
 
 def test_layers_and_processes_are_kept_per_code() -> None:
-    st, _ = fold(
-        [(T0, started(T0, argv=ARGV))]  # type: ignore[list-item]
-        + _kv_warnings(range(61), procs=("Worker_TP0", "Worker_TP1"))
-    )
+    items: list[tuple[float, object]] = [(T0, started(T0, argv=ARGV))]
+    items += _kv_warnings(range(61), procs=("Worker_TP0", "Worker_TP1"))
+    st, _ = fold(items)  # type: ignore[arg-type]
     w = _warning(st)
     assert w.count == 61 * 2 * 2
     assert w.layers == tuple(range(61)) and w.layer_count == 61
