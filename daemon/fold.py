@@ -23,6 +23,8 @@ from loadwatch.daemon.session import (
     LOADING_MILESTONES,
     ORDER,
     POST_LOAD_MILESTONES,
+    SESSION_PART,
+    STATE_PART,
     TERMINAL,
     BarTrack,
     FailureTally,
@@ -31,10 +33,14 @@ from loadwatch.daemon.session import (
     MilestoneSeen,
     PhaseSpan,
     Session,
+    SessionInfo,
+    SessionLife,
+    SessionLog,
     Stall,
     StateData,
     WarningTally,
     active_weights_bar,
+    evolve,
     failure_rank,
     main_fraction,
     summarise,
@@ -75,13 +81,19 @@ class Fold:
         return self.changes[name] if name in self.changes else getattr(self.old, name)
 
     def changes_out(self) -> dict[str, Any]:
-        """The fields to replace in the state, this call's transitions included."""
-        ch = self.changes
+        """The root fields to replace in the state (parts rebuilt once), this call's
+        transitions included."""
+        out: dict[str, Any] = {}
+        parts: dict[str, dict[str, Any]] = {}
+        for name, value in self.changes.items():
+            parts.setdefault(STATE_PART[name], {})[name] = value
+        for part, ch in parts.items():
+            out[part] = evolve(getattr(self.old, part), **ch)
         if self.sess is not self.old.session:
-            ch["session"] = self.sess
-        ch["transitions"] = tuple(self.out)
-        ch["inputs_total"] = self.old.inputs_total + 1
-        return ch
+            out["session"] = self.sess
+        out["transitions"] = tuple(self.out)
+        out["inputs_total"] = self.old.inputs_total + 1
+        return out
 
     @property
     def s(self) -> Session:
@@ -89,7 +101,12 @@ class Fold:
         return self.sess
 
     def upd(self, **kw: Any) -> None:
-        self.sess = replace(self.s, **kw)
+        """Change session fields: each part is copied once, then the four-field root."""
+        s = self.s
+        parts: dict[str, dict[str, Any]] = {}
+        for name, value in kw.items():
+            parts.setdefault(SESSION_PART[name], {})[name] = value
+        self.sess = evolve(s, **{p: evolve(getattr(s, p), **ch) for p, ch in parts.items()})
 
     def emit(self, kind: TransitionKind, at: float, **kw: Any) -> None:
         sid = kw.pop("session", self.sess.id if self.sess is not None else None)
@@ -121,13 +138,9 @@ class Fold:
         total = self.get("sessions_total") + 1
         self.changes["sessions_total"] = total
         self.sess = Session(
-            id=total,
-            reason=reason,
-            started_at=at,
-            pid=pid,
-            argv=argv,
-            phase_entered_at=at,
-            last_event_at=at,
+            info=SessionInfo(id=total, reason=reason, started_at=at, pid=pid, argv=argv),
+            life=SessionLife(phase_entered_at=at),
+            log=SessionLog(last_event_at=at),
         )
         gpus = self.get("gpus")
         if any(g.fit is not None for g in gpus.values()):
@@ -354,10 +367,11 @@ def _tally(
     scale: str | None = None,
 ) -> None:
     t = f.when(ev.ts)
-    f.ensure_session(t)
-    _activity(f, t)
+    s = f.ensure_session(t)
+    if s.stall is not None and s.stall.kind == "quiet":
+        _activity(f, t)
+        s = f.s
     code = _warning_code(f, code)
-    s = f.s
     w = s.warnings.get(code)
     if w is None:
         w = WarningTally(code, severity, 0, t, t, 0, 0, frozenset(), frozenset(), message[:300])
@@ -373,7 +387,7 @@ def _tally(
     procs = w.processes
     if ev.process and ev.process not in procs and len(procs) < f.cfg.max_processes:
         procs = procs | {ev.process}
-    w = replace(
+    w = evolve(
         w,
         count=w.count + 1,
         last_at=t,
@@ -382,7 +396,9 @@ def _tally(
         scales=scales,
         processes=procs,
     )
-    f.upd(warnings={**s.warnings, code: w}, warnings_total=s.warnings_total + 1)
+    warnings = dict(s.warnings)
+    warnings[code] = w
+    f.upd(warnings=warnings, warnings_total=s.warnings_total + 1, last_event_at=t)
 
 
 def _activity(f: Fold, t: float) -> None:

@@ -104,7 +104,8 @@ class ProcIoReader:
             fields = stat_fields(text) if text else None
             if fields and len(fields) > 1 and fields[1].isdigit():
                 kids.setdefault(int(fields[1]), []).append(int(name))
-        out, todo = [], [root]
+        out: list[int] = []
+        todo = [root]
         while todo and len(out) < MAX_TREE:
             pid = todo.pop()
             out.append(pid)
@@ -117,7 +118,8 @@ class ProcIoReader:
             return []
         if not self._has_children_files(root):
             return self._by_scan(root)
-        out, todo, seen = [], [root], {root}
+        out: list[int] = []
+        todo, seen = [root], {root}
         while todo and len(out) < MAX_TREE:
             pid = todo.pop()
             out.append(pid)

@@ -32,7 +32,7 @@ estimators keep fixed-size windows.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from loadwatch.daemon.fold import HANDLERS, Fold
 from loadwatch.daemon.inputs import HealthProbe, Tick
@@ -50,6 +50,7 @@ from loadwatch.daemon.session import (
     StateConfig,
     StateData,
     WarningTally,
+    evolve,
 )
 from loadwatch.daemon.snapshot import Snapshot, Transition
 from loadwatch.daemon.views import build_snapshot
@@ -68,7 +69,7 @@ class LoadState(StateData):
         handler(f, item)
         if f.live:
             f.check_stall()
-        return replace(self, **f.changes_out())
+        return evolve(self, **f.changes_out())
 
     def snapshot(self, now: float) -> Snapshot:
         """An immutable view at `now` (ETA and stall ages are computed for that time)."""
