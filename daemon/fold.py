@@ -64,7 +64,7 @@ from loadwatch.parsers.events import (
 class Fold:
     """The work of one `apply`: the session being rebuilt, state changes, transitions out."""
 
-    __slots__ = ("cfg", "changes", "live", "now", "old", "out", "sess")
+    __slots__ = ("cfg", "changes", "live", "now", "old", "out", "replayed", "sess")
 
     def __init__(self, state: StateData, now: float) -> None:
         self.old = state
@@ -74,6 +74,7 @@ class Fold:
         self.changes: dict[str, Any] = {}
         self.out: list[Transition] = []
         self.live = True
+        self.replayed = False
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -113,8 +114,21 @@ class Fold:
         self.out.append(Transition(kind=kind, at=at, session=sid, **kw))
 
     def when(self, ts: float | None) -> float:
-        """An event's time: `now`, unless the event is a replayed one with its own time."""
-        if ts is None or ts >= self.now - self.cfg.replay_lag_s:
+        """A log event's time: `now`, unless the event is a replayed one (re-reading the log
+        after a restart) with its own time. A line without a time of its own (uvicorn's) that
+        follows replayed lines takes the time of the line before it."""
+        if ts is None:
+            s = self.sess
+            if s is not None and s.replaying:
+                self.live = False
+                return s.last_event_at
+            return self.now
+        replayed = ts < self.now - self.cfg.replay_lag_s
+        self.replayed = replayed
+        s = self.sess
+        if s is not None and s.replaying != replayed:
+            self.upd(replaying=replayed)
+        if not replayed:
             return self.now
         self.live = False
         return ts
@@ -140,7 +154,7 @@ class Fold:
         self.sess = Session(
             info=SessionInfo(id=total, reason=reason, started_at=at, pid=pid, argv=argv),
             life=SessionLife(phase_entered_at=at),
-            log=SessionLog(last_event_at=at),
+            log=SessionLog(last_event_at=at, replaying=self.replayed),
         )
         gpus = self.get("gpus")
         if any(g.fit is not None for g in gpus.values()):
@@ -257,7 +271,9 @@ class Fold:
         for i, g in gpus.items():
             if g.oom_since is not None:
                 new[i] = replace(g, oom_since=None)
-                self.emit("forecast_cleared", at, gpu_index=i, reason=reason)
+                self.emit(
+                    "forecast_cleared", at, gpu_index=i, forecast="oom_predicted", reason=reason
+                )
         self.changes["gpus"] = new
 
 
@@ -645,7 +661,19 @@ def _on_model(f: Fold, ev: ModelInfo) -> None:
     cum = [0]
     for shard in ev.shards:
         cum.append(cum[-1] + max(shard.size_bytes, 0))
-    f.changes["cum_bytes"] = tuple(cum) if ev.shards else None
+    table = tuple(cum) if ev.shards else None
+    f.changes["cum_bytes"] = table
+    s = f.sess
+    if table is None or s is None:
+        return
+    # A bar that started before the model was read is weighed by bytes from now on.
+    rebased = {
+        k: replace(b, eta=b.eta.with_sizes(table))
+        for k, b in s.bars.items()
+        if b.kind == "weights" and b.index == 0 and b.eta is not None and b.eta.cum is None
+    }
+    if rebased:
+        f.upd(bars={**s.bars, **rebased})
 
 
 def _on_io(f: Fold, ev: IoSample) -> None:
@@ -698,7 +726,8 @@ def _on_gpu(f: Fold, ev: GpuReading) -> None:
                         "forecast_raised",
                         ev.ts,
                         gpu_index=sample.index,
-                        reason="oom_predicted",
+                        forecast="oom_predicted",
+                        reason="projected memory at 100% of the weights exceeds the GPU",
                         projected_bytes=proj.final_bytes,
                         total_bytes=total,
                         shortfall_bytes=proj.final_bytes - total,
@@ -710,6 +739,7 @@ def _on_gpu(f: Fold, ev: GpuReading) -> None:
                         "forecast_cleared",
                         ev.ts,
                         gpu_index=sample.index,
+                        forecast="oom_predicted",
                         reason="projection fits",
                         projected_bytes=proj.final_bytes,
                         total_bytes=total,

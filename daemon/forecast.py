@@ -227,6 +227,20 @@ class EtaState:
             cfg=cfg or EtaConfig(),
         )
 
+    def with_sizes(self, cum: tuple[int, ...]) -> EtaState:
+        """The same bar weighed by bytes, for model information that arrived after the bar
+        started: the recent segments (file counts and times) are replayed in bytes."""
+        if self.cum is not None or len(cum) != self.total_items + 1:
+            return self
+        first = self.recent[0] if self.recent else None
+        t0 = first.t0 if first is not None else self.start_t
+        d0 = int(first.x0) if first is not None else self.start_done
+        st = EtaState.start(t0, d0, self.total_items, cum, cfg=self.cfg)
+        st = replace(st, start_t=self.start_t, start_done=self.start_done)
+        for seg in self.recent:
+            st = st.update(seg.t1, int(seg.x1))
+        return st.update(self.last_t, self.last_done)
+
     @property
     def units(self) -> Units:
         return "items" if self.cum is None else "bytes"

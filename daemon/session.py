@@ -241,6 +241,7 @@ class SessionLog:
     failures_total: int = 0
     milestones: Mapping[str, MilestoneSeen] = field(default_factory=dict)
     last_event_at: float = 0.0
+    replaying: bool = False  # the last log event came from re-reading the log
     stall_hints: int = 0
     last_hint_s: float | None = None
 
@@ -377,6 +378,10 @@ class Session:
         return self.log.last_event_at
 
     @property
+    def replaying(self) -> bool:
+        return self.log.replaying
+
+    @property
     def stall_hints(self) -> int:
         return self.log.stall_hints
 
@@ -417,6 +422,7 @@ SESSION_PART: dict[str, str] = {
     "failures_total": "log",
     "milestones": "log",
     "last_event_at": "log",
+    "replaying": "log",
     "stall_hints": "log",
     "last_hint_s": "log",
 }

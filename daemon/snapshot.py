@@ -60,7 +60,9 @@ are epoch seconds, durations `_s`, sizes `_bytes`; a value that is not known is 
 Transitions (`LoadState.transitions` after each `apply`), one JSON object each for the event log:
 `{"transition": kind, "at": ..., "session": id, ...}` with kind one of `session_started`,
 `phase`, `stall_raised`, `stall_cleared`, `forecast_raised`, `forecast_cleared`, `failure`;
-fields that do not apply are left out.
+fields that do not apply are left out. Forecast transitions name the forecast
+(`"forecast": "oom_predicted"`), the GPU, and for a raise the projected bytes, the GPU's total,
+the shortfall and the fraction of the weights loaded when it was raised.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ class Transition:
     failure_kind: str | None = None
     message: str | None = None
     fatal: bool | None = None
+    forecast: str | None = None  # "oom_predicted"
     gpu_index: int | None = None
     projected_bytes: float | None = None
     total_bytes: int | None = None

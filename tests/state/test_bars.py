@@ -174,3 +174,22 @@ def test_a_new_load_resets_state_but_not_the_model_information() -> None:
     )  # type: ignore[list-item]
     snap = st.snapshot(T0 + 12)
     assert snap.session is not None and snap.session.progress.bytes_done == GIB
+
+
+def test_model_information_arriving_mid_bar_switches_to_bytes() -> None:
+    sizes = [8 * GIB, GIB, GIB, GIB]
+    t = T0
+    st, _ = fold([(t, started(t)), (t + 1, bar(0, 4)), (t + 9, bar(1, 4))])  # type: ignore[list-item]
+    snap = st.snapshot(t + 9).session
+    assert snap is not None and snap.progress.eta is not None
+    assert snap.progress.eta.units == "items"
+    assert snap.progress.eta.remaining_s == pytest.approx(24.0)  # 3 files x 8 s
+    st, _ = fold([(t + 9.5, model(sizes))], st)
+    snap = st.snapshot(t + 9.5).session
+    assert snap is not None and snap.progress.eta is not None
+    assert snap.progress.eta.units == "bytes" and snap.progress.bytes_done == 8 * GIB
+    assert snap.progress.eta.remaining_s == pytest.approx(2.5, abs=0.6)  # 3 GiB at 1 GiB/s
+    # a model with another shard count (a different checkpoint) leaves the bar counted
+    st2, _ = fold([(t, bar(0, 4)), (t + 2, bar(1, 4)), (t + 3, model([GIB] * 7))])  # type: ignore[list-item]
+    s2 = st2.snapshot(t + 3).session
+    assert s2 is not None and s2.progress.eta is not None and s2.progress.eta.units == "items"

@@ -329,3 +329,17 @@ def test_replayed_log_uses_the_lines_own_times() -> None:
     assert s.session.started_at == T0
     assert s.session.time_to_ready_s == pytest.approx(40.0)
     assert not [t for t in tr if t.kind == "stall_raised"]
+
+
+def test_replayed_line_without_a_time_takes_the_time_of_the_line_before() -> None:
+    now = T0 + 3600
+    items: list[tuple[float, object]] = [
+        (now, ms("version", value="0.32.0", ts=T0)),
+        (now, ms("api_server_start", value="http://127.0.0.1:8000", ts=T0 + 30)),
+        (now, ms("app_startup_complete")),  # uvicorn's line has no time of its own
+    ]
+    st, tr = fold(items)  # type: ignore[arg-type]
+    assert st.session is not None and st.session.ready_at == T0 + 30
+    # live again: a line without a time is seen now
+    st, _ = fold([(now + 5, ms("kv_cache", ts=now + 4)), (now + 6, ms("torch_compile"))], st)
+    assert st.session is not None and st.session.milestones["torch_compile"].first_at == now + 6
