@@ -140,3 +140,21 @@ class ModelInfo:
     checkpoint_kv_dtype: str | None = None  # "fp8" when the checkpoint declares an FP8 KV cache
     kv_sources: tuple[str, ...] = ()  # where the KV declaration was found ("hf_quant_config.json")
     errors: tuple[str, ...] = field(default_factory=tuple)  # one line each: what could not be read
+
+
+# -- the fold's own inputs ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HealthProbe:
+    """One answer (or none) from vLLM's `GET /health`, as the supervisor saw it."""
+
+    ok: bool
+    ts: float
+    status: int | None = None  # HTTP status; None when the connection failed
+    error: str | None = None  # one line, when not ok
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed with no other input: lets the state notice silence (stalls)."""

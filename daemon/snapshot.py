@@ -1,0 +1,399 @@
+"""What exporters read: an immutable, JSON-ready view of the load state, and state transitions.
+
+`LoadState.snapshot(now)` builds a `Snapshot`; `Snapshot.to_dict()` is the `/status` JSON. Times
+are epoch seconds, durations `_s`, sizes `_bytes`; a value that is not known is `null`, never 0.
+
+`/status` JSON (schema 1)::
+
+    schema            1
+    at                when the snapshot was taken
+    phase             the current session's phase, or null before any session:
+                      starting | loading_weights | post_load | ready | failed | stalled | stopped
+    ready             true while the current session is ready
+    restarts          sessions started after the first
+    sessions_total    sessions seen since the daemon started (or since the log began)
+    session           the current session (below), or null
+    sessions          earlier sessions, oldest first, summarised (below; the last N kept)
+    model             {path, shards, total_bytes, checkpoint_kv_dtype, errors[]} or null
+    kv_cache          {dtype, quantized, source, reason}: the effective KV-cache dtype
+    gpu_source_up     whether the GPU source answered its last poll (null: no poll yet)
+    gpu_error         one line when it did not
+    gpus[]            per GPU: index, uuid, name, health, memory_used_bytes,
+                      memory_total_bytes, utilization_ratio, temperature_celsius, power_watts,
+                      sampled_at, error, xids_total, last_xid, projected_final_bytes,
+                      projected_low_bytes, projected_high_bytes, oom_predicted, shortfall_bytes,
+                      oom_predicted_since
+    supervisor        {state, at, pid, exit_code, signal, reason, backoff_s} (its last event)
+    health            {ok, at, status, error, consecutive_failures} (the last probe)
+
+    session:
+      id, reason (process_start | log_version | log_model_load_start | first_event), pid,
+      started_at, version, phase, phase_entered_at, phase_age_s, failure_kind (the most
+      telling failure, or "exited" for a bad exit without one), stop_requested, ended_at,
+      exit_code, exit_signal, ready_at, time_to_ready_s, weights_load_s,
+      history[]     {phase, entered_at, left_at, duration_s, failure_kind}: closed phases, and
+                    the open one last (left_at null)
+      progress      {stage, shards_done, shards_total, bytes_done, bytes_total, ratio,
+                    last_progress_at, read_bytes, eta}
+        eta         {remaining_s, low_s, high_s, finish_at, finish_low_at, finish_high_at,
+                    rate_per_s, units (bytes | items)} or null
+      bars[]        {key, process, kind (weights | graph_capture | prefetch | other), desc,
+                    index, done, total, started_at, last_update_at, last_progress_at,
+                    finished_at, rate_per_s, longest_gap_s, updates, tqdm_remaining_s}
+      stall         {active, kind, since, raised_at, silent_s, threshold_s, expected_shard_s,
+                    reason, stalls_total, hints, last_hint_s}
+      warnings[]    {code, severity, count, verdict (benign | flagged | unknown | unrated),
+                    reason, layers[], layer_count, scales[], processes[], first_at, last_at,
+                    sample}
+      warnings_total
+      failures[]    {kind, exc_type, message, first_line, count, fatal, first_at, last_at,
+                    processes[]}
+      failures_total
+      milestones[]  {key, kind, detail, count, first_at, last_at, seconds, gib, tokens, blocks,
+                    value}
+
+    sessions[] (summaries):
+      id, reason, pid, started_at, ended_at, phase, failure_kind, stop_requested, exit_code,
+      exit_signal, time_to_ready_s, weights_load_s, shards_done, shards_total, warnings_total,
+      failures_total, stalls_total
+
+Transitions (`LoadState.transitions` after each `apply`), one JSON object each for the event log:
+`{"transition": kind, "at": ..., "session": id, ...}` with kind one of `session_started`,
+`phase`, `stall_raised`, `stall_cleared`, `forecast_raised`, `forecast_cleared`, `failure`;
+fields that do not apply are left out. Forecast transitions name the forecast
+(`"forecast": "oom_predicted"`), the GPU, and for a raise the projected bytes, the GPU's total,
+the shortfall and the fraction of the weights loaded when it was raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+SCHEMA = 1
+
+
+def plain(value: Any) -> Any:
+    """Dataclasses to dicts, tuples to lists, non-finite floats to None."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple | list | frozenset | set):
+        return [plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+TransitionKind = Literal[
+    "session_started",
+    "phase",
+    "stall_raised",
+    "stall_cleared",
+    "forecast_raised",
+    "forecast_cleared",
+    "failure",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    kind: TransitionKind
+    at: float
+    session: int | None
+    phase_from: str | None = None
+    phase_to: str | None = None
+    reason: str | None = None
+    failure_kind: str | None = None
+    message: str | None = None
+    fatal: bool | None = None
+    forecast: str | None = None  # "oom_predicted"
+    gpu_index: int | None = None
+    projected_bytes: float | None = None
+    total_bytes: int | None = None
+    shortfall_bytes: float | None = None
+    fraction: float | None = None
+    since: float | None = None
+    threshold_s: float | None = None
+    duration_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"transition": self.kind}
+        for f in dataclasses.fields(self):
+            if f.name == "kind":
+                continue
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = plain(v)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    id: int
+    reason: str
+    pid: int | None
+    started_at: float
+    ended_at: float | None
+    phase: str
+    failure_kind: str | None
+    stop_requested: bool
+    exit_code: int | None
+    exit_signal: int | None
+    time_to_ready_s: float | None
+    weights_load_s: float | None
+    shards_done: int | None
+    shards_total: int | None
+    warnings_total: int
+    failures_total: int
+    stalls_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSpanView:
+    phase: str
+    entered_at: float
+    left_at: float | None
+    duration_s: float
+    failure_kind: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EtaView:
+    remaining_s: float
+    low_s: float
+    high_s: float
+    finish_at: float
+    finish_low_at: float
+    finish_high_at: float
+    rate_per_s: float
+    units: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressView:
+    stage: int  # 0: the model's weights; 1, 2, ...: bars that followed (a draft model)
+    shards_done: int | None
+    shards_total: int | None
+    bytes_done: int | None
+    bytes_total: int | None
+    ratio: float | None
+    last_progress_at: float | None
+    read_bytes: int | None
+    eta: EtaView | None
+
+
+@dataclass(frozen=True, slots=True)
+class BarView:
+    key: str
+    process: str | None
+    kind: str
+    desc: str
+    index: int
+    done: int
+    total: int
+    started_at: float
+    last_update_at: float
+    last_progress_at: float | None
+    finished_at: float | None
+    rate_per_s: float | None
+    longest_gap_s: float | None
+    updates: int
+    tqdm_remaining_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StallView:
+    active: bool
+    kind: str | None  # "progress": weights stopped; "quiet": nothing logged at all
+    since: float | None
+    raised_at: float | None
+    silent_s: float | None
+    threshold_s: float | None
+    expected_shard_s: float | None
+    reason: str | None
+    stalls_total: int
+    hints: int
+    last_hint_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class WarningView:
+    code: str
+    severity: str
+    count: int
+    verdict: str
+    reason: str
+    layers: tuple[int, ...]
+    layer_count: int
+    scales: tuple[str, ...]
+    processes: tuple[str, ...]
+    first_at: float
+    last_at: float
+    sample: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailureView:
+    kind: str
+    exc_type: str | None
+    message: str
+    first_line: str
+    count: int
+    fatal: bool
+    first_at: float
+    last_at: float
+    processes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MilestoneView:
+    key: str
+    kind: str
+    detail: str | None
+    count: int
+    first_at: float
+    last_at: float
+    seconds: float | None
+    gib: float | None
+    tokens: int | None
+    blocks: int | None
+    value: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheView:
+    dtype: str | None
+    quantized: bool | None
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    id: int
+    reason: str
+    pid: int | None
+    started_at: float
+    version: str | None
+    phase: str
+    phase_entered_at: float
+    phase_age_s: float
+    failure_kind: str | None
+    stop_requested: bool
+    ended_at: float | None
+    exit_code: int | None
+    exit_signal: int | None
+    ready_at: float | None
+    time_to_ready_s: float | None
+    weights_load_s: float | None
+    history: tuple[PhaseSpanView, ...]
+    progress: ProgressView
+    bars: tuple[BarView, ...]
+    stall: StallView
+    warnings: tuple[WarningView, ...]
+    warnings_total: int
+    failures: tuple[FailureView, ...]
+    failures_total: int
+    milestones: tuple[MilestoneView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    index: int
+    uuid: str | None
+    name: str | None
+    health: str
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    utilization_ratio: float | None
+    temperature_celsius: float | None
+    power_watts: float | None
+    sampled_at: float | None
+    error: str | None
+    xids_total: int
+    last_xid: int | None
+    projected_final_bytes: float | None
+    projected_low_bytes: float | None
+    projected_high_bytes: float | None
+    oom_predicted: bool
+    shortfall_bytes: float | None
+    oom_predicted_since: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    path: str
+    shards: int
+    total_bytes: int | None
+    checkpoint_kv_dtype: str | None
+    errors: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorView:
+    state: str
+    at: float
+    pid: int | None
+    exit_code: int | None
+    signal: int | None
+    reason: str | None
+    backoff_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class HealthView:
+    ok: bool
+    at: float
+    status: int | None
+    error: str | None
+    consecutive_failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    schema: int
+    at: float
+    phase: str | None
+    ready: bool
+    restarts: int
+    sessions_total: int
+    session: SessionView | None
+    sessions: tuple[SessionSummary, ...]
+    model: ModelView | None
+    kv_cache: KvCacheView
+    gpu_source_up: bool | None
+    gpu_error: str | None
+    gpus: tuple[GpuView, ...]
+    supervisor: SupervisorView | None
+    health: HealthView | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `/status` JSON (see the module doc)."""
+        out: dict[str, Any] = plain(self)
+        return out
+
+
+__all__ = [
+    "SCHEMA",
+    "BarView",
+    "EtaView",
+    "FailureView",
+    "GpuView",
+    "HealthView",
+    "KvCacheView",
+    "MilestoneView",
+    "ModelView",
+    "PhaseSpanView",
+    "ProgressView",
+    "SessionSummary",
+    "SessionView",
+    "Snapshot",
+    "StallView",
+    "SupervisorView",
+    "Transition",
+    "TransitionKind",
+    "WarningView",
+    "plain",
+]
