@@ -495,6 +495,20 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
         f.advance("post_load", t, ev.kind)
     elif ev.kind == "app_startup_complete":
         _ready(f, t, "application startup complete")
+    elif ev.kind == "shutdown":
+        _shutdown(f, t, ev.value or "")
+    elif ev.kind == "kv_cache" and ev.detail == "dtype" and (ev.value or "").startswith("fp8"):
+        f.upd(kv_fp8_in_log=True)  # vLLM names the KV-cache dtype only when it is FP8
+
+
+def _shutdown(f: Fold, t: float, what: str) -> None:
+    """vLLM says it is shutting down. Asked to (a signal, not a crash), what follows is not a
+    failure: a clean SIGTERM still logs an EngineDeadError traceback."""
+    if "signal=SIG" in what or "shutdown triggered" in what:
+        f.upd(stop_requested=True)
+    s = f.s
+    if what == "Application shutdown complete" and s.phase not in TERMINAL:
+        f.set_phase("stopped", t, "vLLM shut down" + (" on request" if s.stop_requested else ""))
 
 
 def _ready(f: Fold, t: float, reason: str) -> None:

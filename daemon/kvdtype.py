@@ -81,7 +81,7 @@ def effective_kv_dtype(
 ) -> KvDtype:
     """`argv` None: the launch arguments are not known (the log is followed without a supervisor)."""
     if log_fp8:
-        return KvDtype("fp8", True, "log", "the log says vLLM uses an fp8 KV-cache scaling factor")
+        return KvDtype("fp8", True, "log", "the log says vLLM stores the KV cache in FP8")
     if argv is None:
         return KvDtype(None, None, "unknown", "launch arguments not known")
     explicit = argv_kv_dtype(argv)

@@ -94,9 +94,16 @@ class ChunkScanner:
         j = len(data)
         while j > 0 and data[j - 1] in _TERMINATORS:
             j -= 1
+        if j == 0:  # only terminators: the record before them is still the last one
+            if len(self._tail) + len(data) <= 2 * PREFIX_RECORD_MAX:
+                self._tail += data
+            else:
+                self._tail = b""
+                self.stream.forget_pending()
+            return
         last = _record_start(data, j)
         self._tail = b""
-        if j == 0 or base + j == self._fed_end:
+        if base + j == self._fed_end:
             return
         if j - last <= PREFIX_RECORD_MAX and b"pid=" in data[last:j]:
             self._tail = data[last:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -85,7 +86,11 @@ _ALPHABET = st.sampled_from(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("LOADWATCH_FUZZ_EXAMPLES", "400")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(st.lists(_ALPHABET, max_size=80), st.integers(min_value=1, max_value=400))
 def test_chunk_scanner_equals_record_by_record(parts: list[bytes], chunk: int) -> None:
     data = b"".join(parts) + b"\n"

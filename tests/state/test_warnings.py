@@ -170,3 +170,34 @@ def test_verdict_rules_directly() -> None:
     for code in ("kv_scale_missing", "q_scale_from_k", "kv_scale_default"):
         _, reason = warning_verdict(code, fp8)
         assert reason and "\n" not in reason
+
+
+def test_shutdown_on_a_signal_makes_the_engine_dead_traceback_harmless() -> None:
+    from loadwatch.daemon.state import LoadState
+    from loadwatch.parsers import EventStream, split_records
+    from tests.conftest import FIXTURES
+
+    data = (FIXTURES / "real-v0.32-deepseek-kvscales.log").read_bytes()
+    state = LoadState()
+    for ev in EventStream(ref_ts=1.8e9).feed_all(split_records(data)):
+        state = state.apply(ev, 1.9e9)
+    session = state.snapshot(1.9e9).session
+    assert session is not None
+    assert session.phase == "stopped" and session.failure_kind is None
+    assert [(f.kind, f.fatal) for f in session.failures] == [("worker_died", False)]
+
+
+def test_the_logs_fp8_kv_dtype_line_flags_the_scale_warnings() -> None:
+    from loadwatch.daemon.state import LoadState
+    from loadwatch.parsers import EventStream, split_records
+    from tests.conftest import FIXTURES
+
+    data = (FIXTURES / "real-v0.32-deepseek-fp8kv.log").read_bytes()
+    state = LoadState()
+    for ev in EventStream(ref_ts=1.8e9).feed_all(split_records(data)):
+        state = state.apply(ev, 1.9e9)
+    session = state.snapshot(1.9e9).session
+    assert session is not None
+    kv = next(w for w in session.warnings if w.code == "kv_scale_missing")
+    assert kv.verdict == "flagged" and "FP8" in kv.reason
+    assert session.failure_kind == "fp8_kv_unsupported"
