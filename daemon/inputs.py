@@ -83,6 +83,7 @@ class GpuReading:
     source_up: bool = True
     error: str | None = None  # one line when the source as a whole is down
     poll_seconds: float | None = None
+    stale: bool = False  # the poll overran its deadline: samples are the last good ones, flagged
 
 
 class GpuSource(Protocol):

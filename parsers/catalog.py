@@ -8,11 +8,10 @@ removed) and are written to stay linear on hostile input.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import regex
 
 from loadwatch.parsers.events import (
     Event,
@@ -27,19 +26,28 @@ from loadwatch.parsers.events import (
 )
 from loadwatch.parsers.lines import Head
 
-Builder = Callable[["regex.Match[str]", Head, dict[str, Any]], Event | None]
+Builder = Callable[["re.Match[str]", Head, dict[str, Any]], Event | None]
+
+
+Level = str | None  # "DEBUG" .. "CRITICAL", or None for a record without a logging header
+MESSAGE: frozenset[Level] = frozenset({"INFO", "DEBUG"})
+# Failures fire only on ERROR/CRITICAL records or records without a header (tracebacks, stderr),
+# so a user prompt echoed at INFO that says "CUDA out of memory" is not a failure.
+FAILURE: frozenset[Level] = frozenset({"ERROR", "CRITICAL", None})
+WARNING: frozenset[Level] = frozenset({"WARNING", "INFO", "DEBUG", None})
+BARE: frozenset[Level] = frozenset({None})
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
     id: str
     needles: tuple[str, ...]
-    pattern: regex.Pattern[str]
+    pattern: re.Pattern[str]
     build: Builder
     severity: Severity
-    # Failure entries fire only on ERROR/CRITICAL records or records without a vLLM header, so a
-    # user prompt echoed at INFO that says "CUDA out of memory" is not a failure.
-    failure: bool = False
+    levels: frozenset[Level] = MESSAGE  # the record levels this message is printed at
+    serving: bool = False  # still looked for once the server is up (restart markers, stalls)
+    more: bool = False  # the same record may hold a second message: keep looking after a match
 
 
 def _num(text: str | None) -> float | None:
@@ -90,7 +98,7 @@ def bar_kind(desc: str) -> str:
     return "other"
 
 
-def _progress(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def _progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     desc = m["desc"].strip()
     return ShardProgress(
         desc=desc,
@@ -104,7 +112,7 @@ def _progress(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     )
 
 
-def _prefetch(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def _prefetch(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return ShardProgress(
         desc="Prefetching checkpoint files",
         bar="prefetch",
@@ -115,10 +123,10 @@ def _prefetch(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
 
 
 _SCALE_NAMES = {"k": "k", "v": "v", "q": "q", "kv": "kv", "prob": "prob"}
-_LAYER = regex.compile(r"layers?\.(\d{1,6}+)\.")
+_LAYER = re.compile(r"layers?\.(\d{1,6}+)\.")
 
 
-def _kv_scale(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def _kv_scale(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     raw = m["name"].lstrip(".").replace("-", "_").replace(" ", "_").lower()
     if raw.endswith("zero_point"):
         scale = "zero_point"
@@ -136,12 +144,12 @@ def _kv_scale(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     )
 
 
-def _deprecated_kv(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def _deprecated_kv(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return KvScaleWarning(scale="kv", deprecated=True, **ctx)
 
 
 def _scale_factor(code: str) -> Builder:
-    def build(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
         return ScaleFactorWarning(code=code, message=head.body.strip()[:500], **ctx)  # type: ignore[arg-type]
 
     return build
@@ -150,7 +158,7 @@ def _scale_factor(code: str) -> Builder:
 def _milestone(kind: str, detail: str | None = None, **groups: str) -> Builder:
     """Build a Milestone; `groups` maps Milestone fields to regex group names."""
 
-    def build(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
         values: dict[str, Any] = {}
         for fld, grp in groups.items():
             text = m[grp]
@@ -165,18 +173,22 @@ def _milestone(kind: str, detail: str | None = None, **groups: str) -> Builder:
     return build
 
 
-def _backend(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def _backend(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     # "Triton MLA" and "TRITON_MLA" name the same backend
     name = m["b"].strip().upper().replace(" ", "_")
     return Milestone(kind="attention_backend", value=name, **ctx)
 
 
-def _stall(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def _shutdown(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    return Milestone(kind="shutdown", value=(m["what"] or m["uv"]).strip(), **ctx)
+
+
+def _stall(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return StallHint(seconds=_num(m["sec"]), **ctx)
 
 
 def _failure(kind: FailureKind | None) -> Builder:
-    def build(m: regex.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
         message = head.body.strip()
         exc = EXCEPTION_LINE.match(message)
         exc_type = exc["exc"] if exc else None
@@ -193,8 +205,8 @@ def _failure(kind: FailureKind | None) -> Builder:
     return build
 
 
-def _c(pattern: str) -> regex.Pattern[str]:
-    return regex.compile(pattern)
+def _c(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
 
 
 _SEC = r"(?P<sec>\d{1,9}+(?:\.\d{1,9}+)?)"
@@ -214,6 +226,7 @@ CATALOG: tuple[Entry, ...] = (
         ),
         _progress,
         "info",
+        levels=BARE,
     ),
     Entry(
         "progress.prefetch",
@@ -235,6 +248,7 @@ CATALOG: tuple[Entry, ...] = (
         ),
         _kv_scale,
         "warning",
+        levels=WARNING,
     ),
     Entry(
         "warn.kv_scale_deprecated",
@@ -242,6 +256,7 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"DEPRECATED\. Found kv_scale in the checkpoint\. "),
         _deprecated_kv,
         "warning",
+        levels=WARNING,
     ),
     Entry(
         "warn.kv_scale_default",
@@ -249,6 +264,7 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"Using KV cache scaling factor 1\.0 for fp8"),
         _scale_factor("kv_scale_default"),
         "warning",
+        levels=WARNING,
     ),
     Entry(
         "warn.q_scale_from_k",
@@ -256,6 +272,7 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"Checkpoint does not provide a q scaling factor"),
         _scale_factor("q_scale_from_k"),
         "warning",
+        levels=WARNING,
     ),
     Entry(
         "warn.q_prob_scale_default",
@@ -263,6 +280,7 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"Using (?:Q scale \S{1,20}+ and prob scale|uncalibrated q_scale)"),
         _scale_factor("q_prob_scale_default"),
         "warning",
+        levels=WARNING,
     ),
     # -- milestones, in load order ---------------------------------------------------------
     Entry(
@@ -273,6 +291,7 @@ CATALOG: tuple[Entry, ...] = (
         ),
         _milestone("version", value="v"),
         "info",
+        serving=True,
     ),
     Entry(
         "ms.version_logo",
@@ -280,6 +299,7 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"^[\s\u2580-\u259f]{3,80}+version\s{1,8}+(?P<v>\S{1,80}+)\s*+$"),
         _milestone("version", value="v"),
         "info",
+        serving=True,
     ),
     Entry(
         "ms.model_load_start",
@@ -287,6 +307,7 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"Starting to load model (?P<model>\S{1,400}?)(?:\.\.\.)?\s*+$"),
         _milestone("model_load_start", value="model"),
         "info",
+        serving=True,
     ),
     Entry(
         "ms.checkpoint_info",
@@ -309,10 +330,18 @@ CATALOG: tuple[Entry, ...] = (
         "ms.attention_backend",
         ("backend",),
         _c(
-            r"^Using (?:AttentionBackendEnum\.)?(?P<b>[A-Za-z0-9_]{1,40}+(?: [A-Za-z0-9_]{1,40}+){0,3}?)"
-            r" (?:attention )?backend(?:[. ]|$)"
+            r"^Using (?:AttentionBackendEnum\.)?"
+            r"(?P<b>[A-Za-z0-9_]{1,40}+(?: (?:Attention|MLA|SDPA))?) (?:attention )?backend"
+            r"(?: on V1 engine)?(?:\.|,| out of potential backends|\s*+$)"
         ),
         _backend,
+        "info",
+    ),
+    Entry(
+        "ms.model_init",
+        ("Initializing model took",),
+        _c(r"^Initializing model took " + _SEC + r" s"),
+        _milestone("model_init", seconds="sec"),
         "info",
     ),
     Entry(
@@ -382,11 +411,26 @@ CATALOG: tuple[Entry, ...] = (
         "info",
     ),
     Entry(
+        "ms.kv_explicit",
+        ("GiB for KV cache",),
+        _c(r"Explicitly set \((?P<gib>\d{1,9}+(?:\.\d{1,9}+)?)/[\d.]{1,20}+\) GiB for KV cache"),
+        _milestone("kv_cache", detail="available_memory", gib="gib"),
+        "info",
+    ),
+    Entry(
+        "ms.kv_dtype",
+        ("data type to store kv cache",),
+        _c(r"Using (?P<dtype>[A-Za-z0-9_]{1,40}+) data type to store kv cache"),
+        _milestone("kv_cache", detail="dtype", value="dtype"),
+        "info",
+    ),
+    Entry(
         "ms.kv_size",
         ("KV cache size:",),
         _c(r"(?P<dev>GPU|CPU|XPU|TPU)? ?KV cache size: (?P<tok>[\d,]{1,20}+) tokens"),
         _milestone("kv_cache", detail="size", tokens="tok", value="dev"),
         "info",
+        more=True,  # the CPU backend prints the concurrency on the same line
     ),
     Entry(
         "ms.kv_blocks",
@@ -431,6 +475,7 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"Uvicorn running on (?P<url>\S{1,400}+)"),
         _milestone("api_server_start", detail="uvicorn", value="url"),
         "info",
+        serving=True,  # uvicorn prints it after "Application startup complete"
     ),
     Entry(
         "ms.routes",
@@ -460,6 +505,17 @@ CATALOG: tuple[Entry, ...] = (
         _milestone("app_startup_complete"),
         "info",
     ),
+    Entry(
+        "ms.shutdown",
+        ("[shutdown]", "Shutting down", "application shutdown", "Application shutdown complete"),
+        _c(
+            r"^\[shutdown\] (?P<what>.{1,200}+)|^(?P<uv>Shutting down|Waiting for application shutdown"
+            r"|Application shutdown complete)"
+        ),
+        _shutdown,
+        "info",
+        serving=True,  # a stop usually comes while serving
+    ),
     # -- stall hints -----------------------------------------------------------------------
     Entry(
         "stall.shm_broadcast",
@@ -467,6 +523,8 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"No available (?:shared memory broadcast )?block found in " + _SEC + r" seconds?"),
         _stall,
         "warning",
+        levels=frozenset({"INFO", "DEBUG", "WARNING"}),
+        serving=True,
     ),
     # -- failures --------------------------------------------------------------------------
     Entry(
@@ -475,7 +533,7 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"(?:EngineCore|WorkerProc|Engine process|Engine core) failed to start"),
         _failure("engine_init_failed"),
         "error",
-        failure=True,
+        levels=FAILURE,
     ),
     Entry(
         "fail.engine_fatal",
@@ -486,7 +544,7 @@ CATALOG: tuple[Entry, ...] = (
         ),
         _failure("worker_died"),
         "error",
-        failure=True,
+        levels=FAILURE,
     ),
     Entry(
         "fail.error_executing",
@@ -494,7 +552,7 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"Error executing method '?(?P<m>\w{1,80}+)'?\. This might cause deadlock"),
         _failure("other"),
         "error",
-        failure=True,
+        levels=FAILURE,
     ),
     Entry(
         "fail.classified",
@@ -519,26 +577,27 @@ CATALOG: tuple[Entry, ...] = (
         ),
         _failure(None),
         "error",
-        failure=True,
+        levels=FAILURE,
     ),
 )
 
 
 # `torch.OutOfMemoryError: CUDA out of memory...`, `RuntimeError: ...`, `KeyboardInterrupt`.
-EXCEPTION_LINE = regex.compile(
+EXCEPTION_LINE = re.compile(
     r"^(?P<exc>(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Za-z_][A-Za-z0-9_]{0,80}+"
     r"(?:Error|Exception|Exit|Interrupt|Warning|Fault|Failure|Dead))(?:: ?(?P<msg>.*+))?$"
 )
 # In a traceback anything shaped `dotted.Name: message` ends it, whatever the class is called.
-EXCEPTION_LINE_LOOSE = regex.compile(
+EXCEPTION_LINE_LOOSE = re.compile(
     r"^(?P<exc>(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Z][A-Za-z0-9_]{0,80}+)(?:: (?P<msg>.*+))?$"
 )
 
 # Ordered: the first that matches names the kind. More specific kinds come first.
-_CLASSIFY: tuple[tuple[regex.Pattern[str], FailureKind], ...] = (
+_CLASSIFY: tuple[tuple[re.Pattern[str], FailureKind], ...] = (
     (
         _c(
             r"FP8 Triton MLA|TritonMLA(?: V1)? with FP8 KV cache not yet supported"
+            r"|expected scalar type \w{1,40}+ but found Float8_e\dm\d"
             r"|No valid attention backend.{0,4000}?kv_cache_dtype not supported"
         ),
         "fp8_kv_unsupported",
@@ -553,7 +612,10 @@ _CLASSIFY: tuple[tuple[regex.Pattern[str], FailureKind], ...] = (
     ),
     (_c(r"max_model_len|max model len|max_position_embeddings"), "max_model_len"),
     (_c(r"NCCL error|NCCL|DistBackendError"), "nccl"),
-    (_c(r"Engine core initialization failed|failed to start"), "engine_init_failed"),
+    (
+        _c(r"Engine core initialization failed|initialization failed|failed to start"),
+        "engine_init_failed",
+    ),
     (_c(r"EngineDeadError|died unexpectedly|died, exit code|fatal error"), "worker_died"),
 )
 

@@ -92,6 +92,8 @@ MilestoneKind = Literal[
     "api_server_start",
     "app_startup_complete",
     "gguf_shards",
+    "model_init",
+    "shutdown",
 ]
 
 

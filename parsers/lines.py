@@ -6,41 +6,42 @@ limited to the first few hundred characters where a header can be.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
 
-import regex
-
 # ESC [ ... m, and the same with the ESC byte lost in a copy (`[1;36m`).
-_ANSI = regex.compile(r"\x1b\[[0-9;]{0,16}+[A-Za-z]|\[[0-9]{1,3}+(?:;[0-9]{1,3}+){0,7}+m")
+_ANSI = re.compile(r"\x1b\[[0-9;]{0,16}+[A-Za-z]|\[[0-9]{1,3}+(?:;[0-9]{1,3}+){0,7}+m")
 
 # `(Worker_TP0 pid=1700) `, `(VllmWorker rank=1 pid=9)`, `(VllmWorker PP0_TP1 pid=2)`,
 # `(RayWorkerWrapper pid=5, ip=10.0.0.2)`.
 _PREFIX_CORE = (
-    r"\((?P<name>[A-Za-z][A-Za-z0-9_]{0,63}+)"
+    r"\((?P<name>[A-Za-z][A-Za-z0-9_-]{0,63}+)"  # `VllmWorker-0` since 2026
     r"(?: rank=(?P<rank>\d{1,6}+))?"
     r"(?: (?P<ranks>[A-Z]{1,8}+\d{1,6}+(?:_[A-Z]{1,8}+\d{1,6}+){0,7}+))?"
     r" pid=(?P<pid>\d{1,10}+)(?:, ip=[0-9A-Fa-f.:]{1,64}+)?\)"
 )
-_PREFIX = regex.compile(r"\s{0,8}+" + _PREFIX_CORE + r" ?")
+_PREFIX = re.compile(r"(?:\s{0,8}+" + _PREFIX_CORE + r" ?){1,16}+")
 # A prefix in mid-record marks where another process's line begins (tqdm `\r` bars).
-_MIDLINE_PREFIX = regex.compile(r"(?<=\S)" + _PREFIX_CORE + r" ")
-_RAY_REPEAT = regex.compile(r" \[repeated (\d{1,9}+)x across cluster\]\s*+$")
+_MIDLINE_PREFIX = re.compile(_PREFIX_CORE + r" ")
+MAX_SEGMENTS = 64
+_RAY_REPEAT = re.compile(r" \[repeated (\d{1,9}+)x across cluster\]\s*+$")
 
 # `INFO 11-30 10:00:00 [file.py:123] msg` and the older `INFO 11-30 10:00:00 file.py:123] msg`.
-_HEADER = regex.compile(
+_HEADER = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
-    r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:[.,]\d{1,6}+)? "
+    r"(?P<stamp>\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d{1,6}+)? "
     r"(?:\[(?P<src>[^\]\s]{1,200}+)\]|(?P<osrc>[^\]\s]{1,200}+)\]) ?"
 )
 # uvicorn's own format: `INFO:     Application startup complete.`
-_UVICORN = regex.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s{1,8}+")
+_UVICORN = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s{1,8}+")
 # flashinfer: `2025-11-21 10:26:22,420 - INFO - msg`
-_DATED = regex.compile(
+_DATED = re.compile(
     r"(?P<Y>\d{4})-(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)[.,]\d{1,6}+"
     r" - (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - "
 )
+_MISSING = object()
 _HEADER_WINDOW = 256  # a VLLM_LOGGING_PREFIX may stand before the header; nothing longer
 
 
@@ -58,16 +59,29 @@ class Head:
 
 
 def strip_ansi(text: str) -> str:
-    if "[" not in text:
+    # Cheap test first: colour codes end in `m`, after an ESC or a digit ("[0m", "[1;36m").
+    if "\x1b" not in text and "0m" not in text and "6m" not in text:
         return text
     return _ANSI.sub("", text)
 
 
 def split_segments(text: str) -> list[str]:
-    """Split a record where another process's prefix starts in mid-record."""
-    if "pid=" not in text:
-        return [text]
-    cuts = [m.start() for m in _MIDLINE_PREFIX.finditer(text)]
+    """Split a record where another process's prefix starts in mid-record.
+
+    Walks the `pid=` occurrences (rare) instead of running a pattern at every position, and stops
+    after a bounded number of segments: the rest stays in the last one.
+    """
+    cuts: list[int] = []
+    tries = 0
+    i = text.find(" pid=", 1)
+    while i >= 0 and len(cuts) < MAX_SEGMENTS and tries < 4 * MAX_SEGMENTS:
+        tries += 1
+        open_at = text.rfind("(", max(0, i - 80), i)
+        if open_at > 0 and not text[open_at - 1].isspace():
+            m = _MIDLINE_PREFIX.match(text, open_at)
+            if m is not None:
+                cuts.append(open_at)
+        i = text.find(" pid=", i + 5)
     if not cuts:
         return [text]
     parts: list[str] = []
@@ -85,6 +99,7 @@ class YearResolver:
     def __init__(self, ref_ts: float | None = None) -> None:
         self.ref_ts = time.time() if ref_ts is None else ref_ts
         self._cache: dict[tuple[int, int, int], float | None] = {}
+        self._stamps: dict[str, float | None] = {}
 
     def resolve(self, mon: int, day: int, h: int, m: int, s: int) -> float | None:
         key = (mon, day, h)
@@ -92,6 +107,17 @@ class YearResolver:
             self._cache[key] = self._hour_start(mon, day, h)
         base = self._cache[key]
         return None if base is None else base + m * 60 + s
+
+    def stamp(self, text: str) -> float | None:
+        """`MM-DD HH:MM:SS` to epoch seconds; consecutive lines share their second, so cache."""
+        ts = self._stamps.get(text, _MISSING)
+        if ts is _MISSING:
+            if len(self._stamps) > 4096:
+                self._stamps.clear()
+            ts = self._stamps[text] = self.resolve(
+                int(text[0:2]), int(text[3:5]), int(text[6:8]), int(text[9:11]), int(text[12:14])
+            )
+        return ts  # type: ignore[return-value]
 
     def _hour_start(self, mon: int, day: int, h: int) -> float | None:
         ref_year = datetime.fromtimestamp(self.ref_ts).year
@@ -112,25 +138,27 @@ def parse_head(segment: str, years: YearResolver) -> Head:
     process: str | None = None
     pid: int | None = None
     pos = 0
-    # Prefixes may nest or repeat (before 2026-03): the innermost names the process.
-    while segment.startswith("(", pos) or segment[pos : pos + 1].isspace():
-        m = _PREFIX.match(segment, pos)
-        if m is None:
-            break
-        process = _process_name(m)
-        pid = int(m.group("pid"))
-        pos = m.end()
+    # Prefixes may nest or repeat (before 2026-03): the innermost (last) names the process.
+    if segment.startswith("(") or segment[:1].isspace():
+        m = _PREFIX.match(segment)
+        if m is not None:
+            process = _process_name(m)
+            pid = int(m.group("pid"))
+            pos = m.end()
     rest = segment[pos:]
     if process is not None and not rest.strip():
         return Head(process, pid, None, None, None, "", prefix_only=True)
     if " [repeated " in rest:
         rest = _RAY_REPEAT.sub("", rest)
 
-    h = _HEADER.search(rest, 0, _HEADER_WINDOW) if len(rest) > 20 else None
+    h = _HEADER.match(rest)
+    if h is None and len(rest) > 20 and rest[:1] not in " \t":
+        h = _HEADER.search(rest, 0, _HEADER_WINDOW)  # a VLLM_LOGGING_PREFIX before the header
     if h is not None:
-        ts = years.resolve(int(h["mon"]), int(h["day"]), int(h["h"]), int(h["m"]), int(h["s"]))
-        level = "WARNING" if h["level"] == "WARN" else h["level"]
-        return Head(process, pid, level, ts, h["src"] or h["osrc"], rest[h.end() :])
+        level, stamp, src, osrc = h.group("level", "stamp", "src", "osrc")
+        if level == "WARN":
+            level = "WARNING"
+        return Head(process, pid, level, years.stamp(stamp), src or osrc, rest[h.end() :])
     u = _UVICORN.match(rest)
     if u is not None:
         return Head(process, pid, u["level"], None, None, rest[u.end() :])
@@ -146,7 +174,7 @@ def parse_head(segment: str, years: YearResolver) -> Head:
     return Head(process, pid, None, None, None, rest)
 
 
-def _process_name(m: regex.Match[str]) -> str:
+def _process_name(m: re.Match[str]) -> str:
     name = m.group("name")
     if m.group("ranks"):
         return f"{name}_{m.group('ranks')}"

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from loadwatch.parsers.events import Event, Record
-from loadwatch.parsers.stream import PREFILTER_NEEDLES, EventStream, has_needle
+from loadwatch.parsers.stream import PREFILTER, PREFIX_RECORD_MAX, EventStream, Mode, has_needle
 
-_NEEDLES_B = tuple(n.encode() for n in PREFILTER_NEEDLES)
-_PREFIX_TAIL = 256  # a prefix-only record is short; keep this much of the previous chunk
+_NEEDLES_B: dict[Mode, tuple[bytes, ...]] = {
+    mode: tuple(n.encode() for n in needles) for mode, needles in PREFILTER.items()
+}
 _TERMINATORS = (0x0A, 0x0D)
 
 
@@ -43,7 +44,9 @@ def _next_terminator(data: bytes, start: int, end: int) -> int:
 
 
 def _record_start(data: bytes, pos: int) -> int:
-    return max(data.rfind(b"\n", 0, pos), data.rfind(b"\r", 0, pos)) + 1
+    lf = data.rfind(b"\n", 0, pos)
+    # look for a `\r` only after that newline: an unbounded rfind would scan the whole chunk
+    return max(lf, data.rfind(b"\r", lf + 1, pos)) + 1
 
 
 class ChunkScanner:
@@ -53,6 +56,7 @@ class ChunkScanner:
         self.stream = stream if stream is not None else EventStream()
         self.lines = 0  # terminators seen: a cheap record count for health metrics
         self._tail = b""  # the last record of the previous chunk, if short
+        self._fed_end = -1  # absolute end offset of the last record handed to the stream
 
     def feed(self, data: bytes, base: int = 0, file_id: str | None = None) -> list[Event]:
         self.lines += data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
@@ -60,38 +64,73 @@ class ChunkScanner:
         n = len(data)
         pos = 0
         stream = self.stream
-        for start in self._candidates(data):
+        mode = stream.mode
+        candidates = self._candidates(data, 0, mode)
+        i = 0
+        while i < len(candidates):
+            start = candidates[i]
+            i += 1
             if start < pos:
                 continue
             if stream.in_traceback:
                 pos = self._walk(data, pos, base, file_id, out)
                 if start < pos:
                     continue
-            self._feed_prefix_before(data, start, base, file_id, out)
+            self._before(data, start, base, file_id, out)
             end = _next_terminator(data, start, n)
-            out.extend(stream.feed(Record(decode(data[start:end]), base + start, file_id)))
+            self._feed(data[start:end], base + start, file_id, out, candidate=True)
             pos = end + 1
+            if stream.mode != mode:  # the needle set changed: look again from here
+                mode = stream.mode
+                candidates = self._candidates(data, pos, mode)
+                i = 0
         if stream.in_traceback:
             self._walk(data, pos, base, file_id, out)
-        last = _record_start(data, max(n - 1, 0))
-        self._tail = data[last:] if n - last <= _PREFIX_TAIL else b""
+        self._keep_tail(data, base)
         return out
+
+    def _keep_tail(self, data: bytes, base: int) -> None:
+        """Remember the chunk's last record if it may be a prefix for the next chunk's first."""
+        j = len(data)
+        while j > 0 and data[j - 1] in _TERMINATORS:
+            j -= 1
+        last = _record_start(data, j)
+        self._tail = b""
+        if j == 0 or base + j == self._fed_end:
+            return
+        if j - last <= PREFIX_RECORD_MAX and b"pid=" in data[last:j]:
+            self._tail = data[last:]
+        else:
+            self.stream.forget_pending()
+
+    def _feed(
+        self,
+        raw: bytes,
+        offset: int,
+        file_id: str | None,
+        out: list[Event],
+        candidate: bool = False,
+    ) -> None:
+        out.extend(self.stream.feed(Record(decode(raw), offset, file_id), candidate))
+        self._fed_end = offset + len(raw)
 
     def _walk(self, data: bytes, pos: int, base: int, file_id: str | None, out: list[Event]) -> int:
         """Feed every record from `pos` while a traceback is open; return where it stopped."""
         n = len(data)
-        stream = self.stream
-        while pos < n and stream.in_traceback:
+        while pos < n and self.stream.in_traceback:
             end = _next_terminator(data, pos, n)
             if end > pos:
-                out.extend(stream.feed(Record(decode(data[pos:end]), base + pos, file_id)))
+                self._feed(data[pos:end], base + pos, file_id, out)
             pos = end + 1
         return pos
 
-    def _feed_prefix_before(
+    def _before(
         self, data: bytes, start: int, base: int, file_id: str | None, out: list[Event]
     ) -> None:
-        """Feed the record before a candidate when it may be a prefix alone (`(P pid=1) \\r`)."""
+        """Give the stream the record just before a candidate, as feeding every record would.
+
+        Only that record decides whether a bar inherits a process prefix (`(P pid=1) \\r`).
+        """
         j = start
         while j > 0 and data[j - 1] in _TERMINATORS:
             j -= 1
@@ -104,19 +143,23 @@ class ChunkScanner:
             prev_start = _record_start(data, j)
             prev = data[prev_start:j]
             offset = base + prev_start
-        if prev and len(prev) <= _PREFIX_TAIL and prev.rstrip().endswith(b")") and b"pid=" in prev:
-            text = decode(prev)
-            if not has_needle(text):  # a candidate itself was fed already
-                out.extend(self.stream.feed(Record(text, offset, file_id)))
+        if not prev or offset + len(prev) == self._fed_end:
+            return  # nothing there, or the stream has seen it already
+        self.stream.forget_pending()
+        if (
+            len(prev) <= PREFIX_RECORD_MAX
+            and b"pid=" in prev
+            and not has_needle(decode(prev), self.stream.mode)
+        ):
+            self._feed(prev, offset, file_id, out)
 
-    def _candidates(self, data: bytes) -> list[int]:
+    def _candidates(self, data: bytes, pos: int, mode: Mode) -> list[int]:
         starts: set[int] = set()
         n = len(data)
-        for needle in _NEEDLES_B:
-            i = data.find(needle)
+        for needle in _NEEDLES_B[mode]:
+            i = data.find(needle, pos)
             while i >= 0:
-                s = _record_start(data, i)
-                starts.add(s)
+                starts.add(_record_start(data, i))
                 e = _next_terminator(data, i, n)
                 i = data.find(needle, e + 1)
         return sorted(starts)

@@ -10,16 +10,17 @@ the chunk scanner (scan.py) that only hands over candidate records yields the sa
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from loadwatch.parsers.catalog import (
     CATALOG,
     EXCEPTION_LINE,
     EXCEPTION_LINE_LOOSE,
     KIND_RANK,
-    NEEDLES,
+    MESSAGE,
     Entry,
+    Level,
     classify,
 )
 from loadwatch.parsers.events import (
@@ -28,63 +29,99 @@ from loadwatch.parsers.events import (
     FailureKind,
     LogError,
     LogWarning,
+    Milestone,
     Record,
     ShardProgress,
 )
 from loadwatch.parsers.lines import Head, YearResolver, parse_head, split_segments, strip_ansi
 
-# Entries by needle, so a segment only tries the patterns whose needle it contains.
-_BY_NEEDLE: dict[str, tuple[Entry, ...]] = {
-    n: tuple(e for e in CATALOG if n in e.needles) for n in NEEDLES
-}
 TRACEBACK_START = "Traceback (most recent call last):"
 _CHAIN_MARKERS = (
     "During handling of the above exception",
     "The above exception was the direct cause",
 )
-_LEVEL_NEEDLES = ("WARNING", "WARN ", "ERROR", "CRITICAL")
-# Every substring that can make a record worth parsing.
-PREFILTER_NEEDLES: tuple[str, ...] = tuple(
-    sorted(set(NEEDLES) | set(_LEVEL_NEEDLES) | {"Traceback"})
-)
+_LEVELS: tuple[Level, ...] = (None, "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_LEVEL_NEEDLES = ("WARNING", "ERROR", "CRITICAL", "Traceback")
+
+# Two modes. While vLLM starts, every catalog message matters. Once the API server is up, the log
+# is mostly request lines and only warnings, errors, tracebacks, stalls and the markers of a new
+# start matter: a much smaller needle set keeps the pre-filter cheap on a busy server.
+Mode = Literal["startup", "serving"]
+
+
+def _entries(mode: Mode, level: Level) -> tuple[Entry, ...]:
+    def wanted(e: Entry) -> bool:
+        if level not in e.levels:
+            return False
+        return mode == "startup" or e.serving or level not in MESSAGE
+
+    return tuple(e for e in CATALOG if wanted(e))
+
+
+def _needles(mode: Mode) -> tuple[str, ...]:
+    entries = CATALOG if mode == "startup" else tuple(e for e in CATALOG if e.serving)
+    return tuple(sorted({n for e in entries for n in e.needles} | set(_LEVEL_NEEDLES)))
+
+
+DISPATCH: dict[tuple[Mode, Level], tuple[Entry, ...]] = {
+    (mode, level): _entries(mode, level) for mode in ("startup", "serving") for level in _LEVELS
+}
+# Every substring that can make a record worth parsing, per mode.
+PREFILTER: dict[Mode, tuple[str, ...]] = {
+    "startup": _needles("startup"),
+    "serving": _needles("serving"),
+}
+PREFILTER_NEEDLES = PREFILTER["startup"]
 MAX_TRACEBACK_RECORDS = 2000
+PREFIX_RECORD_MAX = 256  # a record holding only a process prefix (colour codes included)
 MAX_MESSAGE_CHARS = 2000
 
 
-def has_needle(text: str) -> bool:
-    return any(n in text for n in PREFILTER_NEEDLES)
+def _set(event: Event, **values: Any) -> None:
+    """Fill in a field of an event this module just built and nobody else holds yet."""
+    for name, value in values.items():
+        object.__setattr__(event, name, value)
 
 
-def parse_segment(head: Head, offset: int) -> list[Event]:
+def has_needle(text: str, mode: Mode = "startup") -> bool:
+    return any(n in text for n in PREFILTER[mode])
+
+
+def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event]:
     """Catalog lookup for one segment whose head has been peeled off. Pure."""
     body = head.body
-    ctx: dict[str, Any] = {
-        "offset": offset,
-        "ts": head.ts,
-        "process": head.process,
-        "pid": head.pid,
-    }
-    may_fail = head.level in (None, "ERROR", "CRITICAL")
-    tried: set[str] = set()
-    for needle, entries in _BY_NEEDLE.items():
-        if needle not in body:
+    out: list[Event] = []
+    for entry in DISPATCH[(mode, head.level)]:
+        for needle in entry.needles:
+            if needle in body:
+                break
+        else:
             continue
-        for entry in entries:
-            if entry.id in tried or (entry.failure and not may_fail):
-                continue
-            tried.add(entry.id)
-            m = entry.pattern.search(body)
-            if m is None:
-                continue
-            event = entry.build(m, head, ctx)
-            if event is not None:
-                return [event]
-    text = body.strip()[:MAX_MESSAGE_CHARS]
-    if head.level == "WARNING":
-        return [LogWarning(source=head.source, message=text, **ctx)]
-    if head.level in ("ERROR", "CRITICAL"):
-        return [LogError(source=head.source, message=text, **ctx)]
-    return []
+        m = entry.pattern.search(body)
+        if m is None:
+            continue
+        ctx = {"offset": offset, "ts": head.ts, "process": head.process, "pid": head.pid}
+        event = entry.build(m, head, ctx)
+        if event is not None:
+            out.append(event)
+            if not entry.more:
+                return out
+    if out or head.level not in ("WARNING", "ERROR", "CRITICAL"):
+        return out
+    message = body.strip()[:MAX_MESSAGE_CHARS]
+    if not message:
+        return out  # a header with nothing after it
+    cls = LogWarning if head.level == "WARNING" else LogError
+    return [
+        cls(
+            source=head.source,
+            message=message,
+            offset=offset,
+            ts=head.ts,
+            process=head.process,
+            pid=head.pid,
+        )
+    ]
 
 
 @dataclass(slots=True)
@@ -126,18 +163,26 @@ class EventStream:
         self._pending_prefix: tuple[str, int | None] | None = None
         self._last_ts: float | None = None
         self._bars: dict[tuple[str | None, str], _BarAnchor] = {}
+        self._bar_owner: dict[str, tuple[str, int | None]] = {}
+        self.mode: Mode = "startup"
 
     @property
     def in_traceback(self) -> bool:
         return bool(self._tracebacks)
 
-    def feed(self, record: Record) -> list[Event]:
+    def forget_pending(self) -> None:
+        """Records were skipped unseen: a prefix seen before them names nothing now."""
+        self._pending_prefix = None
+
+    def feed(self, record: Record, candidate: bool = False) -> list[Event]:
+        """Events of one record. `candidate=True`: the caller knows it holds a needle of the
+        current mode (the chunk scanner does), so the pre-filter test is skipped."""
         self.stats.records += 1
         pending, self._pending_prefix = self._pending_prefix, None
         text = record.text
-        if not self._tracebacks and not has_needle(text):
+        if not candidate and not self._tracebacks and not has_needle(text, self.mode):
             # A prefix alone in its record names the process of the `\r` bar that follows.
-            if text.endswith((")", ") ")) and "pid=" in text:
+            if "pid=" in text and len(text) <= PREFIX_RECORD_MAX:
                 head = parse_head(strip_ansi(text), self.years)
                 if head.prefix_only and head.process is not None:
                     self._pending_prefix = (head.process, head.pid)
@@ -151,11 +196,16 @@ class EventStream:
                     self._pending_prefix = (head.process, head.pid)
                 continue
             if i == 0 and head.process is None and pending is not None:
-                head = replace(head, process=pending[0], pid=pending[1])
+                head = Head(pending[0], pending[1], head.level, head.ts, head.source, head.body)
             out.extend(self._segment(head, record.offset))
         for event in out:
             self.stats.events += 1
             self.stats.by_type[event.type] = self.stats.by_type.get(event.type, 0) + 1
+            if isinstance(event, Milestone):
+                if event.kind == "app_startup_complete":
+                    self.mode = "serving"
+                elif event.kind in ("version", "model_load_start"):
+                    self.mode = "startup"
         return out
 
     def feed_all(self, records: Iterable[Record]) -> list[Event]:
@@ -188,7 +238,8 @@ class EventStream:
                 return [self._close(tb)]
             # Not part of the traceback after all: close it, then parse the record as usual.
             return [self._close(tb), *self._parse(head, offset)]
-        if body.lstrip().startswith(TRACEBACK_START) and head.level in (None, "ERROR", "CRITICAL"):
+        # `EngineCore hit an exception: Traceback (most recent call last):` opens one too.
+        if body.rstrip().endswith(TRACEBACK_START) and head.level in (None, "ERROR", "CRITICAL"):
             self.stats.tracebacks += 1
             self._tracebacks[key] = _Traceback(
                 offset=offset,
@@ -202,10 +253,22 @@ class EventStream:
         return self._parse(head, offset)
 
     def _parse(self, head: Head, offset: int) -> list[Event]:
-        if head.ts is None and head.level is None and self._last_ts is not None:
-            events = parse_segment(head, offset)
+        events = parse_segment(head, offset, self.mode)
+        if events and isinstance(events[0], ShardProgress):
+            events[0] = self._bar_process(events[0])
+        if head.ts is None and self._last_ts is not None:
             return [self._timed(e) for e in events]
-        return parse_segment(head, offset)
+        return events
+
+    def _bar_process(self, event: ShardProgress) -> ShardProgress:
+        """`\r`-only bars repeat no prefix: an update belongs to whoever drew that bar last."""
+        if event.process is not None:
+            self._bar_owner[event.desc] = (event.process, event.pid)
+            return event
+        owner = self._bar_owner.get(event.desc)
+        if owner is not None:
+            _set(event, process=owner[0], pid=owner[1])
+        return event
 
     def _timed(self, event: Event) -> Event:
         """Give a record without a header a time: bars from their own elapsed field."""
@@ -217,8 +280,10 @@ class EventStream:
                 anchor = _BarAnchor(self._last_ts - event.elapsed_s, event.done)
                 self._bars[key] = anchor
             anchor.last_done = event.done
-            return replace(event, ts=anchor.start_ts + event.elapsed_s)
-        return replace(event, ts=self._last_ts)
+            _set(event, ts=anchor.start_ts + event.elapsed_s)
+        else:
+            _set(event, ts=self._last_ts)
+        return event
 
     def _traceback_line(self, tb: _Traceback, head: Head, offset: int) -> bool | None:
         """None: the line belongs to the traceback; True: it ended it; False: not ours."""

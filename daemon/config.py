@@ -1,0 +1,406 @@
+"""Configuration: a TOML file plus command-line overrides, validated once into a frozen object.
+
+Every problem is reported as one `ConfigError` naming the key (`[section] key`) and what is wrong;
+the CLI turns it into one line and exit code 78 (EX_CONFIG). Unknown keys are errors, so a typo
+never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal, TypeVar, cast
+
+EX_CONFIG = 78
+DEFAULT_PORT = 9321
+
+T = TypeVar("T")
+
+
+class ConfigError(Exception):
+    """A configuration problem: `key` is `[section] name`, `problem` one line."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    path: Path | None = None
+    mode: Literal["auto", "inotify", "poll"] = "auto"
+    poll_interval_s: float = 0.25
+    max_record_bytes: int = 65536
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    bearer_token_file: Path | None = None
+    basic_auth_user: str | None = None
+    basic_auth_password_file: Path | None = None
+    max_connections: int = 256
+    request_timeout_s: float = 10.0
+
+    @property
+    def loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    source: Literal["nvml", "simulated", "none"] = "nvml"
+    poll_interval_s: float = 1.0
+    deadline_s: float = 2.0
+    simulated_count: int = 8
+
+
+@dataclass(frozen=True)
+class ForecastConfig:
+    stall_factor: float = 5.0  # a stall is no progress for stall_factor x the typical shard time...
+    stall_floor_s: float = 120.0  # ...and never less than this
+    load_budget_s: float | None = None  # exported so an alert can fire when the ETA overruns it
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    argv: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    inherit_env: bool = True
+    cwd: Path | None = None
+    restart: Literal["on-failure", "always", "never"] = "on-failure"
+    backoff_initial_s: float = 5.0
+    backoff_max_s: float = 300.0
+    crash_loop_starts: int = 5
+    crash_loop_window_s: float = 900.0
+    stop_grace_s: float = 30.0
+    stall_policy: Literal["alert", "restart"] = "alert"
+    stall_restart_after_s: float = 900.0
+    preflight: Literal["warn", "refuse", "off"] = "warn"
+    log_max_bytes: int = 256 * 1024 * 1024
+    log_keep: int = 3
+    health_url: str | None = None  # default: derived from --host/--port in argv
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    dir: Path | None = None
+    kv_cache_dtype: str | None = None  # what --kv-cache-dtype will be; read from argv when absent
+
+
+@dataclass(frozen=True)
+class Config:
+    log: LogConfig = field(default_factory=LogConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)
+    vllm: VllmConfig | None = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    state_dir: Path = Path("/var/lib/loadwatch")
+    events_file: Path | None = None
+    sessions_kept: int = 20
+
+    @property
+    def supervise(self) -> bool:
+        return self.vllm is not None and bool(self.vllm.argv)
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def load_config(path: Path | None, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Read `path` (if any), apply `overrides` (`"section.key": value`), validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(str(path), "no such file") from None
+        except IsADirectoryError:
+            raise ConfigError(str(path), "is a directory, not a TOML file") from None
+        except PermissionError:
+            raise ConfigError(str(path), "permission denied") from None
+        except UnicodeDecodeError:
+            raise ConfigError(str(path), "not UTF-8 text") from None
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        section, _, key = dotted.rpartition(".")
+        target = raw.setdefault(section, {}) if section else raw
+        if not isinstance(target, dict):
+            raise ConfigError(f"[{section}]", "must be a table")
+        target[key] = value
+    return parse_config(raw)
+
+
+def parse_config(raw: Mapping[str, Any]) -> Config:
+    top = _Table("", raw)
+    cfg = Config(
+        log=_section(top, "log", LogConfig, _log_fields),
+        http=_section(top, "http", HttpConfig, _http_fields),
+        gpu=_section(top, "gpu", GpuConfig, _gpu_fields),
+        forecast=_section(top, "forecast", ForecastConfig, _forecast_fields),
+        vllm=_section(top, "vllm", VllmConfig, _vllm_fields) if "vllm" in raw else None,
+        model=_section(top, "model", ModelConfig, _model_fields),
+        state_dir=top.path("state_dir", Config.state_dir) or Config.state_dir,
+        events_file=top.path("events_file", None),
+        sessions_kept=top.integer("sessions_kept", 20, minimum=1, maximum=1000),
+    )
+    top.done({"log", "http", "gpu", "forecast", "vllm", "model"})
+    _check_http(cfg.http)
+    return cfg
+
+
+class _Table:
+    """One TOML table being read: typed getters that name the key in their errors."""
+
+    def __init__(self, name: str, data: Any) -> None:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"[{name}]", "must be a table")
+        self.name = name
+        self.data = data
+        self.seen: set[str] = set()
+
+    def key(self, key: str) -> str:
+        return f"[{self.name}] {key}" if self.name else key
+
+    def _get(self, key: str, default: T, check: Callable[[Any], T]) -> T:
+        self.seen.add(key)
+        if key not in self.data:
+            return default
+        try:
+            return check(self.data[key])
+        except ValueError as exc:
+            raise ConfigError(self.key(key), str(exc)) from None
+
+    def number(
+        self, key: str, default: float, *, minimum: float = 0.0, maximum: float = 1e9
+    ) -> float:
+        def check(v: Any) -> float:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ValueError(f"expected a number, got {_show(v)}")
+            if not minimum <= v <= maximum:
+                raise ValueError(f"must be between {minimum:g} and {maximum:g}, got {v:g}")
+            return float(v)
+
+        return self._get(key, default, check)
+
+    def opt_number(self, key: str, *, minimum: float = 0.0) -> float | None:
+        if key not in self.data:
+            self.seen.add(key)
+            return None
+        return self.number(key, 0.0, minimum=minimum)
+
+    def integer(self, key: str, default: int, *, minimum: int = 0, maximum: int = 2**62) -> int:
+        def check(v: Any) -> int:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"expected an integer, got {_show(v)}")
+            if not minimum <= v <= maximum:
+                raise ValueError(f"must be between {minimum} and {maximum}, got {v}")
+            return v
+
+        return self._get(key, default, check)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        def check(v: Any) -> bool:
+            if not isinstance(v, bool):
+                raise ValueError(f"expected true or false, got {_show(v)}")
+            return v
+
+        return self._get(key, default, check)
+
+    def string(self, key: str, default: str | None) -> str | None:
+        def check(v: Any) -> str:
+            if not isinstance(v, str) or not v:
+                raise ValueError(f"expected a non-empty string, got {_show(v)}")
+            return v
+
+        return self._get(key, default, check)
+
+    def choice(self, key: str, default: str, options: tuple[str, ...]) -> str:
+        def check(v: Any) -> str:
+            if v not in options:
+                raise ValueError(f"must be one of {', '.join(options)}; got {_show(v)}")
+            return cast(str, v)
+
+        return self._get(key, default, check)
+
+    def path(self, key: str, default: Path | None) -> Path | None:
+        value = self.string(key, None)
+        return default if value is None else Path(value).expanduser()
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        def check(v: Any) -> tuple[str, ...]:
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ValueError("expected a list of strings (an argv list, never a shell line)")
+            return tuple(v)
+
+        return self._get(key, (), check)
+
+    def mapping(self, key: str) -> dict[str, str]:
+        def check(v: Any) -> dict[str, str]:
+            if not isinstance(v, Mapping) or not all(
+                isinstance(k, str) and isinstance(x, str) for k, x in v.items()
+            ):
+                raise ValueError("expected a table of string values")
+            return dict(v)
+
+        return self._get(key, {}, check)
+
+    def done(self, tables: frozenset[str] | set[str] = frozenset()) -> None:
+        unknown = sorted(set(self.data) - self.seen - tables)
+        if unknown:
+            raise ConfigError(self.key(unknown[0]), "unknown key")
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+C = TypeVar("C")
+
+
+def _section(top: _Table, name: str, cls: type[C], read: Callable[[_Table], dict[str, Any]]) -> C:
+    table = _Table(name, top.data.get(name, {}))
+    values = read(table)
+    table.done()
+    return cls(**values)
+
+
+def _log_fields(t: _Table) -> dict[str, Any]:
+    d = LogConfig()
+    return {
+        "path": t.path("path", None),
+        "mode": t.choice("mode", d.mode, ("auto", "inotify", "poll")),
+        "poll_interval_s": t.number("poll_interval_s", d.poll_interval_s, minimum=0.01, maximum=60),
+        "max_record_bytes": t.integer(
+            "max_record_bytes", d.max_record_bytes, minimum=1024, maximum=1 << 26
+        ),
+    }
+
+
+def _http_fields(t: _Table) -> dict[str, Any]:
+    d = HttpConfig()
+    values: dict[str, Any] = {}
+    listen = t.string("listen", None)
+    if listen is not None:
+        values["host"], values["port"] = parse_listen(listen, t.key("listen"))
+    values.update(
+        tls_cert=t.path("tls_cert", None),
+        tls_key=t.path("tls_key", None),
+        bearer_token_file=t.path("bearer_token_file", None),
+        basic_auth_user=t.string("basic_auth_user", None),
+        basic_auth_password_file=t.path("basic_auth_password_file", None),
+        max_connections=t.integer("max_connections", d.max_connections, minimum=1, maximum=10000),
+        request_timeout_s=t.number(
+            "request_timeout_s", d.request_timeout_s, minimum=0.1, maximum=600
+        ),
+    )
+    return values
+
+
+def _gpu_fields(t: _Table) -> dict[str, Any]:
+    d = GpuConfig()
+    return {
+        "source": t.choice("source", d.source, ("nvml", "simulated", "none")),
+        "poll_interval_s": t.number(
+            "poll_interval_s", d.poll_interval_s, minimum=0.05, maximum=3600
+        ),
+        "deadline_s": t.number("deadline_s", d.deadline_s, minimum=0.01, maximum=60),
+        "simulated_count": t.integer("simulated_count", d.simulated_count, minimum=1, maximum=1024),
+    }
+
+
+def _forecast_fields(t: _Table) -> dict[str, Any]:
+    d = ForecastConfig()
+    return {
+        "stall_factor": t.number("stall_factor", d.stall_factor, minimum=1.0, maximum=1000),
+        "stall_floor_s": t.number("stall_floor_s", d.stall_floor_s, minimum=0.0, maximum=86400),
+        "load_budget_s": t.opt_number("load_budget_s", minimum=1.0),
+    }
+
+
+def _vllm_fields(t: _Table) -> dict[str, Any]:
+    d = VllmConfig()
+    argv = t.strings("argv")
+    if not argv:
+        raise ConfigError(t.key("argv"), "the [vllm] table needs argv, the vLLM command as a list")
+    return {
+        "argv": argv,
+        "env": t.mapping("env"),
+        "inherit_env": t.boolean("inherit_env", d.inherit_env),
+        "cwd": t.path("cwd", None),
+        "restart": t.choice("restart", d.restart, ("on-failure", "always", "never")),
+        "backoff_initial_s": t.number(
+            "backoff_initial_s", d.backoff_initial_s, minimum=0.0, maximum=3600
+        ),
+        "backoff_max_s": t.number("backoff_max_s", d.backoff_max_s, minimum=0.0, maximum=86400),
+        "crash_loop_starts": t.integer(
+            "crash_loop_starts", d.crash_loop_starts, minimum=1, maximum=1000
+        ),
+        "crash_loop_window_s": t.number(
+            "crash_loop_window_s", d.crash_loop_window_s, minimum=1.0, maximum=86400 * 7
+        ),
+        "stop_grace_s": t.number("stop_grace_s", d.stop_grace_s, minimum=0.0, maximum=3600),
+        "stall_policy": t.choice("stall_policy", d.stall_policy, ("alert", "restart")),
+        "stall_restart_after_s": t.number(
+            "stall_restart_after_s", d.stall_restart_after_s, minimum=1.0, maximum=86400
+        ),
+        "preflight": t.choice("preflight", d.preflight, ("warn", "refuse", "off")),
+        "log_max_bytes": t.integer("log_max_bytes", d.log_max_bytes, minimum=4096, maximum=1 << 40),
+        "log_keep": t.integer("log_keep", d.log_keep, minimum=1, maximum=100),
+        "health_url": t.string("health_url", None),
+    }
+
+
+def _model_fields(t: _Table) -> dict[str, Any]:
+    return {"dir": t.path("dir", None), "kv_cache_dtype": t.string("kv_cache_dtype", None)}
+
+
+def parse_listen(text: str, key: str = "--listen") -> tuple[str, int]:
+    """`HOST:PORT`, `[v6]:PORT` or `:PORT` (loopback)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ConfigError(key, f"expected HOST:PORT, got {text!r}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ConfigError(key, f"port must be 0..65535, got {port}")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, port
+
+
+def _check_http(http: HttpConfig) -> None:
+    if (http.tls_cert is None) != (http.tls_key is None):
+        raise ConfigError("[http] tls_cert", "tls_cert and tls_key go together")
+    if (http.basic_auth_user is None) != (http.basic_auth_password_file is None):
+        raise ConfigError(
+            "[http] basic_auth_user", "basic_auth_user and basic_auth_password_file go together"
+        )
+    if http.bearer_token_file is not None and http.basic_auth_user is not None:
+        raise ConfigError(
+            "[http] bearer_token_file", "choose a bearer token or basic auth, not both"
+        )
+
+
+def with_overrides(cfg: Config, **sections: Any) -> Config:
+    """A copy with whole sections or top-level values replaced (used by `loadwatch demo`)."""
+    known = {f.name for f in fields(Config)}
+    bad = set(sections) - known
+    if bad:
+        raise ConfigError(sorted(bad)[0], "unknown key")
+    return replace(cfg, **sections)

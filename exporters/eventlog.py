@@ -1,0 +1,127 @@
+"""The structured event log: one JSON object per parsed event and per state transition.
+
+Written with structlog to stdout (journald keeps one line per object) and optionally to a file; a
+human-readable rendering replaces JSON on stdout when it is a terminal. `reopen()` (SIGHUP) closes
+and reopens the file so logrotate can move it. Every string passes through the redactor first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+from loadwatch.daemon.redact import Redactor
+
+
+class _Sinks:
+    """structlog's final 'logger': writes each rendered line to every sink."""
+
+    def __init__(self, owner: EventLog) -> None:
+        self.owner = owner
+
+    def msg(self, message: str) -> None:
+        self.owner._write(message)
+
+    info = warning = error = critical = debug = msg
+
+
+class EventLog:
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        path: Path | None = None,
+        *,
+        console: bool | None = None,
+        redactor: Redactor | None = None,
+    ) -> None:
+        self.stream = sys.stdout if stream is None else stream
+        self.path = path
+        self.redactor = redactor or Redactor()
+        self.console = (
+            bool(getattr(self.stream, "isatty", lambda: False)()) if console is None else console
+        )
+        self.write_errors = 0
+        self.last_error: str | None = None
+        self._lock = threading.Lock()
+        self._file: TextIO | None = None
+        self._open_file()
+        json_chain: list[Any] = [
+            self._redact,
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="time"),
+            structlog.processors.JSONRenderer(sort_keys=False),
+        ]
+        self._json = structlog.wrap_logger(_Sinks(self), processors=json_chain)
+        self._console_renderer = structlog.dev.ConsoleRenderer(colors=False, event_key="event")
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Write one object: `{"event": event, ...fields, "time": ...}`."""
+        self._json.info(event, **fields)
+
+    def _redact(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> Any:
+        return {k: self.redactor.value(v) for k, v in event_dict.items()}
+
+    def _write(self, line: str) -> None:
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.write(line + "\n")
+                    self._file.flush()
+                except OSError as exc:
+                    self._fault(f"cannot write the event log {self.path}: {exc.strerror or exc}")
+            try:
+                if self.console:
+                    self.stream.write(self._render_console(line) + "\n")
+                else:
+                    self.stream.write(line + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.write_errors += 1  # stdout closed: nothing more to do about it
+
+    def _render_console(self, line: str) -> str:
+        data = json.loads(line)
+        return str(self._console_renderer(None, "info", data))
+
+    def _fault(self, message: str) -> None:
+        self.write_errors += 1
+        self.last_error = message
+
+    # -- file handling ----------------------------------------------------------------------
+
+    def _open_file(self) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            self._file = os.fdopen(fd, "a", encoding="utf-8")
+        except OSError as exc:
+            self._file = None
+            self._fault(f"cannot open the event log {self.path}: {exc.strerror or exc}")
+
+    def reopen(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError:
+                    pass
+                self._file = None
+            self._open_file()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError:
+                    pass
+                self._file = None

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+from loadwatch.daemon.redact import Redactor
+from loadwatch.exporters.eventlog import EventLog
+
+
+def lines(text: str) -> list[dict[str, object]]:
+    return [json.loads(x) for x in text.splitlines() if x]
+
+
+def test_one_json_object_per_event_to_stdout_and_file(tmp_path: Path) -> None:
+    out = io.StringIO()
+    path = tmp_path / "sub" / "events.jsonl"
+    log = EventLog(out, path, console=False)
+    log.emit("phase_changed", session=1, old="starting", new="loading_weights")
+    log.emit("shard_progress", done=3, total=119)
+    log.close()
+    got = lines(out.getvalue())
+    assert [g["event"] for g in got] == ["phase_changed", "shard_progress"]
+    assert got[0]["new"] == "loading_weights" and "time" in got[0]
+    assert lines(path.read_text()) == got
+    assert oct(path.stat().st_mode & 0o777) == "0o640"
+
+
+def test_reopen_follows_logrotate(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = EventLog(io.StringIO(), path, console=False)
+    log.emit("a")
+    os.rename(path, tmp_path / "events.jsonl.1")
+    log.emit("b")  # still goes to the renamed file until reopened
+    log.reopen()
+    log.emit("c")
+    log.close()
+    assert [x["event"] for x in lines((tmp_path / "events.jsonl.1").read_text())] == ["a", "b"]
+    assert [x["event"] for x in lines(path.read_text())] == ["c"]
+
+
+def test_secrets_never_reach_the_log(tmp_path: Path) -> None:
+    red = Redactor()
+    red.learn(
+        ["vllm", "serve", "/m", "--api-key", "sk-planted-123"], {"HF_TOKEN": "hf_planted_456"}
+    )
+    out = io.StringIO()
+    path = tmp_path / "e.jsonl"
+    log = EventLog(out, path, console=False, redactor=red)
+    log.emit(
+        "started", argv=["vllm", "--api-key", "sk-planted-123"], note="token hf_planted_456 used"
+    )
+    log.close()
+    for text in (out.getvalue(), path.read_text()):
+        assert "sk-planted-123" not in text and "hf_planted_456" not in text
+        assert "***" in text
+
+
+def test_console_rendering_is_not_json() -> None:
+    out = io.StringIO()
+    log = EventLog(out, console=True)
+    log.emit("stall_raised", seconds=300)
+    text = out.getvalue()
+    assert "stall_raised" in text and "seconds=300" in text
+    assert not text.startswith("{")
+
+
+def test_unwritable_file_is_counted_not_raised(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = io.StringIO()
+    log = EventLog(out, blocker / "events.jsonl", console=False)  # parent is a file
+    log.emit("still_works")
+    assert (
+        log.write_errors >= 1 and log.last_error and "cannot open the event log" in log.last_error
+    )
+    assert lines(out.getvalue())[0]["event"] == "still_works"
+
+
+def test_redactor_forms() -> None:
+    red = Redactor()
+    red.learn(
+        ["--api-key=abcd1234", "--model", "/m", "--hf-token", "tok-xyz"],
+        {"MY_SECRET": "zzzz9", "PATH": "/bin"},
+    )
+    assert red.argv(["--api-key=abcd1234", "tok-xyz"]) == ["--api-key=***", "***"]
+    assert red.env({"MY_SECRET": "zzzz9", "PATH": "/bin"}) == {"MY_SECRET": "***", "PATH": "/bin"}
+    assert red.value({"a": ["x zzzz9 y", 3]}) == {"a": ["x *** y", 3]}
