@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from loadwatch.daemon.config import VllmConfig
 from loadwatch.daemon.inputs import ProcessEvent, ProcessEventKind
 from loadwatch.daemon.logsink import OutputPump, RotatingLog
 from loadwatch.daemon.proctree import ProcessTree, ProcInfo, read_process_table
@@ -52,7 +53,7 @@ State = Literal["idle", "starting", "running", "backoff", "stopping", "exited", 
 _PERMANENT_SPAWN_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ENOEXEC})
 
 
-class ConfigError(ValueError):
+class SupervisorConfigError(ValueError):
     """A supervisor setting that cannot work; the message is one line for the user."""
 
 
@@ -63,12 +64,12 @@ class SupervisorConfig:
     env: Mapping[str, str] | None = None  # None: this process's environment
     cwd: str | None = None
     restart: RestartPolicy = "on-failure"
-    backoff_initial_s: float = 2.0
-    backoff_max_s: float = 120.0
+    backoff_initial_s: float = 5.0
+    backoff_max_s: float = 300.0
     backoff_factor: float = 2.0
     backoff_reset_after_s: float = 3600.0  # a run this long counts as a success
-    start_limit_burst: int = 5  # more starts than this within the interval -> fatal
-    start_limit_interval_s: float = 1800.0
+    crash_loop_starts: int = 5  # after this many starts within the window, give up (fatal)
+    crash_loop_window_s: float = 900.0
     stop_grace_s: float = 30.0  # SIGTERM -> SIGKILL
     kill_wait_s: float = 10.0  # after SIGKILL, how long to wait for the tree to vanish
     stall_policy: StallPolicy = "alert"
@@ -76,37 +77,80 @@ class SupervisorConfig:
     exit_verdict_wait_s: float = 2.0  # after exit code 0: time for the log to report a failure
     tree_scan_interval_s: float = 2.0
     log_max_bytes: int = 256 * 2**20
-    log_backups: int = 5
+    log_keep: int = 3  # rotated files kept: PATH.1 .. PATH.N
     # Run in a worker thread before every start; a returned string vetoes the start.
     preflight: Callable[[], str | None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.argv or not all(isinstance(a, str) and a for a in self.argv):
-            raise ConfigError("vLLM command must be a non-empty list of non-empty strings")
+            raise SupervisorConfigError(
+                "vLLM command must be a non-empty list of non-empty strings"
+            )
         if self.restart not in ("on-failure", "always", "never"):
-            raise ConfigError(f"restart must be on-failure, always or never, not {self.restart!r}")
+            raise SupervisorConfigError(
+                f"restart must be on-failure, always or never, not {self.restart!r}"
+            )
         if self.stall_policy not in ("alert", "restart"):
-            raise ConfigError(f"stall policy must be alert or restart, not {self.stall_policy!r}")
+            raise SupervisorConfigError(
+                f"stall policy must be alert or restart, not {self.stall_policy!r}"
+            )
         if self.stall_policy == "restart" and self.restart == "never":
-            raise ConfigError("stall policy 'restart' needs a restart policy other than 'never'")
+            raise SupervisorConfigError(
+                "stall policy 'restart' needs a restart policy other than 'never'"
+            )
         for name in (
-            "backoff_initial_s",
-            "backoff_max_s",
-            "start_limit_interval_s",
+            "crash_loop_window_s",
             "stall_restart_after_s",
             "tree_scan_interval_s",
         ):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0")
-        for name in ("stop_grace_s", "kill_wait_s", "exit_verdict_wait_s", "backoff_reset_after_s"):
+                raise SupervisorConfigError(f"{name} must be > 0")
+        for name in (
+            "backoff_initial_s",
+            "backoff_max_s",
+            "stop_grace_s",
+            "kill_wait_s",
+            "exit_verdict_wait_s",
+            "backoff_reset_after_s",
+        ):
             if not getattr(self, name) >= 0:
-                raise ConfigError(f"{name} must be >= 0")
+                raise SupervisorConfigError(f"{name} must be >= 0")
         if self.backoff_factor < 1:
-            raise ConfigError("backoff_factor must be >= 1")
-        if self.start_limit_burst < 1:
-            raise ConfigError("start_limit_burst must be >= 1")
-        if self.log_max_bytes < 1 or self.log_backups < 1:
-            raise ConfigError("log_max_bytes and log_backups must be >= 1")
+            raise SupervisorConfigError("backoff_factor must be >= 1")
+        if self.crash_loop_starts < 1:
+            raise SupervisorConfigError("crash_loop_starts must be >= 1")
+        if self.log_max_bytes < 1 or self.log_keep < 1:
+            raise SupervisorConfigError("log_max_bytes and log_keep must be >= 1")
+
+
+def supervisor_config(
+    vllm: VllmConfig,
+    log_path: str | os.PathLike[str],
+    preflight: Callable[[], str | None] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> SupervisorConfig:
+    """The supervisor's settings from the ``[vllm]`` section of the daemon's configuration."""
+    env: dict[str, str] = (
+        dict(os.environ if environ is None else environ) if vllm.inherit_env else {}
+    )
+    env.update(vllm.env)
+    return SupervisorConfig(
+        argv=tuple(vllm.argv),
+        log_path=os.fspath(log_path),
+        env=env,
+        cwd=None if vllm.cwd is None else os.fspath(vllm.cwd),
+        restart=vllm.restart,
+        backoff_initial_s=vllm.backoff_initial_s,
+        backoff_max_s=vllm.backoff_max_s,
+        crash_loop_starts=vllm.crash_loop_starts,
+        crash_loop_window_s=vllm.crash_loop_window_s,
+        stop_grace_s=vllm.stop_grace_s,
+        stall_policy=vllm.stall_policy,
+        stall_restart_after_s=vllm.stall_restart_after_s,
+        log_max_bytes=vllm.log_max_bytes,
+        log_keep=vllm.log_keep,
+        preflight=preflight,
+    )
 
 
 # -- OS calls -----------------------------------------------------------------------------------
@@ -413,13 +457,13 @@ class Supervisor:
         """A reason to give up when the starts in the window reached the burst limit."""
         cfg = self.config
         now = self._ops.monotonic()
-        self._starts = [t for t in self._starts if now - t < cfg.start_limit_interval_s]
-        if len(self._starts) < cfg.start_limit_burst:
+        self._starts = [t for t in self._starts if now - t < cfg.crash_loop_window_s]
+        if len(self._starts) < cfg.crash_loop_starts:
             return None
         last = f"; last: {self.runs[-1].reason}" if self.runs else ""
         return (
             f"crash loop: {len(self._starts)} starts within "
-            f"{cfg.start_limit_interval_s:g} s, not starting again{last}"
+            f"{cfg.crash_loop_window_s:g} s, not starting again{last}"
         )
 
     async def _run_preflight(self) -> str | None:
@@ -462,7 +506,7 @@ class Supervisor:
         cfg = self.config
         if self._log is None:
             try:
-                self._log = RotatingLog(cfg.log_path, cfg.log_max_bytes, cfg.log_backups)
+                self._log = RotatingLog(cfg.log_path, cfg.log_max_bytes, cfg.log_keep)
             except OSError as exc:
                 self._fatal(f"cannot open log {cfg.log_path}: {exc.strerror or exc}")
                 return "fatal"

@@ -32,8 +32,8 @@ def tiny_config(tmp_path: Path, *fake_args: str, **overrides: Any) -> Supervisor
         kill_wait_s=5.0,
         tree_scan_interval_s=0.05,
         exit_verdict_wait_s=0.3,
-        start_limit_burst=20,
-        start_limit_interval_s=60.0,
+        crash_loop_starts=20,
+        crash_loop_window_s=60.0,
     )
     return replace(cfg, **overrides)
 

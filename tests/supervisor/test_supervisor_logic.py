@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from loadwatch.daemon.config import VllmConfig
 from loadwatch.daemon.inputs import ProcessEvent
 from loadwatch.daemon.proctree import ProcInfo
-from loadwatch.daemon.supervisor import ConfigError, Supervisor, SupervisorConfig
+from loadwatch.daemon.supervisor import (
+    Supervisor,
+    SupervisorConfig,
+    SupervisorConfigError,
+    supervisor_config,
+)
 from tests.supervisor.harness import Recorder
 
 
@@ -70,8 +76,8 @@ def _cfg(tmp_path: Path, **kw: object) -> SupervisorConfig:
         backoff_initial_s=1.0,
         backoff_factor=2.0,
         backoff_max_s=30.0,
-        start_limit_burst=100,
-        start_limit_interval_s=600.0,
+        crash_loop_starts=100,
+        crash_loop_window_s=600.0,
         tree_scan_interval_s=0.0001,
         exit_verdict_wait_s=0.0,
     )
@@ -97,8 +103,8 @@ def test_crash_loop_window_slides(tmp_path: Path) -> None:
         tmp_path,
         backoff_initial_s=10.0,
         backoff_max_s=40.0,
-        start_limit_burst=3,
-        start_limit_interval_s=25.0,
+        crash_loop_starts=3,
+        crash_loop_window_s=25.0,
     )
     rec = Recorder()
     assert asyncio.run(Supervisor(cfg, on_event=rec, ops=ops).run()) == "exited"
@@ -108,8 +114,8 @@ def test_crash_loop_window_slides(tmp_path: Path) -> None:
         tmp_path,
         backoff_initial_s=10.0,
         backoff_max_s=40.0,
-        start_limit_burst=3,
-        start_limit_interval_s=31.0,
+        crash_loop_starts=3,
+        crash_loop_window_s=31.0,
     )
     rec2 = Recorder()
     assert asyncio.run(Supervisor(cfg2, on_event=rec2, ops=ops2).run()) == "fatal"
@@ -126,7 +132,7 @@ def test_a_run_that_became_ready_resets_the_backoff(tmp_path: Path) -> None:
             holder[0].note_ready()  # the third start answered /health
 
     sup = Supervisor(
-        _cfg(tmp_path, start_limit_burst=4), on_event=on_event, ops=VirtualOps([1] * 4)
+        _cfg(tmp_path, crash_loop_starts=4), on_event=on_event, ops=VirtualOps([1] * 4)
     )
     holder.append(sup)
     assert asyncio.run(sup.run()) == "fatal"
@@ -198,14 +204,41 @@ def test_callback_errors_do_not_break_supervision(tmp_path: Path) -> None:
         ({"argv": ("vllm", "")}, "non-empty strings"),
         ({"restart": "sometimes"}, "restart must be"),
         ({"stall_policy": "restart", "restart": "never"}, "needs a restart policy"),
-        ({"backoff_initial_s": 0}, "backoff_initial_s must be > 0"),
+        ({"backoff_initial_s": -1}, "backoff_initial_s must be >= 0"),
+        ({"tree_scan_interval_s": 0}, "tree_scan_interval_s must be > 0"),
         ({"stop_grace_s": -1}, "stop_grace_s must be >= 0"),
         ({"backoff_factor": 0.5}, "backoff_factor"),
-        ({"start_limit_burst": 0}, "start_limit_burst"),
-        ({"log_backups": 0}, "log_backups"),
+        ({"crash_loop_starts": 0}, "crash_loop_starts"),
+        ({"log_keep": 0}, "log_keep"),
     ],
 )
 def test_config_errors_are_one_line(tmp_path: Path, kw: dict[str, object], message: str) -> None:
-    with pytest.raises(ConfigError, match=message) as info:
+    with pytest.raises(SupervisorConfigError, match=message) as info:
         _cfg(tmp_path, **kw)
     assert "\n" not in str(info.value)
+
+
+def test_settings_from_the_daemon_configuration(tmp_path: Path) -> None:
+    vllm = VllmConfig(
+        argv=("vllm", "serve", "/m"),
+        env={"VLLM_X": "1"},
+        inherit_env=False,
+        cwd=tmp_path,
+        restart="always",
+        backoff_initial_s=3.0,
+        crash_loop_starts=7,
+        crash_loop_window_s=100.0,
+        stop_grace_s=12.0,
+        stall_policy="restart",
+        log_keep=4,
+    )
+    cfg = supervisor_config(vllm, tmp_path / "v.log", preflight=lambda: None)
+    assert cfg.argv == ("vllm", "serve", "/m") and cfg.env == {"VLLM_X": "1"}
+    assert cfg.cwd == str(tmp_path) and cfg.log_path == str(tmp_path / "v.log")
+    assert (cfg.restart, cfg.backoff_initial_s, cfg.crash_loop_starts) == ("always", 3.0, 7)
+    assert (cfg.crash_loop_window_s, cfg.stop_grace_s, cfg.stall_policy) == (100.0, 12.0, "restart")
+    assert cfg.log_keep == 4 and cfg.preflight is not None
+    inherited = supervisor_config(
+        VllmConfig(argv=("v",), env={"A": "2"}), "l", environ={"A": "1", "B": "1"}
+    )
+    assert inherited.env == {"A": "2", "B": "1"}

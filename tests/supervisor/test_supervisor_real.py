@@ -114,8 +114,8 @@ def test_crash_restarts_with_backoff_until_crash_loop_is_fatal(tmp_path: Path) -
         backoff_initial_s=0.05,
         backoff_factor=2.0,
         backoff_max_s=0.15,
-        start_limit_burst=4,
-        start_limit_interval_s=60.0,
+        crash_loop_starts=4,
+        crash_loop_window_s=60.0,
     )
     rec = Recorder()
     sup = Supervisor(cfg, on_event=rec)
@@ -148,7 +148,7 @@ def test_exit_zero_after_engine_death_is_a_success_without_the_log_verdict(tmp_p
 def test_exit_zero_after_engine_death_restarts_on_the_log_verdict(tmp_path: Path) -> None:
     """The daemon's part, played by the test with the real parser: tail the log from the start
     of the session and pass a fatal Failure on to the supervisor."""
-    cfg = tiny_config(tmp_path, "--scenario", "exit0-fatal", start_limit_burst=2)
+    cfg = tiny_config(tmp_path, "--scenario", "exit0-fatal", crash_loop_starts=2)
     rec = Recorder()
     sup = Supervisor(cfg, on_event=rec)
     kinds: list[str] = []
@@ -254,7 +254,7 @@ def test_always_policy_restarts_clean_exits_until_the_start_limit(tmp_path: Path
         "--exit-code",
         "0",
         restart="always",
-        start_limit_burst=3,
+        crash_loop_starts=3,
         exit_verdict_wait_s=0.0,
     )
     rec = Recorder()
@@ -333,7 +333,7 @@ def test_log_rotation_during_output_is_byte_exact(tmp_path: Path) -> None:
         "--bulk-bytes",
         "300000",
         log_max_bytes=16_384,
-        log_backups=1000,
+        log_keep=1000,
         exit_verdict_wait_s=0.0,
     )
     sup = Supervisor(cfg)
