@@ -511,12 +511,17 @@ class Supervisor:
                 self._fatal(f"cannot open log {cfg.log_path}: {exc.strerror or exc}")
                 return "fatal"
         env = child_environment(os.environ if cfg.env is None else cfg.env)
-        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        try:
+            read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        except OSError as exc:
+            self.last_reason = f"cannot start {cfg.argv[0]}: no pipe for its output: {exc.strerror}"
+            return "retry"
         try:
             child = self._ops.spawn(cfg.argv, env, cfg.cwd, write_fd)
         except OSError as exc:
             os.close(read_fd)
-            reason = f"cannot start {cfg.argv[0]}: {exc.strerror or exc}"
+            where = f" ({exc.filename})" if exc.filename and exc.filename != cfg.argv[0] else ""
+            reason = f"cannot start {cfg.argv[0]}: {exc.strerror or exc}{where}"
             if exc.errno in _PERMANENT_SPAWN_ERRNOS:
                 self._fatal(reason)
                 return "fatal"

@@ -352,3 +352,37 @@ def test_log_rotation_during_output_is_byte_exact(tmp_path: Path) -> None:
         nxt = newer.read_bytes()[:1]
         # Each file ends where a record ends: never between \r and \n, never mid-record.
         assert data.endswith(b"\n") or (data.endswith(b"\r") and nxt != b"\n")
+
+
+def test_cancelling_run_still_ends_the_whole_tree(tmp_path: Path) -> None:
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    cfg = tiny_config(tmp_path, "--workers", "2", "--setsid", "--pid-dir", str(pid_dir))
+    rec = Recorder()
+    sup = Supervisor(cfg, on_event=rec)
+
+    async def scenario() -> list[int]:
+        task = await start(sup)
+        await wait_until(lambda: b"Application startup complete." in log_bytes(tmp_path))
+        pids = list(read_pids(pid_dir).values())
+        await wait_until(lambda: set(pids) <= set(sup.tree_pids), what="tree scan")
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        return pids
+
+    pids = run_async(scenario)
+    assert len(pids) == 3
+    assert live_pids(pids) == []
+    assert sup.state == "exited"
+    assert rec.kinds[-1] == "exited" and rec.events[-1].reason == "stopped: supervisor cancelled"
+
+
+def test_bad_working_directory_is_fatal_and_named(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, cwd=str(tmp_path / "nowhere"))
+    rec = Recorder()
+    assert run_async(Supervisor(cfg, on_event=rec).run) == "fatal"
+    reason = rec.events[-1].reason
+    assert reason is not None and reason.endswith(f"({tmp_path / 'nowhere'})")
