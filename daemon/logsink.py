@@ -44,9 +44,12 @@ def _first_boundary(data: bytes, start: int) -> int | None:
 
 
 class RotatingLog:
-    """Append-only byte sink with size-based rotation; thread-safe; never raises on write."""
+    """Append-only byte sink with size-based rotation; thread-safe; never raises on write.
 
-    def __init__(self, path: str, max_bytes: int, backups: int, mode: int = 0o644) -> None:
+    New files get mode 0640 (before umask): with request logging on, the log holds prompts.
+    """
+
+    def __init__(self, path: str, max_bytes: int, backups: int, mode: int = 0o640) -> None:
         if max_bytes < 1 or backups < 1:
             raise ValueError("log rotation needs max_bytes >= 1 and backups >= 1")
         self.path = path

@@ -99,11 +99,17 @@ class ProcessTree:
             self._seen[root.pid] = root.start_ticks
         members = {pid for pid, info in table.items() if pid in self._seen and self._same(info)}
         if self._root_start is not None:
+            # Once the root's pid is reused, a session or group of that number is someone else's.
+            reused = root is not None and root.start_ticks != self._root_start
+            newer_than = root.start_ticks if reused and root is not None else None
             for info in table.values():
-                if (info.sid == self.sid or info.pgid == self.pgid) and (
-                    info.start_ticks >= self._root_start
-                ):
-                    members.add(info.pid)
+                if info.sid != self.sid and info.pgid != self.pgid:
+                    continue
+                if info.start_ticks < self._root_start:
+                    continue
+                if newer_than is not None and info.start_ticks >= newer_than:
+                    continue
+                members.add(info.pid)
         children: dict[int, list[int]] = defaultdict(list)
         for info in table.values():
             children[info.ppid].append(info.pid)

@@ -124,3 +124,12 @@ def test_pump_stop_ends_even_if_the_writer_never_closes() -> None:
     assert pump.join(2)
     assert not pump.eof
     os.close(w)
+
+
+def test_new_log_files_are_not_world_readable(tmp_path: Path) -> None:
+    path = tmp_path / "v.log"
+    log = RotatingLog(str(path), max_bytes=4, backups=2)
+    log.write(b"abc\ndef\n")
+    log.close()
+    for p in (path, tmp_path / "v.log.1"):
+        assert p.stat().st_mode & 0o007 == 0

@@ -54,6 +54,20 @@ def test_tree_remembers_reparented_and_setsid_members() -> None:
     assert not tree.group_alive(t3)
 
 
+def test_reused_root_pid_does_not_adopt_a_stranger_session() -> None:
+    tree = ProcessTree(10)
+    tree.scan({10: _info(10, 1, 10, start=100), 11: _info(11, 10, 10, start=110)})
+    # The root is gone; an unrelated session leader now has pid 10, with a child of its own.
+    t = {
+        10: _info(10, 1, 10, start=900),
+        20: _info(20, 10, 10, start=910),
+        11: _info(11, 1, 10, start=110),
+    }
+    tree.scan(t)
+    assert tree.alive(t) == [11]
+    assert 20 not in tree.pids
+
+
 def test_tree_of_a_real_process_group() -> None:
     child = subprocess.Popen(
         [
