@@ -18,12 +18,22 @@ on the loop; it must not block). States::
                          |  \\-> stopping (stop, stall restart, leftovers after an exit)
                          \\-> exited (stopped, or policy says no restart) | fatal (crash loop, ...)
 
+Decisions: a run failed when it exited non-zero, was killed by a signal, was ended by a stall
+restart, or exited 0 after ``note_fatal_failure`` (after a clean exit the supervisor waits up to
+``exit_verdict_wait_s`` for that verdict, as the log follower may lag). ``on-failure`` restarts
+failed runs, ``always`` every run, ``never`` none. The backoff doubles per consecutive failure
+up to its cap and resets after ``note_ready`` or a long run; after ``crash_loop_starts`` starts
+within ``crash_loop_window_s`` the state is fatal. The ``preflight`` hook runs before each start;
+its veto backs off and retries (so a patched model directory starts by itself), or is fatal
+under ``never``.
+
 vLLM runs in its own session (so its own process group); its stdout and stderr share one pipe,
 which keeps their interleaving, and a pump thread copies it to the rotating log file. A second
 thread waits for the exit. The process tree is re-scanned from /proc while it runs, so workers
 that called ``setsid`` or outlived their parent are still found and killed at the end.
 
-OS calls go through ``ProcessOps``; ``PosixOps`` is the real one.
+OS calls go through ``ProcessOps`` (procops.py); ``PosixOps`` is the real one. Settings live in
+supervisor_config.py and are re-exported here.
 """
 
 from __future__ import annotations
@@ -32,214 +42,44 @@ import asyncio
 import errno
 import os
 import signal
-import subprocess
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal
 
-from loadwatch.daemon.config import VllmConfig
 from loadwatch.daemon.inputs import ProcessEvent, ProcessEventKind
 from loadwatch.daemon.logsink import OutputPump, RotatingLog
-from loadwatch.daemon.proctree import ProcessTree, ProcInfo, read_process_table
+from loadwatch.daemon.procops import ChildProcess, PosixOps, ProcessOps
+from loadwatch.daemon.proctree import ProcessTree, ProcInfo
 from loadwatch.daemon.sdnotify import child_environment
+from loadwatch.daemon.supervisor_config import (
+    RestartPolicy,
+    StallPolicy,
+    SupervisorConfig,
+    SupervisorConfigError,
+    supervisor_config,
+)
 
-RestartPolicy = Literal["on-failure", "always", "never"]
-StallPolicy = Literal["alert", "restart"]
+__all__ = [
+    "ChildProcess",
+    "PosixOps",
+    "ProcessOps",
+    "RestartPolicy",
+    "RunRecord",
+    "StallPolicy",
+    "State",
+    "StopResult",
+    "Supervisor",
+    "SupervisorConfig",
+    "SupervisorConfigError",
+    "describe_exit",
+    "supervisor_config",
+]
+
 State = Literal["idle", "starting", "running", "backoff", "stopping", "exited", "fatal"]
 
 # A start that fails with these can never succeed by retrying.
 _PERMANENT_SPAWN_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ENOEXEC})
-
-
-class SupervisorConfigError(ValueError):
-    """A supervisor setting that cannot work; the message is one line for the user."""
-
-
-@dataclass(frozen=True)
-class SupervisorConfig:
-    argv: tuple[str, ...]
-    log_path: str
-    env: Mapping[str, str] | None = None  # None: this process's environment
-    cwd: str | None = None
-    restart: RestartPolicy = "on-failure"
-    backoff_initial_s: float = 5.0
-    backoff_max_s: float = 300.0
-    backoff_factor: float = 2.0
-    backoff_reset_after_s: float = 3600.0  # a run this long counts as a success
-    crash_loop_starts: int = 5  # after this many starts within the window, give up (fatal)
-    crash_loop_window_s: float = 900.0
-    stop_grace_s: float = 30.0  # SIGTERM -> SIGKILL
-    kill_wait_s: float = 10.0  # after SIGKILL, how long to wait for the tree to vanish
-    stall_policy: StallPolicy = "alert"
-    stall_restart_after_s: float = 900.0
-    exit_verdict_wait_s: float = 2.0  # after exit code 0: time for the log to report a failure
-    tree_scan_interval_s: float = 2.0
-    log_max_bytes: int = 256 * 2**20
-    log_keep: int = 3  # rotated files kept: PATH.1 .. PATH.N
-    # Run in a worker thread before every start; a returned string vetoes the start.
-    preflight: Callable[[], str | None] | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        if not self.argv or not all(isinstance(a, str) and a for a in self.argv):
-            raise SupervisorConfigError(
-                "vLLM command must be a non-empty list of non-empty strings"
-            )
-        if self.restart not in ("on-failure", "always", "never"):
-            raise SupervisorConfigError(
-                f"restart must be on-failure, always or never, not {self.restart!r}"
-            )
-        if self.stall_policy not in ("alert", "restart"):
-            raise SupervisorConfigError(
-                f"stall policy must be alert or restart, not {self.stall_policy!r}"
-            )
-        if self.stall_policy == "restart" and self.restart == "never":
-            raise SupervisorConfigError(
-                "stall policy 'restart' needs a restart policy other than 'never'"
-            )
-        for name in (
-            "crash_loop_window_s",
-            "stall_restart_after_s",
-            "tree_scan_interval_s",
-        ):
-            if not getattr(self, name) > 0:
-                raise SupervisorConfigError(f"{name} must be > 0")
-        for name in (
-            "backoff_initial_s",
-            "backoff_max_s",
-            "stop_grace_s",
-            "kill_wait_s",
-            "exit_verdict_wait_s",
-            "backoff_reset_after_s",
-        ):
-            if not getattr(self, name) >= 0:
-                raise SupervisorConfigError(f"{name} must be >= 0")
-        if self.backoff_factor < 1:
-            raise SupervisorConfigError("backoff_factor must be >= 1")
-        if self.crash_loop_starts < 1:
-            raise SupervisorConfigError("crash_loop_starts must be >= 1")
-        if self.log_max_bytes < 1 or self.log_keep < 1:
-            raise SupervisorConfigError("log_max_bytes and log_keep must be >= 1")
-
-
-def supervisor_config(
-    vllm: VllmConfig,
-    log_path: str | os.PathLike[str],
-    preflight: Callable[[], str | None] | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> SupervisorConfig:
-    """The supervisor's settings from the ``[vllm]`` section of the daemon's configuration."""
-    env: dict[str, str] = (
-        dict(os.environ if environ is None else environ) if vllm.inherit_env else {}
-    )
-    env.update(vllm.env)
-    return SupervisorConfig(
-        argv=tuple(vllm.argv),
-        log_path=os.fspath(log_path),
-        env=env,
-        cwd=None if vllm.cwd is None else os.fspath(vllm.cwd),
-        restart=vllm.restart,
-        backoff_initial_s=vllm.backoff_initial_s,
-        backoff_max_s=vllm.backoff_max_s,
-        crash_loop_starts=vllm.crash_loop_starts,
-        crash_loop_window_s=vllm.crash_loop_window_s,
-        stop_grace_s=vllm.stop_grace_s,
-        stall_policy=vllm.stall_policy,
-        stall_restart_after_s=vllm.stall_restart_after_s,
-        log_max_bytes=vllm.log_max_bytes,
-        log_keep=vllm.log_keep,
-        preflight=preflight,
-    )
-
-
-# -- OS calls -----------------------------------------------------------------------------------
-
-
-class ChildProcess(Protocol):
-    @property
-    def pid(self) -> int: ...
-
-    def wait(self) -> int:
-        """Block until the process exits; its return code (negative: killed by that signal)."""
-        ...
-
-
-class ProcessOps(Protocol):
-    def spawn(
-        self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, output_fd: int
-    ) -> ChildProcess: ...
-
-    def signal(self, pid: int, sig: int) -> None: ...
-
-    def signal_group(self, pgid: int, sig: int) -> None: ...
-
-    def process_table(self) -> dict[int, ProcInfo]: ...
-
-    def time(self) -> float: ...
-
-    def monotonic(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class _PopenChild:
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self._popen = popen
-
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
-
-    def wait(self) -> int:
-        # Popen.wait, not os.waitpid: Popen's own bookkeeping may reap the pid otherwise.
-        return self._popen.wait()
-
-
-class PosixOps:
-    """The real thing: subprocess, kill(2), /proc, the system clocks, asyncio.sleep."""
-
-    def __init__(self, proc_root: str = "/proc") -> None:
-        self.proc_root = proc_root
-
-    def spawn(
-        self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, output_fd: int
-    ) -> ChildProcess:
-        popen = subprocess.Popen(
-            list(argv),
-            env=dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=output_fd,
-            stderr=output_fd,
-            start_new_session=True,
-            close_fds=True,
-        )
-        return _PopenChild(popen)
-
-    def signal(self, pid: int, sig: int) -> None:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def signal_group(self, pgid: int, sig: int) -> None:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def process_table(self) -> dict[int, ProcInfo]:
-        return read_process_table(self.proc_root)
-
-    def time(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
 
 
 # -- records --------------------------------------------------------------------------------------
