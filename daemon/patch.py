@@ -368,12 +368,12 @@ def revert_model(model_dir: str | os.PathLike[str], dry_run: bool = False) -> tu
 def patch_model_cli(
     model_dir: str,
     *,
-    drop_fp8_kv_cache_flag: bool = False,
+    drop_fp8: bool = False,
     revert: bool = False,
     dry_run: bool = False,
 ) -> tuple[str, int]:
     """``loadwatch patch-model``: (text to print, exit code)."""
-    if drop_fp8_kv_cache_flag == revert:
+    if drop_fp8 == revert:
         return "patch-model: give exactly one of --drop-fp8-kv-cache and --revert\n", EXIT_USAGE
     if revert:
         return revert_model(model_dir, dry_run=dry_run)

@@ -233,5 +233,5 @@ def test_detect_style_round_trips_fixtures() -> None:
 def test_cli_usage() -> None:
     text, code = patch_model_cli("x")
     assert code == 2 and "exactly one of" in text
-    text, code = patch_model_cli("x", drop_fp8_kv_cache_flag=True, revert=True)
+    text, code = patch_model_cli("x", drop_fp8=True, revert=True)
     assert code == 2
