@@ -105,6 +105,7 @@ class ProcessEvent:
     signal: int | None = None
     reason: str | None = None  # one line: why it exited, why fatal, why backing off
     backoff_s: float | None = None
+    tree_pids: tuple[int, ...] = ()  # "exited": every pid seen in the run's process tree
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,237 @@
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from loadwatch.daemon.model_info import read_model_dir
+from loadwatch.daemon.patch import (
+    BACKUP_SUFFIX,
+    detect_style,
+    drop_fp8_kv_cache,
+    patch_model_cli,
+    revert_model,
+)
+from tests.supervisor.modeldirs import MODELS, copy_model
+
+FILES = ("config.json", "hf_quant_config.json")
+
+
+def _snapshot(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("model", ["kimi-k25-nvfp4", "deepseek-v3-nvfp4-legacy", "llama-fp8kv"])
+def test_drop_then_revert_is_byte_exact(tmp_path: Path, model: str) -> None:
+    d = copy_model(model, tmp_path, shard_bytes=None)
+    before = _snapshot(d)
+    modes = {n: stat.S_IMODE((d / n).stat().st_mode) for n in FILES if (d / n).exists()}
+    os.chmod(d / "config.json", 0o640)
+    modes["config.json"] = 0o640
+
+    text, code = drop_fp8_kv_cache(d)
+    assert code == 0, text
+    assert "--- a/config.json" in text or "--- a/hf_quant_config.json" in text
+    info = read_model_dir(d)
+    assert info.checkpoint_kv_dtype is None and info.kv_sources == ()
+    for name, mode in modes.items():
+        assert stat.S_IMODE((d / name).stat().st_mode) == mode
+        backup = d / (name + BACKUP_SUFFIX)
+        if backup.exists():
+            assert backup.read_bytes() == before[name]
+
+    text, code = revert_model(d)
+    assert code == 0, text
+    assert _snapshot(d) == before  # originals back byte for byte, backups gone
+    assert stat.S_IMODE((d / "config.json").stat().st_mode) == 0o640
+
+
+def test_kimi_diff_is_minimal_and_style_kept(tmp_path: Path) -> None:
+    d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
+    old_cfg = (d / "config.json").read_text()
+    old_hfq = (d / "hf_quant_config.json").read_text()
+    text, code = drop_fp8_kv_cache(d)
+    assert code == 0
+    removed = [ln for ln in text.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    added = [ln for ln in text.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    # Only the KV lines go (the scheme dict spans 5 lines at indent 2); nothing else moves.
+    assert [ln[1:].strip() for ln in removed] == [
+        '"kv_cache_scheme": {',
+        '"dynamic": false,',
+        '"num_bits": 8,',
+        '"type": "float"',
+        "},",
+        '"kv_cache_quant_algo": "FP8",',
+    ]
+    assert added == []
+    new_cfg = (d / "config.json").read_text()
+    new_hfq = (d / "hf_quant_config.json").read_text()
+    assert new_cfg.endswith("}\n") and not new_hfq.endswith("\n")  # trailing newline as before
+    assert "kv_cache_scheme" not in new_cfg and "kv_cache_quant_algo" not in new_hfq
+    assert list(json.loads(new_cfg)) == list(json.loads(old_cfg))  # key order kept
+    assert new_hfq.count("\n    ") == old_hfq.count("\n    ") - 1  # indent 4 kept, one line less
+    assert (
+        "config.json: removed quantization_config.kv_cache_scheme (original kept as config.json.loadwatch-orig)"
+        in text
+    )
+    assert "hf_quant_config.json: removed quantization.kv_cache_quant_algo" in text
+
+
+def test_second_run_changes_nothing_and_says_so(tmp_path: Path) -> None:
+    d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
+    drop_fp8_kv_cache(d)
+    after_first = _snapshot(d)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+    text, code = drop_fp8_kv_cache(d)
+    assert code == 0
+    assert text.startswith("nothing to change: no FP8 KV-cache declaration")
+    assert _snapshot(d) == after_first
+    assert {p.name: p.stat().st_mtime_ns for p in d.iterdir()} == mtimes
+
+
+def test_dry_run_writes_nothing(tmp_path: Path) -> None:
+    d = copy_model("deepseek-v3-nvfp4-legacy", tmp_path, shard_bytes=None)
+    before = _snapshot(d)
+    text, code = drop_fp8_kv_cache(d, dry_run=True)
+    assert code == 0
+    assert '-        "kv_cache_quant_algo": "FP8",' in text
+    assert "would remove quantization.kv_cache_quant_algo" in text
+    assert text.rstrip().endswith("dry run: nothing written")
+    assert _snapshot(d) == before
+
+
+def test_revert_dry_run_and_nothing_to_revert(tmp_path: Path) -> None:
+    d = copy_model("llama-fp8kv", tmp_path, shard_bytes=None)
+    text, code = revert_model(d)
+    assert code == 0 and text.startswith("nothing to revert")
+    drop_fp8_kv_cache(d)
+    patched = _snapshot(d)
+    text, code = revert_model(d, dry_run=True)
+    assert code == 0 and '+\t\t\t"kv_cache_quant_algo": "FP8",' in text
+    assert _snapshot(d) == patched
+
+
+def test_read_only_dir_changes_nothing(tmp_path: Path) -> None:
+    d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
+    before = _snapshot(d)
+    os.chmod(d, 0o555)
+    try:
+        text, code = drop_fp8_kv_cache(d)
+    finally:
+        os.chmod(d, 0o755)
+    assert code == 1
+    assert text == "patch-model: model directory is read-only (mode 0555); nothing changed\n"
+    assert _snapshot(d) == before
+
+
+def test_read_only_file_changes_nothing(tmp_path: Path) -> None:
+    d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
+    os.chmod(d / "hf_quant_config.json", 0o444)
+    before = _snapshot(d)
+    text, code = drop_fp8_kv_cache(d)
+    assert code == 1 and "hf_quant_config.json is read-only (mode 0444)" in text
+    assert _snapshot(d) == before
+
+
+def test_symlink_outside_model_dir_refused(tmp_path: Path) -> None:
+    # The Hugging Face cache layout: snapshot files link to blobs outside the snapshot directory.
+    d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (d / "config.json").rename(blobs / "abc123")
+    (d / "config.json").symlink_to(blobs / "abc123")
+    before = _snapshot(blobs) | _snapshot(d)
+    text, code = drop_fp8_kv_cache(d)
+    assert code == 1
+    assert text.count("\n") == 1
+    assert "config.json is a symlink to" in text and "outside the model directory" in text
+    assert _snapshot(blobs) | _snapshot(d) == before
+    assert (d / "config.json").is_symlink()
+
+
+def test_symlink_inside_model_dir_patches_target(tmp_path: Path) -> None:
+    d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
+    (d / "orig").mkdir()
+    (d / "hf_quant_config.json").rename(d / "orig" / "hfq.json")
+    (d / "hf_quant_config.json").symlink_to("orig/hfq.json")
+    original = (d / "orig" / "hfq.json").read_bytes()
+    _, code = drop_fp8_kv_cache(d)
+    assert code == 0
+    assert (d / "hf_quant_config.json").is_symlink()
+    assert b"kv_cache_quant_algo" not in (d / "orig" / "hfq.json").read_bytes()
+    revert_model(d)
+    assert (d / "orig" / "hfq.json").read_bytes() == original
+    assert (d / "hf_quant_config.json").is_symlink()
+
+
+def test_malformed_and_missing(tmp_path: Path) -> None:
+    d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
+    (d / "hf_quant_config.json").write_text('{"quantization": {"kv_cache_quant_algo": "FP8",}}')
+    before = _snapshot(d)
+    text, code = drop_fp8_kv_cache(d)
+    assert code == 1
+    assert text.startswith("patch-model: hf_quant_config.json: malformed JSON at line 1 column")
+    assert text.endswith("; nothing changed\n") and text.count("\n") == 1
+    assert _snapshot(d) == before  # config.json untouched too, though it was fine
+
+    text, code = drop_fp8_kv_cache(tmp_path / "absent")
+    assert code == 1 and "no such directory" in text
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    text, code = drop_fp8_kv_cache(empty)
+    assert code == 1 and text.startswith("patch-model: config.json: missing")
+
+
+def test_non_fp8_kv_declaration_left_alone(tmp_path: Path) -> None:
+    cfg = {
+        "quantization_config": {
+            "quant_method": "modelopt",
+            "quant_algo": "NVFP4",
+            "kv_cache_scheme": {"type": "float", "num_bits": 4},
+        }
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
+    text, code = drop_fp8_kv_cache(tmp_path)
+    assert code == 0
+    assert "nothing to change" in text and "left quantization_config.kv_cache_scheme" in text
+
+
+def test_stale_backup_that_differs_is_not_overwritten(tmp_path: Path) -> None:
+    d = copy_model("deepseek-v3-nvfp4-legacy", tmp_path, shard_bytes=None)
+    (d / ("hf_quant_config.json" + BACKUP_SUFFIX)).write_bytes(b'{"old": true}')
+    before = _snapshot(d)
+    text, code = drop_fp8_kv_cache(d)
+    assert code == 1 and "differs from hf_quant_config.json" in text
+    assert _snapshot(d) == before
+
+
+def test_unusual_formatting_still_valid_and_flagged(tmp_path: Path) -> None:
+    raw = '{ "quantization_config" : { "kv_cache_quant_algo" : "FP8" , "quant_algo": "FP8" }, "a": 1.50 }'
+    (tmp_path / "config.json").write_text(raw)
+    text, code = drop_fp8_kv_cache(tmp_path)
+    assert code == 0
+    assert "formatting could not be reproduced exactly" in text
+    assert json.loads((tmp_path / "config.json").read_text()) == {
+        "quantization_config": {"quant_algo": "FP8"},
+        "a": 1.5,
+    }
+    revert_model(tmp_path)
+    assert (tmp_path / "config.json").read_text() == raw
+
+
+def test_detect_style_round_trips_fixtures() -> None:
+    for path in MODELS.glob("*/*.json"):
+        text = path.read_text()
+        style = detect_style(text, json.loads(text))
+        assert style.exact, path
+        assert style.dump(json.loads(text)) == text
+
+
+def test_cli_usage() -> None:
+    text, code = patch_model_cli("x")
+    assert code == 2 and "exactly one of" in text
+    text, code = patch_model_cli("x", drop_fp8=True, revert=True)
+    assert code == 2
