@@ -292,8 +292,7 @@ class ExpositionServer:
 
     @property
     def target(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"{host}:{port}"
+        return f"127.0.0.1:{self._server.server_address[1]}"
 
     def set(self, text: str) -> None:
         with self._lock:

@@ -26,6 +26,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -179,7 +180,7 @@ class PromServer:
         binary: str = DEFAULT_BINARY,
     ) -> None:
         self.workdir = workdir
-        self.targets = list(targets)
+        self.target_addresses = list(targets)
         self.job = job
         self.rule_files = [Path(p).resolve() for p in rule_files]
         self.scrape_interval_s = scrape_interval_s
@@ -207,7 +208,7 @@ class PromServer:
                 {
                     "job_name": self.job,
                     "metrics_path": self.metrics_path,
-                    "static_configs": [{"targets": self.targets}],
+                    "static_configs": [{"targets": self.target_addresses}],
                 }
             ],
         }
@@ -353,16 +354,16 @@ class PromServer:
 
     def wait_until(
         self,
-        check: Callable[[], T | None],
+        check: Callable[[], T],
         what: str,
         timeout_s: float = 20.0,
         interval_s: float = 0.1,
     ) -> T:
-        """Poll `check` until it returns something other than None/False; bounded by timeout_s."""
+        """Poll `check` until it returns something truthy, and return that; bounded by timeout_s."""
         deadline = time.monotonic() + timeout_s
         while True:
             result = check()
-            if result is not None and result is not False:
+            if result:
                 return result
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"waited {timeout_s:g}s for {what}")
@@ -381,18 +382,18 @@ class PromServer:
 
         for _ in range(scrapes):
             mark = time.time()
-            self.wait_until(lambda m=mark: up_after(m), "a scrape of every target", timeout_s)
+            self.wait_until(partial(up_after, mark), "a scrape of every target", timeout_s)
 
     def wait_evaluated(self, timeout_s: float = 20.0, rounds: int = 1) -> None:
         """Until every rule group has been evaluated `rounds` more times from now."""
+
+        def evaluated_after(since: float) -> bool:
+            groups = self.rules()
+            return bool(groups) and all(_api_time(g["lastEvaluation"]) > since for g in groups)
+
         for _ in range(rounds):
             mark = time.time()
-
-            def evaluated_after(since: float = mark) -> bool:
-                groups = self.rules()
-                return bool(groups) and all(_api_time(g["lastEvaluation"]) > since for g in groups)
-
-            self.wait_until(evaluated_after, "a rule evaluation", timeout_s)
+            self.wait_until(partial(evaluated_after, mark), "a rule evaluation", timeout_s)
 
 
 def _api_time(text: str) -> float:
