@@ -190,6 +190,7 @@ class PromServer:
         self.port = 0
         self.log_path = workdir / "prometheus.log"
         self._proc: subprocess.Popen[bytes] | None = None
+        self.returncode: int | None = None  # once stopped: 0 for a clean shutdown
 
     @property
     def url(self) -> str:
@@ -263,14 +264,16 @@ class PromServer:
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout_s`. Safe to call twice."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout_s)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=timeout_s)
+        self.returncode = proc.returncode
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None

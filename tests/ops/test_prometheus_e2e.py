@@ -115,6 +115,7 @@ def test_alerts_follow_a_scripted_load(tmp_path: Path, exposition: ExpositionSer
         started_s=now - 400,
         session_start_s=now - 300,
         shards_done=5,
+        shards_total=119,
         last_progress_s=now,
         eta_s=900.0,
         budget_s=1800.0,
@@ -227,6 +228,7 @@ def test_harness_reports_a_bad_query_and_stops_cleanly(tmp_path: Path) -> None:
             prom.wait_until(lambda: False, "never", timeout_s=0.3)
     finally:
         prom.stop()
-    assert prom._proc is None
+    assert prom.returncode == 0  # SIGTERM: a clean shutdown
     prom.stop()  # twice is fine
+    assert prom.returncode == 0
     assert parse_duration("1m") == 60.0
