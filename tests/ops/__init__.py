@@ -1,0 +1,1 @@
+"""Operations: systemd units, Prometheus rules, Grafana dashboard, runbook."""

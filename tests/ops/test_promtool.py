@@ -1,0 +1,128 @@
+"""The alert rules through promtool: syntax, unit tests, and unit tests that catch broken rules."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .common import ALERTS, PROMETHEUS, RUNBOOK, require
+
+RULE_TESTS = sorted((PROMETHEUS / "tests").glob("*.yml"))
+RUNBOOK_BASE = "https://github.com/loadwatch/loadwatch/blob/main/docs/runbook.md"
+
+
+def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [require("promtool"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def alert_names(text: str) -> list[str]:
+    return re.findall(r"^\s*- alert: (\w+)\s*$", text, re.M)
+
+
+def test_check_rules() -> None:
+    result = promtool("check", "rules", str(ALERTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    count = len(alert_names(ALERTS.read_text()))
+    assert count >= 14
+    assert f"SUCCESS: {count} rules found" in result.stdout
+
+
+def test_example_prometheus_config() -> None:
+    result = promtool("check", "config", str(PROMETHEUS / "prometheus.yml.example"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 1 rule files found" in result.stdout
+
+
+def test_rule_unit_tests_pass() -> None:
+    assert {p.name for p in RULE_TESTS} >= {"load.yml", "failures.yml", "quiet.yml"}
+    result = promtool("test", "rules", *(str(p) for p in RULE_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(RULE_TESTS)
+
+
+def test_every_alert_is_tested_firing_and_silent() -> None:
+    """Each alert has a test where it fires (exp_alerts with items) and one where it must not."""
+    texts = "\n".join(p.read_text() for p in RULE_TESTS)
+    check = re.compile(
+        r"- alertname: (?P<name>\w+)\n\s+eval_time: \S+[^\n]*\n\s+exp_alerts:(?P<rest>[^\n]*)"
+    )
+    fires: set[str] = set()
+    silent: set[str] = set()
+    for m in check.finditer(texts):
+        (silent if m["rest"].strip() == "[]" else fires).add(m["name"])
+    names = set(alert_names(ALERTS.read_text()))
+    assert fires >= names, f"never seen firing: {sorted(names - fires)}"
+    assert silent >= names, f"never checked silent: {sorted(names - silent)}"
+    assert fires <= names  # no test of an alert that no longer exists
+
+
+def run_tests_against(tmp_path: Path, rules_text: str, test_file: str) -> str:
+    """promtool's unit test `test_file` run against `rules_text` in place of alerts.yml."""
+    (tmp_path / "alerts.yml").write_text(rules_text)
+    (tmp_path / "tests").mkdir(exist_ok=True)
+    shutil.copy(PROMETHEUS / "tests" / test_file, tmp_path / "tests" / test_file)
+    result = promtool("test", "rules", f"tests/{test_file}", cwd=tmp_path)
+    return result.stdout + result.stderr if result.returncode != 0 else ""
+
+
+MUTANTS = [
+    # (test file that must notice, what to change in alerts.yml, alert the failure names)
+    ("load.yml", ("loadwatch_load_stalled == 1\n        for: 2m", "loadwatch_load_stalled == 1\n        for: 10m"), "LoadwatchLoadStalled"),
+    ("load.yml", ("(0 * loadwatch_session_start_timestamp_seconds))\n", "(loadwatch_session_start_timestamp_seconds * 0 + 1e9))\n"), "LoadwatchLoadOverBudget"),
+    ("failures.yml", ("unless on(job, instance) loadwatch_load_ready == 1", "unless on(job, instance) loadwatch_load_ready == 2"), "LoadwatchGpuOutOfMemory"),
+    ("failures.yml", ('              loadwatch_session_failure{kind="cuda_oom"} == 1\n            or\n', ""), "LoadwatchGpuOutOfMemory"),
+    ("vllm.yml", ("round(increase(loadwatch_vllm_restarts_total[30m])) >= 3", "round(increase(loadwatch_vllm_restarts_total[30m])) >= 2"), "LoadwatchVllmCrashLooping"),
+    ("vllm.yml", ('unless on(job, instance) loadwatch_load_phase{phase="stopped"} == 1', 'unless on(job, instance) loadwatch_load_phase{phase="stopped"} == 2'), "LoadwatchVllmNotReady"),
+    ("gpu.yml", ("and on(job, instance) (up offset 10m == 1)", "and on(job, instance) (up == 1)"), "LoadwatchGpuXidErrors"),
+    ("quiet.yml", ("expr: loadwatch_load_stalled == 1", "expr: loadwatch_load_stalled == 0"), "LoadwatchLoadStalled"),
+    ("quiet.yml", ("round(increase(loadwatch_vllm_restarts_total[30m])) >= 3", "increase(loadwatch_vllm_restarts_total[30m]) >= 1"), "LoadwatchVllmCrashLooping"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("test_file", "change", "alert"), MUTANTS, ids=lambda v: str(v)[:40])
+def test_unit_tests_catch_a_broken_rule(
+    tmp_path: Path, test_file: str, change: tuple[str, str], alert: str
+) -> None:
+    text = ALERTS.read_text()
+    assert text.count(change[0]) == 1, f"mutation target not unique: {change[0]!r}"
+    failure = run_tests_against(tmp_path, text.replace(change[0], change[1]), test_file)
+    assert "FAILED" in failure and alert in failure
+
+
+def github_anchor(heading: str) -> str:
+    """The id GitHub gives a Markdown heading."""
+    slug = heading.strip().lower()
+    slug = re.sub(r"[^\w\- ]", "", slug)
+    return slug.replace(" ", "-")
+
+
+def test_runbook_has_a_section_per_alert() -> None:
+    rules = ALERTS.read_text()
+    names = alert_names(rules)
+    urls = re.findall(r"^\s+runbook_url: (\S+)\s*$", rules, re.M)
+    assert len(urls) == len(names)
+    runbook = RUNBOOK.read_text()
+    sections = re.split(r"^## ", runbook, flags=re.M)[1:]
+    by_anchor = {github_anchor(s.splitlines()[0]): s for s in sections}
+    for name, url in zip(names, urls, strict=True):
+        base, _, anchor = url.partition("#")
+        assert base == RUNBOOK_BASE
+        assert anchor == name.lower() == github_anchor(name)
+        section = by_anchor.get(anchor)
+        assert section is not None, f"docs/runbook.md has no section #{anchor}"
+        for part in ("**What it means.**", "**What to check.**", "**What to do.**"):
+            assert part in section, f"{name}: no {part}"
+    assert set(by_anchor) == {n.lower() for n in names}  # no section for a removed alert
+    for link in re.findall(r"\]\(#([\w-]+)\)", runbook):
+        assert link in by_anchor, f"dangling link #{link}"
