@@ -271,6 +271,12 @@ class NullGpuSource:
     def poll(self) -> GpuReading:
         return GpuReading(ts=self._clock(), samples=(), source_up=True, poll_seconds=0.0)
 
+    async def poll_async(self) -> GpuReading:
+        return self.poll()
+
+    def close(self) -> None:
+        pass
+
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())[:300]

@@ -1,0 +1,189 @@
+"""`loadwatch run`: turn flags and a config file into a running daemon, and stop it cleanly.
+
+Everything that can go wrong before the loop starts (bad config, a state directory that cannot be
+written, a port in use, a bad certificate) ends in one line on stderr and a non-zero exit.
+SIGTERM/SIGINT stop the daemon (and the supervised vLLM); SIGHUP reopens the event log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from loadwatch.daemon.cli import EX_CANTCREAT, EX_CONFIG, fail
+from loadwatch.daemon.config import Config, ConfigError, VllmConfig, load_config
+from loadwatch.daemon.gpu import GuardedGpuSource, NullGpuSource
+from loadwatch.daemon.loop import Daemon
+from loadwatch.daemon.redact import Redactor
+from loadwatch.daemon.sdnotify import SdNotifier
+from loadwatch.daemon.supervisor_config import SupervisorConfigError
+from loadwatch.exporters.eventlog import EventLog
+from loadwatch.exporters.http import HttpServer, ServerError
+from loadwatch.exporters.views import routes
+
+EX_UNAVAILABLE = 69
+DEFAULT_STATE_DIR = Path("/var/lib/loadwatch")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    overrides: dict[str, Any] = {
+        "log.path": str(args.log) if args.log else None,
+        "state_dir": str(args.state_dir) if args.state_dir else None,
+        "http.listen": args.listen,
+        "gpu.source": args.gpu,
+        "events_file": str(args.events_file) if args.events_file else None,
+        "model.dir": str(args.model_dir) if args.model_dir else None,
+    }
+    cfg = load_config(args.config, overrides)
+    argv = [a for a in (args.vllm or []) if a != "--"] if args.vllm else []
+    if argv:
+        base = cfg.vllm or VllmConfig(argv=tuple(argv))
+        cfg = replace(cfg, vllm=replace(base, argv=tuple(argv)))
+    if args.state_dir is None and args.config is None and not os.access("/var/lib", os.W_OK):
+        # A user running `loadwatch run --log X` by hand gets a state dir it can write.
+        cfg = replace(cfg, state_dir=Path.home() / ".local" / "state" / "loadwatch")
+    if cfg.supervise and cfg.log.path is None:
+        cfg = replace(cfg, log=replace(cfg.log, path=cfg.state_dir / "vllm.log"))
+    if cfg.log.path is None and not cfg.supervise:
+        raise ConfigError("[log] path", "nothing to watch: give --log PATH, a config, or -- VLLM COMMAND")
+    return cfg
+
+
+def make_gpu_source(cfg: Config, progress: Callable[[], float]) -> GuardedGpuSource | NullGpuSource:
+    if cfg.gpu.source == "none":
+        return NullGpuSource()
+    if cfg.gpu.source == "simulated":
+        from loadwatch.daemon.gpusim import SimulatedGpuSource
+
+        inner: Any = SimulatedGpuSource(cfg.gpu.simulated_count, progress=progress)
+    else:
+        from loadwatch.daemon.nvml import NvmlSource
+
+        inner = NvmlSource(logger=lambda line: print(f"loadwatch: {line}", file=sys.stderr))
+    return GuardedGpuSource(inner, deadline_s=cfg.gpu.deadline_s)
+
+
+def prepare_state_dir(path: Path) -> str | None:
+    """Create the state directory (0700); one line when it cannot be written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = path / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        return f"cannot write the state directory {path}: {exc.strerror or exc}"
+    return None
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        return fail(f"config error: {exc}", EX_CONFIG)
+    return run_daemon(cfg)
+
+
+def run_daemon(
+    cfg: Config,
+    *,
+    supervisor_factory: Callable[[Daemon], Any] | None = None,
+    on_started: Callable[[Daemon, HttpServer], None] | None = None,
+    stdout: Any = None,
+) -> int:
+    problem = prepare_state_dir(cfg.state_dir)
+    if problem:
+        return fail(problem, EX_CANTCREAT)
+    redactor = Redactor()
+    if cfg.vllm is not None:
+        redactor.learn(cfg.vllm.argv, cfg.vllm.env)
+        if cfg.vllm.inherit_env:
+            redactor.learn((), os.environ)
+    eventlog = EventLog(stdout, cfg.events_file, redactor=redactor)
+    if eventlog.last_error:
+        print(f"loadwatch: {eventlog.last_error}", file=sys.stderr)
+    holder: dict[str, Daemon] = {}
+
+    def progress() -> float:
+        d = holder.get("daemon")
+        s = d.state.session if d is not None else None
+        ratio = d.snapshot().session.progress.ratio if d is not None and s is not None else None  # type: ignore[union-attr]
+        return ratio or 0.0
+
+    if cfg.supervise and supervisor_factory is None:
+        try:
+            supervisor_factory = _supervisor_factory(cfg)
+        except SupervisorConfigError as exc:
+            return fail(f"config error: [vllm] {exc}", EX_CONFIG)
+    gpu = make_gpu_source(cfg, progress)
+    daemon = Daemon(
+        cfg,
+        eventlog=eventlog,
+        gpu=gpu,
+        notifier=SdNotifier(),
+        redactor=redactor,
+        supervisor_factory=supervisor_factory,
+    )
+    holder["daemon"] = daemon
+    server = HttpServer(cfg.http, {})
+    server.routes.update(routes(lambda: daemon.published, lambda: daemon.alive, time.time,
+                                server.stats, redactor))
+    try:
+        server.start()
+    except ServerError as exc:
+        gpu.close()
+        return fail(str(exc), EX_UNAVAILABLE)
+    if not cfg.http.loopback:
+        eventlog.emit("daemon.warning", warning=f"listening on {cfg.http.host}, not loopback")
+    eventlog.emit("daemon.listening", url=server.url)
+    try:
+        return asyncio.run(_main(daemon, server, on_started))
+    finally:
+        server.stop()
+        gpu.close()
+        eventlog.close()
+
+
+async def _main(daemon: Daemon, server: HttpServer, on_started: Callable[[Daemon, HttpServer], None] | None) -> int:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.stop_event.set)
+    loop.add_signal_handler(signal.SIGHUP, daemon.eventlog.reopen)
+    if on_started is not None:
+        loop.call_soon(on_started, daemon, server)
+    try:
+        return await daemon.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+
+
+def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
+    from loadwatch.daemon.preflight import start_hook_for_argv
+    from loadwatch.daemon.supervisor import Supervisor, supervisor_config
+
+    assert cfg.vllm is not None and cfg.log.path is not None
+    vllm = cfg.vllm
+    supervisor_config(vllm, str(cfg.log.path))  # raises SupervisorConfigError now, not later
+
+    def factory(daemon: Daemon) -> Any:
+        def gpu_cc() -> tuple[int, int] | None:
+            return next(iter(daemon._gpu_ccs.values()), None)
+
+        def on_report(report: Any) -> None:
+            daemon.eventlog.emit("preflight", verdict=report.verdict, report=report.to_dict())
+
+        hook = None
+        if vllm.preflight != "off":
+            hook = start_hook_for_argv(vllm.argv, vllm.preflight, gpu_cc=gpu_cc, on_report=on_report)
+        sup_cfg = supervisor_config(vllm, str(cfg.log.path), preflight=hook)
+        return Supervisor(sup_cfg, on_event=daemon.on_process_event)
+
+    return factory

@@ -1,0 +1,542 @@
+"""The daemon: one asyncio loop owns the load state; sources feed it, exporters read snapshots.
+
+Tasks on the loop:
+- the log: follower -> chunk scanner -> events -> `LoadState.apply`, with checkpoints;
+- the GPUs: a guarded poll every `[gpu] poll_interval_s`;
+- a 1 s tick: stall checks, sd_notify STATUS=, publishing;
+- in supervise mode: the supervisor, the `/health` prober and the /proc I/O sampler.
+After each batch the loop publishes an immutable `Published` bundle; HTTP threads read only that.
+
+Restart: the follower resumes from its checkpoint, whose `extra` carries where the current vLLM
+session began. The loop seeks there and re-reads up to the checkpoint to rebuild the session's
+state (those events are not written to the event log again; transitions are marked `replay`),
+then goes on live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadwatch.daemon.config import Config
+from loadwatch.daemon.follower import FollowerError, LogFollower, Position
+from loadwatch.daemon.gpu import GuardedGpuSource, NullGpuSource
+from loadwatch.daemon.inputs import GpuReading, HealthProbe, IoSample, ModelInfo, ProcessEvent, Tick
+from loadwatch.daemon.model_info import read_model_dir
+from loadwatch.daemon.orphans import check_orphans
+from loadwatch.daemon.published import LogHealth, Published, SupervisorStats, Totals
+from loadwatch.daemon.redact import Redactor
+from loadwatch.daemon.sdnotify import SdNotifier
+from loadwatch.daemon.session import StateConfig
+from loadwatch.daemon.snapshot import Snapshot, Transition
+from loadwatch.daemon.state import LoadState
+from loadwatch.exporters.eventlog import EventLog
+from loadwatch.parsers import ChunkScanner, Event, EventStream
+
+log = logging.getLogger("loadwatch")
+
+VERSION = "0.1.0"
+TICK_S = 1.0
+IO_SAMPLE_S = 1.0
+HEALTH_PROBE_S = 2.0
+
+
+@dataclass
+class _Retired:
+    """Counts of sessions the state no longer details, so lifetime totals stay monotonic."""
+
+    warnings: Counter[str]
+    failures: Counter[str]
+    stalls: int = 0
+
+
+class Daemon:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        eventlog: EventLog,
+        gpu: GuardedGpuSource | NullGpuSource,
+        clock: Callable[[], float] = time.time,
+        notifier: SdNotifier | None = None,
+        redactor: Redactor | None = None,
+        supervisor_factory: Callable[[Daemon], Any] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.eventlog = eventlog
+        self.gpu = gpu
+        self.notifier = notifier or SdNotifier({})
+        self.redactor = redactor or Redactor()
+        self.started_at = clock()
+        self.state = LoadState(config=self._state_config())
+        self.published: Published | None = None
+        self.stop_event = asyncio.Event()
+        self.supervisor: Any = None
+        self._supervisor_factory = supervisor_factory
+        self._follower: LogFollower | None = None
+        self._scanner = ChunkScanner(EventStream(ref_ts=clock()))
+        self._events: Counter[str] = Counter()
+        self._xids: Counter[tuple[int, str | None, int]] = Counter()
+        self._retired = _Retired(Counter(), Counter())
+        self._session_start: dict[str, Any] | None = None
+        self._replay_until: Position | None = None
+        self._gpu_ccs: dict[int, tuple[int, int]] = {}
+        self._last_reading: GpuReading | None = None
+        self._last_status = ""
+        self._heartbeat = clock()
+        self._orphans: int | None = None
+        self._health_up: bool | None = None
+        self._log_error_logged: str | None = None
+
+    # -- configuration ----------------------------------------------------------------------
+
+    def _state_config(self) -> StateConfig:
+        f = self.cfg.forecast
+        return StateConfig(
+            max_sessions=self.cfg.sessions_kept, stall_k=f.stall_factor, stall_floor_s=f.stall_floor_s
+        )
+
+    @property
+    def alive(self) -> bool:
+        """The loop ticked recently (what /healthz answers)."""
+        return self.clock() - self._heartbeat < 10 * TICK_S
+
+    # -- applying inputs --------------------------------------------------------------------
+
+    def apply(self, item: Any, *, replay: bool = False) -> None:
+        before = self.state
+        self.state = before.apply(item, self.clock())
+        transitions = self.state.transitions
+        if not transitions:
+            return
+        for t in transitions:
+            if t.kind == "session_started":
+                self._retire(before)
+            self._transition(t, replay)
+
+    def _retire(self, before: LoadState) -> None:
+        snap = before.snapshot(self.clock())
+        s = snap.session
+        if s is None:
+            return
+        for w in s.warnings:
+            self._retired.warnings[w.code] += w.count
+        for f in s.failures:
+            self._retired.failures[f.kind] += 1
+        self._retired.stalls += s.stall.stalls_total
+
+    def _transition(self, t: Transition, replay: bool) -> None:
+        fields = t.to_dict()
+        kind = fields.pop("transition")
+        if replay:
+            fields["replay"] = True
+        self.eventlog.emit(f"transition.{kind}", **fields)
+        if replay or self.supervisor is None:
+            return
+        if kind == "failure" and t.fatal:
+            self.supervisor.note_fatal_failure(t.failure_kind or "other")
+        elif kind == "phase" and t.phase_to == "ready":
+            self.supervisor.note_ready()
+        elif kind == "stall_raised":
+            self.supervisor.note_stall(t.duration_s or 0.0)
+
+    def on_process_event(self, ev: ProcessEvent) -> None:
+        """The supervisor's callback (on the loop's thread)."""
+        self.apply(ev)
+        self.eventlog.emit(
+            f"vllm.{ev.kind}",
+            pid=ev.pid,
+            exit_code=ev.exit_code,
+            signal=ev.signal,
+            reason=ev.reason,
+            backoff_s=ev.backoff_s,
+            argv=self.redactor.argv(ev.argv) if ev.argv else None,
+        )
+        if ev.kind == "started":
+            self._load_model(ev.argv)
+        elif ev.kind == "exited" and ev.tree_pids:
+            self._check_orphans(ev.tree_pids)
+        self.publish()
+
+    def _load_model(self, argv: Iterable[str] = ()) -> None:
+        from loadwatch.daemon import vllm_argv
+
+        model_dir = self.cfg.model.dir
+        if model_dir is None and argv:
+            found = vllm_argv.model_path(list(argv))
+            model_dir = Path(found) if found else None
+        if model_dir is None or not model_dir.is_dir():
+            return
+        info: ModelInfo = read_model_dir(model_dir)
+        for err in info.errors:
+            self.eventlog.emit("model.error", path=str(model_dir), error=err)
+        self.apply(info)
+
+    def _check_orphans(self, tree_pids: tuple[int, ...]) -> None:
+        reading = self._last_reading
+        if reading is None or not reading.source_up:
+            return
+        report = check_orphans(reading, frozenset(tree_pids))
+        self._orphans = len(report.leaked)
+        if report.leaked or report.unknown:
+            self.eventlog.emit("gpu.orphans", summary=report.summary(), leaked=len(report.leaked),
+                               unknown=len(report.unknown), leaked_bytes=report.leaked_bytes)
+
+    # -- the log ----------------------------------------------------------------------------
+
+    def open_follower(self) -> LogFollower | None:
+        path = self.cfg.log.path
+        if path is None:
+            return None
+        state_dir = self.cfg.state_dir / "follower"
+        follower = LogFollower(
+            path,
+            state_dir=state_dir,
+            cap_bytes=self.cfg.log.max_record_bytes,
+            poll_interval_s=self.cfg.log.poll_interval_s,
+            mode=self.cfg.log.mode,
+        )
+        cp = follower.loaded_checkpoint
+        if cp is not None:
+            start = cp.extra.get("session_start") if isinstance(cp.extra, dict) else None
+            resume = follower.position()
+            if isinstance(start, dict) and resume is not None:
+                try:
+                    at = Position.from_dict(start)
+                except ValueError:
+                    at = None
+                if at is not None and at != resume and follower.seek(at):
+                    self._replay_until = resume
+                    self._session_start = start
+                    self.eventlog.emit("daemon.replay", since=start, until=resume.to_dict())
+        self._follower = follower
+        return follower
+
+    def feed_chunks(self, chunks: Iterable[Any]) -> None:
+        for chunk in chunks:
+            replay = self._replaying(chunk)
+            for ev in self._scanner.feed(chunk.data, chunk.offset, chunk.file_id):
+                self._event(ev, chunk.file_id, replay)
+        if self._follower is not None:
+            self._follower.maybe_checkpoint(self._checkpoint_extra())
+
+    def _replaying(self, chunk: Any) -> bool:
+        until = self._replay_until
+        if until is None:
+            return False
+        if chunk.file_id == until.file_id and chunk.offset >= until.offset:
+            self._replay_until = None
+            self.eventlog.emit("daemon.replay_done")
+            return False
+        return True
+
+    def _session_id(self) -> int | None:
+        s = self.state.session
+        return s.id if s is not None else None
+
+    def _event(self, ev: Event, file_id: str, replay: bool) -> None:
+        self._events[ev.type] += 1
+        before = self._session_id()
+        self.apply(ev, replay=replay)
+        if self._session_id() != before:
+            self._session_start = {"file_id": file_id, "offset": ev.offset}
+        if not replay:
+            fields = ev.to_dict()
+            del fields["type"]
+            self.eventlog.emit(f"log.{ev.type}", **fields)
+
+    def _checkpoint_extra(self) -> dict[str, Any]:
+        return {"session_start": self._session_start} if self._session_start else {}
+
+    async def follow(self) -> None:
+        follower = self._follower
+        if follower is None:
+            return
+        while not self.stop_event.is_set():
+            try:
+                chunks = follower.read()
+            except FollowerError as exc:
+                self._log_problem(f"log {follower.path}: {exc}")
+                chunks = []
+            if chunks:
+                self.feed_chunks(chunks)
+                self.publish()
+            h = follower.health()
+            if h.last_error and h.last_error != self._log_error_logged:
+                self._log_problem(f"log {follower.path}: {h.last_error}")
+            self._log_error_logged = h.last_error
+            if follower.backlog:
+                await asyncio.sleep(0)
+                continue
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wait_log(follower), timeout=1.0)
+
+    async def _wait_log(self, follower: LogFollower) -> None:
+        stop = asyncio.ensure_future(self.stop_event.wait())
+        wait = asyncio.ensure_future(follower.wait_async(1.0))
+        try:
+            await asyncio.wait({stop, wait}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in (stop, wait):
+                if not fut.done():
+                    fut.cancel()
+
+    def _log_problem(self, line: str) -> None:
+        self.eventlog.emit("daemon.problem", error=self.redactor.text(line))
+
+    # -- GPUs, ticks, health, I/O -----------------------------------------------------------
+
+    async def poll_gpus(self) -> None:
+        interval = self.cfg.gpu.poll_interval_s
+        last_error: str | None = None
+        while not self.stop_event.is_set():
+            reading = await self.gpu.poll_async()
+            self._last_reading = reading
+            for x in reading.xids:
+                uuid = next((s.uuid for s in reading.samples if s.index == x.gpu_index), x.uuid)
+                self._xids[(x.gpu_index, uuid, x.xid)] += 1
+                self.eventlog.emit("gpu.xid", gpu=x.gpu_index, uuid=uuid, xid=x.xid)
+            for s in reading.samples:
+                if s.compute_capability is not None:
+                    self._gpu_ccs[s.index] = s.compute_capability
+            if reading.error != last_error and reading.error:
+                self._log_problem(f"GPU source: {reading.error}")
+            last_error = reading.error
+            self.apply(reading)
+            await self._sleep(interval)
+
+    async def tick(self) -> None:
+        while not self.stop_event.is_set():
+            self._heartbeat = self.clock()
+            self.apply(Tick())
+            self.publish()
+            self._notify_status()
+            await self._sleep(TICK_S)
+
+    async def sample_io(self, pid_of: Callable[[], int | None]) -> None:
+        from loadwatch.daemon.procio import ProcIoReader
+
+        reader = ProcIoReader(clock=self.clock)
+        while not self.stop_event.is_set():
+            pid = pid_of()
+            phase = self.state.session.phase if self.state.session is not None else None
+            if pid is not None and phase in ("starting", "loading_weights", "stalled"):
+                sample: IoSample = reader.read(pid)
+                if sample.read_bytes is not None:
+                    self.apply(sample)
+            await self._sleep(IO_SAMPLE_S)
+
+    async def probe_health(self, url_of: Callable[[], str | None]) -> None:
+        from loadwatch.daemon.health import HealthProber
+
+        probers: dict[str, HealthProber] = {}
+        while not self.stop_event.is_set():
+            s = self.state.session
+            url = url_of()
+            if url and s is not None and s.api_server_at is not None and s.phase not in ("failed", "stopped"):
+                prober = probers.setdefault(url, HealthProber(url, 2.0))
+                result = await prober.probe()
+                self._health_up = result.ok
+                self.apply(HealthProbe(ok=result.ok, ts=result.at, status=result.status, error=result.error))
+            await self._sleep(HEALTH_PROBE_S if not (s and s.phase == "ready") else 10.0)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.stop_event.wait(), timeout=seconds)
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def publish(self) -> None:
+        self.published = Published(
+            state=self.state,
+            at=self.clock(),
+            started_at=self.started_at,
+            version=VERSION,
+            totals=self._totals(),
+            log=self._log_health(),
+            gpu=self.gpu.health() if isinstance(self.gpu, GuardedGpuSource) else None,
+            supervisor=self._supervisor_stats(),
+            load_budget_s=self.cfg.forecast.load_budget_s,
+            gpu_ccs=dict(self._gpu_ccs),
+        )
+
+    def _totals(self) -> Totals:
+        warnings = Counter(self._retired.warnings)
+        failures = Counter(self._retired.failures)
+        stalls = self._retired.stalls
+        s = self.state.session
+        if s is not None:
+            snap = self.published.snapshot(self.clock()) if self.published else None
+            view = snap.session if snap is not None and snap.session is not None and snap.session.id == s.id else None
+            if view is None:
+                view = self.state.snapshot(self.clock()).session
+            if view is not None:
+                for w in view.warnings:
+                    warnings[w.code] += w.count
+                for f in view.failures:
+                    failures[f.kind] += 1
+                stalls += view.stall.stalls_total
+        return Totals(
+            warnings=dict(warnings),
+            failures=dict(failures),
+            stalls=stalls,
+            events=dict(self._events),
+            xids=dict(self._xids),
+        )
+
+    def _log_health(self) -> LogHealth | None:
+        f = self._follower
+        if f is None:
+            return None
+        h = f.health()
+        return LogHealth(
+            up=h.file_exists and h.last_error is None,
+            file_exists=h.file_exists,
+            lines_total=h.records_total,
+            bytes_total=h.bytes_total,
+            cuts_total=h.cuts_total,
+            rotations_total=h.rotations_total,
+            truncations_total=h.truncations_total,
+            errors_total=h.errors_total,
+            last_error=h.last_error,
+            last_success_ts=h.last_check_ts,
+            mode=h.mode,
+        )
+
+    def _supervisor_stats(self) -> SupervisorStats | None:
+        sup = self.supervisor
+        if sup is None:
+            return None
+        exits: Counter[str] = Counter()
+        last_ok: float | None = None
+        for run in sup.runs:
+            outcome = "signal" if run.signal is not None else ("failed" if run.failed else "clean")
+            exits[outcome] += 1
+            last_ok = run.started_at
+        if sup.pid is not None:
+            last_ok = self.clock()
+        return SupervisorStats(
+            state=str(sup.state),
+            starts_total=len(sup.runs) + (1 if sup.pid is not None else 0),
+            exits=dict(exits),
+            errors_total=exits["failed"] + exits["signal"],
+            last_success_ts=last_ok,
+            orphans=self._orphans,
+            health_up=self._health_up,
+        )
+
+    def snapshot(self) -> Snapshot:
+        pub = self.published
+        return pub.snapshot(self.clock()) if pub is not None else self.state.snapshot(self.clock())
+
+    def _notify_status(self) -> None:
+        line = status_line(self.snapshot())
+        if line != self._last_status:
+            self._last_status = line
+            self.notifier.status(line)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Run until `stop_event` is set; returns the process exit code."""
+        self._load_model()
+        follower = self.open_follower()
+        self.publish()
+        tasks = [
+            asyncio.create_task(self.tick(), name="tick"),
+            asyncio.create_task(self.poll_gpus(), name="gpu"),
+        ]
+        if follower is not None:
+            tasks.append(asyncio.create_task(self.follow(), name="follow"))
+        sup_task: asyncio.Task[Any] | None = None
+        if self._supervisor_factory is not None:
+            self.supervisor = self._supervisor_factory(self)
+            sup_task = asyncio.create_task(self.supervisor.run(), name="supervisor")
+            tasks.append(asyncio.create_task(self.sample_io(lambda: self.supervisor.pid), name="io"))
+        url_of = self._health_url
+        tasks.append(asyncio.create_task(self.probe_health(url_of), name="health"))
+        if self.notifier.watchdog_interval_s:
+            tasks.append(asyncio.create_task(self.notifier.run_watchdog(), name="watchdog"))
+        self.notifier.ready(status_line(self.snapshot()))
+        self.eventlog.emit("daemon.started", version=VERSION, pid=os.getpid(),
+                           log=str(self.cfg.log.path) if self.cfg.log.path else None,
+                           supervise=self.cfg.supervise)
+        stopper = asyncio.create_task(self.stop_event.wait(), name="stop")
+        done: set[asyncio.Task[Any]] = set()
+        pending = {*tasks, stopper}
+        if sup_task is not None:
+            pending.add(sup_task)
+        # Run until asked to stop; a source task that dies is reported and the rest go on.
+        while not self.stop_event.is_set():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is stopper or task.cancelled():
+                    continue
+                exc = task.exception()
+                if exc is not None:
+                    self._log_problem(f"{task.get_name()} stopped: {exc!r}")
+                elif task is sup_task:
+                    self.eventlog.emit("vllm.supervisor_done", state=str(self.supervisor.state))
+        self.notifier.stopping("stopping")
+        code = await self._shutdown(pending)
+        return code
+
+    def _health_url(self) -> str | None:
+        from loadwatch.daemon.health import health_url_from_argv
+
+        vllm = self.cfg.vllm
+        if vllm is None:
+            return None
+        return vllm.health_url or health_url_from_argv(vllm.argv)
+
+    async def _shutdown(self, pending: set[asyncio.Task[Any]]) -> int:
+        if self.supervisor is not None:
+            result = await self.supervisor.stop("loadwatch is stopping")
+            if result.tree_pids:
+                self._check_orphans(result.tree_pids)
+            self.eventlog.emit("vllm.stopped", remaining=list(result.remaining_pids))
+        for task in pending:
+            task.cancel()
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._follower is not None:
+            self._follower.close(checkpoint=True)
+        self.publish()
+        self.eventlog.emit("daemon.stopped")
+        return 0
+
+
+def status_line(snap: Snapshot) -> str:
+    """One line for systemd's STATUS= and the console: "loading 18/119 shards, ETA 15m"."""
+    s = snap.session
+    if s is None:
+        return "waiting for vLLM"
+    p = s.progress
+    if s.phase in ("loading_weights", "stalled", "starting") and p.shards_total:
+        eta = f", ETA {_human(p.eta.remaining_s)}" if p.eta is not None else ""
+        stalled = " (stalled)" if s.phase == "stalled" else ""
+        return f"loading {p.shards_done or 0}/{p.shards_total} shards{eta}{stalled}"
+    if s.phase == "failed":
+        return f"failed: {s.failure_kind or 'unknown'}"
+    if s.phase == "ready" and s.time_to_ready_s is not None:
+        return f"ready (in {_human(s.time_to_ready_s)})"
+    return s.phase.replace("_", " ")
+
+
+def _human(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
