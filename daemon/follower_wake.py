@@ -1,0 +1,300 @@
+"""The follower's waking side: tell the reader when the followed path may have changed.
+
+A watchdog (inotify) observer watches the directory of the followed path, or its nearest existing
+ancestor while that directory does not exist yet, and sets an event from its own thread. The reader
+waits on it (`wait`, or `wait_async` from an asyncio loop, woken via `loop.call_soon_threadsafe`)
+for at most the poll interval, so a change that gives no event is still seen one interval later.
+
+Shared and network file systems (NFS and the like) give no events for writes made on other hosts.
+``mode="auto"`` starts in poll mode when the path lies on one of those, and otherwise switches to
+poll mode when the reader reports that timer wakes keep finding data no event announced
+(`note_read`). The inotify watch asks for modify/close-write/delete events only: no move events,
+because watchdog holds every later event back for half a second after an unpaired move, and a
+rotation always shows up as a write to the new file anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+from typing import Literal
+
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    FileClosedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers.api import ObservedWatch
+from watchdog.observers.inotify import InotifyObserver
+
+Mode = Literal["auto", "inotify", "poll"]
+ActiveMode = Literal["inotify", "poll"]
+Wake = Literal["event", "timer"] | None  # what ended the last wait; None: read without waiting
+
+# Timer wakes in a row that found data with no event since the previous read: then events do not
+# arrive here. Four polls (a second at the default interval) rides out a busy observer thread.
+MISSES_TO_FALLBACK = 4
+
+# File systems where writes from other hosts raise no inotify event on this one.
+REMOTE_FS_TYPES = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "lustre",
+        "gpfs",
+        "glusterfs",
+        "beegfs",
+        "afs",
+        "9p",
+        "fuse.glusterfs",
+        "fuse.sshfs",
+        "fuse.s3fs",
+        "fuse.gcsfuse",
+        "fuse.juicefs",
+        "fuse.ceph-fuse",
+        "fuse.lxcfs",
+    }
+)
+
+
+class WakeError(Exception):
+    """inotify could not be set up and the mode demands it; the message is one line."""
+
+
+def _unescape_mount(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo
+    if "\\" not in field:
+        return field
+    out: list[str] = []
+    i = 0
+    while i < len(field):
+        c = field[i]
+        octal = field[i + 1 : i + 4]
+        if c == "\\" and len(octal) == 3 and all(d in "01234567" for d in octal):
+            out.append(chr(int(octal, 8)))
+            i += 4
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def fs_type(path: str | os.PathLike[str], mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The file-system type the path (or its nearest existing ancestor) lies on, if known."""
+    p = Path(os.path.abspath(os.fspath(path)))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    target = os.path.realpath(p)
+    try:
+        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best: tuple[int, str] | None = None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right:
+            continue
+        mount = _unescape_mount(fields[4])
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and (best is None or len(mount) >= best[0]):
+            best = (len(mount), right.split()[0])
+    return None if best is None else best[1]
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, waker: Waker) -> None:
+        self._waker = waker
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self._waker._on_fs_event(event)
+
+
+class Waker:
+    """Wakes a reader when the followed path may have changed. Owns the observer thread."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        mode: Mode = "auto",
+        mountinfo: str = "/proc/self/mountinfo",
+    ) -> None:
+        if mode not in ("auto", "inotify", "poll"):
+            raise ValueError(f"unknown follow mode {mode!r} (auto, inotify or poll)")
+        self.path = Path(os.path.abspath(os.fspath(path)))
+        self.requested: Mode = mode
+        self.mode: ActiveMode = "poll"
+        self.reason: str | None = None  # one line: why poll mode is active when not asked for
+        self.events_total = 0
+        self._name = self.path.name
+        self._rotated_prefix = self._name + "."
+        self._event = threading.Event()
+        self._observer: InotifyObserver | None = None
+        self._watch: ObservedWatch | None = None
+        self._watched: tuple[Path, int, int] | None = None  # directory, dev, inode
+        self._watching_ancestor = False
+        self._misses = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._aevent: asyncio.Event | None = None
+        self._scheduled = False
+        if mode == "poll":
+            return
+        if mode == "auto":
+            kind = fs_type(self.path, mountinfo)
+            if kind in REMOTE_FS_TYPES:
+                self.reason = f"{kind} gives no change events across hosts"
+                return
+        try:
+            self._start_observer()
+        except OSError as e:
+            message = f"inotify unavailable: {e.strerror or e}"
+            if mode == "inotify":
+                raise WakeError(message) from None
+            self.reason = message
+
+    # -- observer -----------------------------------------------------------------------------
+
+    def _start_observer(self) -> None:
+        observer = InotifyObserver()
+        try:
+            observer.start()
+            self._observer = observer
+            self._arm()
+        except OSError:
+            self._observer = None
+            observer.stop()
+            raise
+        self.mode = "inotify"
+
+    def _arm(self) -> None:
+        """Watch the followed file's directory, or its nearest existing ancestor."""
+        observer = self._observer
+        if observer is None:
+            return
+        directory = self.path.parent
+        while not directory.is_dir() and directory != directory.parent:
+            directory = directory.parent
+        st = os.stat(directory)
+        if self._watch is not None:
+            observer.unschedule(self._watch)
+            self._watch = None
+        self._watching_ancestor = directory != self.path.parent
+        events: list[type[FileSystemEvent]]
+        if self._watching_ancestor:
+            events = [DirCreatedEvent, DirDeletedEvent]
+        else:
+            events = [FileModifiedEvent, FileClosedEvent, FileDeletedEvent, DirDeletedEvent]
+        self._watched = (directory, st.st_dev, st.st_ino)
+        self._watch = observer.schedule(_Handler(self), str(directory), event_filter=events)
+
+    def _rearm_if_needed(self) -> None:
+        if self._observer is None or self._watched is None:
+            return
+        directory, dev, ino = self._watched
+        try:
+            st = os.stat(directory)
+            moved = (st.st_dev, st.st_ino) != (dev, ino)
+        except OSError:
+            moved = True
+        if moved or (self._watching_ancestor and self.path.parent.is_dir()):
+            try:
+                self._arm()
+            except OSError as e:
+                self.reason = f"cannot watch {directory}: {e.strerror or e}"
+
+    def _on_fs_event(self, event: FileSystemEvent) -> None:
+        """Runs in the observer thread: keep it to setting flags."""
+        if not self._watching_ancestor:
+            src = os.path.basename(os.fsdecode(event.src_path))
+            if src != self._name and not src.startswith(self._rotated_prefix):
+                watched = self._watched
+                if watched is None or os.fsdecode(event.src_path) != str(watched[0]):
+                    return
+        self.events_total += 1
+        self._event.set()
+        loop = self._loop
+        if loop is not None and not self._scheduled:
+            self._scheduled = True
+            try:
+                loop.call_soon_threadsafe(self._set_async)
+            except RuntimeError:  # the loop is closed
+                self._scheduled = False
+
+    def _set_async(self) -> None:
+        self._scheduled = False
+        if self._aevent is not None:
+            self._aevent.set()
+
+    def _to_poll(self, reason: str) -> None:
+        self.reason = reason
+        self.mode = "poll"
+        observer, self._observer, self._watch = self._observer, None, None
+        if observer is not None:
+            observer.stop()
+            if observer.is_alive() and threading.current_thread() is not observer:
+                observer.join(timeout=2.0)
+
+    # -- the reader's side --------------------------------------------------------------------
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until an event arrives or `timeout_s` passes; True when an event woke us."""
+        if self._observer is not None:
+            self._rearm_if_needed()
+        fired = self._event.wait(timeout_s)
+        self._event.clear()
+        return fired
+
+    async def wait_async(self, timeout_s: float) -> bool:
+        """`wait` for an asyncio loop: the observer thread wakes the loop thread-safely."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._aevent is None:
+            self._aevent = asyncio.Event()
+            self._scheduled = False
+            self._loop = loop
+        if self._observer is not None:
+            self._rearm_if_needed()
+        aevent = self._aevent
+        fired = self._event.is_set()
+        if not fired:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await aevent.wait()
+                fired = True
+            except TimeoutError:
+                fired = self._event.is_set()
+        aevent.clear()
+        self._event.clear()
+        return fired
+
+    def note_read(self, *, woke: Wake, events_before: int, found_data: bool) -> None:
+        """After a read: a timer wake that found data no event announced counts as a miss."""
+        if self.mode != "inotify" or self.requested != "auto" or woke is None:
+            return
+        if woke == "event" or self.events_total != events_before:
+            self._misses = 0
+            return
+        if found_data:
+            self._misses += 1
+            if self._misses >= MISSES_TO_FALLBACK:
+                self._to_poll(f"no change events for {self._misses} polls that found new data")
+
+    def close(self) -> None:
+        observer, self._observer, self._watch = self._observer, None, None
+        if observer is not None:
+            observer.stop()
+            if observer.is_alive():
+                observer.join(timeout=2.0)
+        self._loop = None
+        self._aevent = None
