@@ -60,7 +60,7 @@ class CheckpointStore:
             if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
                 raise ValueError("unknown format")
             file_id, offset = doc["file_id"], doc["offset"]
-            extra = doc.get("extra") or {}
+            extra = doc.get("extra", {})
             saved_at = doc.get("saved_at")
             if not isinstance(file_id, str) or not isinstance(offset, int) or offset < 0:
                 raise ValueError("bad file_id/offset")

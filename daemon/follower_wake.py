@@ -8,7 +8,7 @@ for at most the poll interval, so a change that gives no event is still seen one
 Shared and network file systems (NFS and the like) give no events for writes made on other hosts.
 ``mode="auto"`` starts in poll mode when the path lies on one of those, and otherwise switches to
 poll mode when the reader reports that timer wakes keep finding data no event announced
-(`note_read`). The inotify watch asks for modify/close-write/delete events only: no move events,
+(`note_read`). The inotify watch asks for modify and delete events only: no move events,
 because watchdog holds every later event back for half a second after an unpaired move, and a
 rotation always shows up as a write to the new file anyway.
 """
@@ -24,7 +24,6 @@ from typing import Literal
 from watchdog.events import (
     DirCreatedEvent,
     DirDeletedEvent,
-    FileClosedEvent,
     FileDeletedEvent,
     FileModifiedEvent,
     FileSystemEvent,
@@ -195,7 +194,7 @@ class Waker:
         if self._watching_ancestor:
             events = [DirCreatedEvent, DirDeletedEvent]
         else:
-            events = [FileModifiedEvent, FileClosedEvent, FileDeletedEvent, DirDeletedEvent]
+            events = [FileModifiedEvent, FileDeletedEvent, DirDeletedEvent]
         self._watched = (directory, st.st_dev, st.st_ino)
         self._watch = observer.schedule(_Handler(self), str(directory), event_filter=events)
 
