@@ -228,7 +228,9 @@ def _first_terminator(buf: bytes) -> int:
 
 
 def _one_line(e: BaseException | str) -> str:
-    text = str(e) if not isinstance(e, OSError) else f"{e.filename or ''}: {e.strerror or e}"
+    text = str(e)
+    if isinstance(e, OSError) and e.strerror:
+        text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
     return " ".join(text.split())[:300]
 
 
