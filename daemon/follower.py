@@ -30,20 +30,27 @@ truncated and grows again, or a new file that reuses an inode, is told apart.
 - rename + create, delete + recreate: the old file stays open and is drained to its end once the
   new file at the path has data (an empty new file means the writer has not moved yet), then the
   new one is read from 0. Files rotated in between (``PATH.1``, ``PATH.2``... newer than ours)
-  are read first, oldest first.
+  are read first, oldest first. A log deleted and not recreated stays open: a process may still
+  be writing to it. A symlinked path is followed to its target, and a retargeted link is a
+  rotation.
 - copytruncate, truncation: the path's file got smaller than our place, or its first bytes
   changed. A rotated file that begins with our bytes and reaches our place is the copy: its rest
   is read (with our identity), then the truncated file from 0. Without a copy, a file that still
-  begins with our bytes was cut back, and reading goes on at its new end; otherwise from 0.
+  begins with our bytes was cut back: reading goes on where it first differs from the bytes we
+  delivered last (the last 256 KiB are kept for this), from the start of that record; when the
+  cut lies further back, or the bytes differ, from 0.
 - a record left without its terminator in a file we leave is delivered with ``b"\\n"`` appended
   and ``cut=True`` (counted as unterminated).
 
 Restart. `checkpoint()` stores `position()` (the identity and offset of the next undelivered
 record) plus an opaque ``extra`` dict atomically in the state directory; `maybe_checkpoint()` does
 so when ``checkpoint_every_records`` records or ``checkpoint_every_s`` seconds have passed since
-the last one. At start, or on `seek(position)`, the position's file is looked for at the path,
-then among ``PATH.1`` ... ``PATH.<rotated_keep>`` (renamed, or a copy); reading resumes there and
-continues through the newer files. When it is gone, the path is read from 0.
+the last one. Checkpoint after the chunks were applied: a crash then re-delivers only what came
+after the last checkpoint. At start, or on `seek(position)`, the position's file is looked for
+at the path, then among ``PATH.1`` ... ``PATH.<rotated_keep>`` (renamed, or a copy); reading
+resumes there and continues through the newer files. When it is gone, or was cut back while we
+were away, the path is read from 0. Only ``PATH.N`` names are searched (not dateext names or
+compressed files), so files rotated past ``rotated_keep`` while we were away are not read.
 
 Waking. `wait(timeout_s)` blocks until a file-system event (watchdog/inotify on the directory) or
 the poll interval; `wait_async` does the same in an asyncio loop. ``mode="auto"`` chooses polling

@@ -137,13 +137,13 @@ class Waker:
         self.mode: ActiveMode = "poll"
         self.reason: str | None = None  # one line: why poll mode is active when not asked for
         self.events_total = 0
-        self._name = self.path.name
-        self._rotated_prefix = self._name + "."
         self._event = threading.Event()
         self._observer: InotifyObserver | None = None
-        self._watch: ObservedWatch | None = None
-        self._watched: tuple[Path, int, int] | None = None  # directory, dev, inode
-        self._watching_ancestor = False
+        # what is watched: directory -> (dev, inode, whether it stands in for a missing one)
+        self._plan: dict[str, tuple[int, int, bool]] = {}
+        self._watches: list[ObservedWatch] = []
+        self._names: tuple[str, ...] = (self.path.name,)  # the link's name and its target's
+        self._ancestors: frozenset[str] = frozenset()
         self._misses = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._aevent: asyncio.Event | None = None
@@ -177,50 +177,61 @@ class Waker:
             raise
         self.mode = "inotify"
 
-    def _arm(self) -> None:
-        """Watch the followed file's directory, or its nearest existing ancestor."""
-        observer = self._observer
-        if observer is None:
-            return
+    def _wanted(self) -> tuple[dict[str, tuple[int, int, bool]], tuple[str, ...]]:
+        """The directories to watch: the path's (or its nearest existing ancestor), and the
+        directory of its target when the path is a symlink (writes raise events there)."""
+        plan: dict[str, tuple[int, int, bool]] = {}
         directory = self.path.parent
         while not directory.is_dir() and directory != directory.parent:
             directory = directory.parent
         st = os.stat(directory)
-        if self._watch is not None:
-            observer.unschedule(self._watch)
-            self._watch = None
-        self._watching_ancestor = directory != self.path.parent
-        events: list[type[FileSystemEvent]]
-        if self._watching_ancestor:
-            events = [DirCreatedEvent, DirDeletedEvent]
-        else:
-            events = [FileModifiedEvent, FileDeletedEvent, DirDeletedEvent]
-        self._watched = (directory, st.st_dev, st.st_ino)
-        self._watch = observer.schedule(_Handler(self), str(directory), event_filter=events)
+        plan[str(directory)] = (st.st_dev, st.st_ino, directory != self.path.parent)
+        names = [self.path.name]
+        real = Path(os.path.realpath(self.path))
+        if real != self.path:
+            names.append(real.name)
+            try:
+                st = os.stat(real.parent)
+                plan.setdefault(str(real.parent), (st.st_dev, st.st_ino, False))
+            except OSError:
+                pass
+        return plan, tuple(names)
+
+    def _arm(self) -> None:
+        observer = self._observer
+        if observer is None:
+            return
+        plan, names = self._wanted()
+        if plan == self._plan and names == self._names:
+            return
+        for watch in self._watches:
+            observer.unschedule(watch)
+        self._watches = []
+        self._plan, self._names = plan, names
+        self._ancestors = frozenset(d for d, (_, _, ancestor) in plan.items() if ancestor)
+        for directory, (_, _, ancestor) in plan.items():
+            events: list[type[FileSystemEvent]]
+            if ancestor:
+                events = [DirCreatedEvent, DirDeletedEvent]
+            else:
+                events = [FileModifiedEvent, FileDeletedEvent, DirDeletedEvent]
+            self._watches.append(observer.schedule(_Handler(self), directory, event_filter=events))
 
     def _rearm_if_needed(self) -> None:
-        if self._observer is None or self._watched is None:
+        if self._observer is None:
             return
-        directory, dev, ino = self._watched
         try:
-            st = os.stat(directory)
-            moved = (st.st_dev, st.st_ino) != (dev, ino)
-        except OSError:
-            moved = True
-        if moved or (self._watching_ancestor and self.path.parent.is_dir()):
-            try:
-                self._arm()
-            except OSError as e:
-                self.reason = f"cannot watch {directory}: {e.strerror or e}"
+            self._arm()
+        except OSError as e:
+            self.reason = f"cannot watch {self.path.parent}: {e.strerror or e}"
 
     def _on_fs_event(self, event: FileSystemEvent) -> None:
         """Runs in the observer thread: keep it to setting flags."""
-        if not self._watching_ancestor:
-            src = os.path.basename(os.fsdecode(event.src_path))
-            if src != self._name and not src.startswith(self._rotated_prefix):
-                watched = self._watched
-                if watched is None or os.fsdecode(event.src_path) != str(watched[0]):
-                    return
+        src = os.fsdecode(event.src_path)
+        directory, name = os.path.split(src)
+        ours = any(name == n or name.startswith(n + ".") for n in self._names)
+        if not ours and directory not in self._ancestors and src not in self._plan:
+            return
         self.events_total += 1
         self._event.set()
         loop = self._loop
@@ -239,11 +250,10 @@ class Waker:
     def _to_poll(self, reason: str) -> None:
         self.reason = reason
         self.mode = "poll"
-        observer, self._observer, self._watch = self._observer, None, None
+        observer, self._observer = self._observer, None
+        self._watches, self._plan = [], {}
         if observer is not None:
-            observer.stop()
-            if observer.is_alive() and threading.current_thread() is not observer:
-                observer.join(timeout=2.0)
+            observer.stop()  # its threads end on their own; no join in the reader's path
 
     # -- the reader's side --------------------------------------------------------------------
 
@@ -290,7 +300,8 @@ class Waker:
                 self._to_poll(f"no change events for {self._misses} polls that found new data")
 
     def close(self) -> None:
-        observer, self._observer, self._watch = self._observer, None, None
+        observer, self._observer = self._observer, None
+        self._watches, self._plan = [], {}
         if observer is not None:
             observer.stop()
             if observer.is_alive():

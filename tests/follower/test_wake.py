@@ -224,3 +224,32 @@ def _take(f: LogFollower, stop: threading.Event) -> Iterator[list[object]]:
     for chunks in f.follow(stop):
         yield chunks  # type: ignore[misc]
         stop.set()
+
+
+def test_symlinked_log_wakes_from_its_target_directory(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "vllm-1.log").write_bytes(b"")
+    link_dir = tmp_path / "current"
+    link_dir.mkdir()
+    link = link_dir / "vllm.log"
+    link.symlink_to(data / "vllm-1.log")
+    f = LogFollower(link, poll_interval_s=0.05)
+    f.read()
+    f.wait(0.01)
+    t = later(0.2, lambda: append(data / "vllm-1.log", b"one\n"))
+    assert f.wait(5.0) is True  # the write is in another directory than the link
+    t.join()
+    assert [c.data for c in f.read()] == [b"one\n"]
+    (data / "vllm-2.log").write_bytes(b"two\n")  # the link is pointed at a new file
+    tmp_link = link_dir / "vllm.log.tmp"
+    tmp_link.symlink_to(data / "vllm-2.log")
+    os.replace(tmp_link, link)
+    f.wait(0.1)
+    assert [c.data for c in f.read()] == [b"two\n"]
+    t = later(0.2, lambda: append(data / "vllm-2.log", b"three\n"))
+    assert f.wait(5.0) is True
+    t.join()
+    assert [c.data for c in f.read()] == [b"three\n"]
+    assert f.health().mode == "inotify" and f.health().rotations_total == 1
+    f.close()
