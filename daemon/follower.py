@@ -45,7 +45,7 @@ truncated and grows again, or a new file that reuses an inode, is told apart.
 Restart. `checkpoint()` stores `position()` (the identity and offset of the next undelivered
 record) plus an opaque ``extra`` dict atomically in the state directory; `maybe_checkpoint()` does
 so when ``checkpoint_every_records`` records or ``checkpoint_every_s`` seconds have passed since
-the last one. Checkpoint after the chunks were applied: a crash then re-delivers only what came
+the last one, but not within ``checkpoint_min_interval_s`` of it. Checkpoint after the chunks were applied: a crash then re-delivers only what came
 after the last checkpoint. At start, or on `seek(position)`, the position's file is looked for
 at the path, then among ``PATH.1`` ... ``PATH.<rotated_keep>`` (renamed, or a copy); reading
 resumes there and continues through the newer files. When it is gone, or was cut back while we
@@ -257,8 +257,9 @@ class LogFollower:
         start_at: Position | None = None,
         max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
         rotated_keep: int = DEFAULT_ROTATED_KEEP,
-        checkpoint_every_records: int = 10_000,
+        checkpoint_every_records: int = 100_000,
         checkpoint_every_s: float = 5.0,
+        checkpoint_min_interval_s: float = 1.0,
         mountinfo: str = "/proc/self/mountinfo",
     ) -> None:
         if cap_bytes < 1 or max_read_bytes < cap_bytes:
@@ -279,6 +280,7 @@ class LogFollower:
         self._keep = rotated_keep
         self._every_records = checkpoint_every_records
         self._every_s = checkpoint_every_s
+        self._min_interval_s = checkpoint_min_interval_s
 
         self._sources: list[_Source] = []
         self._pending: tuple[FileIdentity, int] | None = None  # a start position to look up
@@ -348,7 +350,11 @@ class LogFollower:
             while self._sources:
                 src = self._sources[0]
                 budget = self._drain(src, out, budget)
-                if self._backlog or len(self._sources) == 1:
+                if self._backlog:
+                    break
+                if self._sources[0] is not src:
+                    continue  # it was truncated and a copy of it goes first
+                if len(self._sources) == 1:
                     break
                 if self._leave(src, out):
                     self._sources.pop(0)
@@ -377,6 +383,10 @@ class LogFollower:
                 buf = pread(fd, cap, src.skip_pos)
                 if not buf:
                     return budget
+                if src.prefix and pread(fd, len(src.prefix), 0) != src.prefix:
+                    if self._replaced_while_reading(src):
+                        return budget
+                    continue
                 t = _first_terminator(buf)
                 if t < 0:
                     src.skip_pos += len(buf)
@@ -401,6 +411,10 @@ class LogFollower:
             n = len(buf)
             if n == 0:
                 return budget
+            if src.prefix and pread(fd, len(src.prefix), 0) != src.prefix:
+                if self._replaced_while_reading(src):
+                    return budget
+                continue
             last = buf.rfind(b"\n")
             cr = buf.rfind(b"\r", last + 1)
             if cr > last:
@@ -426,6 +440,18 @@ class LogFollower:
             self._records += records
             if n < cap:
                 return budget
+
+    def _replaced_while_reading(self, src: _Source) -> bool:
+        """The file was truncated (and grew again) under a read: that read is not ours.
+
+        Checked after every read, not only once per `read()`, because a copytruncate can happen
+        and the file regrow past our place while a large backlog is being read. True when a copy
+        of it now goes first (stop reading `src`).
+        """
+        size = os.fstat(src.fd).st_size
+        src.last_size = size
+        self._truncated(src, size)
+        return self._sources[0] is not src
 
     def _leave(self, src: _Source, out: list[Chunk]) -> bool:
         """Done with a file we moved past: deliver an unterminated last record, close it."""
@@ -754,11 +780,15 @@ class LogFollower:
         return True
 
     def maybe_checkpoint(self, extra: Mapping[str, Any] | None = None) -> bool:
-        """`checkpoint` once enough records or seconds have passed and something changed."""
+        """`checkpoint` once enough records or seconds have passed and something changed.
+
+        Never more often than ``checkpoint_min_interval_s``: each save costs two fsyncs.
+        """
         if self._store is None:
             return False
-        due = (self._records - self._cp_records >= self._every_records) or (
-            self._clock() - self._cp_time >= self._every_s
+        elapsed = self._clock() - self._cp_time
+        due = elapsed >= self._min_interval_s and (
+            self._records - self._cp_records >= self._every_records or elapsed >= self._every_s
         )
         if not due:
             if extra is not None:

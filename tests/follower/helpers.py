@@ -81,7 +81,13 @@ class WriterProcess:
         self.proc = subprocess.Popen(
             [sys.executable, str(WRITER), str(path), json.dumps(plan)],
             stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
+
+    def ready(self) -> None:
+        """Block until the writer waits at its next ``["wait"]`` step."""
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline() == b"waiting\n"
 
     def go(self) -> None:
         assert self.proc.stdin is not None
@@ -91,7 +97,9 @@ class WriterProcess:
     def finish(self, timeout_s: float = 20.0) -> None:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
-        assert self.proc.wait(timeout_s) == 0
+            self.proc.stdin = None  # so communicate() only drains stdout and waits
+        self.proc.communicate(timeout=timeout_s)
+        assert self.proc.returncode == 0
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -245,12 +245,15 @@ def test_checkpoint_cadence(log: Path, state: Path) -> None:
         clock=lambda: now[0],
         checkpoint_every_records=100,
         checkpoint_every_s=10.0,
+        checkpoint_min_interval_s=1.0,
     )
     log.write_bytes(expected("k", 0, 50))
     f.read()
     assert not f.maybe_checkpoint()  # 50 records, 0 s
     append(log, expected("k", 50, 50))
     f.read()
+    assert not f.maybe_checkpoint()  # 100 records, but within a second of the start
+    now[0] = 1.0
     assert f.maybe_checkpoint()  # 100 records
     assert not f.maybe_checkpoint()
     now[0] = 11.0

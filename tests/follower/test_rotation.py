@@ -240,3 +240,38 @@ def test_delete_without_recreate_then_recreate(log: Path, follower: LogFollower)
     log.write_bytes(line("d", 2))
     col.read()
     assert bytes(col.data) == expected("d", 0, 3)
+
+
+def test_copytruncate_in_the_middle_of_a_long_read(log: Path, tmp_path: Path) -> None:
+    """A copytruncate, and the file growing past our place again, while one `read()` is still
+    working through a backlog: every read is checked against the file's first bytes."""
+    log.parent.mkdir()
+    log.write_bytes(b"")
+    f = LogFollower(log, cap_bytes=64, max_read_bytes=64 << 20)
+    col = Collector(f)
+    col.read()
+    want = bytearray()
+    during = 0
+    for r in range(3):
+        old = expected(f"L{r}", 0, 40_000)  # 1.4 MB of backlog, read 64 bytes at a time
+        new = tmp_path / "new.bin"
+        new.write_bytes(expected(f"N{r}", 0, 60_000))
+        want += old + new.read_bytes()
+        with open(log, "ab") as w:
+            w.write(old)
+        plan: list[list[object]] = [
+            ["wait"],
+            ["rotate", "copytruncate"],
+            ["append_file", str(new)],
+        ]
+        writer = WriterProcess(log, plan)
+        writer.ready()
+        before = f.health().truncations_total
+        writer.go()
+        col.read()  # the copytruncate and the new lines land while this is under way
+        during += f.health().truncations_total - before
+        writer.finish()
+        col.read()
+        assert bytes(col.data) == bytes(want)
+    assert f.health().truncations_total == 3
+    assert during > 0  # it was seen inside the read() call it happened under

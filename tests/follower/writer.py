@@ -2,8 +2,9 @@
 
 Run as ``python writer.py PATH PLAN_JSON``. Steps:
 ``["write", text]`` append text (one write), ``["lines", tag, first, count, batch]`` append
-numbered lines, ``["wait"]`` block until a line arrives on stdin, ``["sleep", s]``,
-``["rotate", kind]`` with kind one of rename, copytruncate, delete, and ``["truncate", size]``.
+numbered lines, ``["wait"]`` say "waiting" on stdout and block until a line arrives on stdin, ``["sleep", s]``,
+``["rotate", kind]`` with kind one of rename, copytruncate, delete, ``["truncate", size]``, and
+``["append_file", path]`` (append a prepared file's bytes in one write).
 The writer keeps one O_APPEND descriptor, as a process whose stdout is the log does, and reopens
 the path after rename/delete, as a logging handler that follows rotation does.
 """
@@ -72,6 +73,8 @@ def main() -> None:
                 stop = min(first + count, start + batch)
                 write_all(fd, b"".join(line(tag, i) for i in range(start, stop)))
         elif op == "wait":
+            sys.stdout.write("waiting\n")
+            sys.stdout.flush()
             sys.stdin.readline()
         elif op == "sleep":
             time.sleep(step[1])
@@ -79,6 +82,9 @@ def main() -> None:
             fd = rotate(path, fd, step[1])
         elif op == "truncate":
             os.truncate(path, step[1])
+        elif op == "append_file":
+            with open(step[1], "rb") as src:
+                write_all(fd, src.read())
         else:
             raise ValueError(op)
     os.close(fd)
