@@ -53,7 +53,8 @@ were away, the path is read from 0. Only ``PATH.N`` names are searched (not date
 compressed files), so files rotated past ``rotated_keep`` while we were away are not read.
 
 Waking. `wait(timeout_s)` blocks until a file-system event (watchdog/inotify on the directory) or
-the poll interval; `wait_async` does the same in an asyncio loop. ``mode="auto"`` chooses polling
+the poll interval (with inotify, a one-second safety net); `wait_async` does the same in an
+asyncio loop. ``mode="auto"`` chooses polling
 on network file systems and falls back to it when events do not arrive. `follow()` and
 `follow_async()` wrap read + wait into iterators of chunk lists.
 """
@@ -812,15 +813,21 @@ class LogFollower:
         return self._waker
 
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Block until the file may have changed or the poll interval passed; True on an event."""
-        fired = self._ensure_waker().wait(self._poll if timeout_s is None else timeout_s)
+        """Block until the file may have changed or the poll interval passed; True on an event.
+
+        With inotify the default wait is the safety net's (at least `SAFETY_POLL_S`), not the poll
+        interval: events wake it sooner.
+        """
+        waker = self._ensure_waker()
+        fired = waker.wait(waker.timeout_s(self._poll) if timeout_s is None else timeout_s)
         self._woke = "event" if fired else "timer"
         return fired
 
     async def wait_async(self, timeout_s: float | None = None) -> bool:
         """`wait` for an asyncio loop."""
         waker = self._ensure_waker()
-        fired = await waker.wait_async(self._poll if timeout_s is None else timeout_s)
+        timeout = waker.timeout_s(self._poll) if timeout_s is None else timeout_s
+        fired = await waker.wait_async(timeout)
         self._woke = "event" if fired else "timer"
         return fired
 
@@ -830,6 +837,8 @@ class LogFollower:
             chunks = self.read()
             if chunks:
                 yield chunks
+                if stop is not None and stop.is_set():
+                    return
             if not self._backlog:
                 self.wait()
 

@@ -37,8 +37,11 @@ ActiveMode = Literal["inotify", "poll"]
 Wake = Literal["event", "timer"] | None  # what ended the last wait; None: read without waiting
 
 # Timer wakes in a row that found data with no event since the previous read: then events do not
-# arrive here. Four polls (a second at the default interval) rides out a busy observer thread.
+# arrive here. Four rides out a busy observer thread.
 MISSES_TO_FALLBACK = 4
+# With events, the timer is only a safety net (writes to a deleted file, a file moved into
+# place, events that stopped coming): it need not wake four times a second.
+SAFETY_POLL_S = 1.0
 
 # File systems where writes from other hosts raise no inotify event on this one.
 REMOTE_FS_TYPES = frozenset(
@@ -144,6 +147,7 @@ class Waker:
         self._watches: list[ObservedWatch] = []
         self._names: tuple[str, ...] = (self.path.name,)  # the link's name and its target's
         self._ancestors: frozenset[str] = frozenset()
+        self._check_due = True  # look whether the watched directories changed, at the next wait
         self._misses = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._aevent: asyncio.Event | None = None
@@ -232,6 +236,8 @@ class Waker:
         ours = any(name == n or name.startswith(n + ".") for n in self._names)
         if not ours and directory not in self._ancestors and src not in self._plan:
             return
+        if event.is_directory:
+            self._check_due = True
         self.events_total += 1
         self._event.set()
         loop = self._loop
@@ -257,12 +263,22 @@ class Waker:
 
     # -- the reader's side --------------------------------------------------------------------
 
+    def timeout_s(self, poll_interval_s: float) -> float:
+        """How long a wait may last: the poll interval, or the safety net's with events."""
+        return poll_interval_s if self.mode == "poll" else max(poll_interval_s, SAFETY_POLL_S)
+
+    def _before_wait(self) -> None:
+        if self._observer is not None and self._check_due:
+            self._check_due = False
+            self._rearm_if_needed()
+
     def wait(self, timeout_s: float) -> bool:
         """Block until an event arrives or `timeout_s` passes; True when an event woke us."""
-        if self._observer is not None:
-            self._rearm_if_needed()
+        self._before_wait()
         fired = self._event.wait(timeout_s)
         self._event.clear()
+        if not fired:
+            self._check_due = True
         return fired
 
     async def wait_async(self, timeout_s: float) -> bool:
@@ -272,8 +288,7 @@ class Waker:
             self._aevent = asyncio.Event()
             self._scheduled = False
             self._loop = loop
-        if self._observer is not None:
-            self._rearm_if_needed()
+        self._before_wait()
         aevent = self._aevent
         fired = self._event.is_set()
         if not fired:
@@ -285,6 +300,8 @@ class Waker:
                 fired = self._event.is_set()
         aevent.clear()
         self._event.clear()
+        if not fired:
+            self._check_due = True
         return fired
 
     def note_read(self, *, woke: Wake, events_before: int, found_data: bool) -> None:

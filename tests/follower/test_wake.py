@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.follower import LogFollower
-from loadwatch.daemon.follower_wake import MISSES_TO_FALLBACK, fs_type
+from loadwatch.daemon.follower_wake import MISSES_TO_FALLBACK, SAFETY_POLL_S, fs_type
 from tests.follower.helpers import Collector, expected, line
 
 
@@ -156,11 +156,12 @@ def test_forced_inotify_never_falls_back(log: Path, tmp_path: Path) -> None:
     elsewhere.mkdir()
     os.link(log, elsewhere / "vllm.log")
     f = LogFollower(log, poll_interval_s=0.02, mode="inotify")
+    got = 0
     for i in range(3 * MISSES_TO_FALLBACK):
         append(elsewhere / "vllm.log", line("f", i))
-        f.wait()
-        f.read()
-    assert f.health().mode == "inotify"
+        assert f.wait(0.02) is False  # no event: the timer wakes it
+        got += len(f.read())
+    assert f.health().mode == "inotify" and got == 3 * MISSES_TO_FALLBACK
     f.close()
 
 
@@ -253,3 +254,17 @@ def test_symlinked_log_wakes_from_its_target_directory(tmp_path: Path) -> None:
     assert [c.data for c in f.read()] == [b"three\n"]
     assert f.health().mode == "inotify" and f.health().rotations_total == 1
     f.close()
+
+
+def test_default_wait_is_the_poll_interval_or_the_safety_net(log: Path) -> None:
+    polling = LogFollower(log, poll_interval_s=0.05, mode="poll")
+    start = time.monotonic()
+    polling.wait()
+    assert 0.04 <= time.monotonic() - start < 0.5
+    polling.close()
+    watching = LogFollower(log, poll_interval_s=0.05)
+    watching.wait(0.01)
+    start = time.monotonic()
+    assert watching.wait() is False
+    assert time.monotonic() - start >= SAFETY_POLL_S * 0.9
+    watching.close()
