@@ -62,85 +62,46 @@ on network file systems and falls back to it when events do not arrive. `follow(
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from loadwatch.daemon.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from loadwatch.daemon.follower_files import (
+    FINGERPRINT_BYTES,
+    FileIdentity,
+    Generations,
+    OpenFile,
+    Position,
+    open_file,
+)
 from loadwatch.daemon.follower_wake import ActiveMode, Mode, Wake, WakeError, Waker
 from loadwatch.daemon.inputs import Chunk
 
-FINGERPRINT_BYTES = 256
+__all__ = [
+    "FileIdentity",
+    "FollowerError",
+    "FollowerHealth",
+    "LogFollower",
+    "Position",
+]
+
 DEFAULT_CAP_BYTES = 64 * 1024
 DEFAULT_MAX_READ_BYTES = 4 * 1024 * 1024
 DEFAULT_POLL_INTERVAL_S = 0.25
 DEFAULT_ROTATED_KEEP = 5
-RECENT_BYTES = 256 * 1024  # delivered bytes kept to find where a file that shrank was cut
 
 StartKind = Literal["fresh", "pending", "exact", "rotated", "changed"]
-_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a FIFO must not hang us
 _LF, _CR = 10, 13
 
 
 class FollowerError(Exception):
     """A configuration the follower cannot work with; the message is one line."""
-
-
-def _fingerprint(prefix: bytes) -> str:
-    return hashlib.blake2b(prefix, digest_size=8).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class FileIdentity:
-    """Device, inode and a fingerprint of the first ``fp_len`` bytes of one file."""
-
-    dev: int
-    ino: int
-    fp_len: int
-    fp: str
-
-    def __str__(self) -> str:
-        return f"{self.dev}:{self.ino}:{self.fp_len}:{self.fp}"
-
-    @classmethod
-    def parse(cls, text: str) -> FileIdentity:
-        parts = text.split(":")
-        try:
-            if len(parts) != 4:
-                raise ValueError
-            dev, ino, fp_len = int(parts[0]), int(parts[1]), int(parts[2])
-            if min(dev, ino, fp_len) < 0 or len(parts[3]) != 16:
-                raise ValueError
-            int(parts[3], 16)
-        except ValueError:
-            raise ValueError(f"not a file identity: {text!r}") from None
-        return cls(dev, ino, fp_len, parts[3])
-
-
-@dataclass(frozen=True, slots=True)
-class Position:
-    """Where a record starts: the file (`FileIdentity` as text) and the byte offset in it."""
-
-    file_id: str
-    offset: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"file_id": self.file_id, "offset": self.offset}
-
-    @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> Position:
-        file_id, offset = doc.get("file_id"), doc.get("offset")
-        if not isinstance(file_id, str) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"not a position: {dict(doc)!r}")
-        FileIdentity.parse(file_id)
-        return cls(file_id, offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,62 +125,6 @@ class FollowerHealth:
     offset: int | None  # next undelivered byte in that file
     backlog: bool  # the last read() stopped at its size bound; call again without waiting
     start: StartKind  # how this follower began: no checkpoint, at it, after rotations, anew
-
-
-class _Source:
-    """One open file being read; `rs` is the start of its first undelivered record."""
-
-    __slots__ = (
-        "cr_end",
-        "fd",
-        "head",
-        "ident",
-        "key",
-        "last_size",
-        "name",
-        "prefix",
-        "recent",
-        "recent_bytes",
-        "rs",
-        "skip_pos",
-        "skipping",
-    )
-
-    def __init__(self, fd: int, key: tuple[int, int], name: str, size: int) -> None:
-        self.fd = fd
-        self.key = key
-        self.name = name
-        self.rs = 0
-        self.skipping = False
-        self.skip_pos = 0
-        self.head = b""
-        self.ident: str | None = None  # fixed at the first delivery
-        self.prefix = b""  # first bytes seen, grown up to FINGERPRINT_BYTES
-        self.last_size = size
-        self.cr_end = False  # last chunk ended in "\r": a leading "\n" is not a new record
-        self.recent: deque[tuple[int, bytes]] = deque()  # the last chunks, contiguous, to `rs`
-        self.recent_bytes = 0
-
-    def reset(self) -> None:
-        self.rs = 0
-        self.skipping = False
-        self.skip_pos = 0
-        self.head = b""
-        self.ident = None
-        self.prefix = b""
-        self.cr_end = False
-        self.forget()
-
-    def forget(self) -> None:
-        self.recent.clear()
-        self.recent_bytes = 0
-
-    def remember(self, offset: int, data: bytes) -> None:
-        recent = self.recent
-        recent.append((offset, data))
-        self.recent_bytes += len(data)
-        while self.recent_bytes > RECENT_BYTES and len(recent) > 1:
-            self.recent_bytes -= len(recent.popleft()[1])
 
 
 def _count_records(data: bytes) -> int:
@@ -278,12 +183,12 @@ class LogFollower:
         self._mountinfo = mountinfo
         self._clock = clock
         self._wall = wall_clock
-        self._keep = rotated_keep
+        self._gens = Generations(self._path, rotated_keep)
         self._every_records = checkpoint_every_records
         self._every_s = checkpoint_every_s
         self._min_interval_s = checkpoint_min_interval_s
 
-        self._sources: list[_Source] = []
+        self._sources: list[OpenFile] = []
         self._pending: tuple[FileIdentity, int] | None = None  # a start position to look up
         self._start: StartKind = "fresh"
         self._exists = False
@@ -373,7 +278,7 @@ class LogFollower:
             )
         return out
 
-    def _drain(self, src: _Source, out: list[Chunk], budget: int) -> int:
+    def _drain(self, src: OpenFile, out: list[Chunk], budget: int) -> int:
         """Read `src` to its end, or until another read could pass `budget` (then backlog)."""
         fd, cap, pread = src.fd, self._cap, os.pread
         while True:
@@ -399,7 +304,7 @@ class LogFollower:
                 end = src.skip_pos + t + 1
                 self._bytes += t + 1
                 budget -= t + 1
-                ident = src.ident or self._fix(src)
+                ident = src.ident or src.fix_identity()
                 out.append(Chunk(src.head + b"\n", src.rs, ident, end, True))
                 self._cuts += 1
                 self._records += 1
@@ -429,7 +334,7 @@ class LogFollower:
                 continue
             size = last + 1
             data = buf if size == n else buf[:size]
-            out.append(Chunk(data, rs, src.ident or self._fix(src), rs + size, False))
+            out.append(Chunk(data, rs, src.ident or src.fix_identity(), rs + size, False))
             src.remember(rs, data)
             src.rs = rs + size
             self._bytes += size
@@ -442,7 +347,7 @@ class LogFollower:
             if n < cap:
                 return budget
 
-    def _replaced_while_reading(self, src: _Source) -> bool:
+    def _replaced_while_reading(self, src: OpenFile) -> bool:
         """The file was truncated (and grew again) under a read: that read is not ours.
 
         Checked after every read, not only once per `read()`, because a copytruncate can happen
@@ -454,14 +359,14 @@ class LogFollower:
         self._truncated(src, size)
         return self._sources[0] is not src
 
-    def _leave(self, src: _Source, out: list[Chunk]) -> bool:
+    def _leave(self, src: OpenFile, out: list[Chunk]) -> bool:
         """Done with a file we moved past: deliver an unterminated last record, close it."""
         start = src.skip_pos if src.skipping else src.rs
         tail = os.pread(src.fd, self._cap, start)
         if _first_terminator(tail) >= 0 or len(tail) == self._cap:
             return False  # it grew since the drain: drain again
         if src.skipping or tail:
-            ident = src.ident or self._fix(src)
+            ident = src.ident or src.fix_identity()
             end = start + len(tail)
             data = src.head if src.skipping else tail
             out.append(Chunk(data + b"\n", src.rs, ident, end, True))
@@ -471,40 +376,10 @@ class LogFollower:
                 self._cuts += 1
             else:
                 self._unterminated += 1
-        os.close(src.fd)
+        src.close()
         return True
 
-    def _fix(self, src: _Source) -> str:
-        """Fix the identity of `src` at its first delivery."""
-        prefix = os.pread(src.fd, FINGERPRINT_BYTES, 0)
-        if len(prefix) > len(src.prefix):
-            src.prefix = prefix
-        dev, ino = src.key
-        src.ident = str(FileIdentity(dev, ino, len(src.prefix), _fingerprint(src.prefix)))
-        return src.ident
-
     # -- noticing changes -----------------------------------------------------------------------
-
-    def _rotated(self, i: int) -> str:
-        return f"{self._path}.{i}"
-
-    def _stat(self, path: str) -> os.stat_result | None:
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        return st if stat.S_ISREG(st.st_mode) else None
-
-    def _open(self, path: str) -> _Source | None:
-        try:
-            fd = os.open(path, _OPEN_FLAGS)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise OSError(errno.EINVAL, "not a regular file", path)
-        return _Source(fd, (st.st_dev, st.st_ino), path, st.st_size)
 
     def _refresh(self) -> None:
         if self._pending is not None:
@@ -519,7 +394,7 @@ class LogFollower:
         self._exists = st is not None
         self._at_path = False
         if not self._sources:
-            src = self._open(self._path) if st is not None else None
+            src = open_file(self._path) if st is not None else None
             if src is not None:
                 self._sources.append(src)
                 self._at_path = True
@@ -532,7 +407,7 @@ class LogFollower:
             self._rotate(newest)
             self._at_path = True
 
-    def _check_truncation(self, src: _Source, size: int) -> None:
+    def _check_truncation(self, src: OpenFile, size: int) -> None:
         if size == src.last_size:
             return
         src.last_size = size
@@ -545,10 +420,10 @@ class LogFollower:
         elif len(now) > len(src.prefix):
             src.prefix = now
 
-    def _truncated(self, src: _Source, size: int) -> None:
+    def _truncated(self, src: OpenFile, size: int) -> None:
         self._truncations += 1
         if src.prefix:  # we saw its first bytes, so a copy of it can be recognised
-            found = self._find_copy(src.prefix, src.rs)
+            found = self._gens.find_copy(src.prefix, src.rs, {s.key for s in self._sources})
             if found is not None:
                 j, copy = found
                 copy.rs, copy.ident, copy.prefix, copy.cr_end = (
@@ -557,7 +432,7 @@ class LogFollower:
                     src.prefix,
                     src.cr_end,
                 )
-                newer = self._open_rotated(j - 1, {copy.key})
+                newer = self._gens.open_newer(j - 1, {s.key for s in self._sources} | {copy.key})
                 i = self._sources.index(src)
                 self._sources[i:i] = [copy, *newer]
                 self._rotations += 1 + len(newer)
@@ -571,7 +446,7 @@ class LogFollower:
                     return
         src.reset()
 
-    def _kept_end(self, src: _Source, size: int) -> int | None:
+    def _kept_end(self, src: OpenFile, size: int) -> int | None:
         """Where the file stops matching the bytes we delivered, when that lies in our window.
 
         The file still begins with our bytes but is shorter than our place: it was cut back to
@@ -596,52 +471,15 @@ class LogFollower:
             return start + lo
         return start + max(now.rfind(b"\n", 0, lo), now.rfind(b"\r", 0, lo)) + 1
 
-    def _find_copy(self, prefix: bytes, min_size: int) -> tuple[int, _Source] | None:
-        """A rotated file that begins with `prefix` and reaches `min_size`: a copytruncate copy."""
-        known = {s.key for s in self._sources}
-        for j in range(1, self._keep + 1):
-            st = self._stat(self._rotated(j))
-            if st is None or (st.st_dev, st.st_ino) in known:
-                continue
-            if st.st_size < max(min_size, len(prefix)):
-                continue
-            src = self._open(self._rotated(j))
-            if src is None:
-                continue
-            if os.pread(src.fd, len(prefix), 0) == prefix:
-                return j, src
-            os.close(src.fd)
-        return None
-
-    def _open_rotated(self, newest_index: int, exclude: set[tuple[int, int]]) -> list[_Source]:
-        """Open PATH.<newest_index> down to PATH.1 (oldest first), skipping files we hold."""
-        known = {s.key for s in self._sources} | exclude
-        out: list[_Source] = []
-        for j in range(newest_index, 0, -1):
-            src = self._open(self._rotated(j))
-            if src is None:
-                continue
-            if src.key in known:
-                os.close(src.fd)
-                continue
-            known.add(src.key)
-            out.append(src)
-        return out
-
-    def _rotate(self, newest: _Source) -> None:
+    def _rotate(self, newest: OpenFile) -> None:
         """The path holds another file with data: queue the files newer than `newest`."""
-        j = 0
-        for i in range(1, self._keep + 1):
-            st = self._stat(self._rotated(i))
-            if st is not None and (st.st_dev, st.st_ino) == newest.key:
-                j = i
-                break
-        newer = self._open_rotated(j - 1, set()) if j > 1 else []
-        current = self._open(self._path)
-        if current is not None and current.key not in {s.key for s in self._sources}:
+        known = {s.key for s in self._sources}
+        newer = self._gens.open_newer(self._gens.index_of(newest.key) - 1, known)
+        current = open_file(self._path)
+        if current is not None and current.key not in known:
             newer.append(current)
         elif current is not None:
-            os.close(current.fd)
+            current.close()
         self._sources.extend(newer)
         self._rotations += len(newer)
 
@@ -657,12 +495,10 @@ class LogFollower:
         src = self._sources[0]
         if src.ident is not None:
             return Position(src.ident, src.rs)
-        try:  # nothing delivered from it: a provisional identity; offset 0 fits any file
-            prefix = os.pread(src.fd, FINGERPRINT_BYTES, 0)
+        try:
+            return Position(src.provisional_identity(), src.rs)
         except OSError:
-            prefix = b""
-        dev, ino = src.key
-        return Position(str(FileIdentity(dev, ino, len(prefix), _fingerprint(prefix))), src.rs)
+            return None
 
     def seek(self, position: Position) -> bool:
         """Re-read from a remembered position if its file is still here (the path or PATH.N).
@@ -671,7 +507,7 @@ class LogFollower:
         """
         try:
             ident = FileIdentity.parse(position.file_id)
-            found = self._locate(ident, position.offset)
+            found = self._gens.locate(ident, position.offset)
         except (ValueError, OSError) as e:
             self._fail(e)
             return False
@@ -684,78 +520,20 @@ class LogFollower:
         return True
 
     def _apply_start(self, ident: FileIdentity, offset: int) -> None:
-        found = self._locate(ident, offset)  # an OSError leaves it pending, to retry
+        found = self._gens.locate(ident, offset)  # an OSError leaves it pending, to retry
         self._pending = None
         if found is None:
             self._start = "changed"
         else:
             self._sources, self._start = found
+            if self._start == "changed":
+                self._truncations += 1  # cut back while we were away
 
     def _reopen_at_position(self) -> None:
         pos = self.position()
         self._close_sources()
         if pos is not None:
             self._pending = (FileIdentity.parse(pos.file_id), pos.offset)
-
-    def _locate(self, ident: FileIdentity, offset: int) -> tuple[list[_Source], StartKind] | None:
-        """Open the file `ident` names (at the path or a rotated name) and the ones after it."""
-        names = [self._path] + [self._rotated(i) for i in range(1, self._keep + 1)]
-        stats = [self._stat(p) for p in names]
-        hit: tuple[int, _Source] | None = None
-        shrunk: tuple[int, _Source] | None = None
-        for i, st in enumerate(stats):  # the same inode, still with our first bytes
-            if st is None or (st.st_dev, st.st_ino) != (ident.dev, ident.ino):
-                continue
-            src = self._open(names[i])
-            if src is not None and self._matches(src, ident):
-                if src.last_size >= offset:
-                    hit = (i, src)
-                else:
-                    shrunk = (i, src)
-            elif src is not None:
-                os.close(src.fd)
-            break
-        if hit is None:  # a copy with our first bytes (copytruncate while we were away)
-            for i in range(1, len(names)):
-                st = stats[i]
-                if st is None or st.st_size < max(offset, ident.fp_len):
-                    continue
-                if (st.st_dev, st.st_ino) == (ident.dev, ident.ino):
-                    continue
-                src = self._open(names[i])
-                if src is not None and self._matches(src, ident):
-                    hit = (i, src)
-                    break
-                if src is not None:
-                    os.close(src.fd)
-        if hit is None and shrunk is not None:
-            hit = shrunk
-            self._truncations += 1
-            offset = 0  # cut back while we were away: where, we cannot tell; lose nothing
-        elif shrunk is not None:
-            os.close(shrunk[1].fd)
-        if hit is None:
-            return None
-        i, src = hit
-        src.rs, src.ident = offset, str(ident)
-        sources = [src]
-        known = {src.key}
-        for j in range(i - 1, -1, -1):
-            newer = self._open(names[j])
-            if newer is None or newer.key in known:
-                if newer is not None:
-                    os.close(newer.fd)
-                continue
-            known.add(newer.key)
-            sources.append(newer)
-        return sources, ("exact" if i == 0 else "rotated")
-
-    def _matches(self, src: _Source, ident: FileIdentity) -> bool:
-        prefix = os.pread(src.fd, ident.fp_len, 0)
-        if len(prefix) != ident.fp_len or _fingerprint(prefix) != ident.fp:
-            return False
-        src.prefix = prefix
-        return True
 
     # -- checkpoints ------------------------------------------------------------------------------
 
@@ -883,10 +661,7 @@ class LogFollower:
 
     def _close_sources(self) -> None:
         for src in self._sources:
-            try:
-                os.close(src.fd)
-            except OSError:
-                pass
+            src.close()
         self._sources = []
 
     def close(self, *, checkpoint: bool = True) -> None:
