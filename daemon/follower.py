@@ -54,9 +54,9 @@ compressed files), so files rotated past ``rotated_keep`` while we were away are
 
 Waking. `wait(timeout_s)` blocks until a file-system event (watchdog/inotify on the directory) or
 the poll interval (with inotify, a one-second safety net); `wait_async` does the same in an
-asyncio loop. ``mode="auto"`` chooses polling
-on network file systems and falls back to it when events do not arrive. `follow()` and
-`follow_async()` wrap read + wait into iterators of chunk lists.
+asyncio loop. ``mode="auto"`` chooses polling on network file systems and falls back to it when
+events do not arrive. `follow()` and `follow_async()` wrap read + wait into iterators of chunk
+lists. Identity, open-file state and the rotated-name lookup live in follower_files.py.
 """
 
 from __future__ import annotations
