@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.follower import FileIdentity, FollowerError, LogFollower
+from loadwatch.daemon.follower import FileIdentity, FollowerError, LogFollower, Position
 from loadwatch.parsers import ChunkScanner, split_records
 from tests.follower.helpers import Collector
 
@@ -194,3 +194,17 @@ def test_health_counts(tmp_path: Path) -> None:
     assert h.last_read_ts is not None and h.last_read_ts > h0.last_check_ts
     assert h.file_id is not None and h.offset == 4
     assert h.mode is None  # nobody waited yet: no watcher
+
+
+def test_identity_and_position_text_forms() -> None:
+    ident = FileIdentity(2049, 123456, 256, "0123456789abcdef")
+    assert FileIdentity.parse(str(ident)) == ident
+    for bad in ["", "1:2:3", "1:2:3:xyz", "a:2:3:0123456789abcdef", "1:-2:3:0123456789abcdef"]:
+        with pytest.raises(ValueError, match="not a file identity"):
+            FileIdentity.parse(bad)
+    pos = Position(str(ident), 42)
+    assert Position.from_dict(pos.to_dict()) == pos
+    with pytest.raises(ValueError):
+        Position.from_dict({"file_id": str(ident), "offset": -1})
+    with pytest.raises(ValueError):
+        Position.from_dict({"file_id": "nope", "offset": 1})
