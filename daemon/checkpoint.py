@@ -1,0 +1,118 @@
+"""Where the follower stands, kept on disk so a restart resumes exactly.
+
+One small JSON file per followed path in the state directory. Every save writes a temporary file
+next to it, fsyncs it, renames it over the old one and fsyncs the directory, so a crash leaves
+either the old checkpoint or the new one, never a torn file. ``extra`` is opaque to this module:
+the daemon keeps positions of its own there (such as where the current vLLM session began).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(Exception):
+    """A checkpoint could not be read or written; the message is one line for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    path: str  # the followed path, as given
+    file_id: str  # identity of the file `offset` belongs to (see follower.FileIdentity)
+    offset: int  # the next byte to read: the start of the first record not yet delivered
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    saved_at: float | None = None  # epoch seconds
+
+
+def checkpoint_name(path: str | os.PathLike[str]) -> str:
+    """File name of the checkpoint for a followed path: stable, and safe in one directory."""
+    absolute = os.path.abspath(os.fspath(path))
+    digest = hashlib.sha256(absolute.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return f"follower-{digest}.json"
+
+
+class CheckpointStore:
+    """Loads and atomically saves the checkpoint of one followed path."""
+
+    def __init__(self, state_dir: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+        self.state_dir = Path(state_dir)
+        self.followed = os.fspath(path)
+        self.file = self.state_dir / checkpoint_name(path)
+
+    def load(self) -> Checkpoint | None:
+        """The saved checkpoint, or ``None`` when there is none. Raises `CheckpointError`."""
+        try:
+            raw = self.file.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise CheckpointError(f"cannot read checkpoint {self.file}: {e.strerror}") from None
+        try:
+            doc = json.loads(raw)
+            if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
+                raise ValueError("unknown format")
+            file_id, offset = doc["file_id"], doc["offset"]
+            extra = doc.get("extra", {})
+            saved_at = doc.get("saved_at")
+            if not isinstance(file_id, str) or not isinstance(offset, int) or offset < 0:
+                raise ValueError("bad file_id/offset")
+            if not isinstance(extra, dict):
+                raise ValueError("bad extra")
+            if saved_at is not None and not isinstance(saved_at, int | float):
+                raise ValueError("bad saved_at")
+        except (ValueError, KeyError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"checkpoint {self.file} is unreadable ({e})") from None
+        return Checkpoint(
+            path=str(doc.get("path", self.followed)),
+            file_id=file_id,
+            offset=offset,
+            extra=extra,
+            saved_at=None if saved_at is None else float(saved_at),
+        )
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        """Write atomically: temp file, fsync, rename, fsync the directory."""
+        doc = {
+            "version": FORMAT_VERSION,
+            "path": checkpoint.path,
+            "file_id": checkpoint.file_id,
+            "offset": checkpoint.offset,
+            "extra": dict(checkpoint.extra),
+            "saved_at": checkpoint.saved_at,
+        }
+        try:
+            data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"checkpoint extra is not JSON: {e}") from None
+        tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.file)
+            dfd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            where = e.filename or self.file
+            raise CheckpointError(f"cannot save checkpoint {where}: {e.strerror}") from None

@@ -1,0 +1,291 @@
+"""The files behind a followed path: who a file is, and where it went after a rotation.
+
+A file is known by device + inode and a fingerprint of its first bytes (`FileIdentity`). The
+path's rotated names are ``PATH.1`` (newest) to ``PATH.<keep>``; `Generations` looks among them
+for a file by identity (renamed: same inode) or by first bytes (a copytruncate copy), and opens
+the files that came after it.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+FINGERPRINT_BYTES = 256
+RECENT_BYTES = 256 * 1024  # delivered bytes kept to find where a file that shrank was cut
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a FIFO must not hang us
+
+Found = Literal["exact", "rotated", "changed"]  # at the path, at a rotated name, cut back
+
+
+def fingerprint(prefix: bytes) -> str:
+    return hashlib.blake2b(prefix, digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """Device, inode and a fingerprint of the first ``fp_len`` bytes of one file."""
+
+    dev: int
+    ino: int
+    fp_len: int
+    fp: str
+
+    def __str__(self) -> str:
+        return f"{self.dev}:{self.ino}:{self.fp_len}:{self.fp}"
+
+    @classmethod
+    def parse(cls, text: str) -> FileIdentity:
+        parts = text.split(":")
+        try:
+            if len(parts) != 4:
+                raise ValueError
+            dev, ino, fp_len = int(parts[0]), int(parts[1]), int(parts[2])
+            if min(dev, ino, fp_len) < 0 or len(parts[3]) != 16:
+                raise ValueError
+            int(parts[3], 16)
+        except ValueError:
+            raise ValueError(f"not a file identity: {text!r}") from None
+        return cls(dev, ino, fp_len, parts[3])
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a record starts: the file (`FileIdentity` as text) and the byte offset in it."""
+
+    file_id: str
+    offset: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file_id": self.file_id, "offset": self.offset}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Position:
+        file_id, offset = doc.get("file_id"), doc.get("offset")
+        if not isinstance(file_id, str) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"not a position: {dict(doc)!r}")
+        FileIdentity.parse(file_id)
+        return cls(file_id, offset)
+
+
+class OpenFile:
+    """One open file being read; `rs` is the start of its first undelivered record."""
+
+    __slots__ = (
+        "cr_end",
+        "fd",
+        "head",
+        "ident",
+        "key",
+        "last_size",
+        "name",
+        "prefix",
+        "recent",
+        "recent_bytes",
+        "rs",
+        "skip_pos",
+        "skipping",
+    )
+
+    def __init__(self, fd: int, key: tuple[int, int], name: str, size: int) -> None:
+        self.fd = fd
+        self.key = key
+        self.name = name
+        self.rs = 0
+        self.skipping = False  # inside a record longer than the cap
+        self.skip_pos = 0
+        self.head = b""  # that record's first cap bytes
+        self.ident: str | None = None  # fixed at the first delivery
+        self.prefix = b""  # first bytes seen, grown up to FINGERPRINT_BYTES
+        self.last_size = size
+        self.cr_end = False  # last chunk ended in "\r": a leading "\n" is not a new record
+        self.recent: deque[tuple[int, bytes]] = deque()  # the last chunks, contiguous, to `rs`
+        self.recent_bytes = 0
+
+    def reset(self) -> None:
+        """Its content was replaced: start over, as a new file."""
+        self.rs = 0
+        self.skipping = False
+        self.skip_pos = 0
+        self.head = b""
+        self.ident = None
+        self.prefix = b""
+        self.cr_end = False
+        self.forget()
+
+    def forget(self) -> None:
+        self.recent.clear()
+        self.recent_bytes = 0
+
+    def remember(self, offset: int, data: bytes) -> None:
+        recent = self.recent
+        recent.append((offset, data))
+        self.recent_bytes += len(data)
+        while self.recent_bytes > RECENT_BYTES and len(recent) > 1:
+            self.recent_bytes -= len(recent.popleft()[1])
+
+    def fix_identity(self) -> str:
+        """The identity, taken at the first delivery from this file."""
+        prefix = os.pread(self.fd, FINGERPRINT_BYTES, 0)
+        if len(prefix) > len(self.prefix):
+            self.prefix = prefix
+        dev, ino = self.key
+        self.ident = str(FileIdentity(dev, ino, len(self.prefix), fingerprint(self.prefix)))
+        return self.ident
+
+    def provisional_identity(self) -> str:
+        """An identity for a file nothing was delivered from yet (offset 0 fits any file)."""
+        prefix = os.pread(self.fd, FINGERPRINT_BYTES, 0)
+        dev, ino = self.key
+        return str(FileIdentity(dev, ino, len(prefix), fingerprint(prefix)))
+
+    def matches(self, ident: FileIdentity) -> bool:
+        prefix = os.pread(self.fd, ident.fp_len, 0)
+        if len(prefix) != ident.fp_len or fingerprint(prefix) != ident.fp:
+            return False
+        self.prefix = prefix
+        return True
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def stat_file(path: str) -> os.stat_result | None:
+    """The path's stat when it is a regular file, else None."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def open_file(path: str) -> OpenFile | None:
+    """Open for reading; None when missing. Raises OSError when it is not a regular file."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return OpenFile(fd, (st.st_dev, st.st_ino), path, st.st_size)
+
+
+class Generations:
+    """The path and its rotated names, newest first: PATH, PATH.1, ..., PATH.<keep>."""
+
+    def __init__(self, path: str, keep: int) -> None:
+        self.path = path
+        self.keep = keep
+
+    def name(self, i: int) -> str:
+        return self.path if i == 0 else f"{self.path}.{i}"
+
+    def index_of(self, key: tuple[int, int]) -> int:
+        """Which rotated name holds the file with this (dev, inode) now; 0 when none."""
+        for i in range(1, self.keep + 1):
+            st = stat_file(self.name(i))
+            if st is not None and (st.st_dev, st.st_ino) == key:
+                return i
+        return 0
+
+    def open_newer(self, index: int, known: set[tuple[int, int]]) -> list[OpenFile]:
+        """Open PATH.<index> down to PATH.1 (oldest first), leaving out files in `known`."""
+        known = set(known)
+        out: list[OpenFile] = []
+        for i in range(index, 0, -1):
+            f = open_file(self.name(i))
+            if f is None:
+                continue
+            if f.key in known:
+                f.close()
+                continue
+            known.add(f.key)
+            out.append(f)
+        return out
+
+    def find_copy(
+        self, prefix: bytes, min_size: int, known: set[tuple[int, int]]
+    ) -> tuple[int, OpenFile] | None:
+        """A rotated file that begins with `prefix` and reaches `min_size`: a copytruncate copy."""
+        for i in range(1, self.keep + 1):
+            st = stat_file(self.name(i))
+            if st is None or (st.st_dev, st.st_ino) in known:
+                continue
+            if st.st_size < max(min_size, len(prefix)):
+                continue
+            f = open_file(self.name(i))
+            if f is None:
+                continue
+            if os.pread(f.fd, len(prefix), 0) == prefix:
+                return i, f
+            f.close()
+        return None
+
+    def locate(self, ident: FileIdentity, offset: int) -> tuple[list[OpenFile], Found] | None:
+        """Open the file `ident` names, set to read from `offset`, and the files after it.
+
+        Looked for at the path and the rotated names by inode (with the same first bytes), then
+        among the rotated names by first bytes alone (a copy). A file still ours but shorter than
+        `offset` was cut back while we were away: read from 0 ("changed"). None when gone.
+        """
+        stats = [stat_file(self.name(i)) for i in range(self.keep + 1)]
+        hit: tuple[int, OpenFile] | None = None
+        shrunk: tuple[int, OpenFile] | None = None
+        for i, st in enumerate(stats):  # the same inode, still with our first bytes
+            if st is None or (st.st_dev, st.st_ino) != (ident.dev, ident.ino):
+                continue
+            f = open_file(self.name(i))
+            if f is not None and f.matches(ident):
+                if f.last_size >= offset:
+                    hit = (i, f)
+                else:
+                    shrunk = (i, f)
+            elif f is not None:
+                f.close()
+            break
+        if hit is None:  # a copy with our first bytes (copytruncate while we were away)
+            for i in range(1, len(stats)):
+                st = stats[i]
+                if st is None or st.st_size < max(offset, ident.fp_len):
+                    continue
+                if (st.st_dev, st.st_ino) == (ident.dev, ident.ino):
+                    continue
+                f = open_file(self.name(i))
+                if f is not None and f.matches(ident):
+                    hit = (i, f)
+                    break
+                if f is not None:
+                    f.close()
+        found: Found = "exact"
+        if hit is None and shrunk is not None:
+            hit, offset, found = shrunk, 0, "changed"
+        elif shrunk is not None:
+            shrunk[1].close()
+        if hit is None:
+            return None
+        i, first = hit
+        first.rs, first.ident = offset, str(ident)
+        files = [first]
+        known = {first.key}
+        for j in range(i - 1, -1, -1):
+            f = open_file(self.name(j))
+            if f is None or f.key in known:
+                if f is not None:
+                    f.close()
+                continue
+            known.add(f.key)
+            files.append(f)
+        if found == "exact" and i > 0:
+            found = "rotated"
+        return files, found

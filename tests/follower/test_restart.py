@@ -1,0 +1,302 @@
+"""Restart from a checkpoint after each kind of change made while the follower was down."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from loadwatch.daemon.checkpoint import CheckpointStore, checkpoint_name
+from loadwatch.daemon.follower import FollowerHealth, LogFollower, Position
+from tests.follower.helpers import Collector, WriterProcess, expected
+from tests.follower.writer import rotate
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    p = tmp_path / "logs" / "vllm.log"
+    p.parent.mkdir()
+    return p
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+def first_run(log: Path, state: Path, lines: int = 100) -> bytes:
+    """Write and read `lines` lines, then shut down cleanly (which saves the checkpoint)."""
+    log.write_bytes(expected("p", 0, lines))
+    f = LogFollower(log, state_dir=state)
+    col = Collector(f)
+    col.read()
+    f.close()
+    assert bytes(col.data) == expected("p", 0, lines)
+    return bytes(col.data)
+
+
+def second_run(log: Path, state: Path) -> tuple[bytes, FollowerHealth]:
+    f = LogFollower(log, state_dir=state)
+    col = Collector(f)
+    col.read()
+    while f.backlog:
+        col.read()
+    health = f.health()
+    f.close()
+    return bytes(col.data), health
+
+
+def append(log: Path | str, data: bytes) -> None:
+    with open(log, "ab") as w:
+        w.write(data)
+
+
+def test_appended_while_down(log: Path, state: Path) -> None:
+    first_run(log, state)
+    writer = WriterProcess(log, [["lines", "p", 100, 100, 10]])
+    writer.finish()
+    data, h = second_run(log, state)
+    assert data == expected("p", 100, 100)
+    assert h.start == "exact"
+
+
+def test_nothing_changed_while_down(log: Path, state: Path) -> None:
+    first_run(log, state)
+    data, h = second_run(log, state)
+    assert data == b"" and h.start == "exact"
+
+
+@pytest.mark.parametrize("kind", ["rename", "copytruncate"])
+def test_rotated_while_down(log: Path, state: Path, kind: str) -> None:
+    first_run(log, state)
+    plan: list[list[object]] = [
+        ["lines", "p", 100, 20, 5],
+        ["rotate", kind],
+        ["lines", "p", 120, 80, 5],
+    ]
+    WriterProcess(log, plan).finish()
+    data, h = second_run(log, state)
+    assert data == expected("p", 100, 100)  # the old file's rest, then the new file
+    assert h.start == "rotated"
+
+
+def test_rotated_twice_while_down(log: Path, state: Path) -> None:
+    first_run(log, state)
+    plan: list[list[object]] = [
+        ["lines", "p", 100, 10, 5],
+        ["rotate", "rename"],
+        ["lines", "p", 110, 10, 5],
+        ["rotate", "copytruncate"],
+        ["lines", "p", 120, 10, 5],
+        ["rotate", "rename"],
+        ["lines", "p", 130, 10, 5],
+    ]
+    WriterProcess(log, plan).finish()
+    data, h = second_run(log, state)
+    assert data == expected("p", 100, 40)
+    assert h.start == "rotated"
+
+
+def test_deleted_and_recreated_while_down(log: Path, state: Path) -> None:
+    first_run(log, state)
+    plan: list[list[object]] = [["rotate", "delete"], ["lines", "q", 0, 50, 5]]
+    WriterProcess(log, plan).finish()
+    data, h = second_run(log, state)
+    assert data == expected("q", 0, 50)  # the old file is gone: the new one from its start
+    assert h.start == "changed"
+
+
+def test_truncated_and_regrown_while_down(log: Path, state: Path) -> None:
+    first_run(log, state)
+    ino = os.stat(log).st_ino
+    with open(log, "r+b") as w:  # same inode, new content longer than the old offset
+        w.truncate(0)
+        w.write(expected("q", 0, 300))
+    assert os.stat(log).st_ino == ino
+    data, h = second_run(log, state)
+    assert data == expected("q", 0, 300)
+    assert h.start == "changed"
+
+
+def test_truncated_to_zero_while_down(log: Path, state: Path) -> None:
+    first_run(log, state)
+    os.truncate(log, 0)
+    append(log, expected("q", 0, 5))
+    data, h = second_run(log, state)
+    assert data == expected("q", 0, 5)
+    assert h.start == "changed"
+
+
+def test_inode_reuse_is_caught(log: Path, state: Path) -> None:
+    first_run(log, state, lines=200)
+    old_ino = os.stat(log).st_ino
+    os.unlink(log)
+    # A new file, often given the freed inode number: identity must not rest on it alone.
+    log.write_bytes(expected("z", 0, 300))
+    data, h = second_run(log, state)
+    assert data == expected("z", 0, 300)
+    assert h.start == "changed"
+    assert h.file_id is not None
+    assert h.file_id.split(":")[1] == str(os.stat(log).st_ino)
+    assert old_ino > 0
+
+
+def test_restart_in_the_middle_of_draining_a_rotated_file(log: Path, state: Path) -> None:
+    log.write_bytes(expected("m", 0, 10))
+    f = LogFollower(log, state_dir=state, cap_bytes=1024, max_read_bytes=1024)
+    col = Collector(f)
+    col.read()
+    append(log, expected("m", 10, 400))
+    os.rename(log, f"{log}.1")
+    log.write_bytes(expected("m", 410, 10))
+    col.read()  # bounded: stops inside the old file
+    assert f.backlog
+    f.close()
+    g = LogFollower(log, state_dir=state)
+    col2 = Collector(g)
+    col2.read()
+    assert bytes(col.data) + bytes(col2.data) == expected("m", 0, 420)
+    assert g.health().start == "rotated"
+
+
+def test_crash_resumes_at_the_last_checkpoint(log: Path, state: Path) -> None:
+    log.write_bytes(expected("c", 0, 50))
+    f = LogFollower(log, state_dir=state)
+    Collector(f).read()
+    assert f.checkpoint()
+    append(log, expected("c", 50, 50))
+    Collector(f).read()
+    f.close(checkpoint=False)  # a crash: the last 50 lines were never committed
+    data, _ = second_run(log, state)
+    assert data == expected("c", 50, 50)
+
+
+def test_session_start_survives_restart_and_rotation(log: Path, state: Path) -> None:
+    """The daemon keeps where the vLLM session began in `extra` and re-reads from there."""
+    log.write_bytes(expected("old-session", 0, 20))
+    f = LogFollower(log, state_dir=state)
+    col = Collector(f)
+    col.read()
+    session_start = Position(col.chunks[-1].file_id, col.chunks[-1].next_offset)
+    append(log, expected("s", 0, 30))
+    col.read()
+    assert f.maybe_checkpoint({"session_start": session_start.to_dict()}) is False  # not due
+    f.close()  # the clean shutdown saves the extra given last
+    rotate(str(log), os.open(log, os.O_WRONLY | os.O_APPEND), "rename")
+    append(log, expected("s", 30, 10))
+
+    g = LogFollower(log, state_dir=state)
+    assert g.loaded_checkpoint is not None
+    start = Position.from_dict(g.loaded_checkpoint.extra["session_start"])
+    assert g.seek(start)
+    rebuilt = Collector(g)
+    rebuilt.read()
+    assert bytes(rebuilt.data) == expected("s", 0, 40)  # the whole session, once
+    g.close()
+
+
+def test_seek_to_a_file_that_is_gone_keeps_the_place(log: Path, state: Path) -> None:
+    log.write_bytes(expected("g", 0, 10))
+    f = LogFollower(log)
+    Collector(f).read()
+    here = f.position()
+    gone = Position("1:2:3:0123456789abcdef", 0)
+    assert not f.seek(gone)
+    assert f.position() == here
+    assert not f.seek(Position("nonsense", 0))
+    assert f.health().errors_total == 1
+
+
+def test_start_at_overrides_the_checkpoint(log: Path, state: Path) -> None:
+    log.write_bytes(expected("o", 0, 10))
+    f = LogFollower(log, state_dir=state)
+    col = Collector(f)
+    col.read()
+    f.close()
+    g = LogFollower(log, state_dir=state, start_at=Position(col.chunks[0].file_id, 0))
+    again = Collector(g)
+    again.read()
+    assert bytes(again.data) == expected("o", 0, 10)
+
+
+def test_corrupt_checkpoint_is_one_error_and_a_fresh_start(log: Path, state: Path) -> None:
+    state.mkdir()
+    (state / checkpoint_name(log)).write_text("{not json")
+    log.write_bytes(expected("x", 0, 5))
+    f = LogFollower(log, state_dir=state)
+    col = Collector(f)
+    col.read()
+    h = f.health()
+    assert bytes(col.data) == expected("x", 0, 5)
+    assert h.errors_total == 1 and h.last_error is not None and "unreadable" in h.last_error
+    assert h.start == "fresh"
+    assert f.checkpoint()  # and it is replaced by a good one
+    assert CheckpointStore(state, log).load() is not None
+
+
+def test_checkpoint_cadence(log: Path, state: Path) -> None:
+    now = [0.0]
+    f = LogFollower(
+        log,
+        state_dir=state,
+        clock=lambda: now[0],
+        checkpoint_every_records=100,
+        checkpoint_every_s=10.0,
+        checkpoint_min_interval_s=1.0,
+    )
+    log.write_bytes(expected("k", 0, 50))
+    f.read()
+    assert not f.maybe_checkpoint()  # 50 records, 0 s
+    append(log, expected("k", 50, 50))
+    f.read()
+    assert not f.maybe_checkpoint()  # 100 records, but within a second of the start
+    now[0] = 1.0
+    assert f.maybe_checkpoint()  # 100 records
+    assert not f.maybe_checkpoint()
+    now[0] = 11.0
+    assert not f.maybe_checkpoint()  # due by time, but nothing moved
+    append(log, expected("k", 100, 1))
+    f.read()
+    now[0] = 22.0
+    assert f.maybe_checkpoint()  # due by time, and moved
+    assert not f.maybe_checkpoint({"a": 1})  # not due: extra kept for later
+    now[0] = 33.0
+    assert f.maybe_checkpoint()  # only the extra changed
+    assert f.health().checkpoints_total == 3
+    f.close(checkpoint=False)
+    cp = CheckpointStore(state, log).load()
+    assert cp is not None and cp.extra == {"a": 1} and cp.offset == len(expected("k", 0, 101))
+
+
+def test_checkpoint_file_is_written_atomically(log: Path, state: Path) -> None:
+    log.write_bytes(b"a\n")
+    f = LogFollower(log, state_dir=state)
+    f.read()
+    for _ in range(5):
+        assert f.checkpoint({"n": 1})
+    assert sorted(p.name for p in state.iterdir()) == [checkpoint_name(log)]
+    doc = json.loads((state / checkpoint_name(log)).read_text())
+    assert doc["offset"] == 2 and doc["extra"] == {"n": 1} and doc["version"] == 1
+
+
+def test_unwritable_state_dir_is_an_error_not_a_crash(log: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "state-is-a-file"
+    blocker.write_text("")
+    log.write_bytes(b"a\n")
+    f = LogFollower(log, state_dir=blocker)
+    assert f.health().errors_total == 1  # it could not even look for a checkpoint there
+    f.read()
+    assert not f.checkpoint()
+    h = f.health()
+    assert h.errors_total == 2 and h.last_error is not None and "cannot save" in h.last_error
+    f.close()  # the failing final checkpoint does not raise either
+
+
+def test_copy_of_the_log_elsewhere_is_not_confused_with_it(log: Path, state: Path) -> None:
+    first_run(log, state)
+    shutil.copyfile(log, f"{log}.bak")  # not a rotated name: ignored
+    data, h = second_run(log, state)
+    assert data == b"" and h.start == "exact"

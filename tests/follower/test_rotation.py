@@ -1,0 +1,277 @@
+"""The rotation matrix, live: a writer process rotates the log while the follower reads it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loadwatch.daemon.follower import LogFollower
+from tests.follower.helpers import Collector, WriterProcess, expected, line
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    return tmp_path / "logs" / "vllm.log"
+
+
+@pytest.fixture
+def follower(log: Path) -> Iterator[LogFollower]:
+    f = LogFollower(log, poll_interval_s=0.05)
+    yield f
+    f.close()
+
+
+def run_plan(log: Path, f: LogFollower, plan: list[list[object]], total: bytes) -> Collector:
+    """Run the writer; at each ``wait`` step release it once everything so far has arrived."""
+    col = Collector(f)
+    writer = WriterProcess(log, plan)
+    try:
+        written = 0
+        for step in plan:
+            if step[0] == "wait":
+                col.pump_bytes(written)
+                writer.go()
+            elif step[0] == "lines":
+                _, tag, first, count, _ = step
+                written += len(expected(str(tag), int(first), int(count)))  # type: ignore[call-overload]
+        col.pump_bytes(len(total))
+        writer.finish()
+        col.settle(0.2)
+    finally:
+        writer.kill()
+    assert bytes(col.data) == total
+    return col
+
+
+@pytest.mark.parametrize("kind", ["rename", "copytruncate", "delete"])
+def test_rotation_while_following(log: Path, follower: LogFollower, kind: str) -> None:
+    # 200 lines seen, 200 more written and not yet read when the rotation happens, 200 after.
+    plan: list[list[object]] = [
+        ["lines", "r", 0, 200, 10],
+        ["wait"],
+        ["lines", "r", 200, 200, 200],
+        ["rotate", kind],
+        ["lines", "r", 400, 200, 10],
+    ]
+    run_plan(log, follower, plan, expected("r", 0, 600))
+    h = follower.health()
+    assert h.rotations_total == 1
+    assert h.truncations_total == (1 if kind == "copytruncate" else 0)
+    assert h.file_exists and h.errors_total == 0
+    assert h.file_id is not None and os.stat(log).st_ino == int(h.file_id.split(":")[1])
+
+
+def test_truncate_to_zero(log: Path, follower: LogFollower) -> None:
+    plan: list[list[object]] = [
+        ["lines", "t", 0, 100, 10],
+        ["wait"],
+        ["truncate", 0],
+        ["lines", "t", 100, 50, 10],
+    ]
+    run_plan(log, follower, plan, expected("t", 0, 150))
+    assert follower.health().truncations_total == 1
+
+
+def test_truncate_to_a_smaller_size_keeps_what_was_delivered(
+    log: Path, follower: LogFollower
+) -> None:
+    keep = len(expected("s", 0, 40))
+    plan: list[list[object]] = [
+        ["lines", "s", 0, 100, 10],
+        ["wait"],
+        ["truncate", keep],
+        ["lines", "s", 100, 50, 10],
+    ]
+    col = Collector(follower, contiguous=False)
+    writer = WriterProcess(log, plan)
+    try:
+        col.pump_bytes(len(expected("s", 0, 100)))
+        writer.go()
+        col.pump_bytes(len(expected("s", 0, 150)))
+        writer.finish()
+        col.settle(0.2)
+    finally:
+        writer.kill()
+    assert bytes(col.data) == expected("s", 0, 150)  # nothing twice, nothing lost
+    assert col.chunks[-1].next_offset == os.path.getsize(log)
+    assert follower.health().truncations_total == 1
+
+
+def test_file_and_directory_not_existing_yet(log: Path, follower: LogFollower) -> None:
+    assert not log.parent.exists()
+    follower.read()
+    follower.wait(0.01)
+    assert follower.health().mode == "inotify"
+    plan: list[list[object]] = [["sleep", 0.2], ["lines", "n", 0, 300, 7]]
+    run_plan(log, follower, plan, expected("n", 0, 300))
+    assert follower.health().file_exists
+
+
+def test_file_not_existing_yet_in_existing_directory(log: Path, follower: LogFollower) -> None:
+    log.parent.mkdir()
+    follower.read()
+    plan: list[list[object]] = [["sleep", 0.1], ["lines", "m", 0, 100, 1]]
+    run_plan(log, follower, plan, expected("m", 0, 100))
+
+
+def test_several_rotations_between_two_reads(log: Path) -> None:
+    """PATH.2 is ours, PATH.1 came and went unseen: read ours, then PATH.1, then PATH."""
+    log.parent.mkdir()
+    f = LogFollower(log)
+    col = Collector(f)
+    log.write_bytes(expected("c", 0, 10))
+    col.read()
+    with open(log, "ab") as w:
+        w.write(expected("c", 10, 5))
+    os.rename(log, f"{log}.1")
+    log.write_bytes(expected("c", 15, 10))
+    os.rename(f"{log}.1", f"{log}.2")
+    os.rename(log, f"{log}.1")
+    log.write_bytes(expected("c", 25, 10))
+    col.read()
+    assert bytes(col.data) == expected("c", 0, 35)
+    assert f.health().rotations_total == 2
+
+
+def test_empty_new_file_waits_for_the_writer_to_move(log: Path) -> None:
+    """logrotate `create` without an immediate reopen: the app writes to the old file a while."""
+    log.parent.mkdir()
+    f = LogFollower(log)
+    col = Collector(f)
+    old = open(log, "ab", buffering=0)  # noqa: SIM115
+    old.write(expected("w", 0, 10))
+    col.read()
+    os.rename(log, f"{log}.1")
+    log.write_bytes(b"")
+    col.read()
+    old.write(expected("w", 10, 10))  # still to the old file
+    col.read()
+    old.close()
+    with open(log, "ab") as new:
+        new.write(expected("w", 20, 10))
+    col.read()
+    assert bytes(col.data) == expected("w", 0, 30)
+    assert f.health().rotations_total == 1
+
+
+def test_unterminated_last_record_of_a_rotated_file(log: Path) -> None:
+    log.parent.mkdir()
+    f = LogFollower(log)
+    log.write_bytes(b"one\npartial")
+    assert [c.data for c in f.read()] == [b"one\n"]
+    os.rename(log, f"{log}.1")
+    log.write_bytes(b"two\n")
+    chunks = f.read()
+    assert [(c.data, c.cut) for c in chunks] == [(b"partial\n", True), (b"two\n", False)]
+    assert chunks[0].offset == 4 and chunks[0].next_offset == 11
+    assert f.health().unterminated_total == 1
+
+
+def test_copytruncate_then_regrown_past_our_place_before_we_look(log: Path) -> None:
+    """Size alone shows nothing here; the first bytes changed, and the copy holds our rest."""
+    log.parent.mkdir()
+    f = LogFollower(log)
+    col = Collector(f)
+    log.write_bytes(expected("g", 0, 100))
+    col.read()
+    with open(log, "ab") as w:
+        w.write(expected("g", 100, 20))
+    shutil.copyfile(log, f"{log}.1")
+    os.truncate(log, 0)
+    with open(log, "ab") as w:
+        w.write(expected("g", 120, 300))
+    assert os.path.getsize(log) > len(expected("g", 0, 120))
+    col.read()
+    assert bytes(col.data) == expected("g", 0, 420)
+    h = f.health()
+    assert (h.truncations_total, h.rotations_total) == (1, 1)
+
+
+def test_truncated_and_regrown_in_place_without_a_copy(log: Path) -> None:
+    log.parent.mkdir()
+    f = LogFollower(log)
+    col = Collector(f)
+    log.write_bytes(expected("a", 0, 50))
+    col.read()
+    with open(log, "r+b") as w:  # same inode, new content longer than what we read
+        w.truncate(0)
+        w.write(expected("b", 0, 200))
+    col.read()
+    assert bytes(col.data) == expected("a", 0, 50) + expected("b", 0, 200)
+    assert f.health().truncations_total == 1
+
+
+def test_copytruncate_copy_found_two_generations_back(log: Path) -> None:
+    log.parent.mkdir()
+    f = LogFollower(log)
+    col = Collector(f)
+    log.write_bytes(expected("k", 0, 30))
+    col.read()
+    with open(log, "ab") as w:
+        w.write(expected("k", 30, 5))
+    shutil.copyfile(log, f"{log}.1")
+    os.truncate(log, 0)
+    os.rename(f"{log}.1", f"{log}.2")
+    with open(log, "ab") as w:
+        w.write(expected("k", 35, 5))
+    shutil.copyfile(log, f"{log}.1")
+    os.truncate(log, 0)
+    with open(log, "ab") as w:
+        w.write(expected("k", 40, 5))
+    col.read()
+    assert bytes(col.data) == expected("k", 0, 45)
+
+
+def test_delete_without_recreate_then_recreate(log: Path, follower: LogFollower) -> None:
+    log.parent.mkdir()
+    col = Collector(follower)
+    log.write_bytes(line("d", 0))
+    col.read()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.unlink(log)
+    os.write(fd, line("d", 1))  # the deleted file is still written to and still ours
+    col.read()
+    assert not follower.health().file_exists
+    os.close(fd)
+    log.write_bytes(line("d", 2))
+    col.read()
+    assert bytes(col.data) == expected("d", 0, 3)
+
+
+def test_copytruncate_in_the_middle_of_a_long_read(log: Path, tmp_path: Path) -> None:
+    """A copytruncate, and the file growing past our place again, while one `read()` is still
+    working through a backlog: every read is checked against the file's first bytes."""
+    log.parent.mkdir()
+    log.write_bytes(b"")
+    f = LogFollower(log, cap_bytes=64, max_read_bytes=64 << 20)
+    col = Collector(f)
+    col.read()
+    want = bytearray()
+    during = 0
+    for r in range(3):
+        old = expected(f"L{r}", 0, 40_000)  # 1.4 MB of backlog, read 64 bytes at a time
+        new = tmp_path / "new.bin"
+        new.write_bytes(expected(f"N{r}", 0, 60_000))
+        want += old + new.read_bytes()
+        with open(log, "ab") as w:
+            w.write(old)
+        plan: list[list[object]] = [
+            ["wait"],
+            ["rotate", "copytruncate"],
+            ["append_file", str(new)],
+        ]
+        writer = WriterProcess(log, plan)
+        writer.ready()
+        before = f.health().truncations_total
+        writer.go()
+        col.read()  # the copytruncate and the new lines land while this is under way
+        during += f.health().truncations_total - before
+        writer.finish()
+        col.read()
+        assert bytes(col.data) == bytes(want)
+    assert f.health().truncations_total == 3
+    assert during > 0  # it was seen inside the read() call it happened under
