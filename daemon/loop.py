@@ -346,7 +346,7 @@ class Daemon:
                 prober = probers.setdefault(url, HealthProber(url, 2.0))
                 result = await prober.probe()
                 self._health_up = result.ok
-                self.apply(HealthProbe(ok=result.ok, ts=result.at, status=result.status, error=result.error))
+                self.apply(HealthProbe(ok=result.ok, ts=result.checked_at, status=result.status, error=result.error))
             await self._sleep(HEALTH_PROBE_S if not (s and s.phase == "ready") else 10.0)
 
     async def _sleep(self, seconds: float) -> None:

@@ -94,8 +94,8 @@ def _build(pub: Published) -> Iterator[Metric]:
 def _load(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     s = snap.session
     phase = GaugeMetricFamily("loadwatch_load_phase", "1 for the current session's phase.", labels=["phase"])
-    for p in PHASES:
-        phase.add_metric([p], 1.0 if s is not None and s.phase == p else 0.0)
+    for name in PHASES:
+        phase.add_metric([name], 1.0 if s is not None and s.phase == name else 0.0)
     yield phase
     yield from _gauge("loadwatch_load_ready", "1 while vLLM is ready.", 1.0 if snap.ready else 0.0)
     yield from _gauge(
