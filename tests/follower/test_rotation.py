@@ -252,7 +252,10 @@ def test_copytruncate_in_the_middle_of_a_long_read(log: Path, tmp_path: Path) ->
     col.read()
     want = bytearray()
     during = 0
-    for r in range(3):
+    rounds = 0
+    while rounds < 2 or (during == 0 and rounds < 10):  # until the race was hit (scheduling)
+        r = rounds
+        rounds += 1
         old = expected(f"L{r}", 0, 40_000)  # 1.4 MB of backlog, read 64 bytes at a time
         new = tmp_path / "new.bin"
         new.write_bytes(expected(f"N{r}", 0, 60_000))
@@ -273,5 +276,5 @@ def test_copytruncate_in_the_middle_of_a_long_read(log: Path, tmp_path: Path) ->
         writer.finish()
         col.read()
         assert bytes(col.data) == bytes(want)
-    assert f.health().truncations_total == 3
+    assert f.health().truncations_total == rounds
     assert during > 0  # it was seen inside the read() call it happened under
