@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -53,7 +54,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if cfg.supervise and cfg.log.path is None:
         cfg = replace(cfg, log=replace(cfg.log, path=cfg.state_dir / "vllm.log"))
     if cfg.log.path is None and not cfg.supervise:
-        raise ConfigError("[log] path", "nothing to watch: give --log PATH, a config, or -- VLLM COMMAND")
+        raise ConfigError(
+            "[log] path", "nothing to watch: give --log PATH, a config, or -- VLLM COMMAND"
+        )
     return cfg
 
 
@@ -97,6 +100,7 @@ def run_daemon(
     supervisor_factory: Callable[[Daemon], Any] | None = None,
     on_started: Callable[[Daemon, HttpServer], None] | None = None,
     stdout: Any = None,
+    gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None = None,
 ) -> int:
     problem = prepare_state_dir(cfg.state_dir)
     if problem:
@@ -122,7 +126,7 @@ def run_daemon(
             supervisor_factory = _supervisor_factory(cfg)
         except SupervisorConfigError as exc:
             return fail(f"config error: [vllm] {exc}", EX_CONFIG)
-    gpu = make_gpu_source(cfg, progress)
+    gpu = gpu_factory(progress) if gpu_factory is not None else make_gpu_source(cfg, progress)
     daemon = Daemon(
         cfg,
         eventlog=eventlog,
@@ -133,8 +137,9 @@ def run_daemon(
     )
     holder["daemon"] = daemon
     server = HttpServer(cfg.http, {})
-    server.routes.update(routes(lambda: daemon.published, lambda: daemon.alive, time.time,
-                                server.stats, redactor))
+    server.routes.update(
+        routes(lambda: daemon.published, lambda: daemon.alive, time.time, server.stats, redactor)
+    )
     try:
         server.start()
     except ServerError as exc:
@@ -151,18 +156,24 @@ def run_daemon(
         eventlog.close()
 
 
-async def _main(daemon: Daemon, server: HttpServer, on_started: Callable[[Daemon, HttpServer], None] | None) -> int:
+async def _main(
+    daemon: Daemon, server: HttpServer, on_started: Callable[[Daemon, HttpServer], None] | None
+) -> int:
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, daemon.stop_event.set)
-    loop.add_signal_handler(signal.SIGHUP, daemon.eventlog.reopen)
+    # Signal handlers belong to the main thread; tests run the daemon on another one.
+    signals = threading.current_thread() is threading.main_thread()
+    if signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, daemon.stop_event.set)
+        loop.add_signal_handler(signal.SIGHUP, daemon.eventlog.reopen)
     if on_started is not None:
         loop.call_soon(on_started, daemon, server)
     try:
         return await daemon.run()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
+        if signals:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
 
 
 def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
@@ -182,7 +193,9 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
 
         hook = None
         if vllm.preflight != "off":
-            hook = start_hook_for_argv(vllm.argv, vllm.preflight, gpu_cc=gpu_cc, on_report=on_report)
+            hook = start_hook_for_argv(
+                vllm.argv, vllm.preflight, gpu_cc=gpu_cc, on_report=on_report
+            )
         sup_cfg = supervisor_config(vllm, str(cfg.log.path), preflight=hook)
         return Supervisor(sup_cfg, on_event=daemon.on_process_event)
 

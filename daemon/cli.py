@@ -87,7 +87,9 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="a simulated Kimi-K2.5 load, supervised, in about a minute")
     demo.add_argument(
-        "--scenario", default="success", choices=("success", "stall", "oom", "crash-loop", "fp8-kv-on-sm120")
+        "--scenario",
+        default="success",
+        choices=("success", "stall", "oom", "crash-loop", "fp8-kv-on-sm120"),
     )
     demo.add_argument("--speed", type=float, default=15.0, help="how much faster than real time")
     demo.add_argument("--real", action="store_true", help="real vLLM on the CPU with a tiny model")
@@ -119,12 +121,18 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
         from loadwatch.exporters.tui import status_command
 
-        return status_command(args.url, watch=args.watch, as_json=args.json, interval_s=args.interval)
+        return status_command(
+            args.url, watch=args.watch, as_json=args.json, interval_s=args.interval
+        )
     if args.command == "analyze":
         from loadwatch.daemon.analyze import analyze_command
 
-        return analyze_command(args.log, model_dir=args.model_dir, as_json=args.json,
-                               max_record_bytes=args.max_record_bytes)
+        return analyze_command(
+            args.log,
+            model_dir=args.model_dir,
+            as_json=args.json,
+            max_record_bytes=args.max_record_bytes,
+        )
     if args.command == "events":
         from loadwatch.daemon.analyze import events_command
 
@@ -135,7 +143,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from loadwatch.daemon.patch import patch_model_cli
 
         text, code = patch_model_cli(
-            args.model_dir, drop_fp8=args.drop_fp8_kv_cache, revert=args.revert, dry_run=args.dry_run
+            str(args.model_dir),
+            drop_fp8=args.drop_fp8_kv_cache,
+            revert=args.revert,
+            dry_run=args.dry_run,
         )
         print(text, file=sys.stdout if code == 0 else sys.stderr)
         return code

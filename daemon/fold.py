@@ -497,6 +497,8 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
         _ready(f, t, "application startup complete")
     elif ev.kind == "shutdown":
         _shutdown(f, t, ev.value or "")
+    elif ev.kind == "launch_args" and ev.detail == "kv_cache_dtype" and ev.value:
+        f.upd(kv_arg=ev.value)
     elif ev.kind == "kv_cache" and ev.detail == "dtype" and (ev.value or "").startswith("fp8"):
         f.upd(kv_fp8_in_log=True)  # vLLM names the KV-cache dtype only when it is FP8
 

@@ -96,13 +96,16 @@ class Daemon:
         self._orphans: int | None = None
         self._health_up: bool | None = None
         self._log_error_logged: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- configuration ----------------------------------------------------------------------
 
     def _state_config(self) -> StateConfig:
         f = self.cfg.forecast
         return StateConfig(
-            max_sessions=self.cfg.sessions_kept, stall_k=f.stall_factor, stall_floor_s=f.stall_floor_s
+            max_sessions=self.cfg.sessions_kept,
+            stall_k=f.stall_factor,
+            stall_floor_s=f.stall_floor_s,
         )
 
     @property
@@ -130,8 +133,8 @@ class Daemon:
             return
         for w in s.warnings:
             self._retired.warnings[w.code] += w.count
-        for f in s.failures:
-            self._retired.failures[f.kind] += 1
+        if s.failure_kind is not None:
+            self._retired.failures[s.failure_kind] += 1
         self._retired.stalls += s.stall.stalls_total
 
     def _transition(self, t: Transition, replay: bool) -> None:
@@ -188,8 +191,13 @@ class Daemon:
         report = check_orphans(reading, frozenset(tree_pids))
         self._orphans = len(report.leaked)
         if report.leaked or report.unknown:
-            self.eventlog.emit("gpu.orphans", summary=report.summary(), leaked=len(report.leaked),
-                               unknown=len(report.unknown), leaked_bytes=report.leaked_bytes)
+            self.eventlog.emit(
+                "gpu.orphans",
+                summary=report.summary(),
+                leaked=len(report.leaked),
+                unknown=len(report.unknown),
+                leaked_bytes=report.leaked_bytes,
+            )
 
     # -- the log ----------------------------------------------------------------------------
 
@@ -250,8 +258,7 @@ class Daemon:
         if self._session_id() != before:
             self._session_start = {"file_id": file_id, "offset": ev.offset}
         if not replay:
-            fields = ev.to_dict()
-            del fields["type"]
+            fields = {k: v for k, v in ev.to_dict().items() if v is not None and k != "type"}
             self.eventlog.emit(f"log.{ev.type}", **fields)
 
     def _checkpoint_extra(self) -> dict[str, Any]:
@@ -342,11 +349,20 @@ class Daemon:
         while not self.stop_event.is_set():
             s = self.state.session
             url = url_of()
-            if url and s is not None and s.api_server_at is not None and s.phase not in ("failed", "stopped"):
+            if (
+                url
+                and s is not None
+                and s.api_server_at is not None
+                and s.phase not in ("failed", "stopped")
+            ):
                 prober = probers.setdefault(url, HealthProber(url, 2.0))
                 result = await prober.probe()
                 self._health_up = result.ok
-                self.apply(HealthProbe(ok=result.ok, ts=result.checked_at, status=result.status, error=result.error))
+                self.apply(
+                    HealthProbe(
+                        ok=result.ok, ts=result.checked_at, status=result.status, error=result.error
+                    )
+                )
             await self._sleep(HEALTH_PROBE_S if not (s and s.phase == "ready") else 10.0)
 
     async def _sleep(self, seconds: float) -> None:
@@ -376,14 +392,18 @@ class Daemon:
         s = self.state.session
         if s is not None:
             snap = self.published.snapshot(self.clock()) if self.published else None
-            view = snap.session if snap is not None and snap.session is not None and snap.session.id == s.id else None
+            view = (
+                snap.session
+                if snap is not None and snap.session is not None and snap.session.id == s.id
+                else None
+            )
             if view is None:
                 view = self.state.snapshot(self.clock()).session
             if view is not None:
                 for w in view.warnings:
                     warnings[w.code] += w.count
-                for f in view.failures:
-                    failures[f.kind] += 1
+                if view.failure_kind is not None:
+                    failures[view.failure_kind] += 1
                 stalls += view.stall.stalls_total
         return Totals(
             warnings=dict(warnings),
@@ -446,8 +466,14 @@ class Daemon:
 
     # -- lifecycle --------------------------------------------------------------------------
 
+    def loop_call(self, fn: Callable[[], Any]) -> None:
+        """Run `fn` on the daemon's loop, from any thread."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(fn)
+
     async def run(self) -> int:
         """Run until `stop_event` is set; returns the process exit code."""
+        self._loop = asyncio.get_running_loop()
         self._load_model()
         follower = self.open_follower()
         self.publish()
@@ -461,15 +487,21 @@ class Daemon:
         if self._supervisor_factory is not None:
             self.supervisor = self._supervisor_factory(self)
             sup_task = asyncio.create_task(self.supervisor.run(), name="supervisor")
-            tasks.append(asyncio.create_task(self.sample_io(lambda: self.supervisor.pid), name="io"))
+            tasks.append(
+                asyncio.create_task(self.sample_io(lambda: self.supervisor.pid), name="io")
+            )
         url_of = self._health_url
         tasks.append(asyncio.create_task(self.probe_health(url_of), name="health"))
         if self.notifier.watchdog_interval_s:
             tasks.append(asyncio.create_task(self.notifier.run_watchdog(), name="watchdog"))
         self.notifier.ready(status_line(self.snapshot()))
-        self.eventlog.emit("daemon.started", version=VERSION, pid=os.getpid(),
-                           log=str(self.cfg.log.path) if self.cfg.log.path else None,
-                           supervise=self.cfg.supervise)
+        self.eventlog.emit(
+            "daemon.started",
+            version=VERSION,
+            pid=os.getpid(),
+            log=str(self.cfg.log.path) if self.cfg.log.path else None,
+            supervise=self.cfg.supervise,
+        )
         stopper = asyncio.create_task(self.stop_event.wait(), name="stop")
         done: set[asyncio.Task[Any]] = set()
         pending = {*tasks, stopper}

@@ -201,6 +201,9 @@ class SessionInfo:
     version: str | None = None
     load_started_by: frozenset[str] = frozenset()
     kv_fp8_in_log: bool = False
+    kv_arg: str | None = (
+        None  # --kv-cache-dtype as vLLM logged its own arguments ("auto" if absent)
+    )
     api_server_at: float | None = None
     ready_at: float | None = None
     stop_requested: bool = False
@@ -276,6 +279,10 @@ class Session:
     @property
     def argv(self) -> tuple[str, ...] | None:
         return self.info.argv
+
+    @property
+    def kv_arg(self) -> str | None:
+        return self.info.kv_arg
 
     @property
     def version(self) -> str | None:
@@ -400,6 +407,7 @@ SESSION_PART: dict[str, str] = {
     "version": "info",
     "load_started_by": "info",
     "kv_fp8_in_log": "info",
+    "kv_arg": "info",
     "api_server_at": "info",
     "ready_at": "info",
     "stop_requested": "info",

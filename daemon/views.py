@@ -253,8 +253,11 @@ def _gpu_view(g: GpuTrack) -> GpuView:
 
 def build_snapshot(state: StateData, now: float) -> Snapshot:
     s = state.session
+    argv = s.argv if s is not None else None
+    if argv is None and s is not None and s.kv_arg is not None:
+        argv = ("--kv-cache-dtype", s.kv_arg)  # watch mode: vLLM logged its own arguments
     kv = effective_kv_dtype(
-        s.argv if s is not None else None,
+        argv,
         state.model,
         s.version if s is not None else None,
         s.kv_fp8_in_log if s is not None else False,

@@ -30,6 +30,7 @@ FAILURE_KINDS = (
     "nccl",
     "fp8_kv_unsupported",
     "other",
+    "exited",  # a bad exit with no failure in the log
 )
 EXIT_OUTCOMES = ("clean", "failed", "signal")
 
@@ -76,7 +77,9 @@ def render(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
 
 
-def _gauge(name: str, doc: str, value: float | None, labels: dict[str, str] | None = None) -> Iterator[GaugeMetricFamily]:
+def _gauge(
+    name: str, doc: str, value: float | None, labels: dict[str, str] | None = None
+) -> Iterator[GaugeMetricFamily]:
     if value is None:
         return
     g = GaugeMetricFamily(name, doc, labels=list(labels or {}))
@@ -85,7 +88,9 @@ def _gauge(name: str, doc: str, value: float | None, labels: dict[str, str] | No
 
 
 def _build(pub: Published) -> Iterator[Metric]:
-    g = GaugeMetricFamily("loadwatch_build_info", "The build that runs; always 1.", labels=["version", "python"])
+    g = GaugeMetricFamily(
+        "loadwatch_build_info", "The build that runs; always 1.", labels=["version", "python"]
+    )
     g.add_metric([pub.version, platform.python_version()], 1.0)
     yield g
     yield from _gauge("loadwatch_start_time_seconds", "When the daemon started.", pub.started_at)
@@ -93,7 +98,9 @@ def _build(pub: Published) -> Iterator[Metric]:
 
 def _load(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     s = snap.session
-    phase = GaugeMetricFamily("loadwatch_load_phase", "1 for the current session's phase.", labels=["phase"])
+    phase = GaugeMetricFamily(
+        "loadwatch_load_phase", "1 for the current session's phase.", labels=["phase"]
+    )
     for name in PHASES:
         phase.add_metric([name], 1.0 if s is not None and s.phase == name else 0.0)
     yield phase
@@ -104,10 +111,14 @@ def _load(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     if s is None:
         return
     yield from _gauge(
-        "loadwatch_load_phase_since_timestamp_seconds", "When the current phase was entered.", s.phase_entered_at
+        "loadwatch_load_phase_since_timestamp_seconds",
+        "When the current phase was entered.",
+        s.phase_entered_at,
     )
     yield from _gauge(
-        "loadwatch_session_start_timestamp_seconds", "When the current vLLM session started.", s.started_at
+        "loadwatch_session_start_timestamp_seconds",
+        "When the current vLLM session started.",
+        s.started_at,
     )
     p = s.progress
     yield from _gauge("loadwatch_load_shards_done", "Weight shards loaded so far.", p.shards_done)
@@ -116,21 +127,40 @@ def _load(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     yield from _gauge("loadwatch_load_total_bytes", "Checkpoint bytes to load.", p.bytes_total)
     yield from _gauge("loadwatch_load_progress_ratio", "Weight loading progress, 0..1.", p.ratio)
     yield from _gauge(
-        "loadwatch_load_last_progress_timestamp_seconds", "When the load last made progress.", p.last_progress_at
+        "loadwatch_load_last_progress_timestamp_seconds",
+        "When the load last made progress.",
+        p.last_progress_at,
     )
     if p.eta is not None and s.phase in ("loading_weights", "stalled", "starting"):
-        yield from _gauge("loadwatch_load_eta_seconds", "Estimated seconds until the weights are loaded.", p.eta.remaining_s)
-        yield from _gauge("loadwatch_load_eta_low_seconds", "Optimistic end of the ETA range.", p.eta.low_s)
-        yield from _gauge("loadwatch_load_eta_high_seconds", "Pessimistic end of the ETA range.", p.eta.high_s)
-        rate = GaugeMetricFamily("loadwatch_load_rate", "Current loading rate, per second.", labels=["unit"])
+        yield from _gauge(
+            "loadwatch_load_eta_seconds",
+            "Estimated seconds until the weights are loaded.",
+            p.eta.remaining_s,
+        )
+        yield from _gauge(
+            "loadwatch_load_eta_low_seconds", "Optimistic end of the ETA range.", p.eta.low_s
+        )
+        yield from _gauge(
+            "loadwatch_load_eta_high_seconds", "Pessimistic end of the ETA range.", p.eta.high_s
+        )
+        rate = GaugeMetricFamily(
+            "loadwatch_load_rate", "Current loading rate, per second.", labels=["unit"]
+        )
         rate.add_metric(["bytes" if p.eta.units == "bytes" else "shards"], p.eta.rate_per_s)
         yield rate
-    yield from _gauge("loadwatch_load_stalled", "1 while the load is stalled.", 1.0 if s.stall.active else 0.0)
     yield from _gauge(
-        "loadwatch_load_stall_threshold_seconds", "Silence after which the load counts as stalled.", s.stall.threshold_s
+        "loadwatch_load_stalled", "1 while the load is stalled.", 1.0 if s.stall.active else 0.0
     )
-    yield from _gauge("loadwatch_oom_predicted", "1 while a GPU is projected to run out of memory.",
-                      1.0 if any(g.oom_predicted for g in snap.gpus) else 0.0)
+    yield from _gauge(
+        "loadwatch_load_stall_threshold_seconds",
+        "Silence after which the load counts as stalled.",
+        s.stall.threshold_s,
+    )
+    yield from _gauge(
+        "loadwatch_oom_predicted",
+        "1 while a GPU is projected to run out of memory.",
+        1.0 if any(g.oom_predicted for g in snap.gpus) else 0.0,
+    )
 
 
 def _last(snap: Snapshot, attr: str) -> float | None:
@@ -146,10 +176,16 @@ def _last(snap: Snapshot, attr: str) -> float | None:
 
 
 def _sessions(pub: Published, snap: Snapshot) -> Iterator[Metric]:
-    yield from _gauge("loadwatch_time_to_ready_seconds", "Start-to-ready time of the last ready session.",
-                      _last(snap, "time_to_ready_s"))
-    yield from _gauge("loadwatch_weights_load_seconds", "Weight loading time of the last loaded session.",
-                      _last(snap, "weights_load_s"))
+    yield from _gauge(
+        "loadwatch_time_to_ready_seconds",
+        "Start-to-ready time of the last ready session.",
+        _last(snap, "time_to_ready_s"),
+    )
+    yield from _gauge(
+        "loadwatch_weights_load_seconds",
+        "Weight loading time of the last loaded session.",
+        _last(snap, "weights_load_s"),
+    )
     c = CounterMetricFamily("loadwatch_sessions", "vLLM sessions seen.")
     c.add_metric([], snap.sessions_total)
     yield c
@@ -160,20 +196,30 @@ def _sessions(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     c.add_metric([], pub.totals.stalls)
     yield c
     s: SessionView | None = snap.session
-    g = GaugeMetricFamily("loadwatch_session_warnings", "Warnings of the current session.", labels=["code", "verdict"])
+    g = GaugeMetricFamily(
+        "loadwatch_session_warnings", "Warnings of the current session.", labels=["code", "verdict"]
+    )
     if s is not None:
         for w in s.warnings:
             g.add_metric([w.code, w.verdict], w.count)
     yield g
-    c = CounterMetricFamily("loadwatch_warnings", "Warnings seen since the daemon started.", labels=["code"])
+    c = CounterMetricFamily(
+        "loadwatch_warnings", "Warnings seen since the daemon started.", labels=["code"]
+    )
     for code, n in sorted(pub.totals.warnings.items()):
         c.add_metric([code], n)
     yield c
-    g = GaugeMetricFamily("loadwatch_session_failure", "1 for the kind the current session failed with.", labels=["kind"])
+    g = GaugeMetricFamily(
+        "loadwatch_session_failure",
+        "1 for the kind the current session failed with.",
+        labels=["kind"],
+    )
     if s is not None and s.failure_kind is not None:
         g.add_metric([s.failure_kind], 1.0)
     yield g
-    c = CounterMetricFamily("loadwatch_failures", "Failures seen; one crash counts once.", labels=["kind"])
+    c = CounterMetricFamily(
+        "loadwatch_failures", "Failures seen; one crash counts once.", labels=["kind"]
+    )
     for kind in sorted(set(FAILURE_KINDS) | set(pub.totals.failures)):
         c.add_metric([kind], pub.totals.failures.get(kind, 0))
     yield c
@@ -186,10 +232,16 @@ def _sessions(pub: Published, snap: Snapshot) -> Iterator[Metric]:
 _GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuView], float | None]], ...] = (
     ("loadwatch_gpu_memory_used_bytes", "Device memory in use.", lambda g: g.memory_used_bytes),
     ("loadwatch_gpu_memory_total_bytes", "Device memory capacity.", lambda g: g.memory_total_bytes),
-    ("loadwatch_gpu_memory_projected_bytes", "Memory projected for when all weights are loaded.",
-     lambda g: g.projected_final_bytes),
-    ("loadwatch_gpu_memory_shortfall_bytes", "Bytes the projection exceeds capacity by.",
-     lambda g: g.shortfall_bytes if g.oom_predicted else None),
+    (
+        "loadwatch_gpu_memory_projected_bytes",
+        "Memory projected for when all weights are loaded.",
+        lambda g: g.projected_final_bytes,
+    ),
+    (
+        "loadwatch_gpu_memory_shortfall_bytes",
+        "Bytes the projection exceeds capacity by.",
+        lambda g: g.shortfall_bytes if g.oom_predicted else None,
+    ),
     ("loadwatch_gpu_utilization_ratio", "GPU busy, 0..1.", lambda g: g.utilization_ratio),
     ("loadwatch_gpu_temperature_celsius", "GPU temperature.", lambda g: g.temperature_celsius),
     ("loadwatch_gpu_power_watts", "Power draw.", lambda g: g.power_watts),
@@ -197,10 +249,17 @@ _GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuView], float | None]], ...] = (
 
 
 def _gpus(pub: Published, snap: Snapshot) -> Iterator[Metric]:
-    info = GaugeMetricFamily("loadwatch_gpu_info", "One per GPU; always 1.",
-                             labels=["gpu", "uuid", "name", "compute_capability"])
-    up = GaugeMetricFamily("loadwatch_gpu_up", "1 if the GPU answered its last poll.", labels=["gpu", "uuid"])
-    families = {name: GaugeMetricFamily(name, doc, labels=["gpu", "uuid"]) for name, doc, _ in _GPU_GAUGES}
+    info = GaugeMetricFamily(
+        "loadwatch_gpu_info",
+        "One per GPU; always 1.",
+        labels=["gpu", "uuid", "name", "compute_capability"],
+    )
+    up = GaugeMetricFamily(
+        "loadwatch_gpu_up", "1 if the GPU answered its last poll.", labels=["gpu", "uuid"]
+    )
+    families = {
+        name: GaugeMetricFamily(name, doc, labels=["gpu", "uuid"]) for name, doc, _ in _GPU_GAUGES
+    }
     ccs = pub.gpu_ccs
     for g in snap.gpus:
         labels = [str(g.index), g.uuid or ""]
@@ -214,17 +273,28 @@ def _gpus(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     yield info
     yield up
     yield from families.values()
-    xid = CounterMetricFamily("loadwatch_gpu_xid_errors", "NVML Xid critical errors by code.", labels=["gpu", "uuid", "xid"])
-    for (index, uuid, code), n in sorted(pub.totals.xids.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+    xid = CounterMetricFamily(
+        "loadwatch_gpu_xid_errors",
+        "NVML Xid critical errors by code.",
+        labels=["gpu", "uuid", "xid"],
+    )
+    for (index, uuid, code), n in sorted(
+        pub.totals.xids.items(), key=lambda kv: (kv[0][0], kv[0][2])
+    ):
         xid.add_metric([str(index), uuid or "", str(code)], n)
     yield xid
 
 
 def _sources(pub: Published) -> Iterator[Metric]:
     up = GaugeMetricFamily("loadwatch_source_up", "1 if the source works.", labels=["source"])
-    errors = CounterMetricFamily("loadwatch_source_errors", "Errors of the source.", labels=["source"])
-    last = GaugeMetricFamily("loadwatch_source_last_success_timestamp_seconds", "Last time the source worked.",
-                             labels=["source"])
+    errors = CounterMetricFamily(
+        "loadwatch_source_errors", "Errors of the source.", labels=["source"]
+    )
+    last = GaugeMetricFamily(
+        "loadwatch_source_last_success_timestamp_seconds",
+        "Last time the source worked.",
+        labels=["source"],
+    )
     if pub.log is not None:
         up.add_metric(["log"], 1.0 if pub.log.up else 0.0)
         errors.add_metric(["log"], pub.log.errors_total)
@@ -260,7 +330,9 @@ def _supervisor(pub: Published) -> Iterator[Metric]:
     sup = pub.supervisor
     if sup is None:
         return
-    g = GaugeMetricFamily("loadwatch_vllm_state", "1 for the supervisor's current state.", labels=["state"])
+    g = GaugeMetricFamily(
+        "loadwatch_vllm_state", "1 for the supervisor's current state.", labels=["state"]
+    )
     for st in SUPERVISOR_STATES:
         g.add_metric([st], 1.0 if sup.state == st else 0.0)
     yield g
@@ -272,10 +344,16 @@ def _supervisor(pub: Published) -> Iterator[Metric]:
         c.add_metric([outcome], sup.exits.get(outcome, 0))
     yield c
     if sup.health_up is not None:
-        yield from _gauge("loadwatch_vllm_health_up", "1 if vLLM's /health answered 200 last.",
-                          1.0 if sup.health_up else 0.0)
-    yield from _gauge("loadwatch_vllm_orphans", "Processes of the last vLLM tree still holding GPU memory.",
-                      sup.orphans)
+        yield from _gauge(
+            "loadwatch_vllm_health_up",
+            "1 if vLLM's /health answered 200 last.",
+            1.0 if sup.health_up else 0.0,
+        )
+    yield from _gauge(
+        "loadwatch_vllm_orphans",
+        "Processes of the last vLLM tree still holding GPU memory.",
+        sup.orphans,
+    )
 
 
 def _http(stats: HttpStats) -> CounterMetricFamily:

@@ -179,6 +179,17 @@ def _backend(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return Milestone(kind="attention_backend", value=name, **ctx)
 
 
+_KV_ARG = re.compile(r"""['"]?kv_cache_dtype['"]?(?::\s?|=)['"](?P<v>[A-Za-z0-9_]{1,40}+)['"]""")
+
+
+def _launch_args(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    """vLLM logs its arguments at start: the KV-cache dtype is the one watch mode needs.
+    `non-default args` leaves out what was not given, which means `auto`."""
+    kv = _KV_ARG.search(head.body, 0, 20000)
+    value = kv["v"] if kv else ("auto" if head.body.lstrip().startswith("non-default") else None)
+    return Milestone(kind="launch_args", detail="kv_cache_dtype", value=value, **ctx)
+
+
 def _shutdown(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return Milestone(kind="shutdown", value=(m["what"] or m["uv"]).strip(), **ctx)
 
@@ -300,6 +311,13 @@ CATALOG: tuple[Entry, ...] = (
         _milestone("version", value="v"),
         "info",
         serving=True,
+    ),
+    Entry(
+        "ms.launch_args",
+        ("non-default args: {", "args: Namespace("),
+        _c(r"^(?:non-default args: \{|args: Namespace\()"),
+        _launch_args,
+        "info",
     ),
     Entry(
         "ms.model_load_start",

@@ -94,6 +94,7 @@ MilestoneKind = Literal[
     "gguf_shards",
     "model_init",
     "shutdown",
+    "launch_args",
 ]
 
 

@@ -1,0 +1,275 @@
+"""What vLLM prints while it loads a Kimi-K2.5-NVFP4-like checkpoint, as a script of lines.
+
+Used by the simulated vLLM of `loadwatch demo` (with real time, sped up) and by the benchmarks'
+log generator (with a synthetic clock). The lines follow a 2026 vLLM build byte for byte: process
+prefixes, `\\r` tqdm bars with their doubled 100% line, one k/v scale warning pair per layer from
+every tensor-parallel worker, milestones, uvicorn's startup lines.
+
+A `LogClock` decides what time passes between lines: `advance(seconds)` before a line (the
+simulated vLLM sleeps, the generator only counts) and `stamp()` for the header (`MM-DD HH:MM:SS`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class LogClock(Protocol):
+    def advance(self, seconds: float) -> None: ...
+
+    def stamp(self) -> str: ...
+
+
+class SyntheticClock:
+    """Time that only moves when told to: a log written as fast as the disk takes it."""
+
+    def __init__(self, start_s: float = 86400 * 3) -> None:
+        self.t = start_s
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+    def stamp(self) -> str:
+        days, rem = divmod(int(self.t), 86400)
+        h, rem = divmod(rem, 3600)
+        m, s = divmod(rem, 60)
+        return f"11-{1 + days % 28:02d} {h:02d}:{m:02d}:{s:02d}"
+
+
+class RealClock:
+    """Real local time; `advance` sleeps the time divided by `speed`."""
+
+    def __init__(self, speed: float = 1.0, flush: object = None) -> None:
+        self.speed = speed
+        self.flush = flush
+
+    def advance(self, seconds: float) -> None:
+        if seconds > 0:
+            if callable(self.flush):
+                self.flush()
+            time.sleep(seconds / self.speed)
+
+    def stamp(self) -> str:
+        return time.strftime("%m-%d %H:%M:%S")
+
+
+@dataclass(frozen=True)
+class Shape:
+    model: str = "/models/Kimi-K2.5-NVFP4"
+    shards: int = 119
+    workers: int = 8
+    layers: int = 61
+    shard_s: tuple[float, float] = (5.0, 11.0)  # seconds per shard, drawn uniformly
+    version: str = "0.15.1"
+    port: int = 8000
+    kv_scales: bool = True
+
+
+@dataclass
+class Counts:
+    """What a script printed: the ground truth the benchmarks compare against."""
+
+    sessions: int = 0
+    weight_updates: int = 0  # weight-bar updates, the doubled 100% line included
+    shards_total: int = 0
+    shards_done: int = 0
+    kv_scale_warnings: int = 0
+    oom_failures: int = 0
+    ready: int = 0
+
+
+def hms(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+class Prefixes:
+    def __init__(self, rng: random.Random, workers: int) -> None:
+        self.api = f"(APIServer pid={rng.randint(1000, 60000)}) "
+        self.core = f"(EngineCore_DP0 pid={rng.randint(1000, 60000)}) "
+        base = rng.randint(1000, 60000)
+        self.workers = [f"(Worker_TP{i} pid={base + i}) " for i in range(workers)]
+
+
+def startup(
+    rng: random.Random,
+    clock: LogClock,
+    shape: Shape = Shape(),
+    counts: Counts | None = None,
+    *,
+    fail: str | None = None,  # "oom", "nccl", "fp8_kv" or None
+    fail_at_shard: int = 0,
+    stall_at_shard: int | None = None,
+    prefixes: Prefixes | None = None,
+) -> Iterator[str]:
+    """One start of vLLM, to ready (or to the failure asked for). A stall stops the script."""
+    c = counts if counts is not None else Counts()
+    p = prefixes or Prefixes(rng, shape.workers)
+    api, core, w = p.api, p.core, p.workers
+    c.sessions += 1
+    c.shards_total, c.shards_done = shape.shards, 0
+    yield f"{api}INFO {clock.stamp()} [api_server.py:1272]  \u2584\u2584 \u2584\u2588 \u2588     \u2588     \u2588 \u2580\u2584\u2580 \u2588  version {shape.version}\n"
+    yield f"{api}INFO {clock.stamp()} [utils.py:253] non-default args: {{'model_tag': '{shape.model}', 'tensor_parallel_size': {shape.workers}}}\n"
+    clock.advance(3)
+    yield f"{api}INFO {clock.stamp()} [model.py:541] Resolved architecture: KimiK25ForConditionalGeneration\n"
+    clock.advance(5)
+    yield f"{core}INFO {clock.stamp()} [core.py:96] Initializing a V1 LLM engine (v{shape.version}) with config: model='{shape.model}'\n"
+    if fail == "nccl":
+        yield from _nccl_failure(w[min(1, len(w) - 1)], core, api, clock)
+        return
+    clock.advance(4)
+    for i in range(shape.workers):
+        yield f"{w[i]}INFO {clock.stamp()} [parallel_state.py:1208] rank {i} in world size {shape.workers} is assigned as DP rank 0, PP rank 0, TP rank {i}, EP rank {i}\n"
+    clock.advance(2)
+    yield f"{w[0]}INFO {clock.stamp()} [gpu_model_runner.py:4033] Starting to load model {shape.model}...\n"
+    if fail == "fp8_kv":
+        yield from _fp8_kv_failure(w[0], core, api, clock)
+        return
+    yield f"{w[0]}INFO {clock.stamp()} [cuda.py:351] Using AttentionBackendEnum.TRITON_MLA backend.\n"
+    desc = "Loading safetensors checkpoint shards"
+    yield f"{w[0]}\r{desc}:   0% Completed | 0/{shape.shards} [00:00<?, ?it/s]\n"
+    c.weight_updates += 1
+    elapsed = 0.0
+    layer = 0
+    for n in range(1, shape.shards + 1):
+        if stall_at_shard is not None and n > stall_at_shard:
+            return  # the process hangs: nothing more is printed
+        step = rng.uniform(*shape.shard_s)
+        elapsed += step
+        # the k/v scale warnings of the layers in this shard, from every worker
+        while shape.kv_scales and layer < n * shape.layers // shape.shards:
+            clock.advance(step / 4)
+            step -= step / 4
+            for i in range(shape.workers):
+                for sc in ("k", "v"):
+                    yield (
+                        f"{w[i]}WARNING {clock.stamp()} [weight_utils.py:1398] Found {sc}_scale in the "
+                        f"checkpoint (e.g. language_model.model.layers.{layer}.self_attn.{sc}_scale), but not "
+                        f"found the expected name in the model (e.g. language_model.model.layers.{layer}."
+                        f"self_attn.mla_attn.{sc}_scale). {sc}_scale is not loaded.\n"
+                    )
+                    c.kv_scale_warnings += 1
+            layer += 1
+        clock.advance(step)
+        if fail == "oom" and n == fail_at_shard:
+            yield from _oom(w[0], core, api, clock)
+            c.oom_failures += 1
+            return
+        rate = n / max(elapsed, 1e-6)
+        remaining = (shape.shards - n) / rate
+        yield f"{w[0]}\r{desc}: {100 * n // shape.shards:3d}% Completed | {n}/{shape.shards} [{hms(elapsed)}<{hms(remaining)}, {1 / rate:5.2f}s/it]\n"
+        c.weight_updates += 1
+        c.shards_done = n
+    yield f"{w[0]}\r{desc}: 100% Completed | {shape.shards}/{shape.shards} [{hms(elapsed)}<00:00, {elapsed / shape.shards:5.2f}s/it]\n"
+    c.weight_updates += 1
+    yield f"{w[0]}\n"
+    clock.advance(1)
+    yield f"{w[0]}INFO {clock.stamp()} [default_loader.py:291] Loading weights took {elapsed:.2f} seconds\n"
+    yield f"{w[0]}INFO {clock.stamp()} [gpu_model_runner.py:4130] Model loading took 72.05 GiB memory and {elapsed + 1:.6f} seconds\n"
+    clock.advance(20)
+    yield f"{w[0]}INFO {clock.stamp()} [monitor.py:34] torch.compile took 14.31 s in total\n"
+    clock.advance(5)
+    yield f"{w[0]}INFO {clock.stamp()} [gpu_worker.py:356] Available KV cache memory: 13.61 GiB\n"
+    yield f"{core}INFO {clock.stamp()} [kv_cache_utils.py:1307] GPU KV cache size: 217,728 tokens\n"
+    yield f"{core}INFO {clock.stamp()} [kv_cache_utils.py:1312] Maximum concurrency for 262,144 tokens per request: 0.83x\n"
+    clock.advance(8)
+    yield f"{w[0]}INFO {clock.stamp()} [gpu_model_runner.py:5063] Graph capturing finished in 5 secs, took 0.88 GiB\n"
+    yield f"{core}INFO {clock.stamp()} [core.py:272] init engine (profile, create kv cache, warmup model) took 49.57 s (compilation: 14.31 s)\n"
+    clock.advance(2)
+    yield f"{api}INFO {clock.stamp()} [api_server.py:1020] Starting vLLM server on http://127.0.0.1:{shape.port}\n"
+    yield f"{api}INFO:     Started server process [{api.split('pid=')[1].rstrip(') ')}]\n"
+    yield f"{api}INFO:     Waiting for application startup.\n"
+    yield f"{api}INFO:     Application startup complete.\n"
+    c.ready += 1
+
+
+def _oom(worker: str, core: str, api: str, clock: LogClock) -> Iterator[str]:
+    ts = clock.stamp()
+    src = "[multiproc_executor.py:772]"
+    yield f"{worker}ERROR {ts} {src} WorkerProc hit an exception.\n"
+    yield f"{worker}ERROR {ts} {src} Traceback (most recent call last):\n"
+    yield f'{worker}ERROR {ts} {src}   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/multiproc_executor.py", line 810, in worker_busy_loop\n'
+    yield f"{worker}ERROR {ts} {src}     output = func(*args, **kwargs)\n"
+    yield f"{worker}ERROR {ts} {src} torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 94.97 GiB of which 1.12 GiB is free.\n"
+    yield f"{core}ERROR {ts} [core.py:946] EngineCore failed to start.\n"
+    yield f"{api}RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{}}\n"
+
+
+def _nccl_failure(worker: str, core: str, api: str, clock: LogClock) -> Iterator[str]:
+    clock.advance(2)
+    ts = clock.stamp()
+    src = "[multiproc_executor.py:772]"
+    yield f"{worker}ERROR {ts} {src} WorkerProc failed to start.\n"
+    yield f"{worker}ERROR {ts} {src} Traceback (most recent call last):\n"
+    yield f'{worker}ERROR {ts} {src}   File "/usr/local/lib/python3.12/dist-packages/vllm/distributed/parallel_state.py", line 1190, in init_distributed_environment\n'
+    yield f"{worker}ERROR {ts} {src} torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled system error, NCCL version 2.27.3\n"
+    yield f"{core}ERROR {ts} [core.py:946] EngineCore failed to start.\n"
+    yield f"{api}RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{}}\n"
+
+
+def _fp8_kv_failure(worker: str, core: str, api: str, clock: LogClock) -> Iterator[str]:
+    clock.advance(1)
+    ts = clock.stamp()
+    src = "[multiproc_executor.py:772]"
+    yield f"{worker}ERROR {ts} {src} WorkerProc failed to start.\n"
+    yield f"{worker}ERROR {ts} {src} Traceback (most recent call last):\n"
+    yield f'{worker}ERROR {ts} {src}   File "/usr/local/lib/python3.12/dist-packages/vllm/platforms/cuda.py", line 371, in get_attn_backend_cls\n'
+    yield (
+        f"{worker}ERROR {ts} {src} ValueError: No valid attention backend found for cuda with "
+        "AttentionSelectorConfig(head_size=576, dtype=torch.bfloat16, kv_cache_dtype=fp8, use_mla=True). "
+        "Reasons: {FLASH_ATTN_MLA: [compute capability not supported], FLASHMLA: [compute capability not "
+        "supported], FLASHINFER_MLA: [compute capability not supported], TRITON_MLA: [kv_cache_dtype not "
+        "supported], CUTLASS_MLA: [compute capability not supported]}.\n"
+    )
+    yield f"{core}ERROR {ts} [core.py:946] EngineCore failed to start.\n"
+    yield f"{api}RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{}}\n"
+
+
+_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+_PROMPTS = (
+    "Summarise the attached report",
+    "Why does my job print CUDA out of memory? Traceback (most recent call last): ERROR",
+    "Translate to French: the load finished",
+    "Write a haiku about GPUs",
+    "WARNING: explain this log line to me",
+)
+
+
+def serving(
+    rng: random.Random, clock: LogClock, count: int, api: str = "(APIServer pid=51001) "
+) -> Iterator[str]:
+    """Request, access and statistics lines of a busy server (prompts echoed, some of them bait)."""
+    for _ in range(count):
+        r = rng.random()
+        rid = f"chatcmpl-{rng.getrandbits(64):016x}"
+        if r < 0.35:
+            yield f'{api}INFO:     10.0.{rng.randint(0, 255)}.{rng.randint(1, 254)}:{rng.randint(30000, 60000)} - "POST {rng.choice(_PATHS)} HTTP/1.1" 200 OK\n'
+        elif r < 0.65:
+            yield f"{api}INFO {clock.stamp()} [async_llm.py:412] Added request {rid}.\n"
+        elif r < 0.95:
+            prompt = rng.choice(_PROMPTS)
+            yield f"{api}INFO {clock.stamp()} [logger.py:71] Received request {rid}: prompt: '{prompt}', params: SamplingParams(n=1, temperature=0.7, top_p=0.95, max_tokens={rng.randint(16, 2048)}), prompt_token_ids: None, lora_request: None.\n"
+        elif r < 0.9995:
+            clock.advance(1)
+            yield (
+                f"{api}INFO {clock.stamp()} [loggers.py:248] Engine 000: Avg prompt throughput: "
+                f"{rng.uniform(0, 5000):.1f} tokens/s, Avg generation throughput: {rng.uniform(0, 900):.1f} tokens/s, "
+                f"Running: {rng.randint(0, 64)} reqs, Waiting: {rng.randint(0, 8)} reqs, GPU KV cache usage: "
+                f"{rng.uniform(0, 100):.1f}%, Prefix cache hit rate: {rng.uniform(0, 100):.1f}%\n"
+            )
+        else:
+            yield f"{api}WARNING {clock.stamp()} [protocol.py:93] The following fields were present in the request but ignored: {{'user'}}\n"
+
+
+def shutdown(clock: LogClock, prefixes: Prefixes) -> Iterator[str]:
+    """What vLLM prints after SIGTERM."""
+    yield f"{prefixes.core}INFO {clock.stamp()} [core.py:1454] [shutdown] EngineCore: trigger received signal=SIGTERM\n"
+    yield f"{prefixes.api}INFO {clock.stamp()} [launcher.py:254] [shutdown] API server: shutdown triggered\n"
+    yield f"{prefixes.api}INFO:     Shutting down\n"
+    yield f"{prefixes.api}INFO:     Waiting for application shutdown.\n"
+    yield f"{prefixes.api}INFO:     Application shutdown complete.\n"

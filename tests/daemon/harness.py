@@ -1,0 +1,95 @@
+"""Run the real daemon on a thread of the test process, and talk to it over HTTP."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from loadwatch.daemon.app import run_daemon
+from loadwatch.daemon.config import Config
+from loadwatch.daemon.loop import Daemon
+
+
+class Running:
+    def __init__(self) -> None:
+        self.daemon: Daemon | None = None
+        self.url = ""
+        self.code: int | None = None
+        self.out = io.StringIO()
+        self.started = threading.Event()
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.get("/status")
+        assert code == 200, body
+        doc: dict[str, Any] = json.loads(body)
+        return doc
+
+    def metrics(self) -> dict[str, float]:
+        """`name{labels}` -> value, from a real scrape."""
+        code, body = self.get("/metrics")
+        assert code == 200
+        out: dict[str, float] = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in self.out.getvalue().splitlines() if x.strip()]
+
+    def wait(self, check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            try:
+                if check():
+                    return
+            except (AssertionError, KeyError, TypeError, urllib.error.URLError):
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def stop(self) -> None:
+        d = self.daemon
+        assert d is not None
+        d.loop_call(d.stop_event.set)
+
+
+@contextmanager
+def running(cfg: Config, **kw: Any) -> Iterator[Running]:
+    r = Running()
+
+    def on_started(daemon: Daemon, server: Any) -> None:
+        r.daemon = daemon
+        r.url = server.url
+        r.started.set()
+
+    def target() -> None:
+        r.code = run_daemon(cfg, on_started=on_started, stdout=r.out, **kw)
+        r.started.set()
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    assert r.started.wait(20), "daemon did not start"
+    assert r.daemon is not None, f"daemon failed to start (exit {r.code})"
+    try:
+        yield r
+    finally:
+        if r.code is None:
+            r.stop()
+        t.join(15)
+        assert not t.is_alive(), "daemon did not stop"
