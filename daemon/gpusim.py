@@ -89,10 +89,13 @@ class SimulatedGpuSource:
         self._final = _per_gpu(final_used_bytes, count, "final_used_bytes")
         usable = model.memory_total_bytes - model.memory_reserved_bytes
         for i, final in enumerate(self._final):
-            if not context_bytes <= final <= usable:
+            # A final figure above what the GPU holds is a load that runs out of memory: the
+            # readings stop at the capacity, as a real device's do, while the trend heads past it.
+            if not context_bytes <= final <= 2 * usable:
                 raise ValueError(
-                    f"final_used_bytes[{i}]={final} is outside {context_bytes}..{usable}"
+                    f"final_used_bytes[{i}]={final} is outside {context_bytes}..{2 * usable}"
                 )
+        self._usable = usable
         self._model = model
         self._context = context_bytes
         self._pids = None if pids is None else _per_gpu(pids, count, "pids")
@@ -174,7 +177,7 @@ class SimulatedGpuSource:
     def used_bytes(self, index: int, progress: float) -> int:
         """Memory in use on GPU ``index`` at ``progress`` (the figure a poll reports)."""
         p = min(max(progress, 0.0), 1.0)
-        return self._context + round(p * (self._final[index] - self._context))
+        return min(self._usable, self._context + round(p * (self._final[index] - self._context)))
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -149,8 +149,6 @@ class Daemon:
             self.supervisor.note_fatal_failure(t.failure_kind or "other")
         elif kind == "phase" and t.phase_to == "ready":
             self.supervisor.note_ready()
-        elif kind == "stall_raised":
-            self.supervisor.note_stall(t.duration_s or 0.0)
 
     def on_process_event(self, ev: ProcessEvent) -> None:
         """The supervisor's callback (on the loop's thread)."""
@@ -327,7 +325,15 @@ class Daemon:
             self.apply(Tick())
             self.publish()
             self._notify_status()
+            self._report_stall()
             await self._sleep(TICK_S)
+
+    def _report_stall(self) -> None:
+        """While the load is stalled, tell the supervisor how long for (its policy decides)."""
+        s = self.state.session
+        if self.supervisor is None or s is None or s.stall is None:
+            return
+        self.supervisor.note_stall(self.clock() - s.stall.since)
 
     async def sample_io(self, pid_of: Callable[[], int | None]) -> None:
         from loadwatch.daemon.procio import ProcIoReader
@@ -372,39 +378,34 @@ class Daemon:
     # -- publishing -------------------------------------------------------------------------
 
     def publish(self) -> None:
+        now = self.clock()
+        snap = self.state.snapshot(now)
         self.published = Published(
             state=self.state,
-            at=self.clock(),
+            at=now,
             started_at=self.started_at,
             version=VERSION,
-            totals=self._totals(),
+            totals=self._totals(snap),
             log=self._log_health(),
             gpu=self.gpu.health() if isinstance(self.gpu, GuardedGpuSource) else None,
             supervisor=self._supervisor_stats(),
             load_budget_s=self.cfg.forecast.load_budget_s,
             gpu_ccs=dict(self._gpu_ccs),
+            _cache=[snap, now],
         )
 
-    def _totals(self) -> Totals:
+    def _totals(self, snap: Snapshot) -> Totals:
+        """Lifetime counts: sessions the state no longer details, plus the current one."""
         warnings = Counter(self._retired.warnings)
         failures = Counter(self._retired.failures)
         stalls = self._retired.stalls
-        s = self.state.session
-        if s is not None:
-            snap = self.published.snapshot(self.clock()) if self.published else None
-            view = (
-                snap.session
-                if snap is not None and snap.session is not None and snap.session.id == s.id
-                else None
-            )
-            if view is None:
-                view = self.state.snapshot(self.clock()).session
-            if view is not None:
-                for w in view.warnings:
-                    warnings[w.code] += w.count
-                if view.failure_kind is not None:
-                    failures[view.failure_kind] += 1
-                stalls += view.stall.stalls_total
+        view = snap.session
+        if view is not None:
+            for w in view.warnings:
+                warnings[w.code] += w.count
+            if view.failure_kind is not None:
+                failures[view.failure_kind] += 1
+            stalls += view.stall.stalls_total
         return Totals(
             warnings=dict(warnings),
             failures=dict(failures),
@@ -485,6 +486,8 @@ class Daemon:
             tasks.append(asyncio.create_task(self.follow(), name="follow"))
         sup_task: asyncio.Task[Any] | None = None
         if self._supervisor_factory is not None:
+            # Know the GPUs before vLLM starts: the preflight needs their compute capability.
+            await self._wait_first_gpu_poll()
             self.supervisor = self._supervisor_factory(self)
             sup_task = asyncio.create_task(self.supervisor.run(), name="supervisor")
             tasks.append(
@@ -521,6 +524,11 @@ class Daemon:
         self.notifier.stopping("stopping")
         code = await self._shutdown(pending)
         return code
+
+    async def _wait_first_gpu_poll(self, timeout_s: float = 5.0) -> None:
+        end = self.clock() + timeout_s
+        while self._last_reading is None and self.clock() < end and not self.stop_event.is_set():
+            await asyncio.sleep(0.02)
 
     def _health_url(self) -> str | None:
         from loadwatch.daemon.health import health_url_from_argv

@@ -112,8 +112,18 @@ def test_xids_are_reported_once_and_counted() -> None:
 
 def test_bad_configuration_is_refused() -> None:
     with pytest.raises(ValueError, match="outside"):
-        SimulatedGpuSource(1, final_used_bytes=RTX_PRO_6000_BLACKWELL.memory_total_bytes)
+        SimulatedGpuSource(1, final_used_bytes=3 * RTX_PRO_6000_BLACKWELL.memory_total_bytes)
+    with pytest.raises(ValueError, match="outside"):
+        SimulatedGpuSource(1, final_used_bytes=1)  # less than the CUDA context
     with pytest.raises(ValueError, match="2 values for 3 GPUs"):
         SimulatedGpuSource(3, final_used_bytes=[GIB, GIB])
     with pytest.raises(ValueError, match="count"):
         SimulatedGpuSource(-1)
+
+
+def test_a_load_past_capacity_reads_full_not_more() -> None:
+    model = RTX_PRO_6000_BLACKWELL
+    usable = model.memory_total_bytes - model.memory_reserved_bytes
+    src = SimulatedGpuSource(1, final_used_bytes=int(usable * 1.2))
+    assert src.used_bytes(0, 0.5) < usable
+    assert src.used_bytes(0, 0.95) == usable == src.used_bytes(0, 1.0)

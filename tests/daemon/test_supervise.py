@@ -1,0 +1,200 @@
+"""Supervise mode end to end: the real daemon runs the simulated vLLM (a real process tree)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from loadwatch.daemon.config import (
+    Config,
+    ForecastConfig,
+    GpuConfig,
+    HttpConfig,
+    LogConfig,
+    VllmConfig,
+)
+from loadwatch.daemon.demo import free_port, make_model_dir
+from loadwatch.daemon.gpu import GuardedGpuSource
+from loadwatch.daemon.gpusim import SimulatedGpuSource
+from loadwatch.daemon.patch import patch_model_cli
+from tests.daemon.harness import Running, running
+
+GIB = 1 << 30
+
+
+def sim_config(
+    tmp_path: Path,
+    scenario: str,
+    *,
+    fp8_kv: bool = False,
+    speed: float = 200,
+    shards: int = 6,
+    **vllm: object,
+) -> Config:
+    model = make_model_dir(tmp_path, fp8_kv=fp8_kv, shards=shards, total_bytes=shards * 10**9)
+    port = free_port()
+    argv = (
+        sys.executable,
+        "-m",
+        "loadwatch.daemon.simvllm",
+        "--model",
+        str(model),
+        "--scenario",
+        scenario,
+        "--speed",
+        str(speed),
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        "3",
+        "--layers",
+        "4",
+    )
+    settings: dict[str, object] = dict(
+        argv=argv,
+        backoff_initial_s=0.2,
+        backoff_max_s=0.5,
+        crash_loop_starts=3,
+        crash_loop_window_s=120.0,
+        stop_grace_s=3.0,
+        preflight="off",
+        health_url=f"http://127.0.0.1:{port}/health",
+    )
+    settings.update(vllm)
+    return Config(
+        log=LogConfig(path=tmp_path / "vllm.log", poll_interval_s=0.05),
+        http=HttpConfig(port=0),
+        gpu=GpuConfig(source="simulated", poll_interval_s=0.1),
+        forecast=ForecastConfig(stall_factor=3.0, stall_floor_s=1.0),
+        vllm=VllmConfig(**settings),  # type: ignore[arg-type]
+        state_dir=tmp_path / "state",
+    )
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Pids of the set still running (zombies count as gone)."""
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.add(pid)
+        except OSError:
+            pass
+    return out
+
+
+def tree(d: Running) -> set[int]:
+    sup = d.daemon.supervisor  # type: ignore[union-attr]
+    return set(sup.tree_pids)
+
+
+def test_success_ready_health_and_a_clean_stop(tmp_path: Path) -> None:
+    cfg = sim_config(tmp_path, "success")
+    pids: set[int] = set()
+    with running(cfg) as d:
+        d.wait(lambda: d.get("/readyz")[0] == 200, "ready", 30)
+        d.wait(lambda: d.metrics()["loadwatch_vllm_health_up"] == 1.0, "a /health probe", 10)
+        m = d.metrics()
+        assert m['loadwatch_vllm_state{state="running"}'] == 1.0
+        assert m["loadwatch_vllm_health_up"] == 1.0 and m["loadwatch_vllm_starts_total"] == 1.0
+        kv = next(w for w in d.status()["session"]["warnings"] if w["code"] == "kv_scale_missing")
+        assert kv["verdict"] == "benign", kv["reason"]
+        pids = tree(d)
+        assert len(pids) >= 3  # the server and its tensor-parallel workers
+    assert d.code == 0
+    assert alive(pids) == set(), "no process of the vLLM tree outlives the daemon"
+    stopped = [e for e in d.events() if e["event"] == "vllm.stopped"]
+    assert stopped and stopped[0]["remaining"] == []
+
+
+def test_crash_loop_ends_fatal_with_the_root_cause(tmp_path: Path) -> None:
+    cfg = sim_config(tmp_path, "crash-loop")
+    with running(cfg) as d:
+        d.wait(lambda: d.metrics()['loadwatch_vllm_state{state="fatal"}'] == 1.0, "fatal", 40)
+        m = d.metrics()
+        assert m["loadwatch_vllm_starts_total"] == 3.0
+        assert m['loadwatch_failures_total{kind="nccl"}'] == 3.0
+        assert m["loadwatch_vllm_restarts_total"] == 2.0
+        backoffs = [e for e in d.events() if e["event"] == "vllm.backoff"]
+        assert len(backoffs) == 2 and backoffs[1]["backoff_s"] >= backoffs[0]["backoff_s"]
+        fatal = [e for e in d.events() if e["event"] == "vllm.fatal"]
+        assert fatal and "3 starts" in fatal[0]["reason"] or "crash" in fatal[0]["reason"]
+        s = d.status()
+        assert s["phase"] == "failed" and s["session"]["failure_kind"] == "nccl"
+        pids = {p for e in d.events() if e["event"] == "vllm.exited" for p in [e["pid"]]}
+    assert alive(pids) == set()
+
+
+def test_oom_is_predicted_before_it_happens(tmp_path: Path) -> None:
+    # slow enough for a few GPU polls per shard: the forecast needs memory readings to fit
+    cfg = sim_config(tmp_path, "oom", restart="never", speed=15)
+    final = int(96 * GIB * 1.15)
+
+    def gpus(progress):  # type: ignore[no-untyped-def]
+        return GuardedGpuSource(
+            SimulatedGpuSource(4, progress=progress, final_used_bytes=final), deadline_s=1.0
+        )
+
+    with running(cfg, gpu_factory=gpus) as d:
+        d.wait(lambda: d.status()["phase"] == "failed", "the OOM", 30)
+        s = d.status()
+        assert s["session"]["failure_kind"] == "cuda_oom"
+        kinds = [
+            (e["event"], e.get("forecast"))
+            for e in d.events()
+            if e["event"].startswith("transition.")
+        ]
+        raised = kinds.index(("transition.forecast_raised", "oom_predicted"))
+        failed = next(i for i, k in enumerate(kinds) if k[0] == "transition.failure")
+        assert raised < failed, "the forecast came before the failure"
+        m = d.metrics()
+        assert m['loadwatch_failures_total{kind="cuda_oom"}'] == 1.0
+        d.wait(lambda: d.metrics()['loadwatch_vllm_state{state="exited"}'] == 1.0, "no restart", 10)
+
+
+def test_stall_restart_policy(tmp_path: Path) -> None:
+    # enough shards, slow enough, before the stall (at 40%) for the estimator to know a
+    # shard's time (it merges segments shorter than half a second)
+    cfg = sim_config(
+        tmp_path,
+        "stall",
+        shards=24,
+        speed=40,
+        stall_policy="restart",
+        stall_restart_after_s=1.0,
+        crash_loop_starts=5,
+    )
+    with running(cfg) as d:
+        d.wait(lambda: d.metrics()["loadwatch_load_stalls_total"] >= 1.0, "a stall", 30)
+        d.wait(
+            lambda: d.metrics()["loadwatch_vllm_starts_total"] >= 2.0,
+            "a restart after the stall",
+            30,
+        )
+        ev = [e["event"] for e in d.events()]
+        assert "transition.stall_raised" in ev
+        first_start = ev.index("vllm.started")
+        assert "vllm.started" in ev[first_start + 1 :]
+
+
+def test_preflight_refuses_fp8_kv_on_sm120_until_patched(tmp_path: Path) -> None:
+    cfg = sim_config(tmp_path, "fp8-kv-on-sm120", fp8_kv=True)
+    cfg = replace(cfg, vllm=replace(cfg.vllm, preflight="refuse", backoff_initial_s=0.5))  # type: ignore[arg-type]
+    model = Path(cfg.vllm.argv[cfg.vllm.argv.index("--model") + 1])  # type: ignore[union-attr]
+    with running(cfg) as d:
+        d.wait(lambda: any(e["event"] == "preflight" for e in d.events()), "a preflight", 20)
+        report = next(e for e in d.events() if e["event"] == "preflight")
+        assert report["verdict"] == "will_fail"
+        d.wait(
+            lambda: d.daemon.supervisor.state in ("backoff", "starting"), "the veto backs off", 10
+        )  # type: ignore[union-attr]
+        assert not any(e["event"] == "vllm.started" for e in d.events())
+        text, code = patch_model_cli(str(model), drop_fp8=True)
+        assert code == 0, text
+        d.wait(lambda: d.get("/readyz")[0] == 200, "ready once patched", 30)
+        kv = next(w for w in d.status()["session"]["warnings"] if w["code"] == "kv_scale_missing")
+        assert kv["verdict"] == "benign"
+    assert os.path.exists(model / "hf_quant_config.json")
