@@ -121,7 +121,7 @@ def test_crash_loop_ends_fatal_with_the_root_cause(tmp_path: Path) -> None:
         backoffs = [e for e in d.events() if e["event"] == "vllm.backoff"]
         assert len(backoffs) == 2 and backoffs[1]["backoff_s"] >= backoffs[0]["backoff_s"]
         fatal = [e for e in d.events() if e["event"] == "vllm.fatal"]
-        assert fatal and "3 starts" in fatal[0]["reason"] or "crash" in fatal[0]["reason"]
+        assert (fatal and "3 starts" in fatal[0]["reason"]) or "crash" in fatal[0]["reason"]
         s = d.status()
         assert s["phase"] == "failed" and s["session"]["failure_kind"] == "nccl"
         pids = {p for e in d.events() if e["event"] == "vllm.exited" for p in [e["pid"]]}
