@@ -174,6 +174,12 @@ class SimulatedGpuSource:
         with self._lock:
             return dict(self._xid_counts)
 
+    def set_final_used_bytes(self, final_used_bytes: int | Sequence[int]) -> None:
+        """A different load from now on (the next vLLM start loads something that fits)."""
+        finals = _per_gpu(final_used_bytes, self._count, "final_used_bytes")
+        with self._lock:
+            self._final = finals
+
     def used_bytes(self, index: int, progress: float) -> int:
         """Memory in use on GPU ``index`` at ``progress`` (the figure a poll reports)."""
         p = min(max(progress, 0.0), 1.0)

@@ -117,6 +117,11 @@ def startup(
     yield f"{api}INFO {clock.stamp()} [utils.py:253] non-default args: {{'model_tag': '{shape.model}', 'tensor_parallel_size': {shape.workers}}}\n"
     clock.advance(3)
     yield f"{api}INFO {clock.stamp()} [model.py:541] Resolved architecture: KimiK25ForConditionalGeneration\n"
+    yield (
+        f"{api}WARNING {clock.stamp()} [model.py:1893] Default vLLM sampling parameters have been "
+        "overridden by the model's `generation_config.json`: `{'temperature': 1.0}`. If this is not "
+        "intended, please relaunch vLLM instance with `--generation-config vllm`.\n"
+    )
     clock.advance(5)
     yield f"{core}INFO {clock.stamp()} [core.py:96] Initializing a V1 LLM engine (v{shape.version}) with config: model='{shape.model}'\n"
     if fail == "nccl":

@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="simvllm", description="A simulated vLLM server.")
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--scenario", choices=SCENARIOS, default="success")
+    ap.add_argument(
+        "--scenario-file", type=Path, help="read the scenario from this file at start (it wins)"
+    )
     ap.add_argument("--speed", type=float, default=15.0)
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--host", default="127.0.0.1")
@@ -118,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, _on_term)
+    if args.scenario_file is not None:
+        # a supervised run's command is fixed; a file lets each restart play another scenario
+        wanted = args.scenario_file.read_text().strip() if args.scenario_file.exists() else ""
+        if wanted in SCENARIOS:
+            args.scenario = wanted
     shards = args.shards or len(list(args.model.glob("*.safetensors"))) or 119
     shape = Shape(
         model=str(args.model),

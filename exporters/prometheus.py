@@ -146,7 +146,14 @@ def _load(pub: Published, snap: Snapshot) -> Iterator[Metric]:
         rate = GaugeMetricFamily(
             "loadwatch_load_rate", "Current loading rate, per second.", labels=["unit"]
         )
-        rate.add_metric(["bytes" if p.eta.units == "bytes" else "shards"], p.eta.rate_per_s)
+        if p.eta.units == "bytes":
+            rate.add_metric(["bytes"], p.eta.rate_per_s)
+        bar = next((b for b in s.bars if b.kind == "weights" and b.finished_at is None), None)
+        shards_rate = (
+            p.eta.rate_per_s if p.eta.units != "bytes" else (bar.rate_per_s if bar else None)
+        )
+        if shards_rate is not None:
+            rate.add_metric(["shards"], shards_rate)
         yield rate
     yield from _gauge(
         "loadwatch_load_stalled", "1 while the load is stalled.", 1.0 if s.stall.active else 0.0
@@ -273,6 +280,13 @@ def _gpus(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     yield info
     yield up
     yield from families.values()
+    per_gpu = CounterMetricFamily(
+        "loadwatch_gpu_xid_events", "NVML Xid critical errors, all codes.", labels=["gpu", "uuid"]
+    )
+    for g in snap.gpus:
+        n = sum(v for (index, _, _), v in pub.totals.xids.items() if index == g.index)
+        per_gpu.add_metric([str(g.index), g.uuid or ""], n)
+    yield per_gpu
     xid = CounterMetricFamily(
         "loadwatch_gpu_xid_errors",
         "NVML Xid critical errors by code.",

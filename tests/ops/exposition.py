@@ -208,6 +208,10 @@ def render(scene: Scene) -> str:
             for _, labels in answering:
                 over = 2 * GIB + share + extra - scene.gpu_total_bytes
                 t.sample("loadwatch_gpu_memory_shortfall_bytes", max(over, 0), labels)
+    t.family("loadwatch_gpu_xid_events_total", "counter", "NVML Xid errors, all codes.")
+    for gpu, labels in _gpus(scene):
+        total = sum(n for (g, _), n in scene.xids.items() if g == gpu)
+        t.sample("loadwatch_gpu_xid_events_total", total, dict(labels))
     t.family("loadwatch_gpu_xid_errors_total", "counter", "NVML Xid errors by code.")
     for (gpu, xid), count in sorted(scene.xids.items()):
         labels = dict(dict(_gpus(scene))[gpu])

@@ -146,6 +146,7 @@ def test_dashboard_uses_documented_metrics_labels_and_values() -> None:
         "loadwatch_load_done_bytes",
         "loadwatch_load_total_bytes",
         "loadwatch_gpu_info",  # used by the gpu variable's label_values()
+        "loadwatch_gpu_xid_events_total",  # the alert's; the dashboard shows the per-code series
     }
 
 

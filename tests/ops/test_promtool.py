@@ -84,7 +84,7 @@ MUTANTS = [
     ("failures.yml", ('              loadwatch_session_failure{kind="cuda_oom"} == 1\n            or\n', ""), "LoadwatchGpuOutOfMemory"),
     ("vllm.yml", ("round(increase(loadwatch_vllm_restarts_total[30m])) >= 3", "round(increase(loadwatch_vllm_restarts_total[30m])) >= 2"), "LoadwatchVllmCrashLooping"),
     ("vllm.yml", ('unless on(job, instance) loadwatch_load_phase{phase="stopped"} == 1', 'unless on(job, instance) loadwatch_load_phase{phase="stopped"} == 2'), "LoadwatchVllmNotReady"),
-    ("gpu.yml", ("and on(job, instance) (up offset 10m == 1)", "and on(job, instance) (up == 1)"), "LoadwatchGpuXidErrors"),
+    ("gpu.yml", ("increase(loadwatch_gpu_xid_events_total[10m]) > 0", "loadwatch_gpu_xid_events_total > 0"), "LoadwatchGpuXidErrors"),
     ("quiet.yml", ("expr: loadwatch_load_stalled == 1", "expr: loadwatch_load_stalled == 0"), "LoadwatchLoadStalled"),
     ("quiet.yml", ("round(increase(loadwatch_vllm_restarts_total[30m])) >= 3", "increase(loadwatch_vllm_restarts_total[30m]) >= 1"), "LoadwatchVllmCrashLooping"),
 ]  # fmt: skip

@@ -1,0 +1,154 @@
+"""A real Prometheus scraping the real daemon, which supervises the simulated vLLM.
+
+The supervised command reads its scenario from a file at every start, so one daemon plays a
+load that stalls (and is restarted by the stall policy), a load that runs out of GPU memory,
+and a load that succeeds. Prometheus scrapes every second and evaluates a copy of alerts.yml
+whose `for:` windows are cut to 2 s. Then every dashboard query must have returned data over
+the run. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadwatch.daemon.config import (
+    Config,
+    ForecastConfig,
+    GpuConfig,
+    HttpConfig,
+    LogConfig,
+    VllmConfig,
+)
+from loadwatch.daemon.demo import free_port, make_model_dir
+from loadwatch.daemon.gpu import GuardedGpuSource
+from loadwatch.daemon.gpusim import SimulatedGpuSource
+from tests.daemon.harness import running
+
+from .common import ALERTS, require
+from .dashboard import dashboard_queries, resolve
+from .promserver import PromServer, short_rules_copy
+
+pytestmark = pytest.mark.prometheus
+GIB = 1 << 30
+CAPACITY = 96 * GIB
+
+
+def states(prom: PromServer, alert: str) -> list[str]:
+    return [a.state for a in prom.alerts() if a.name == alert]
+
+
+def test_alerts_and_dashboard_against_the_real_daemon(tmp_path: Path) -> None:
+    require("prometheus")
+    model = make_model_dir(tmp_path, fp8_kv=False, shards=24, total_bytes=24 * 10**9)
+    scenario = tmp_path / "scenario"
+    scenario.write_text("stall")
+    port = free_port()
+    argv = (
+        sys.executable,
+        "-m",
+        "loadwatch.daemon.simvllm",
+        "--model",
+        str(model),
+        "--scenario-file",
+        str(scenario),
+        "--speed",
+        "40",
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        "2",
+        "--layers",
+        "4",
+    )
+    cfg = Config(
+        log=LogConfig(path=tmp_path / "vllm.log", poll_interval_s=0.05),
+        http=HttpConfig(port=0),
+        gpu=GpuConfig(source="simulated", poll_interval_s=0.1),
+        forecast=ForecastConfig(stall_factor=3.0, stall_floor_s=1.0, load_budget_s=3600),
+        vllm=VllmConfig(
+            argv=argv,
+            backoff_initial_s=0.5,
+            backoff_max_s=1.0,
+            crash_loop_starts=10,
+            stall_policy="restart",
+            stall_restart_after_s=7.0,
+            stop_grace_s=3.0,
+            preflight="off",
+            health_url=f"http://127.0.0.1:{port}/health",
+        ),
+        state_dir=tmp_path / "state",
+    )
+    sims: list[SimulatedGpuSource] = []
+
+    def gpus(progress: Callable[[], float]) -> GuardedGpuSource:
+        sim = SimulatedGpuSource(4, progress=progress, final_used_bytes=int(CAPACITY * 1.15))
+        sims.append(sim)
+        return GuardedGpuSource(sim, deadline_s=1.0)
+
+    short = short_rules_copy(ALERTS, tmp_path, 2.0)
+    started = time.time()
+    with running(cfg, gpu_factory=gpus) as d:
+        target = d.url.removeprefix("http://")
+        (tmp_path / "prom").mkdir()
+        with PromServer(tmp_path / "prom", targets=[target], rule_files=[short]) as prom:
+            # 1. the load stalls at 40%: pending, then firing; the memory trend says OOM meanwhile
+            prom.wait_until(
+                lambda: "pending" in states(prom, "LoadwatchLoadStalled"), "stall pending", 30
+            )
+            prom.wait_until(
+                lambda: "firing" in states(prom, "LoadwatchLoadStalled"), "stall firing", 15
+            )
+            assert "firing" in states(prom, "LoadwatchOomPredicted")
+            sims[0].raise_xid(1, 79)  # a GPU falls off the bus: the Xid alert and its counter
+            prom.wait_until(
+                lambda: "firing" in states(prom, "LoadwatchGpuXidErrors"), "Xid firing", 15
+            )
+            # 2. the stall policy restarts vLLM; this run runs out of GPU memory at 75%
+            scenario.write_text("oom")
+            prom.wait_until(
+                lambda: states(prom, "LoadwatchLoadStalled") == [], "stall resolved", 30
+            )
+            prom.wait_until(
+                lambda: "firing" in states(prom, "LoadwatchGpuOutOfMemory"), "OOM firing", 30
+            )
+            # 3. the next start loads something that fits and gets ready: the OOM alerts clear
+            sims[0].set_final_used_bytes(int(CAPACITY * 0.8))
+            scenario.write_text("success")
+            prom.wait_until(lambda: d.get("/readyz")[0] == 200, "ready", 40)
+            prom.wait_until(
+                lambda: states(prom, "LoadwatchGpuOutOfMemory") == [], "OOM resolved", 15
+            )
+            prom.wait_until(
+                lambda: states(prom, "LoadwatchOomPredicted") == [], "forecast resolved", 15
+            )
+            prom.wait_scraped(scrapes=3)
+            # every dashboard query had data at some point of the run
+            empty: list[str] = []
+            failed: list[str] = []
+            for query in dashboard_queries():
+                expr = resolve(query.expr, rate_interval="10s")
+                try:
+                    data: Any = prom.api(
+                        "query_range",
+                        {
+                            "query": expr,
+                            "start": str(started),
+                            "end": str(time.time()),
+                            "step": "1",
+                        },
+                    )
+                    if not data["result"]:
+                        empty.append(f"{query.where}: {expr}")
+                except Exception as exc:
+                    failed.append(f"{query.where}: {exc}")
+            assert failed == []
+            assert empty == []
+            m = d.metrics()
+            assert m['loadwatch_failures_total{kind="cuda_oom"}'] == 1.0
+            assert m["loadwatch_load_stalls_total"] >= 1.0 and m["loadwatch_sessions_total"] == 3.0
