@@ -33,6 +33,7 @@ from tests.daemon.harness import running
 from .common import ALERTS, require
 from .dashboard import dashboard_queries, resolve
 from .promserver import PromServer, short_rules_copy
+from .test_metric_names import documented
 
 pytestmark = pytest.mark.prometheus
 GIB = 1 << 30
@@ -149,6 +150,10 @@ def test_alerts_and_dashboard_against_the_real_daemon(tmp_path: Path) -> None:
                     failed.append(f"{query.where}: {exc}")
             assert failed == []
             assert empty == []
+            # the daemon exported every documented metric during the run, and nothing else
+            names = set(prom.api("label/__name__/values", {"start": str(started)}))
+            exported = {n for n in names if n.startswith("loadwatch_")}
+            assert exported == set(documented())
             m = d.metrics()
             assert m['loadwatch_failures_total{kind="cuda_oom"}'] == 1.0
             assert m["loadwatch_load_stalls_total"] >= 1.0 and m["loadwatch_sessions_total"] == 3.0

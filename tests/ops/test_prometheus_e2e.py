@@ -44,10 +44,6 @@ def test_short_copy_differs_only_in_for(tmp_path: Path) -> None:
     assert any(rule["duration"] > WINDOW_S for rule in original.values())
 
 
-def states(prom: PromServer, alert: str) -> list[str]:
-    return [a.state for a in prom.alerts() if a.name == alert]
-
-
 def test_harness_reports_a_bad_query_and_stops_cleanly(tmp_path: Path) -> None:
     require("prometheus")
     prom = PromServer(tmp_path, targets=[])
