@@ -29,3 +29,8 @@ test-fast: venv lint
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# The main job on an embedded default: a simulated Kimi-K2.5 load, supervised, about a minute.
+# DEMO_ARGS="--scenario oom" (success, stall, oom, crash-loop, fp8-kv-on-sm120), "--real" for vLLM.
+demo: venv
+	$(BIN)/loadwatch demo $(DEMO_ARGS)

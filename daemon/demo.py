@@ -149,7 +149,9 @@ def demo_command(args: argparse.Namespace) -> int:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_demo(cfg: Config, model: Path, scenario: str, *, screen: bool = True) -> int:
+def run_demo(
+    cfg: Config, model: Path, scenario: str, *, screen: bool = True, simulated_gpus: bool = True
+) -> int:
     from rich.console import Console
 
     from loadwatch.daemon.app import run_daemon
@@ -175,7 +177,12 @@ def run_demo(cfg: Config, model: Path, scenario: str, *, screen: bool = True) ->
 
     # the event log goes to its file; the screen is the output
     with open(os.devnull, "w") as devnull:
-        code = run_daemon(cfg, on_started=on_started, stdout=devnull, gpu_factory=gpu_factory)
+        code = run_daemon(
+            cfg,
+            on_started=on_started,
+            stdout=devnull,
+            gpu_factory=gpu_factory if simulated_gpus else None,
+        )
     if code != 0:
         return code
     console.print()
@@ -260,7 +267,89 @@ def _watch(daemon: Any, server: Any, model: Path, end: _Ending, console: Any, sc
 
 
 def _real(args: argparse.Namespace) -> int:
-    """Real vLLM on the CPU with the tiny DeepSeek-style model (needs the vLLM environment)."""
-    from loadwatch.daemon.realdemo import real_demo
+    """Real vLLM on the CPU with the tiny DeepSeek-style model of tests/realvllm (from a clone)."""
+    import subprocess
 
-    return real_demo(args)
+    vllm_python = (
+        Path(
+            os.environ.get("LOADWATCH_VLLM_VENV", str(Path.home() / ".cache/loadwatch/vllm-0.32.0"))
+        )
+        / "bin"
+        / "python"
+    )
+    builder = Path.cwd() / "tests" / "realvllm" / "tinymodel.py"
+    if not vllm_python.exists():
+        print(
+            f"loadwatch: no vLLM environment at {vllm_python.parent.parent}: run `make vllm` first",
+            file=sys.stderr,
+        )
+        return 69
+    if not builder.exists():
+        print(
+            "loadwatch: --real needs a loadwatch clone (tests/realvllm/tinymodel.py); run it from there",
+            file=sys.stderr,
+        )
+        return 66
+    root = Path(tempfile.mkdtemp(prefix="loadwatch-demo-real-"))
+    try:
+        model = root / "tiny-deepseek"
+        subprocess.run(
+            [
+                str(vllm_python),
+                str(builder),
+                str(model),
+                "--shards",
+                "12",
+                "--shard-mb",
+                "100",
+                "--kv-scales",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        host, port = parse_listen(args.listen)
+        vllm_port = free_port()
+        work = root / "work"
+        work.mkdir()
+        argv = (
+            str(vllm_python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--enforce-eager",
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "4",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(vllm_port),
+        )
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_CACHE_ROOT": str(work),
+            "TORCHINDUCTOR_CACHE_DIR": str(work),
+            "TMPDIR": str(work),
+        }
+        cfg = Config(
+            log=LogConfig(path=root / "vllm.log", poll_interval_s=0.1),
+            http=_Http(host=host, port=port),
+            gpu=GpuConfig(source="none"),
+            vllm=VllmConfig(
+                argv=argv,
+                env=env,
+                crash_loop_starts=2,
+                stop_grace_s=20.0,
+                preflight="warn",
+                health_url=f"http://127.0.0.1:{vllm_port}/health",
+            ),
+            state_dir=root / "state",
+            events_file=root / "events.jsonl",
+        )
+        return run_demo(cfg, model, "success", screen=not args.no_screen, simulated_gpus=False)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
