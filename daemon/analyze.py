@@ -35,8 +35,8 @@ from loadwatch.exporters.report import (
     Report,
     SessionCapture,
     build_report,
-    print_report,
 )
+from loadwatch.exporters.report_text import print_report
 from loadwatch.parsers import ChunkScanner, Event, EventStream, Failure
 
 EX_DATAERR = 65
