@@ -15,8 +15,18 @@ from rich.table import Table
 from rich.text import Text
 
 from loadwatch.daemon.kvdtype import FP8_PATH_CODES, KV_SCALE_CODES
-from loadwatch.exporters.fmt import clip, clock, duration, few, hms, make_console, ranges, size
-from loadwatch.exporters.report import Report, SessionReport, WarningGroup
+from loadwatch.exporters.fmt import (
+    clip,
+    clock,
+    duration,
+    few,
+    hms,
+    make_console,
+    pipe_width,
+    ranges,
+    size,
+)
+from loadwatch.exporters.report import Report, SessionReport
 
 TRACEBACK_HEAD = "Traceback (most recent call last):"
 STATUS_STYLE = {"ready": "bold green", "failed": "bold red", "incomplete": "bold yellow"}
@@ -144,19 +154,6 @@ def _bars_table(s: SessionReport) -> Table:
     return t
 
 
-def _why(w: WarningGroup) -> str:
-    """A few words; the full reason is in the KV-cache line and in the JSON."""
-    if w.verdict == "benign":
-        return "KV cache not FP8: scales unused"
-    if w.verdict == "flagged":
-        if w.code in FP8_PATH_CODES:
-            return "FP8 path: a 1.0 scale can cost accuracy"
-        return "FP8 KV cache: scales fall back to 1.0"
-    if w.verdict == "unknown":
-        return "KV-cache dtype not known"
-    return ""
-
-
 def _warnings_table(s: SessionReport, limit: int) -> Table:
     t = _table(
         ("warning", "left"),
@@ -164,15 +161,13 @@ def _warnings_table(s: SessionReport, limit: int) -> Table:
         ("layers", "left"),
         ("processes", "left"),
         ("verdict", "left"),
-        ("why", "left"),
     )
     t.columns[0].overflow = "ellipsis"
-    t.columns[0].max_width = 42
+    t.columns[0].max_width = 50
     for i, least in ((1, 5), (2, 6), (4, 7)):
         t.columns[i].min_width = least
     t.columns[3].max_width = 20
     t.columns[3].overflow = "ellipsis"
-    t.columns[5].overflow = "ellipsis"
     for w in s.warnings[:limit]:
         if w.code.startswith(("log.", "error.")):
             name = Text(" ".join(w.sample.split()), "red" if w.code.startswith("error.") else "")
@@ -184,7 +179,6 @@ def _warnings_table(s: SessionReport, limit: int) -> Table:
             Text(ranges(w.layers) if w.layer_count else "-"),
             Text(few(w.processes, 2)),
             Text(w.verdict, VERDICT_STYLE.get(w.verdict, "")),
-            Text(_why(w), "dim"),
         )
     if len(s.warnings) > limit:
         rest = sum(w.count for w in s.warnings[limit:])
@@ -281,8 +275,14 @@ def _session_block(s: SessionReport, last: bool) -> list[RenderableType]:
         hint = f"{s.stall_hints} 'no available shared memory broadcast block' hint(s)"
         grid.add_row(Text("stalls"), Text(f"{s.stalls_total} stall(s); {hint}"))
     kv = s.kv_cache
-    if kv.quantized or any(w.code in KV_SCALE_CODES | FP8_PATH_CODES for w in s.warnings):
+    rated = [w for w in s.warnings if w.code in KV_SCALE_CODES | FP8_PATH_CODES]
+    if kv.quantized or rated:
         grid.add_row(Text("KV cache"), Text(f"{kv.dtype or 'unknown'}: {kv.reason}"))
+        said = f" ({kv.reason})"
+        for reason in dict.fromkeys(
+            f"{w.code}: {w.verdict}, {w.reason.replace(said, '')}" for w in rated
+        ):
+            grid.add_row(Text(""), Text(reason, style="dim"))
     facts = _facts(s)
     if facts is not None:
         grid.add_row(Text("facts"), facts)
@@ -320,7 +320,16 @@ def report_text(report: Report, width: int = 100) -> str:
 
 
 def print_report(report: Report, file: IO[str]) -> None:
-    make_console(file).print(render_report(report))
+    """Colour on a terminal; in a pipe, plain text without the padding rich adds to lines."""
+    if file.isatty():
+        make_console(file).print(render_report(report))
+        return
+    file.write(_strip(report_text(report, width=pipe_width())))
+    file.flush()
+
+
+def _strip(text: str) -> str:
+    return "".join(line.rstrip() + "\n" for line in text.splitlines())
 
 
 __all__ = ["print_report", "render_report", "report_text"]
