@@ -140,6 +140,11 @@ def _bars_table(s: SessionReport) -> Table:
         ("time", "right"),
     )
     t.columns[0].overflow = "ellipsis"
+    t.columns[0].max_width = 36
+    t.columns[1].overflow = "ellipsis"
+    t.columns[1].max_width = 16
+    for i, least in ((2, 7), (3, 9), (4, 11), (5, 6)):
+        t.columns[i].min_width = least
     for b in s.bars:
         done = Text(f"{b.done}/{b.total}", "green" if b.done >= b.total > 0 else "yellow")
         took = duration(b.duration_s) if b.duration_s > 0 or b.updates > 1 else "-"
@@ -215,6 +220,10 @@ def _failures(s: SessionReport, limit: int) -> Table:
     return grid
 
 
+def _gib(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
 def _facts(s: SessionReport) -> Text | None:
     ms = {m.key: m for m in s.milestones}
     parts: list[str] = []
@@ -229,17 +238,20 @@ def _facts(s: SessionReport) -> Text | None:
     if (sec := num("weights_loaded", "seconds")) is not None:
         parts.append(f"weights {duration(sec)}")
     if (gib := num("model_memory", "gib")) is not None:
-        parts.append(f"model {gib:g} GiB")
+        parts.append(f"model {_gib(gib)} GiB")
     kv = num("kv_cache.available_memory", "gib")
     tokens = num("kv_cache.size", "tokens")
     if kv is not None or tokens is not None:
-        bits = [f"{kv:g} GiB" if kv is not None else "", f"{tokens:,.0f} tokens" if tokens else ""]
+        bits = [
+            f"{_gib(kv)} GiB" if kv is not None else "",
+            f"{tokens:,.0f} tokens" if tokens else "",
+        ]
         parts.append("KV cache " + ", ".join(b for b in bits if b))
     if (sec := num("torch_compile.total", "seconds")) is not None:
         parts.append(f"compile {duration(sec)}")
     if (sec := num("graph_capture", "seconds")) is not None:
         gib = num("graph_capture", "gib")
-        parts.append(f"graphs {duration(sec)}" + (f", {gib:g} GiB" if gib is not None else ""))
+        parts.append(f"graphs {duration(sec)}" + (f", {_gib(gib)} GiB" if gib is not None else ""))
     if (sec := num("engine_init", "seconds")) is not None:
         parts.append(f"engine init {duration(sec)}")
     if (m := ms.get("api_server_start")) is not None and m.value:
