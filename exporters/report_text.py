@@ -6,6 +6,7 @@ Every string that came from the log is drawn as plain text (`Text`), never parse
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from typing import IO
 
 from rich.console import Console, Group, RenderableType
@@ -26,7 +27,7 @@ from loadwatch.exporters.fmt import (
     ranges,
     size,
 )
-from loadwatch.exporters.report import Report, SessionReport
+from loadwatch.exporters.report import Report, SessionReport, WarningGroup
 
 TRACEBACK_HEAD = "Traceback (most recent call last):"
 STATUS_STYLE = {"ready": "bold green", "failed": "bold red", "incomplete": "bold yellow"}
@@ -140,7 +141,7 @@ def _bars_table(s: SessionReport) -> Table:
         ("time", "right"),
     )
     t.columns[0].overflow = "ellipsis"
-    t.columns[0].max_width = 36
+    t.columns[0].max_width = 38
     t.columns[1].overflow = "ellipsis"
     t.columns[1].max_width = 16
     for i, least in ((2, 7), (3, 9), (4, 11), (5, 6)):
@@ -159,7 +160,7 @@ def _bars_table(s: SessionReport) -> Table:
     return t
 
 
-def _warnings_table(s: SessionReport, limit: int) -> Table:
+def _warnings_table(warnings: Sequence[WarningGroup], limit: int) -> Table:
     t = _table(
         ("warning", "left"),
         ("count", "right"),
@@ -173,7 +174,7 @@ def _warnings_table(s: SessionReport, limit: int) -> Table:
         t.columns[i].min_width = least
     t.columns[3].max_width = 20
     t.columns[3].overflow = "ellipsis"
-    for w in s.warnings[:limit]:
+    for w in warnings[:limit]:
         if w.code.startswith(("log.", "error.")):
             name = Text(" ".join(w.sample.split()), "red" if w.code.startswith("error.") else "")
         else:
@@ -185,9 +186,9 @@ def _warnings_table(s: SessionReport, limit: int) -> Table:
             Text(few(w.processes, 2)),
             Text(w.verdict, VERDICT_STYLE.get(w.verdict, "")),
         )
-    if len(s.warnings) > limit:
-        rest = sum(w.count for w in s.warnings[limit:])
-        t.add_row(Text(f"… {len(s.warnings) - limit} more kinds", "dim"), Text(str(rest), "dim"))
+    if len(warnings) > limit:
+        rest = sum(w.count for w in warnings[limit:])
+        t.add_row(Text(f"… {len(warnings) - limit} more kinds", "dim"), Text(str(rest), "dim"))
     return t
 
 
@@ -295,19 +296,21 @@ def _session_block(s: SessionReport, last: bool) -> list[RenderableType]:
             f"{w.code}: {w.verdict}, {w.reason.replace(said, '')}" for w in rated
         ):
             grid.add_row(Text(""), Text(reason, style="dim"))
-    facts = _facts(s)
+    facts = _facts(s) if last else None
     if facts is not None:
         grid.add_row(Text("facts"), facts)
     out.append(_indent(grid))
     if s.failures:
         out.append(_indent(Text("Failures", style="bold")))
-        out.append(_indent(_failures(s, 5 if last else 2)))
-    if s.bars:
+        out.append(_indent(_failures(s, 5 if last else 1)))
+    # Earlier sessions: the sessions table has their progress; only what went wrong is repeated.
+    if s.bars and last:
         out.append(_indent(Text("Progress bars", style="bold")))
         out.append(_indent(_bars_table(s)))
-    if s.warnings:
+    shown = s.warnings if last else [w for w in s.warnings if w.verdict in ("flagged", "unknown")]
+    if shown:
         out.append(_indent(Text(f"Warnings ({s.warnings_total})", style="bold")))
-        out.append(_indent(_warnings_table(s, 8 if last else 4)))
+        out.append(_indent(_warnings_table(shown, 8 if last else 4)))
     return out
 
 

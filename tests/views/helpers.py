@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -99,9 +101,11 @@ def synth_load_log(
     upto: int = 60,
     kv_fp8: bool = False,
     scale_layers: int = 0,
+    after: tuple[str, ...] = (),
 ) -> bytes:
     """A vLLM 0.15-style start-up log up to `upto` of `shards` shards, one every `every_s`
-    seconds: the weights bar as vLLM writes it (`\\r` after the prefix, one line per update)."""
+    seconds: the weights bar as vLLM writes it (`\\r` after the prefix, one line per update).
+    `after` adds post-load lines once the bar is done: "weights_loaded", "model_memory"."""
     api, worker = "(APIServer pid=51001) ", "(Worker_TP0 pid=51300) "
     lines = [f"{api}INFO {_stamp(t0)} [api_server.py:1272] vLLM API server version 0.15.1\n"]
     if kv_fp8:
@@ -135,4 +139,72 @@ def synth_load_log(
                         f"model.layers.{layer}.self_attn.attn.{s}_scale). {s}_scale is not "
                         "loaded.\n"
                     )
+    end = start + upto * every_s
+    if "weights_loaded" in after or "model_memory" in after:
+        lines.append(
+            f"{worker}INFO {_stamp(end + 1)} [default_loader.py:291] Loading weights took "
+            f"{upto * every_s:.2f} seconds\n"
+        )
+    if "model_memory" in after:
+        lines.append(
+            f"{worker}INFO {_stamp(end + 2)} [gpu_model_runner.py:4130] Model loading took "
+            f"72.05 GiB memory and {upto * every_s + 2:.2f} seconds\n"
+        )
     return "".join(lines).encode()
+
+
+def shutdown_lines(t: float) -> bytes:
+    """What vLLM 0.32 logs when it is stopped with SIGTERM."""
+    api = "(APIServer pid=51001) "
+    return (
+        f"{api}INFO {_stamp(t)} [launcher.py:254] [shutdown] API server: shutdown triggered\n"
+        f"{api}INFO:     Shutting down\n"
+        f"{api}INFO:     Application shutdown complete.\n"
+    ).encode()
+
+
+def synth_crash(t0: float, *, upto: int, shards: int = 119) -> bytes:
+    """A start that loads `upto` shards and dies of a CUDA OOM in a worker."""
+    t = t0 + 40 + upto * 8.0 + 2
+    w = f"(Worker_TP0 pid={51300 + int(t0) % 1000}) ERROR {_stamp(t)} [multiproc_executor.py:772] "
+    return (
+        synth_load_log(t0, shards=shards, upto=upto)
+        + (
+            f"{w}WorkerProc hit an exception.\n"
+            f"{w}Traceback (most recent call last):\n"
+            f'{w}  File "/usr/lib/python3/vllm/model_executor/model_loader.py", line 50, in load\n'
+            f"{w}    param.data.copy_(loaded_weight)\n"
+            f"{w}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+            "total capacity of 95.00 GiB of which 1.00 GiB is free.\n"
+        ).encode()
+    )
+
+
+def write_log(path: Path, data: bytes, mtime: float = REF_TS) -> Path:
+    path.write_bytes(data)
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def model_dir_with(path: Path, sizes: list[int], kv_fp8: bool = False) -> Path:
+    """A checkpoint directory with sparse shard files of `sizes` bytes (no disk used)."""
+    path.mkdir(parents=True)
+    n = len(sizes)
+    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    for name, size in zip(names, sizes, strict=True):
+        with open(path / name, "wb") as fh:
+            fh.truncate(size)
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
+    (path / "config.json").write_text(json.dumps(config))
+    index = {
+        "metadata": {"total_size": sum(sizes)},
+        "weight_map": {f"model.layers.{i}.weight": name for i, name in enumerate(names)},
+    }
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    if kv_fp8:
+        quant = {
+            "producer": {"name": "modelopt"},
+            "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"},
+        }
+        (path / "hf_quant_config.json").write_text(json.dumps(quant))
+    return path
