@@ -131,7 +131,7 @@ class LogReader:
         self.cap = max_record_bytes
         self.opened = check_input(path)
         self.events_total = 0
-        self._tail_bytes = 0
+        self._end: int | None = None  # where the unterminated last record ends
         self._tail_cut = False
         self._unterminated = False
         self._health_records = 0
@@ -200,7 +200,7 @@ class LogReader:
         if not head or any(t in head for t in _TERMINATORS):
             return None  # more was written since the last read: this pass ends before it
         self._unterminated = True
-        self._tail_bytes = size - offset
+        self._end = size
         self._tail_cut = size - offset > self.cap
         return head + b"\n", offset
 
@@ -209,7 +209,8 @@ class LogReader:
             path=str(self.path),
             size_bytes=self.opened.size_bytes,
             mtime=self.opened.mtime,
-            bytes_read=self._health_bytes + self._tail_bytes,
+            # the follower counts the start of a record it is still skipping; the tail ends it
+            bytes_read=self._end if self._end is not None else self._health_bytes,
             records=self._health_records + (1 if self._unterminated else 0),
             events=self.events_total,
             cut_records=self._health_cuts + (1 if self._tail_cut else 0),
