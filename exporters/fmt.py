@@ -3,27 +3,33 @@ own form, durations, sizes, short lists, and a console that writes plain text to
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from collections.abc import Sequence
 from typing import IO
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 PIPE_WIDTH = 100  # text width when stdout is not a terminal (COLUMNS overrides)
 
 
-def clock(ts: float | None) -> str:
-    """A log-style local time, `MM-DD HH:MM:SS`, the form vLLM prints (easy to grep for)."""
+def _local(form: str, ts: float | None) -> str:
     if ts is None:
         return "-"
-    return time.strftime("%m-%d %H:%M:%S", time.localtime(ts))
+    try:
+        return time.strftime(form, time.localtime(ts))
+    except (OverflowError, OSError, ValueError):  # no such time: a bad figure from elsewhere
+        return "?"
+
+
+def clock(ts: float | None) -> str:
+    """A log-style local time, `MM-DD HH:MM:SS`, the form vLLM prints (easy to grep for)."""
+    return _local("%m-%d %H:%M:%S", ts)
 
 
 def hms(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return time.strftime("%H:%M:%S", time.localtime(ts))
+    return _local("%H:%M:%S", ts)
 
 
 def duration(seconds: float | None) -> str:
@@ -95,6 +101,24 @@ def make_console(file: IO[str]) -> Console:
     )
 
 
+def plain_text(renderable: RenderableType, width: int) -> str:
+    """A renderable as text without colour or the padding rich adds at line ends."""
+    console = Console(
+        file=io.StringIO(), width=width, record=True, force_terminal=False, color_system=None
+    )
+    console.print(renderable)
+    return "".join(line.rstrip() + "\n" for line in console.export_text().splitlines())
+
+
+def show(renderable: RenderableType, file: IO[str]) -> None:
+    """Colour on a terminal; plain text in a pipe."""
+    if file.isatty():
+        make_console(file).print(renderable)
+    else:
+        file.write(plain_text(renderable, pipe_width()))
+        file.flush()
+
+
 __all__ = [
     "clip",
     "clock",
@@ -103,6 +127,8 @@ __all__ = [
     "hms",
     "make_console",
     "pipe_width",
+    "plain_text",
     "ranges",
+    "show",
     "size",
 ]

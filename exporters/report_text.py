@@ -5,11 +5,10 @@ Every string that came from the log is drawn as plain text (`Text`), never parse
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from typing import IO
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.rule import Rule
 from rich.table import Table
@@ -22,9 +21,9 @@ from loadwatch.exporters.fmt import (
     duration,
     few,
     hms,
-    make_console,
-    pipe_width,
+    plain_text,
     ranges,
+    show,
     size,
 )
 from loadwatch.exporters.report import Report, SessionReport, WarningGroup
@@ -326,25 +325,12 @@ def render_report(report: Report) -> RenderableType:
 
 
 def report_text(report: Report, width: int = 100) -> str:
-    """The text report without colour, as a pipe would get it (tests, logs)."""
-    console = Console(
-        file=io.StringIO(), width=width, record=True, force_terminal=False, color_system=None
-    )
-    console.print(render_report(report))
-    return console.export_text()
+    """The text report without colour, as a pipe gets it (tests, logs)."""
+    return plain_text(render_report(report), width)
 
 
 def print_report(report: Report, file: IO[str]) -> None:
-    """Colour on a terminal; in a pipe, plain text without the padding rich adds to lines."""
-    if file.isatty():
-        make_console(file).print(render_report(report))
-        return
-    file.write(_strip(report_text(report, width=pipe_width())))
-    file.flush()
-
-
-def _strip(text: str) -> str:
-    return "".join(line.rstrip() + "\n" for line in text.splitlines())
+    show(render_report(report), file)
 
 
 __all__ = ["print_report", "render_report", "report_text"]

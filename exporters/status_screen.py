@@ -8,16 +8,15 @@ mistyped keys (an older or newer daemon), so `loadwatch demo` can draw its live 
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from loadwatch.exporters.fmt import clip, duration, few, hms, ranges, size
+from loadwatch.exporters.fmt import clip, duration, few, hms, plain_text, ranges, size
 
 BAR_CELLS = 32
 MEMORY_CELLS = 24
@@ -46,9 +45,14 @@ def _l(value: Any) -> Sequence[Any]:
 
 
 def _n(value: Any) -> float | None:
+    """A finite number of sane size, or None (a daemon never sends more than 1e18)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        f = float(value)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) and abs(f) < 1e18 else None
 
 
 def _s(value: Any) -> str | None:
@@ -83,8 +87,8 @@ def _bar(ratio: float | None, cells: int = BAR_CELLS, style: str = "cyan") -> Te
 def _memory_bar(used: float, total: float, proj: float | None, oom: bool) -> Text:
     """Used memory, the growth the projection expects, and a mark where it ends; an arrow past
     the right edge when the projection does not fit."""
-    u = used / total
-    p = proj / total if proj is not None else None
+    u = min(max(used / total, 0.0), 2.0)
+    p = min(max(proj / total, 0.0), 2.0) if proj is not None else None
     fill = "red" if u > 0.95 or oom else ("yellow" if u > 0.85 else "green")
     mark = None
     if p is not None:
@@ -452,11 +456,7 @@ def render_status(doc: Mapping[str, Any]) -> RenderableType:
 
 def status_text(doc: Mapping[str, Any], width: int = 100) -> str:
     """`render_status` as plain text (tests, logs)."""
-    console = Console(
-        file=io.StringIO(), width=width, record=True, force_terminal=False, color_system=None
-    )
-    console.print(render_status(doc))
-    return console.export_text()
+    return plain_text(render_status(doc), width)
 
 
 __all__ = ["render_status", "status_text"]

@@ -31,7 +31,7 @@ from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from loadwatch.exporters.fmt import duration, make_console, size
+from loadwatch.exporters.fmt import duration, make_console, show, size
 from loadwatch.exporters.status_screen import render_status, status_text
 
 EX_USAGE = 64
@@ -178,6 +178,7 @@ def status_command(
     as_json: bool,
     interval_s: float,
     sleep: Callable[[float], None] = time.sleep,
+    timeout_s: float = TIMEOUT_S,
 ) -> int:
     if not math.isfinite(interval_s) or interval_s < 0.1:
         return _fail("--interval must be at least 0.1 seconds", EX_USAGE)
@@ -188,18 +189,18 @@ def status_command(
     try:
         if not watch:
             try:
-                doc, body = fetch_status(url)
+                doc, body = fetch_status(url, timeout_s)
             except StatusError as exc:
                 return _fail(str(exc), exc.code)
             if as_json:
                 sys.stdout.write(body.decode("utf-8", "replace").rstrip("\n") + "\n")
                 sys.stdout.flush()
             else:
-                make_console(sys.stdout).print(render_status(doc))
+                show(render_status(doc), sys.stdout)
             return 0
         if as_json:
-            return _watch_json(url, interval_s, sleep)
-        return _watch_screen(url, interval_s, sleep)
+            return _watch_json(url, interval_s, sleep, timeout_s)
+        return _watch_screen(url, interval_s, sleep, timeout_s)
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:
@@ -215,10 +216,12 @@ def _fatal(exc: StatusError) -> bool:
     return exc.code in (EX_USAGE, EX_DATAERR, EX_NOPERM)
 
 
-def _watch_json(url: str, interval_s: float, sleep: Callable[[float], None]) -> int:
+def _watch_json(
+    url: str, interval_s: float, sleep: Callable[[float], None], timeout_s: float
+) -> int:
     while True:
         try:
-            doc, _ = fetch_status(url)
+            doc, _ = fetch_status(url, timeout_s)
         except StatusError as exc:
             if _fatal(exc):
                 return _fail(str(exc), exc.code)
@@ -229,12 +232,14 @@ def _watch_json(url: str, interval_s: float, sleep: Callable[[float], None]) -> 
         sleep(interval_s)
 
 
-def _watch_screen(url: str, interval_s: float, sleep: Callable[[float], None]) -> int:
+def _watch_screen(
+    url: str, interval_s: float, sleep: Callable[[float], None], timeout_s: float
+) -> int:
     console = make_console(sys.stdout)
     with Live(console=console, auto_refresh=False, transient=False) as live:
         while True:
             try:
-                doc, _ = fetch_status(url)
+                doc, _ = fetch_status(url, timeout_s)
             except StatusError as exc:
                 if _fatal(exc):
                     live.stop()
