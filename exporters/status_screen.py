@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from itertools import groupby
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -93,20 +94,20 @@ def _memory_bar(used: float, total: float, proj: float | None, oom: bool) -> Tex
     mark = None
     if p is not None:
         mark = min(max(round(p * MEMORY_CELLS) - 1, 0), MEMORY_CELLS - 1)
-    t = Text()
+    cells: list[tuple[str, str]] = []
     for i in range(MEMORY_CELLS):
         pos = (i + 0.5) / MEMORY_CELLS
         if i == mark and p is not None:
-            if p > 1.0:
-                t.append("▶", "bold red")
-            else:
-                t.append("│", "bold red" if oom else "bold")
+            cells.append(("▶", "bold red") if p > 1.0 else ("│", "bold red" if oom else "bold"))
         elif pos <= u:
-            t.append("█", fill)
+            cells.append(("█", fill))
         elif p is not None and pos <= min(p, 1.0):
-            t.append("▒", "red" if oom else "dim")
+            cells.append(("▒", "red" if oom else "dim"))
         else:
-            t.append("░", "dim")
+            cells.append(("░", "dim"))
+    t = Text()
+    for (char, style), run in groupby(cells):
+        t.append(char * len(list(run)), style)
     return t
 
 
