@@ -277,3 +277,16 @@ def test_text_never_takes_log_text_as_markup(tmp_path: Path) -> None:
     )
     text = report_text(analyze_log(write_log(tmp_path / "m.log", data)))
     assert "[bold red]not markup[/]" in text
+
+
+def test_the_fp8_kv_line_does_not_skip_loading_weights(tmp_path: Path) -> None:
+    """vLLM names an FP8 KV cache while it builds its configuration, before the model loads;
+    the session still goes through loading_weights, and its KV cache is known to be FP8."""
+    r = _report(tmp_path, "real-v0.32-deepseek-fp8kv.log")
+    (s,) = r.sessions
+    assert [p.phase for p in s.phases][:4] == ["starting", "loading_weights", "post_load", "ready"]
+    assert s.kv_cache.quantized is True
+    kv = next(w for w in s.warnings if w.code == "kv_scale_missing")
+    assert kv.verdict == "flagged"
+    assert r.verdict.text == "failed: fp8_kv_unsupported"
+    assert any("after it was ready" in n for n in r.verdict.notes)
