@@ -52,6 +52,7 @@ SNIFF_BYTES = 8192
 # Untimed events before the first timed one wait for its time (a log that starts with a bar);
 # past this many they take the file's mtime instead.
 MAX_UNTIMED_HELD = 10_000
+MAX_FAILURE_OFFSETS = 256  # per session; the state keeps 32 distinct failures anyway
 _TERMINATORS = (b"\n", b"\r")
 _LINE_BLOCK = 1 << 20
 
@@ -237,17 +238,19 @@ class SessionFolder:
             self.state = self.state.apply(model, fallback_ts)
 
     def add(self, ev: Event) -> None:
-        if ev.ts is None and self.now is None:
-            if len(self._held) < MAX_UNTIMED_HELD:
+        if self.now is None:
+            if ev.ts is None and len(self._held) < MAX_UNTIMED_HELD:
                 self._held.append(ev)
                 return
-            self.now = self.fallback_ts
-        if ev.ts is not None and self.now is None:
-            self.now = ev.ts
-            held, self._held = self._held, []
-            for h in held:
-                self._apply(h, ev.ts)
+            self._release(ev.ts if ev.ts is not None else self.fallback_ts)
         self._apply(ev, ev.ts if ev.ts is not None else self.now)
+
+    def _release(self, at: float) -> None:
+        """The events that came before the first time: folded at that time, in order."""
+        self.now = at
+        held, self._held = self._held, []
+        for h in held:
+            self._apply(h, at)
 
     def _apply(self, ev: Event, at: float | None) -> None:
         t = at if at is not None else self.fallback_ts
@@ -260,7 +263,7 @@ class SessionFolder:
                 self._capture(prev)
             self._start_offset = ev.offset
             self._failures = {}
-        if isinstance(ev, Failure) and nxt.session is not None:
+        if isinstance(ev, Failure) and len(self._failures) < MAX_FAILURE_OFFSETS:
             self._failures.setdefault((ev.kind, ev.message[:300]), ev.offset)
         self.state = nxt
 
@@ -273,10 +276,8 @@ class SessionFolder:
         self.kept.append(SessionCapture(st.snapshot(at), self._start_offset, self._failures))
 
     def finish(self) -> None:
-        if self._held:  # no event had a time of its own
-            held, self._held = self._held, []
-            for h in held:
-                self._apply(h, self.fallback_ts)
+        if self.now is None:  # no event had a time of its own
+            self._release(self.fallback_ts)
         if self.state.session is not None:
             self._capture(self.state)
 

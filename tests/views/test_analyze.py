@@ -290,3 +290,29 @@ def test_the_fp8_kv_line_does_not_skip_loading_weights(tmp_path: Path) -> None:
     assert kv.verdict == "flagged"
     assert r.verdict.text == "failed: fp8_kv_unsupported"
     assert any("after it was ready" in n for n in r.verdict.notes)
+
+
+def test_lines_without_a_time_before_the_first_one(tmp_path: Path) -> None:
+    """A log that begins mid-bar: the bar lines carry no time until a headed line comes; they
+    are folded at that first time, in order, not at the file's mtime."""
+    w = "(Worker_TP0 pid=51300) "
+    desc = "Loading safetensors checkpoint shards"
+    bars = "".join(
+        f"{w}\r{desc}: {n}% Completed | {n}/119 [01:{n:02d}<10:00, 8.00s/it]\n"
+        for n in (10, 11, 12)
+    )
+    headed = (
+        f"{w}WARNING 07-25 17:30:00 [weight_utils.py:1398] Found k_scale in the checkpoint "
+        "(e.g. model.layers.7.self_attn.k_scale), but not found the expected name in the model "
+        "(e.g. model.layers.7.self_attn.attn.k_scale). k_scale is not loaded.\n"
+    )
+    r = analyze_log(write_log(tmp_path / "mid.log", (bars + headed).encode()))
+    (s,) = r.sessions
+    first_time = s.warnings[0].first_at
+    assert s.started_at == first_time != REF_TS
+    lp = r.verdict.last_progress
+    assert lp is not None and lp.done == 12 and s.reason == "first_event"
+    assert r.verdict.text.startswith("incomplete: loading_weights, last progress 12/119")
+    # with no time at all, the file's mtime stands in
+    r = analyze_log(write_log(tmp_path / "bars.log", bars.encode()))
+    assert r.sessions[0].started_at == REF_TS
