@@ -116,10 +116,10 @@ def run_daemon(
     holder: dict[str, Daemon] = {}
 
     def progress() -> float:
+        """How far the load is, for simulated GPUs whose memory follows it."""
         d = holder.get("daemon")
-        s = d.state.session if d is not None else None
-        ratio = d.snapshot().session.progress.ratio if d is not None and s is not None else None  # type: ignore[union-attr]
-        return ratio or 0.0
+        session = d.snapshot().session if d is not None else None
+        return (session.progress.ratio or 0.0) if session is not None else 0.0
 
     if cfg.supervise and supervisor_factory is None:
         try:

@@ -489,6 +489,10 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
         f.upd(load_started_by=s.load_started_by | {ev.process or "-"})
     if ev.kind in LOADING_MILESTONES:
         f.advance("loading_weights", t, ev.kind)
+    elif ev.kind == "kv_cache" and ev.detail == "dtype":
+        # Printed while vLLM builds its configuration, before the model loads: no phase change.
+        if (ev.value or "").startswith("fp8"):
+            f.upd(kv_fp8_in_log=True)  # vLLM names the KV-cache dtype only when it is FP8
     elif ev.kind in POST_LOAD_MILESTONES:
         if ev.kind == "api_server_start" and f.s.api_server_at is None:
             f.upd(api_server_at=t)
@@ -499,8 +503,6 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
         _shutdown(f, t, ev.value or "")
     elif ev.kind == "launch_args" and ev.detail == "kv_cache_dtype" and ev.value:
         f.upd(kv_arg=ev.value)
-    elif ev.kind == "kv_cache" and ev.detail == "dtype" and (ev.value or "").startswith("fp8"):
-        f.upd(kv_fp8_in_log=True)  # vLLM names the KV-cache dtype only when it is FP8
 
 
 def _shutdown(f: Fold, t: float, what: str) -> None:

@@ -1,0 +1,134 @@
+"""Small text helpers shared by the analyze report and the status screen: times in the log's
+own form, durations, sizes, short lists, and a console that writes plain text to a pipe."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Sequence
+from typing import IO
+
+from rich.console import Console, RenderableType
+
+PIPE_WIDTH = 100  # text width when stdout is not a terminal (COLUMNS overrides)
+
+
+def _local(form: str, ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    try:
+        return time.strftime(form, time.localtime(ts))
+    except (OverflowError, OSError, ValueError):  # no such time: a bad figure from elsewhere
+        return "?"
+
+
+def clock(ts: float | None) -> str:
+    """A log-style local time, `MM-DD HH:MM:SS`, the form vLLM prints (easy to grep for)."""
+    return _local("%m-%d %H:%M:%S", ts)
+
+
+def hms(ts: float | None) -> str:
+    return _local("%H:%M:%S", ts)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0.0, seconds)
+    if s < 10:
+        return f"{s:.1f}s"
+    if s < 60:
+        return f"{s:.0f}s"
+    m, sec = divmod(round(s), 60)
+    if m < 60:
+        return f"{m}m{sec:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"
+
+
+def size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def ranges(values: Sequence[int], limit: int = 6) -> str:
+    """`0-60` or `1-2, 5, 9-11`: layer numbers, compactly."""
+    if not values:
+        return "-"
+    spans: list[tuple[int, int]] = []
+    for v in sorted(values):
+        if spans and v == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], v)
+        else:
+            spans.append((v, v))
+    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:limit]]
+    if len(spans) > limit:
+        parts.append("…")
+    return ", ".join(parts)
+
+
+def few(names: Sequence[str], limit: int = 3) -> str:
+    if not names:
+        return "-"
+    shown = ", ".join(names[:limit])
+    return shown + (f" +{len(names) - limit}" if len(names) > limit else "")
+
+
+def clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def pipe_width() -> int:
+    try:
+        return max(40, int(os.environ.get("COLUMNS", "")))
+    except ValueError:
+        return PIPE_WIDTH
+
+
+def make_console(file: IO[str]) -> Console:
+    """Colour on a terminal; plain text, no escape codes, in a pipe."""
+    tty = file.isatty()
+    if tty:
+        return Console(file=file, highlight=False)
+    return Console(
+        file=file, force_terminal=False, color_system=None, width=pipe_width(), highlight=False
+    )
+
+
+def plain_text(renderable: RenderableType, width: int) -> str:
+    """A renderable as text without colour or the padding rich adds at line ends."""
+    console = Console(
+        file=io.StringIO(), width=width, record=True, force_terminal=False, color_system=None
+    )
+    console.print(renderable)
+    return "".join(line.rstrip() + "\n" for line in console.export_text().splitlines())
+
+
+def show(renderable: RenderableType, file: IO[str]) -> None:
+    """Colour on a terminal; plain text in a pipe."""
+    if file.isatty():
+        make_console(file).print(renderable)
+    else:
+        file.write(plain_text(renderable, pipe_width()))
+        file.flush()
+
+
+__all__ = [
+    "clip",
+    "clock",
+    "duration",
+    "few",
+    "hms",
+    "make_console",
+    "pipe_width",
+    "plain_text",
+    "ranges",
+    "show",
+    "size",
+]

@@ -1,0 +1,318 @@
+"""`loadwatch analyze` on every fixture log and on built scenarios: verdicts, key facts, text."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from loadwatch.daemon.analyze import analyze_log
+from loadwatch.daemon.cli import main
+from loadwatch.exporters.report import Report
+from loadwatch.exporters.report_text import report_text
+
+from .helpers import (
+    FIXTURES,
+    REF_TS,
+    model_dir_with,
+    shutdown_lines,
+    synth_crash,
+    synth_load_log,
+    write_log,
+)
+
+# Every fixture log and what analyze must conclude from it: (sessions, final verdict text,
+# earlier sessions' verdicts).
+EXPECTED: dict[str, tuple[int, str, list[str]]] = {
+    "ray.log": (1, "failed: nccl", []),
+    "real-v0.32-deepseek-fp8kv.log": (1, "failed: fp8_kv_unsupported", []),
+    "real-v0.32-deepseek-kvscales.log": (1, "ready", []),
+    "real-v0.32-kv-too-small.log": (1, "failed: kv_cache_too_small", []),
+    "real-v0.32-llama.log": (1, "ready", []),
+    "tp1-enginecore.log": (1, "ready", []),
+    "v0-bracket-header.log": (1, "failed: cuda_oom", []),
+    "v0-old-header.log": (1, "ready", []),
+    "v1-2025-escless-cut.log": (
+        1,
+        "incomplete: loading_weights, last progress 2/30 at 06-02 08:00:33",
+        [],
+    ),
+    "v1-2025.log": (1, "ready", []),
+    "v1-2026-sm120.log": (2, "ready", ["failed: fp8_kv_unsupported"]),
+}
+
+
+def fixture(tmp_path: Path, name: str) -> Path:
+    """A copy of the fixture whose mtime is the fixed reference (yearless times resolve to it)."""
+    dst = tmp_path / name
+    shutil.copyfile(FIXTURES / name, dst)
+    os.utime(dst, (REF_TS, REF_TS))
+    return dst
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_fixture_has_an_expectation() -> None:
+    assert sorted(p.name for p in FIXTURES.glob("*.log")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_text_and_json(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sessions, verdict, earlier = EXPECTED[name]
+    log = fixture(tmp_path, name)
+    want_code = {"ready": 0, "failed": 1, "incomplete": 2}[verdict.split(":")[0]]
+
+    code, out, err = run_cli(["analyze", str(log)], capsys)
+    assert (code, err) == (want_code, "")
+    assert f"Verdict: {verdict}" in out
+    for i, v in enumerate(earlier, start=1):
+        assert f"Session {i}: {v}" in out
+    assert "\x1b[" not in out  # no escape codes in a pipe
+    assert all(line == line.rstrip() for line in out.splitlines())
+
+    code, out, err = run_cli(["analyze", str(log), "--json"], capsys)
+    doc = json.loads(out)
+    assert (code, err) == (want_code, "")
+    assert doc["verdict"]["text"] == verdict and doc["verdict"]["exit_code"] == want_code
+    assert doc["sessions_total"] == sessions == len(doc["sessions"])
+    assert [s["verdict"]["text"] for s in doc["sessions"]][:-1] == earlier
+    assert doc["log"]["bytes_read"] == doc["log"]["size_bytes"] == log.stat().st_size
+    assert doc["log"]["cut_records"] == 0 and doc["log"]["read_errors"] == 0
+
+
+def _report(tmp_path: Path, name: str) -> Report:
+    return analyze_log(fixture(tmp_path, name))
+
+
+def test_sm120_two_sessions_in_full(tmp_path: Path) -> None:
+    r = _report(tmp_path, "v1-2026-sm120.log")
+    first, second = r.sessions
+    assert first.verdict.status == "failed" and first.failure_kind == "fp8_kv_unsupported"
+    root = first.failures[0]
+    assert (root.kind, root.exc_type, root.fatal) == ("fp8_kv_unsupported", "ValueError", True)
+    assert "TRITON_MLA: [kv_cache_dtype not supported]" in root.message
+    lines = (FIXTURES / "v1-2026-sm120.log").read_bytes().splitlines()
+    assert root.line is not None and b"Traceback" in lines[root.line - 1]
+    assert root.offset is not None
+    assert first.kv_cache.quantized is True and first.kv_cache.source == "log"
+    # the FP8 KV-cache line comes before the model loads: the failure is in loading_weights
+    assert [p.phase for p in first.phases] == ["starting", "loading_weights", "failed"]
+
+    assert second.verdict.status == "ready"
+    assert second.time_to_ready_s == pytest.approx(1025.0)
+    assert [p.phase for p in second.phases] == ["starting", "loading_weights", "post_load", "ready"]
+    assert [p.duration_s for p in second.phases[:3]] == [40.0, 933.0, 52.0]
+    weights = next(b for b in second.bars if b.kind == "weights")
+    assert (weights.done, weights.total) == (119, 119)
+    assert weights.longest_gap_s == pytest.approx(914.0)
+    assert weights.rate_per_s == pytest.approx(119 / 931.0, rel=0.01)
+    (w,) = second.warnings
+    assert (w.code, w.count, w.layers, w.verdict) == ("kv_scale_missing", 4, (1, 2), "benign")
+    assert second.stall_hints == 1
+    assert second.line is not None and b"version 0.15.1" in lines[second.line - 1]
+
+    text = report_text(r)
+    assert "1  01-27 23:59:50  0.15.1  loading_weights" in text
+    assert "✗ fp8_kv_unsupported  line 12" in text
+    assert "Loading safetensors checkpoint shards" in text and "119/119" in text
+    assert "15m14s" in text  # the longest gap
+    assert "kv_scale_missing: benign" in text
+
+
+def test_kv_too_small(tmp_path: Path) -> None:
+    r = _report(tmp_path, "real-v0.32-kv-too-small.log")
+    (s,) = r.sessions
+    assert r.verdict.text == "failed: kv_cache_too_small"
+    assert s.failures[0].kind == "kv_cache_too_small"
+    assert "max seq len (512)" in s.failures[0].message
+    assert s.reached == "post_load" and s.progress.shards_done == s.progress.shards_total == 12
+    assert r.verdict.notes == ("in post_load, last progress 12/12 at 11-30 06:36:59",)
+    kv = next(w for w in s.warnings if w.code == "kv_scale_missing")
+    assert (kv.count, kv.layer_count, kv.verdict) == (24, 12, "benign")
+
+
+def test_escless_cut_mid_load(tmp_path: Path) -> None:
+    r = _report(tmp_path, "v1-2025-escless-cut.log")
+    lp = r.verdict.last_progress
+    assert lp is not None and (lp.done, lp.total) == (2, 30)
+    assert r.verdict.phase == "loading_weights"
+    (s,) = r.sessions
+    assert s.bars[0].process == "VllmWorker_rank0"
+
+
+def test_ready_then_stopped_is_ready_with_a_note(tmp_path: Path) -> None:
+    r = _report(tmp_path, "real-v0.32-llama.log")
+    assert r.verdict.status == "ready" and r.sessions[0].phase == "stopped"
+    assert any("shut down on request" in n for n in r.verdict.notes)
+
+
+# -- scenarios built as files ---------------------------------------------------------------
+
+T0 = 1_785_000_000.0
+
+
+def test_stopped_at_100_percent_never_ready(tmp_path: Path) -> None:
+    data = synth_load_log(T0, upto=119, after=["model_memory"])
+    r = analyze_log(write_log(tmp_path / "a.log", data))
+    assert r.verdict.text.startswith("incomplete: post_load, last progress 119/119 at ")
+    assert r.verdict.exit_code == 2
+    # and the same with vLLM's shutdown lines at the end: stopped, still not ready
+    data += shutdown_lines(T0 + 40 + 119 * 8 + 30)
+    r = analyze_log(write_log(tmp_path / "b.log", data))
+    (s,) = r.sessions
+    assert s.phase == "stopped" and r.verdict.status == "incomplete"
+    assert r.verdict.text.startswith("incomplete: post_load, last progress 119/119")
+    assert any("shut down" in n and "before it was ready" in n for n in r.verdict.notes)
+
+
+def test_cut_mid_record_without_a_final_newline(tmp_path: Path) -> None:
+    data = synth_load_log(T0, upto=61)
+    data = data[: data.rindex(b"\n")]  # the last bar update has no terminator
+    r = analyze_log(write_log(tmp_path / "cut.log", data))
+    assert r.log.unterminated_last_record and r.log.bytes_read == len(data)
+    lp = r.verdict.last_progress
+    assert lp is not None and (lp.done, lp.total) == (61, 119)
+
+
+def test_crash_loop_of_five_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = b"".join(synth_crash(T0 + 300 * i, upto=3 + i) for i in range(5))
+    log = write_log(tmp_path / "loop.log", data)
+    r = analyze_log(log)
+    assert r.sessions_total == 5 and len(r.sessions) == 5
+    assert [s.verdict.text for s in r.sessions] == ["failed: cuda_oom"] * 5
+    assert [s.verdict.last_progress.done for s in r.sessions if s.verdict.last_progress] == [
+        3,
+        4,
+        5,
+        6,
+        7,
+    ]
+    code, out, _ = run_cli(["analyze", str(log)], capsys)
+    assert code == 1
+    assert out.count("failed: cuda_oom") >= 10  # the table row and the session title, each
+    assert "Verdict: failed: cuda_oom  (session 5)" in out
+
+
+def test_only_serving_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    api = "(APIServer pid=51001) "
+    lines = []
+    for i in range(50):
+        lines.append(
+            f'{api}INFO:     127.0.0.1:{40000 + i} - "POST /v1/completions HTTP/1.1" 200 OK\n'
+        )
+        lines.append(
+            f"{api}INFO 01-28 01:{i:02d}:00 [loggers.py:123] Engine 000: Avg prompt throughput: "
+            "120.5 tokens/s, Avg generation throughput: 35.1 tokens/s, Running: 2 reqs\n"
+        )
+    log = write_log(tmp_path / "serving.log", "".join(lines).encode())
+    code, out, err = run_cli(["analyze", str(log)], capsys)
+    assert (code, err) == (2, "")
+    assert "Verdict: incomplete: no vLLM start in the log" in out
+    # a warning among them opens a session, but still no start-up to judge
+    lines.insert(
+        10,
+        f"{api}WARNING 01-28 01:05:00 [protocol.py:70] The following fields were present in the request but ignored: {{'foo'}}\n",
+    )
+    r = analyze_log(write_log(tmp_path / "serving2.log", "".join(lines).encode()))
+    assert r.sessions_total == 1
+    assert r.verdict.text == "incomplete: no vLLM start in the log"
+    assert r.sessions[0].warnings[0].code.startswith("log.")
+
+
+def test_model_dir_weighs_progress_by_bytes(tmp_path: Path) -> None:
+    model = model_dir_with(tmp_path / "model", [3 << 30] * 60 + [1 << 30] * 59)
+    data = synth_load_log(T0, upto=60)
+    r = analyze_log(write_log(tmp_path / "m.log", data), model_dir=model)
+    assert r.model is not None and r.model.shards == 119
+    assert r.model.total_bytes == 60 * (3 << 30) + 59 * (1 << 30)
+    lp = r.verdict.last_progress
+    assert lp is not None and lp.bytes_done == 60 * (3 << 30)
+    assert lp.bytes_total == r.model.total_bytes
+    s = r.sessions[0]
+    assert s.progress.ratio == pytest.approx(180 / 239, rel=0.01)
+
+
+def test_model_dir_kv_dtype_used_when_the_log_lacks_the_start(tmp_path: Path) -> None:
+    model = model_dir_with(tmp_path / "model", [1 << 30] * 119, kv_fp8=True)
+    data = synth_load_log(T0, upto=30, scale_layers=2)
+    body = data[data.index(b"(Worker_TP0") :]  # no version line: the start is not in the log
+    r = analyze_log(write_log(tmp_path / "x.log", body))
+    assert r.sessions[0].warnings[0].verdict == "unknown"
+    r = analyze_log(write_log(tmp_path / "y.log", body), model_dir=model)
+    w = r.sessions[0].warnings[0]
+    assert w.code == "kv_scale_missing" and w.verdict == "flagged"
+    assert "assuming no --kv-cache-dtype" in w.reason
+    # with the start-up in the log and no FP8 line, the log settles it: benign
+    r = analyze_log(write_log(tmp_path / "z.log", data), model_dir=model)
+    assert r.sessions[0].warnings[0].verdict == "benign"
+
+
+def test_a_long_record_is_cut_and_counted(tmp_path: Path) -> None:
+    data = synth_load_log(T0, upto=10)
+    i = data.index(b"\r")  # before the bar: a 300 KiB line of junk
+    data = data[:i] + b"x" * (300 * 1024) + b"\n" + data[i:]
+    log = write_log(tmp_path / "long.log", data)
+    r = analyze_log(log, max_record_bytes=64 * 1024)
+    assert r.log.cut_records == 1 and r.log.bytes_read == len(data)
+    assert r.verdict.last_progress is not None and r.verdict.last_progress.done == 10
+    assert "1 record(s) longer than 64.0 KiB" in report_text(r)
+
+
+def test_text_never_takes_log_text_as_markup(tmp_path: Path) -> None:
+    api = "(APIServer pid=1) "
+    data = (
+        synth_load_log(T0, upto=2)
+        + (
+            f"{api}WARNING 01-28 01:05:00 [x.py:1] [bold red]not markup[/] [link=file:///etc]x\n"
+        ).encode()
+    )
+    text = report_text(analyze_log(write_log(tmp_path / "m.log", data)))
+    assert "[bold red]not markup[/]" in text
+
+
+def test_the_fp8_kv_line_does_not_skip_loading_weights(tmp_path: Path) -> None:
+    """vLLM names an FP8 KV cache while it builds its configuration, before the model loads;
+    the session still goes through loading_weights, and its KV cache is known to be FP8."""
+    r = _report(tmp_path, "real-v0.32-deepseek-fp8kv.log")
+    (s,) = r.sessions
+    assert [p.phase for p in s.phases][:4] == ["starting", "loading_weights", "post_load", "ready"]
+    assert s.kv_cache.quantized is True
+    kv = next(w for w in s.warnings if w.code == "kv_scale_missing")
+    assert kv.verdict == "flagged"
+    assert r.verdict.text == "failed: fp8_kv_unsupported"
+    assert any("after it was ready" in n for n in r.verdict.notes)
+
+
+def test_lines_without_a_time_before_the_first_one(tmp_path: Path) -> None:
+    """A log that begins mid-bar: the bar lines carry no time until a headed line comes; they
+    are folded at that first time, in order, not at the file's mtime."""
+    w = "(Worker_TP0 pid=51300) "
+    desc = "Loading safetensors checkpoint shards"
+    bars = "".join(
+        f"{w}\r{desc}: {n}% Completed | {n}/119 [01:{n:02d}<10:00, 8.00s/it]\n"
+        for n in (10, 11, 12)
+    )
+    headed = (
+        f"{w}WARNING 07-25 17:30:00 [weight_utils.py:1398] Found k_scale in the checkpoint "
+        "(e.g. model.layers.7.self_attn.k_scale), but not found the expected name in the model "
+        "(e.g. model.layers.7.self_attn.attn.k_scale). k_scale is not loaded.\n"
+    )
+    r = analyze_log(write_log(tmp_path / "mid.log", (bars + headed).encode()))
+    (s,) = r.sessions
+    first_time = s.warnings[0].first_at
+    assert s.started_at == first_time != REF_TS
+    lp = r.verdict.last_progress
+    assert lp is not None and lp.done == 12 and s.reason == "first_event"
+    assert r.verdict.text.startswith("incomplete: loading_weights, last progress 12/119")
+    # with no time at all, the file's mtime stands in
+    r = analyze_log(write_log(tmp_path / "bars.log", bars.encode()))
+    assert r.sessions[0].started_at == REF_TS
