@@ -124,6 +124,8 @@ def demo_config(root: Path, model: Path, scenario: str, speed: float, listen: st
         vllm=VllmConfig(
             argv=argv,
             env={"PYTHONUNBUFFERED": "1"},
+            # an OOM comes back the same way: the demo shows the failure, not a futile restart
+            restart="never" if scenario == "oom" else "on-failure",
             backoff_initial_s=2.0,
             backoff_max_s=8.0,
             crash_loop_starts=3,

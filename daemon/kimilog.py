@@ -23,6 +23,10 @@ class LogClock(Protocol):
 
     def stamp(self) -> str: ...
 
+    def shown(self, seconds: float) -> float:
+        """How long `seconds` of the script take on this clock (what tqdm would print)."""
+        ...
+
 
 class SyntheticClock:
     """Time that only moves when told to: a log written as fast as the disk takes it."""
@@ -32,6 +36,9 @@ class SyntheticClock:
 
     def advance(self, seconds: float) -> None:
         self.t += seconds
+
+    def shown(self, seconds: float) -> float:
+        return seconds
 
     def stamp(self) -> str:
         days, rem = divmod(int(self.t), 86400)
@@ -52,6 +59,9 @@ class RealClock:
             if callable(self.flush):
                 self.flush()
             time.sleep(seconds / self.speed)
+
+    def shown(self, seconds: float) -> float:
+        return seconds / self.speed
 
     def stamp(self) -> str:
         return time.strftime("%m-%d %H:%M:%S")
@@ -80,6 +90,11 @@ class Counts:
     kv_scale_warnings: int = 0
     oom_failures: int = 0
     ready: int = 0
+
+
+def _rate(per_s: float) -> str:
+    """tqdm's rate: `N.NNit/s`, or `N.NNs/it` below one item a second."""
+    return f"{per_s:5.2f}it/s" if per_s >= 1 else f"{1 / per_s:5.2f}s/it"
 
 
 def hms(seconds: float) -> str:
@@ -165,17 +180,19 @@ def startup(
             yield from _oom(w[0], core, api, clock)
             c.oom_failures += 1
             return
-        rate = n / max(elapsed, 1e-6)
+        shown = clock.shown(elapsed)
+        rate = n / max(shown, 1e-6)
         remaining = (shape.shards - n) / rate
-        yield f"{w[0]}\r{desc}: {100 * n // shape.shards:3d}% Completed | {n}/{shape.shards} [{hms(elapsed)}<{hms(remaining)}, {1 / rate:5.2f}s/it]\n"
+        yield f"{w[0]}\r{desc}: {100 * n // shape.shards:3d}% Completed | {n}/{shape.shards} [{hms(shown)}<{hms(remaining)}, {_rate(rate)}]\n"
         c.weight_updates += 1
         c.shards_done = n
-    yield f"{w[0]}\r{desc}: 100% Completed | {shape.shards}/{shape.shards} [{hms(elapsed)}<00:00, {elapsed / shape.shards:5.2f}s/it]\n"
+    shown = clock.shown(elapsed)
+    yield f"{w[0]}\r{desc}: 100% Completed | {shape.shards}/{shape.shards} [{hms(shown)}<00:00, {_rate(shape.shards / max(shown, 1e-6))}]\n"
     c.weight_updates += 1
     yield f"{w[0]}\n"
     clock.advance(1)
-    yield f"{w[0]}INFO {clock.stamp()} [default_loader.py:291] Loading weights took {elapsed:.2f} seconds\n"
-    yield f"{w[0]}INFO {clock.stamp()} [gpu_model_runner.py:4130] Model loading took 72.05 GiB memory and {elapsed + 1:.6f} seconds\n"
+    yield f"{w[0]}INFO {clock.stamp()} [default_loader.py:291] Loading weights took {shown:.2f} seconds\n"
+    yield f"{w[0]}INFO {clock.stamp()} [gpu_model_runner.py:4130] Model loading took 72.05 GiB memory and {shown + clock.shown(1):.6f} seconds\n"
     clock.advance(20)
     yield f"{w[0]}INFO {clock.stamp()} [monitor.py:34] torch.compile took 14.31 s in total\n"
     clock.advance(5)
