@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
@@ -17,21 +17,14 @@ from prometheus_client.registry import Collector
 from loadwatch.daemon.published import Published
 from loadwatch.daemon.snapshot import GpuView, SessionView, Snapshot
 from loadwatch.exporters.http import HttpStats
+from loadwatch.parsers.events import FailureKind
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PHASES = ("starting", "loading_weights", "post_load", "ready", "failed", "stalled", "stopped")
 SUPERVISOR_STATES = ("idle", "starting", "running", "backoff", "stopping", "exited", "fatal")
-FAILURE_KINDS = (
-    "cuda_oom",
-    "kv_cache_too_small",
-    "max_model_len",
-    "engine_init_failed",
-    "worker_died",
-    "nccl",
-    "fp8_kv_unsupported",
-    "other",
-    "exited",  # a bad exit with no failure in the log
-)
+# Every kind is exported from 0, so an alert's increase() sees the first failure of a kind;
+# "exited" is a bad exit with no failure in the log.
+FAILURE_KINDS = (*get_args(FailureKind), "exited")
 EXIT_OUTCOMES = ("clean", "failed", "signal")
 
 Metric = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily

@@ -7,13 +7,21 @@ in docs/analyze.md), report_text.py draws it for the terminal.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from loadwatch.daemon.inputs import ModelInfo
 from loadwatch.daemon.kvdtype import KvDtype, effective_kv_dtype, warning_verdict
-from loadwatch.daemon.snapshot import KvCacheView, MilestoneView, SessionView, Snapshot, plain
+from loadwatch.daemon.snapshot import (
+    KvCacheView,
+    MilestoneView,
+    SessionView,
+    Snapshot,
+    WarningView,
+    plain,
+)
 from loadwatch.exporters.fmt import clock, duration
 
 SCHEMA = 1
@@ -73,20 +81,8 @@ class BarReport:
     updates: int
 
 
-@dataclass(frozen=True, slots=True)
-class WarningGroup:
-    code: str
-    severity: str
-    count: int
-    verdict: str  # benign | flagged | unknown | unrated
-    reason: str
-    layers: tuple[int, ...]
-    layer_count: int
-    scales: tuple[str, ...]
-    processes: tuple[str, ...]
-    first_at: float
-    last_at: float
-    sample: str
+# A warning code as the report shows it: the snapshot's view, with the verdict analyze settles.
+WarningGroup = WarningView
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,22 +338,7 @@ def _session(
     warnings = []
     for w in view.warnings:
         verdict, reason = warning_verdict(w.code, kv)
-        warnings.append(
-            WarningGroup(
-                code=w.code,
-                severity=w.severity,
-                count=w.count,
-                verdict=verdict,
-                reason=reason,
-                layers=w.layers,
-                layer_count=w.layer_count,
-                scales=w.scales,
-                processes=w.processes,
-                first_at=w.first_at,
-                last_at=w.last_at,
-                sample=w.sample,
-            )
-        )
+        warnings.append(dataclasses.replace(w, verdict=verdict, reason=reason))
     failures = []
     for f in view.failures:
         off = cap.failure_offsets.get((f.kind, f.message[:300]))
