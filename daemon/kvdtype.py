@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from loadwatch.daemon import vllm_argv
 from loadwatch.daemon.inputs import ModelInfo
 
 Verdict = Literal["benign", "flagged", "unknown", "unrated"]
@@ -44,15 +45,7 @@ class KvDtype:
 
 def argv_kv_dtype(argv: tuple[str, ...]) -> str | None:
     """The value of the last `--kv-cache-dtype` in `argv`, or None when absent."""
-    value: str | None = None
-    names = ("--kv-cache-dtype", "--kv_cache_dtype")
-    for i, arg in enumerate(argv):
-        if arg in names and i + 1 < len(argv):
-            value = argv[i + 1]
-        else:
-            for name in names:
-                if arg.startswith(name + "="):
-                    value = arg[len(name) + 1 :]
+    value = vllm_argv.option(argv, "--kv-cache-dtype") or vllm_argv.option(argv, "--kv_cache_dtype")
     return value.strip().lower() if value is not None else None
 
 
