@@ -161,6 +161,8 @@ class Daemon:
             reason=ev.reason,
             backoff_s=ev.backoff_s,
             argv=self.redactor.argv(ev.argv) if ev.argv else None,
+            # Every pid of the run's tree, so anyone can check from the log that none is left.
+            tree_pids=list(ev.tree_pids) if ev.tree_pids else None,
         )
         if ev.kind == "started":
             self._load_model(ev.argv)
@@ -543,7 +545,11 @@ class Daemon:
             result = await self.supervisor.stop("loadwatch is stopping")
             if result.tree_pids:
                 self._check_orphans(result.tree_pids)
-            self.eventlog.emit("vllm.stopped", remaining=list(result.remaining_pids))
+            self.eventlog.emit(
+                "vllm.stopped",
+                remaining=list(result.remaining_pids),
+                tree_pids=list(result.tree_pids),
+            )
         for task in pending:
             task.cancel()
         for task in pending:

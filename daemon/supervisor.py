@@ -59,6 +59,7 @@ from loadwatch.daemon.supervisor_config import (
     SupervisorConfigError,
     supervisor_config,
 )
+from loadwatch.parsers.catalog import KIND_RANK
 
 __all__ = [
     "ChildProcess",
@@ -191,10 +192,14 @@ class Supervisor:
 
     def note_fatal_failure(self, kind: str) -> bool:
         """The log of the current run shows a fatal failure: its exit counts as failed even with
-        code 0 (vLLM exits 0 after its engine died). False when there is no current run."""
+        code 0 (vLLM exits 0 after its engine died). False when there is no current run.
+
+        The exit's reason names the most telling kind noted: vLLM logs `EngineCore failed to
+        start.` before the traceback that says why (the KV cache is too small, say)."""
         if self._run is None:
             return False
-        if self._run.fatal_kind is None:
+        noted = self._run.fatal_kind
+        if noted is None or _rank(kind) < _rank(noted):
             self._run.fatal_kind = kind
         self._poke()
         return True
@@ -593,6 +598,10 @@ class Supervisor:
             self._on_event(event)
         except Exception:  # the consumer's bug must not orphan vLLM
             self.callback_errors_total += 1
+
+
+def _rank(kind: str) -> int:
+    return KIND_RANK.get(kind, len(KIND_RANK))
 
 
 def _split_returncode(rc: int | None) -> tuple[int | None, int | None]:

@@ -151,6 +151,25 @@ def test_signal_exit_is_a_failure_and_described(tmp_path: Path) -> None:
     assert exited.reason == "killed by SIGSEGV"
 
 
+def test_the_exit_reason_names_the_most_telling_failure_noted(tmp_path: Path) -> None:
+    # vLLM logs "EngineCore failed to start." before the traceback that says why.
+    rec = Recorder()
+    holder: list[Supervisor] = []
+
+    def on_event(e: ProcessEvent) -> None:
+        rec(e)
+        if e.kind == "started":
+            for kind in ("engine_init_failed", "kv_cache_too_small", "worker_died"):
+                assert holder[0].note_fatal_failure(kind)
+
+    sup = Supervisor(_cfg(tmp_path, restart="never"), on_event=on_event, ops=VirtualOps([0]))
+    holder.append(sup)
+    assert asyncio.run(sup.run()) == "exited"
+    exited = rec.of("exited")[0]
+    assert exited.reason == "exit code 0 after a fatal error in the log (kv_cache_too_small)"
+    assert sup.runs[0].failed
+
+
 def test_environment_and_cwd_reach_the_child_without_notify_vars(tmp_path: Path) -> None:
     ops = VirtualOps([0])
     env = {"PATH": "/bin", "NOTIFY_SOCKET": "/run/n", "WATCHDOG_USEC": "1", "VLLM_X": "1"}
