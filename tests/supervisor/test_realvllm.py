@@ -35,8 +35,8 @@ TINYMODEL = Path(__file__).resolve().parent.parent / "realvllm" / "tinymodel.py"
 
 @pytest.fixture(scope="module")
 def fp8_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not vllm_available():
-        pytest.skip(f"no vLLM environment at {vllm_python()} (make vllm)")
+    if not vllm_available():  # `make test` installs it first: missing is a failure, not a skip
+        pytest.fail(f"no vLLM environment at {vllm_python()}: run `make vllm`")
     out = tmp_path_factory.mktemp("models") / "deepseek-fp8kv"
     subprocess.run(
         [
