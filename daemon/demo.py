@@ -177,12 +177,13 @@ def run_demo(
         )
         watcher.start()
 
-    # the event log goes to its file; the screen is the output
+    # The event log goes to its file; the screen is the output, or without a screen a digest of
+    # the transitions.
     with open(os.devnull, "w") as devnull:
         code = run_daemon(
             cfg,
             on_started=on_started,
-            stdout=devnull,
+            stdout=devnull if screen else _Digest(console),
             gpu_factory=gpu_factory if simulated_gpus else None,
         )
     if code != 0:
@@ -194,6 +195,35 @@ def run_demo(
     analyze_command(Path(str(cfg.log.path)), model_dir=model, as_json=False, max_record_bytes=65536)
     console.print(f"\nevent log: {cfg.events_file}  (removed with the demo directory)")
     return 0 if end.outcome_ok else 1
+
+
+class _Digest:
+    """A stdout for the event log that prints one line per transition and supervisor event."""
+
+    KEEP = ("transition.", "vllm.", "preflight", "gpu.xid", "gpu.orphans", "daemon.problem")
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            event = str(doc.pop("event", ""))
+            if not event.startswith(self.KEEP):
+                continue
+            for noise in ("time", "at", "session", "argv", "report"):
+                doc.pop(noise, None)
+            detail = " ".join(f"{k}={v}" for k, v in doc.items() if v is not None)
+            self.console.print(
+                f"{time.strftime('%H:%M:%S')} {event} {detail}", highlight=False, soft_wrap=True
+            )
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 class _Ending:
