@@ -16,6 +16,7 @@ the machine, and the event log's own lines are not synced either.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass
@@ -94,7 +95,8 @@ class EmitMark:
                 self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
                 self._fd = os.open(self.path, flags, 0o600)
-            os.pwrite(self._fd, data, 0)
+            if os.pwrite(self._fd, data, 0) != len(data):  # a size limit cut it short
+                raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
             if len(data) > BLOCK:  # a longer note once: drop what a shorter one would leave
                 os.ftruncate(self._fd, len(data))
         except OSError as exc:

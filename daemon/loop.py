@@ -103,6 +103,7 @@ class Daemon:
         self._orphans: int | None = None
         self._health_up: bool | None = None
         self._log_error_logged: str | None = None
+        self._eventlog_error: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- configuration ----------------------------------------------------------------------
@@ -323,6 +324,8 @@ class Daemon:
             h = follower.health()
             if h.last_error and h.last_error != self._log_error_logged:
                 self._log_problem(f"log {follower.path}: {h.last_error}")
+            elif h.last_error is None and self._log_error_logged is not None:
+                self.eventlog.emit("daemon.recovered", source="log")
             self._log_error_logged = h.last_error
             if follower.backlog:
                 await asyncio.sleep(0)
@@ -341,6 +344,16 @@ class Daemon:
             for fut in (stop, wait):
                 if not fut.done():
                     fut.cancel()
+
+    def _check_eventlog(self) -> None:
+        """The event log's file failing (a full disk) is said on the console, which still works."""
+        error = self.eventlog.last_error
+        if error != self._eventlog_error:
+            if error is not None:
+                self._log_problem(error)
+            else:
+                self.eventlog.emit("daemon.recovered", source="eventlog")
+            self._eventlog_error = error
 
     def _log_problem(self, line: str) -> None:
         self.eventlog.emit("daemon.problem", error=self.redactor.text(line))
@@ -369,6 +382,7 @@ class Daemon:
     async def tick(self) -> None:
         while not self.stop_event.is_set():
             self._heartbeat = self.clock()
+            self._check_eventlog()
             self.apply(Tick())
             self.publish()
             self._notify_status()

@@ -75,6 +75,7 @@ class EventLog:
                 try:
                     self._file.write(line + "\n")
                     self._file.flush()
+                    self.last_error = None  # written again (a full disk was emptied)
                 except OSError as exc:
                     self._fault(f"cannot write the event log {self.path}: {exc.strerror or exc}")
             try:

@@ -1,7 +1,8 @@
 """The real daemon as a subprocess (`python -m loadwatch.daemon.cli run ...`) for the fault tests.
 
-Its stdout (the event log, one JSON object per line) goes to a file, so a daemon that is never
-read can never block on a full pipe. `prewarm=True` starts the interpreter and imports loadwatch
+Its stdout (the event log, one JSON object per line) is a pipe, drained into a file by a thread
+of the test: a daemon that is never read never blocks on a full pipe, and a file-size limit put
+on the daemon does not apply to its console. `prewarm=True` starts the interpreter and imports loadwatch
 first, then waits for `go()` before running the command line: a restart then costs the daemon's
 own start, not the import, and the kill tests can afford fifty of them.
 """
@@ -14,6 +15,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -41,6 +43,7 @@ class DaemonProc:
         env: dict[str, str] | None = None,
         preexec: Callable[[], None] | None = None,
         cwd: Path | None = None,
+        wrapper: Sequence[str] = (),
     ) -> None:
         self.out = out
         self.url = ""
@@ -50,16 +53,24 @@ class DaemonProc:
         self._stdout = out.open("wb")
         self._stderr = out.with_suffix(".stderr").open("wb")
         self.proc = subprocess.Popen(
-            cmd,
+            [*wrapper, *cmd],
             cwd=cwd or REPO,
             stdin=subprocess.PIPE if prewarm else subprocess.DEVNULL,
-            stdout=self._stdout,
+            stdout=subprocess.PIPE,
             stderr=self._stderr,
             env={**os.environ, **(env or {})},
             preexec_fn=preexec,
         )
+        self._drain = threading.Thread(target=self._copy, daemon=True)
+        self._drain.start()
         self.prewarm = prewarm
         self.go_at: float | None = None if prewarm else time.monotonic()
+
+    def _copy(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._stdout.write(line)
+            self._stdout.flush()
 
     @property
     def pid(self) -> int:
@@ -135,7 +146,8 @@ class DaemonProc:
         return code
 
     def _close(self) -> None:
-        for f in (self._stdout, self._stderr, self.proc.stdin):
+        self._drain.join(5)
+        for f in (self._stdout, self._stderr, self.proc.stdin, self.proc.stdout):
             if f is not None and not f.closed:
                 f.close()
 
