@@ -104,6 +104,8 @@ class Daemon:
         self._health_up: bool | None = None
         self._log_error_logged: str | None = None
         self._eventlog_error: str | None = None
+        self._vllm_exits: Counter[str] = Counter()  # vLLM runs ended, by outcome
+        self._vllm_last_ok: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- configuration ----------------------------------------------------------------------
@@ -162,6 +164,13 @@ class Daemon:
 
     def on_process_event(self, ev: ProcessEvent) -> None:
         """The supervisor's callback (on the loop's thread)."""
+        runs = self.supervisor.runs if self.supervisor is not None else None
+        if ev.kind == "exited" and runs:
+            # Tallied here: the supervisor keeps only its last runs, and counters never go back.
+            run = runs[-1]
+            outcome = "signal" if run.signal is not None else ("failed" if run.failed else "clean")
+            self._vllm_exits[outcome] += 1
+            self._vllm_last_ok = run.started_at
         self.apply(ev)
         self.eventlog.emit(
             f"vllm.{ev.kind}",
@@ -495,17 +504,13 @@ class Daemon:
         sup = self.supervisor
         if sup is None:
             return None
-        exits: Counter[str] = Counter()
-        last_ok: float | None = None
-        for run in sup.runs:
-            outcome = "signal" if run.signal is not None else ("failed" if run.failed else "clean")
-            exits[outcome] += 1
-            last_ok = run.started_at
+        exits = self._vllm_exits
+        last_ok = self._vllm_last_ok
         if sup.pid is not None:
             last_ok = self.clock()
         return SupervisorStats(
             state=str(sup.state),
-            starts_total=len(sup.runs) + (1 if sup.pid is not None else 0),
+            starts_total=sum(exits.values()) + (1 if sup.pid is not None else 0),
             exits=dict(exits),
             errors_total=exits["failed"] + exits["signal"],
             last_success_ts=last_ok,
