@@ -8,6 +8,7 @@ settings; the rest is the log. Any exception is a crash: libFuzzer stops and sav
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -17,7 +18,8 @@ import atheris
 with atheris.instrument_imports(include=["loadwatch"]):
     from tests.reliability.fuzz_targets import follow_target, parse_target
 
-WORKDIR = Path(tempfile.mkdtemp(prefix="loadwatch-fuzz-"))
+# the follower target's files; the test gives a directory it removes afterwards
+WORKDIR = Path(os.environ.get("LOADWATCH_FUZZ_DIR") or tempfile.mkdtemp(prefix="loadwatch-fuzz-"))
 COUNT = [0]
 
 
