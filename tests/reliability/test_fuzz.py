@@ -85,6 +85,7 @@ def test_follower_splitting_into_the_parser(pieces: list[bytes], cuts: list[int]
         follow_target(b"".join(pieces), cuts, cap, Path(d), 0)
 
 
+@pytest.mark.slow  # bounded: see the module docstring
 def test_atheris_over_both_targets(tmp_path: Path) -> None:
     if importlib.util.find_spec("atheris") is None:
         pytest.skip("atheris is not installed (pip install atheris)")

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.reliability.faults import load_steps
 from tests.reliability.proc import REPO, DaemonProc, wait_for
 
@@ -52,6 +54,7 @@ def _threads(pid: int) -> int:
     raise AssertionError("no Threads line")
 
 
+@pytest.mark.slow  # bounded: see the module docstring
 def test_metrics_stay_quick_under_abuse(tmp_path: Path) -> None:
     log = tmp_path / "vllm.log"
     log.write_text("".join(load_steps("/models/m", 12, 3, [5])[0]))

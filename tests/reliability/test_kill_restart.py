@@ -20,6 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.demo import make_model_dir
 from tests.reliability.proc import DaemonProc, wait_for
@@ -155,6 +157,7 @@ def _kill_delay(i: int, rng: random.Random) -> float:
     return rng.uniform(0.0, 0.3) if rng.random() < 0.6 else rng.uniform(0.3, 1.2)
 
 
+@pytest.mark.slow  # bounded: see the module docstring
 def test_fifty_sigkills_leave_the_state_and_the_event_log_exact(tmp_path: Path) -> None:
     rng = random.Random(SEED)
     model = make_model_dir(tmp_path, fp8_kv=False, shards=8, total_bytes=8 * 10**9)

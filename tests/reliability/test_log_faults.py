@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.reliability.faults import load_steps, unprivileged
 from tests.reliability.proc import DaemonProc, wait_for
 
@@ -81,6 +83,7 @@ class Probe:
         self.recovered += 1
 
 
+@pytest.mark.slow  # bounded: see the module docstring
 def test_log_faults_are_reported_served_through_and_recovered(tmp_path: Path) -> None:
     if True:
         root = tmp_path

@@ -92,6 +92,7 @@ class View:
         return time.monotonic() - t0
 
 
+@pytest.mark.slow  # bounded: see the module docstring
 def test_nvml_faults_leave_the_log_and_the_other_gpus_going(tmp_path: Path) -> None:
     cfg = _config(tmp_path)
     log = cfg.log.path

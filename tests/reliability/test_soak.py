@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from loadwatch.daemon.demo import free_port, make_model_dir
 from tests.reliability.proc import DaemonProc, wait_for
 
@@ -65,6 +67,7 @@ def _left_over(marker: str) -> list[int]:
     return out
 
 
+@pytest.mark.slow  # bounded: see the module docstring
 def test_start_crash_cycles_leak_nothing(tmp_path: Path) -> None:
     model = make_model_dir(tmp_path / "models", fp8_kv=True, shards=4, total_bytes=4 * 10**9)
     argv = [

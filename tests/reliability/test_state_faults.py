@@ -97,6 +97,7 @@ class Trickle(threading.Thread):
             )
 
 
+@pytest.mark.slow  # bounded: see the module docstring
 def test_disk_full_then_file_size_limit_on_the_state_directory(tmp_path: Path) -> None:
     steps = load_steps("/models/m", SHARDS, 11, [2, 4, 6, 8])
     log = tmp_path / "vllm.log"
