@@ -332,7 +332,8 @@ class Daemon:
                 self.publish()
             h = follower.health()
             if h.last_error and h.last_error != self._log_error_logged:
-                self._log_problem(f"log {follower.path}: {h.last_error}")
+                where = "" if h.last_error.startswith(str(follower.path)) else f"{follower.path}: "
+                self._log_problem(f"log {where}{h.last_error}")
             elif h.last_error is None and self._log_error_logged is not None:
                 self.eventlog.emit("daemon.recovered", source="log")
             self._log_error_logged = h.last_error
