@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import ssl
 import subprocess
 import sys
 import threading
@@ -41,8 +40,6 @@ class DaemonProc:
         *,
         prewarm: bool = False,
         env: dict[str, str] | None = None,
-        preexec: Callable[[], None] | None = None,
-        cwd: Path | None = None,
         wrapper: Sequence[str] = (),
     ) -> None:
         self.out = out
@@ -54,12 +51,11 @@ class DaemonProc:
         self._stderr = out.with_suffix(".stderr").open("wb")
         self.proc = subprocess.Popen(
             [*wrapper, *cmd],
-            cwd=cwd or REPO,
+            cwd=REPO,
             stdin=subprocess.PIPE if prewarm else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             env={**os.environ, **(env or {})},
-            preexec_fn=preexec,
         )
         self._drain = threading.Thread(target=self._copy, daemon=True)
         self._drain.start()
@@ -173,8 +169,3 @@ def wait_for(check: Callable[[], object], what: str, timeout_s: float = 20.0) ->
             last = exc
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
-
-
-def tls_context(cafile: Path) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(cafile))
-    return ctx

@@ -85,84 +85,84 @@ class Probe:
 
 @pytest.mark.slow  # bounded: see the module docstring
 def test_log_faults_are_reported_served_through_and_recovered(tmp_path: Path) -> None:
-    if True:
-        root = tmp_path
-        logdir = root / "logs"
+    root = tmp_path
+    logdir = root / "logs"
+    logdir.mkdir()
+    log = logdir / "vllm.log"
+    steps = load_steps("/models/m", SHARDS, 7, [2, 4, 6, 8, 10])
+    second = load_steps("/models/m", SHARDS, 8, [2, 4])
+    _write_new(log, steps[0])
+    cfg = root / "loadwatch.toml"
+    cfg.write_text(
+        f"state_dir = '{root / 'state'}'\n"
+        f"[log]\npath = '{log}'\npoll_interval_s = 0.05\n"
+        "[http]\nlisten = '127.0.0.1:0'\n[gpu]\nsource = 'none'\n"
+        "[forecast]\nstall_floor_s = 86400\n"
+    )
+    d = DaemonProc(["--config", str(cfg)], tmp_path / "out.jsonl", wrapper=unprivileged())
+    d.wait_listening()
+    p = Probe(d)
+    try:
+        wait_for(lambda: p.shards() == 2 and p.up() == 1.0, "the first two shards")
+
+        # 1. the directory loses its permissions (the open file can still be read, but the
+        #    path cannot be looked at: the follower cannot tell a rotation from growth)
+        os.chmod(logdir, 0o000)
+        _append(log, steps[1])
+        p.fault("directory mode 000", problem="Permission denied", known=lambda: p.shards() == 2)
+        os.chmod(logdir, 0o755)
+        p.recover("directory mode back", lambda: p.shards() == 4)
+
+        # 2. rotated, and the new file is unreadable to the daemon
+        os.rename(log, logdir / "vllm.log.1")
+        _write_new(log, steps[2], mode=0o000)
+        p.fault("new file mode 000", problem="Permission denied", known=lambda: p.shards() == 4)
+        os.chmod(log, 0o644)
+        p.recover("new file readable", lambda: p.shards() == 6)
+
+        # 3. the directory is deleted; a new vLLM start writes a new one
+        for f in logdir.iterdir():
+            f.unlink()
+        logdir.rmdir()
+        p.fault("directory deleted", problem=None, known=lambda: p.shards() == 6)
         logdir.mkdir()
-        log = logdir / "vllm.log"
-        steps = load_steps("/models/m", SHARDS, 7, [2, 4, 6, 8, 10])
-        second = load_steps("/models/m", SHARDS, 8, [2, 4])
-        _write_new(log, steps[0])
-        cfg = root / "loadwatch.toml"
-        cfg.write_text(
-            f"state_dir = '{root / 'state'}'\n"
-            f"[log]\npath = '{log}'\npoll_interval_s = 0.05\n"
-            "[http]\nlisten = '127.0.0.1:0'\n[gpu]\nsource = 'none'\n"
-            "[forecast]\nstall_floor_s = 86400\n"
+        _write_new(log, second[0])
+        p.recover(
+            "directory recreated",
+            lambda: p.session()["id"] == 2 and p.shards() == 2,
         )
-        d = DaemonProc(["--config", str(cfg)], tmp_path / "out.jsonl", wrapper=unprivileged())
-        d.wait_listening()
-        p = Probe(d)
-        try:
-            wait_for(lambda: p.shards() == 2 and p.up() == 1.0, "the first two shards")
 
-            # 1. the directory loses its permissions (the open file can still be read, but the
-            #    path cannot be looked at: the follower cannot tell a rotation from growth)
-            os.chmod(logdir, 0o000)
-            _append(log, steps[1])
-            p.fault(
-                "directory mode 000", problem="Permission denied", known=lambda: p.shards() == 2
-            )
-            os.chmod(logdir, 0o755)
-            p.recover("directory mode back", lambda: p.shards() == 4)
+        # 4. a symlink to another file (followed), a symlink loop, a good link again
+        _write_new(logdir / "other.log", [*second[0], *second[1]])
+        tmp = logdir / "link.tmp"
+        tmp.symlink_to("other.log")
+        os.replace(tmp, log)
+        wait_for(lambda: p.shards() == 4, "the symlinked file to be read")
+        assert p.up() == 1.0
+        (logdir / "loop-a").symlink_to("loop-b")
+        (logdir / "loop-b").symlink_to("loop-a")
+        tmp.symlink_to("loop-a")
+        os.replace(tmp, log)
+        p.fault("symlink loop", problem="symbolic links", known=lambda: p.shards() == 4)
+        _append(logdir / "other.log", second[2][:3])
+        tmp.symlink_to("other.log")
+        os.replace(tmp, log)
+        p.recover("good link again", lambda: p.up() == 1.0)
 
-            # 2. rotated, and the new file is unreadable to the daemon
-            os.rename(log, logdir / "vllm.log.1")
-            _write_new(log, steps[2], mode=0o000)
-            p.fault("new file mode 000", problem="Permission denied", known=lambda: p.shards() == 4)
-            os.chmod(log, 0o644)
-            p.recover("new file readable", lambda: p.shards() == 6)
-
-            # 3. the directory is deleted; a new vLLM start writes a new one
-            for f in logdir.iterdir():
-                f.unlink()
-            logdir.rmdir()
-            p.fault("directory deleted", problem=None, known=lambda: p.shards() == 6)
-            logdir.mkdir()
-            _write_new(log, second[0])
-            p.recover(
-                "directory recreated",
-                lambda: p.session()["id"] == 2 and p.shards() == 2,
-            )
-
-            # 4. a symlink to another file (followed), a symlink loop, a good link again
-            _write_new(logdir / "other.log", [*second[0], *second[1]])
-            tmp = logdir / "link.tmp"
-            tmp.symlink_to("other.log")
-            os.replace(tmp, log)
-            wait_for(lambda: p.shards() == 4, "the symlinked file to be read")
-            assert p.up() == 1.0
-            (logdir / "loop-a").symlink_to("loop-b")
-            (logdir / "loop-b").symlink_to("loop-a")
-            tmp.symlink_to("loop-a")
-            os.replace(tmp, log)
-            p.fault("symlink loop", problem="symbolic links", known=lambda: p.shards() == 4)
-            _append(logdir / "other.log", second[2][:3])
-            tmp.symlink_to("other.log")
-            os.replace(tmp, log)
-            p.recover("good link again", lambda: p.up() == 1.0)
-
-            # 5. a FIFO where the log was (a reader that opened it would hang)
-            known = p.shards()
-            log.unlink()
-            os.mkfifo(log)
-            p.fault("FIFO", problem="not a regular file", known=lambda: p.shards() == known)
-            log.unlink()
-            _write_new(log, [*second[0], *second[1], *second[2]])
-            p.recover("regular file again", lambda: p.session()["phase"] == "ready")
-            assert p.d.get("/readyz")[0] == 200
-        finally:
-            code = d.stop()
-        assert code == 0, d.stderr()
-        assert "Traceback" not in d.stderr(), d.stderr()
-        print(f"\nlog faults injected={p.faults} recovered={p.recovered} errors={p.problems()}")
+        # 5. a FIFO where the log was (a reader that opened it would hang)
+        known = p.shards()
+        log.unlink()
+        os.mkfifo(log)
+        p.fault("FIFO", problem="not a regular file", known=lambda: p.shards() == known)
+        log.unlink()
+        _write_new(log, [*second[0], *second[1], *second[2]])
+        p.recover("regular file again", lambda: p.session()["phase"] == "ready")
+        assert p.d.get("/readyz")[0] == 200
+    finally:
+        code = d.stop()
+    assert code == 0, d.stderr()
+    assert "Traceback" not in d.stderr(), d.stderr()
+    # each fault that raised an error was followed by a line saying the log reads again
+    back = [e for e in d.events() if e.get("event") == "daemon.recovered"]
+    assert len(back) >= 4 and {e["source"] for e in back} == {"log"}, back
+    print(f"\nlog faults injected={p.faults} recovered={p.recovered} errors={p.problems()}")
