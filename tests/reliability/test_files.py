@@ -48,7 +48,7 @@ def _tree(d: Path) -> dict[str, bytes]:
     }
 
 
-@pytest.mark.parametrize("umask", [0o000, 0o022])
+@pytest.mark.parametrize("umask", [0o000, 0o022], ids=["umask-000", "umask-022"])
 def test_state_files_are_private_whatever_the_umask(tmp_path: Path, umask: int) -> None:
     model = make_model_dir(tmp_path / "models", fp8_kv=False, shards=4, total_bytes=4 * 10**9)
     state = tmp_path / "state"
