@@ -3,7 +3,7 @@ PYTHON ?= python3
 BIN := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: venv tools vllm lint test test-fast demo bench fuzz clean
+.PHONY: venv tools vllm lint test test-fast demo bench fuzz soak clean
 
 venv:
 	@PYTHON=$(PYTHON) ./scripts/ensure-venv.sh
@@ -26,6 +26,19 @@ test: venv tools vllm lint
 # The quick loop: no real vLLM, no real Prometheus, no soak.
 test-fast: venv lint
 	$(BIN)/pytest -m "not slow and not realvllm and not prometheus" $(PYTEST_ARGS)
+
+# The long runs of what `make test` runs bounded: the fuzzers for FUZZ_S seconds (atheris, when
+# installed) and their hypothesis examples; the vLLM start/crash soak for SOAK_S seconds.
+FUZZ_S ?= 600
+SOAK_S ?= 600
+
+fuzz: venv
+	LOADWATCH_FUZZ_S=$(FUZZ_S) LOADWATCH_FUZZ_EXAMPLES=20000 \
+		$(BIN)/pytest tests/reliability/test_fuzz.py -s -p no:cacheprovider --timeout=0 $(PYTEST_ARGS)
+
+soak: venv
+	LOADWATCH_SOAK_S=$(SOAK_S) \
+		$(BIN)/pytest tests/reliability/test_soak.py -s -p no:cacheprovider --timeout=0 $(PYTEST_ARGS)
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -94,7 +94,7 @@ class CheckpointStore:
             raise CheckpointError(f"checkpoint extra is not JSON: {e}") from None
         tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
         try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
                 view = memoryview(data)

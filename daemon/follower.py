@@ -118,7 +118,7 @@ class FollowerHealth:
     truncations_total: int
     checkpoints_total: int
     errors_total: int
-    last_error: str | None  # one line
+    last_error: str | None  # one line; None again once reading (a save, for a checkpoint) works
     last_read_ts: float | None  # wall clock, the last read that found data
     last_check_ts: float | None  # wall clock, the last read() that finished without error
     file_id: str | None  # the file being read, once a record of it was delivered
@@ -207,6 +207,7 @@ class LogFollower:
         self._errors = 0
         self._checkpoints = 0
         self._last_error: str | None = None
+        self._error_in_state = False  # the last error is the state directory's: a save clears it
         self._last_read_ts: float | None = None
         self._last_check_ts: float | None = None
 
@@ -220,7 +221,7 @@ class LogFollower:
             try:
                 self.loaded_checkpoint = self._store.load()
             except CheckpointError as e:
-                self._fail(e)
+                self._fail(e, state=True)
         if self.loaded_checkpoint is not None:
             self._extra = dict(self.loaded_checkpoint.extra)
         start = start_at
@@ -231,7 +232,7 @@ class LogFollower:
                 self._pending = (FileIdentity.parse(start.file_id), start.offset)
                 self._start = "pending"
             except ValueError as e:
-                self._fail(e)
+                self._fail(e, state=True)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -265,6 +266,8 @@ class LogFollower:
                 if self._leave(src, out):
                     self._sources.pop(0)
             self._last_check_ts = self._wall()
+            if not self._error_in_state:
+                self._last_error = None  # reading works again
         except OSError as e:
             self._fail(e)
             if e.errno == errno.ESTALE:  # the NFS handle is gone: find our place again by path
@@ -552,8 +555,10 @@ class LogFollower:
         try:
             self._store.save(cp)
         except CheckpointError as e:
-            self._fail(e)
+            self._fail(e, state=True)
             return False
+        if self._error_in_state:
+            self._last_error, self._error_in_state = None, False  # saving works again
         self._checkpoints += 1
         self._cp_saved = (pos, dict(self._extra))
         return True
@@ -630,9 +635,10 @@ class LogFollower:
 
     # -- health and shutdown ----------------------------------------------------------------------
 
-    def _fail(self, e: BaseException | str) -> None:
+    def _fail(self, e: BaseException | str, *, state: bool = False) -> None:
         self._errors += 1
         self._last_error = _one_line(e)
+        self._error_in_state = state
 
     def health(self) -> FollowerHealth:
         src = self._sources[0] if self._sources else None

@@ -10,13 +10,16 @@ After each batch the loop publishes an immutable `Published` bundle; HTTP thread
 Restart: the follower resumes from its checkpoint, whose `extra` carries where the current vLLM
 session began. The loop seeks there and re-reads up to the checkpoint to rebuild the session's
 state (those events are not written to the event log again; transitions are marked `replay`),
-then goes on live.
+then goes on live. Records read after the checkpoint by a daemon that was then killed had their
+events written already: the emit mark (emitmark.py) says up to where, and those are re-read as a
+replay too; the events of a run of records the kill cut short are written again marked `replay`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import time
@@ -26,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config
+from loadwatch.daemon.emitmark import EmitMark, Mark, same_file, still_there
 from loadwatch.daemon.follower import FollowerError, LogFollower, Position
 from loadwatch.daemon.gpu import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.inputs import GpuReading, HealthProbe, IoSample, ModelInfo, ProcessEvent, Tick
@@ -89,6 +94,8 @@ class Daemon:
         self._retired = _Retired(Counter(), Counter())
         self._session_start: dict[str, Any] | None = None
         self._replay_until: Position | None = None
+        self._marks: EmitMark | None = None
+        self._mark: Mark | None = None  # the last run's emit mark, until reading passes it
         self._gpu_ccs: dict[int, tuple[int, int]] = {}
         self._last_reading: GpuReading | None = None
         self._last_status = ""
@@ -96,6 +103,9 @@ class Daemon:
         self._orphans: int | None = None
         self._health_up: bool | None = None
         self._log_error_logged: str | None = None
+        self._eventlog_error: str | None = None
+        self._vllm_exits: Counter[str] = Counter()  # vLLM runs ended, by outcome
+        self._vllm_last_ok: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- configuration ----------------------------------------------------------------------
@@ -152,6 +162,13 @@ class Daemon:
 
     def on_process_event(self, ev: ProcessEvent) -> None:
         """The supervisor's callback (on the loop's thread)."""
+        runs = self.supervisor.runs if self.supervisor is not None else None
+        if ev.kind == "exited" and runs:
+            # Tallied here: the supervisor keeps only its last runs, and counters never go back.
+            run = runs[-1]
+            outcome = "signal" if run.signal is not None else ("failed" if run.failed else "clean")
+            self._vllm_exits[outcome] += 1
+            self._vllm_last_ok = run.started_at
         self.apply(ev)
         self.eventlog.emit(
             f"vllm.{ev.kind}",
@@ -226,39 +243,75 @@ class Daemon:
                     self._replay_until = resume
                     self._session_start = start
                     self.eventlog.emit("daemon.replay", since=start, until=resume.to_dict())
+        name = checkpoint_name(path).replace("follower-", "events-", 1)
+        self._marks = EmitMark(state_dir / name)
+        mark = self._marks.load()
+        self._mark = mark if mark is not None and still_there(mark, path) else None
         self._follower = follower
         return follower
 
     def feed_chunks(self, chunks: Iterable[Any]) -> None:
         for chunk in chunks:
-            replay = self._replaying(chunk)
-            for ev in self._scanner.feed(chunk.data, chunk.offset, chunk.file_id):
-                self._event(ev, chunk.file_id, replay)
+            for data, start, end in self._split(chunk):
+                mode = self._replaying(chunk.file_id, start, end)
+                events = self._scanner.feed(data, start, chunk.file_id)
+                marks = self._marks if events and mode != "replay" else None
+                if marks is not None:
+                    marks.begin(chunk.file_id, start, end)
+                for ev in events:
+                    self._event(ev, chunk.file_id, mode)
+                if marks is not None:
+                    marks.end(chunk.file_id, end)
         if self._follower is not None:
             self._follower.maybe_checkpoint(self._checkpoint_extra())
 
-    def _replaying(self, chunk: Any) -> bool:
+    def _split(self, chunk: Any) -> list[tuple[bytes, int, int]]:
+        """The chunk as runs of records, cut where replaying ends: a run is all replay or none."""
+        cuts: set[int] = set()
+        until, mark = self._replay_until, self._mark
+        if until is not None and until.file_id == chunk.file_id:
+            cuts.add(until.offset)
+        if mark is not None and same_file(mark.file_id, chunk.file_id):
+            cuts.update((mark.done, mark.pending))
+        start, end = chunk.offset, chunk.next_offset
+        inner = sorted(c for c in cuts if start < c < end)
+        if chunk.cut or not inner:  # a cut record is one record: nothing to split
+            return [(chunk.data, start, end)]
+        bounds = [start, *inner, end]
+        return [(chunk.data[a - start : b - start], a, b) for a, b in itertools.pairwise(bounds)]
+
+    def _replaying(self, file_id: str, start: int, end: int) -> str:
+        """'replay': re-read to rebuild the state, events already written; 'again': a run whose
+        events a killed daemon may have written in part, so written marked as replays; 'live'."""
         until = self._replay_until
-        if until is None:
-            return False
-        if chunk.file_id == until.file_id and chunk.offset >= until.offset:
+        if until is not None:
+            if file_id != until.file_id or start < until.offset:
+                return "replay"
             self._replay_until = None
             self.eventlog.emit("daemon.replay_done")
-            return False
-        return True
+        mark = self._mark
+        if mark is not None and same_file(mark.file_id, file_id):
+            if end <= mark.done:
+                return "replay"
+            if end <= mark.pending:
+                return "again"
+            self._mark = None
+        return "live"
 
     def _session_id(self) -> int | None:
         s = self.state.session
         return s.id if s is not None else None
 
-    def _event(self, ev: Event, file_id: str, replay: bool) -> None:
+    def _event(self, ev: Event, file_id: str, mode: str) -> None:
         self._events[ev.type] += 1
         before = self._session_id()
-        self.apply(ev, replay=replay)
+        self.apply(ev, replay=mode != "live")
         if self._session_id() != before:
             self._session_start = {"file_id": file_id, "offset": ev.offset}
-        if not replay:
+        if mode != "replay":
             fields = {k: v for k, v in ev.to_dict().items() if v is not None and k != "type"}
+            if mode == "again":
+                fields["replay"] = True
             self.eventlog.emit(f"log.{ev.type}", **fields)
 
     def _checkpoint_extra(self) -> dict[str, Any]:
@@ -279,11 +332,16 @@ class Daemon:
                 self.publish()
             h = follower.health()
             if h.last_error and h.last_error != self._log_error_logged:
-                self._log_problem(f"log {follower.path}: {h.last_error}")
+                where = "" if h.last_error.startswith(str(follower.path)) else f"{follower.path}: "
+                self._log_problem(f"log {where}{h.last_error}")
+            elif h.last_error is None and self._log_error_logged is not None:
+                self.eventlog.emit("daemon.recovered", source="log")
             self._log_error_logged = h.last_error
             if follower.backlog:
                 await asyncio.sleep(0)
                 continue
+            if not chunks and h.file_exists:
+                self._mark = None  # caught up: whatever the mark names is not coming
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wait_log(follower), timeout=1.0)
 
@@ -296,6 +354,16 @@ class Daemon:
             for fut in (stop, wait):
                 if not fut.done():
                     fut.cancel()
+
+    def _check_eventlog(self) -> None:
+        """The event log's file failing (a full disk) is said on the console, which still works."""
+        error = self.eventlog.last_error
+        if error != self._eventlog_error:
+            if error is not None:
+                self._log_problem(error)
+            else:
+                self.eventlog.emit("daemon.recovered", source="eventlog")
+            self._eventlog_error = error
 
     def _log_problem(self, line: str) -> None:
         self.eventlog.emit("daemon.problem", error=self.redactor.text(line))
@@ -324,6 +392,7 @@ class Daemon:
     async def tick(self) -> None:
         while not self.stop_event.is_set():
             self._heartbeat = self.clock()
+            self._check_eventlog()
             self.apply(Tick())
             self.publish()
             self._notify_status()
@@ -439,17 +508,13 @@ class Daemon:
         sup = self.supervisor
         if sup is None:
             return None
-        exits: Counter[str] = Counter()
-        last_ok: float | None = None
-        for run in sup.runs:
-            outcome = "signal" if run.signal is not None else ("failed" if run.failed else "clean")
-            exits[outcome] += 1
-            last_ok = run.started_at
+        exits = self._vllm_exits
+        last_ok = self._vllm_last_ok
         if sup.pid is not None:
             last_ok = self.clock()
         return SupervisorStats(
             state=str(sup.state),
-            starts_total=len(sup.runs) + (1 if sup.pid is not None else 0),
+            starts_total=sum(exits.values()) + (1 if sup.pid is not None else 0),
             exits=dict(exits),
             errors_total=exits["failed"] + exits["signal"],
             last_success_ts=last_ok,
@@ -557,6 +622,8 @@ class Daemon:
                 await task
         if self._follower is not None:
             self._follower.close(checkpoint=True)
+        if self._marks is not None:
+            self._marks.close()
         self.publish()
         self.eventlog.emit("daemon.stopped")
         return 0

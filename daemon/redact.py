@@ -51,6 +51,8 @@ class Redactor:
         for secret in self._secrets:
             if secret in value:
                 value = value.replace(secret, MASK)
+        for secret in self._secrets:
+            value = _cut_ends(value, secret)
         return value
 
     def argv(self, argv: Iterable[str]) -> list[str]:
@@ -70,3 +72,17 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self.value(v) for v in value]
         return value
+
+
+def _cut_ends(value: str, secret: str) -> str:
+    """Mask part of a secret at either end: a message cut to a length limit (the parser keeps
+    the first 2000 characters of a line) may end in the first characters of one."""
+    for n in range(len(secret) - 1, MIN_SECRET_LEN - 1, -1):
+        if value.endswith(secret[:n]):
+            value = value[:-n] + MASK
+            break
+    for n in range(len(secret) - 1, MIN_SECRET_LEN - 1, -1):
+        if value.startswith(secret[-n:]):
+            value = MASK + value[n:]
+            break
+    return value

@@ -75,6 +75,7 @@ class EventLog:
                 try:
                     self._file.write(line + "\n")
                     self._file.flush()
+                    self.last_error = None  # written again (a full disk was emptied)
                 except OSError as exc:
                     self._fault(f"cannot write the event log {self.path}: {exc.strerror or exc}")
             try:
@@ -100,7 +101,7 @@ class EventLog:
         if self.path is None:
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)  # as the file: 0640
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             self._file = os.fdopen(fd, "a", encoding="utf-8")
         except OSError as exc:

@@ -2,18 +2,21 @@
 
 Handlers only read immutable snapshots, so they run on the server's own threads and never touch
 the event loop. Defences, all configurable: loopback bind by default, a cap on concurrent
-connections (excess ones are closed at once instead of queueing behind slow ones), a per-connection
-read timeout (a client that never finishes its request is dropped), GET/HEAD only, no request
-bodies, optional TLS and bearer/basic authentication.
+connections (excess ones are closed at once instead of queueing behind slow ones), a deadline for
+each request to arrive whole (a client that never finishes its request is dropped, even one that
+sends a byte now and then), GET/HEAD only, no request bodies, optional TLS and bearer/basic
+authentication.
 """
 
 from __future__ import annotations
 
 import base64
 import hmac
+import io
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -87,15 +90,40 @@ class _Server(ThreadingHTTPServer):
         self.owner.stats.errors += 1
 
 
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each allowed only the time left until the request's deadline: a
+    per-read timeout alone lets a client that sends a byte now and then hold a thread forever."""
+
+    def __init__(self, sock: socket.socket, handler: _RequestHandler) -> None:
+        self._sock = sock
+        self._handler = handler
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._handler.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive within the request timeout")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
 class _RequestHandler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
     server_version = "loadwatch"
     sys_version = ""
+    deadline = 0.0
 
     def setup(self) -> None:
         super().setup()
         self.connection.settimeout(self.server.owner.config.request_timeout_s)
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self))
+
+    def handle_one_request(self) -> None:
+        self.deadline = time.monotonic() + self.server.owner.config.request_timeout_s
+        super().handle_one_request()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # requests are counted, not logged line by line

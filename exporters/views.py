@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from http import HTTPStatus
 
 from loadwatch.daemon.published import Published
@@ -12,6 +15,26 @@ from loadwatch.exporters.http import Handler, HttpStats, Response
 from loadwatch.exporters.prometheus import CONTENT_TYPE, LoadwatchCollector, registry_for, render
 
 JSON = "application/json"
+METRICS_REUSE_S = 0.1
+
+
+@dataclass
+class _Rendered:
+    """The last exposition. A burst (or a flood) of scrapers renders once per published bundle
+    and `METRICS_REUSE_S`, one at a time, instead of once each: rendering is most of a scrape's
+    cost, and under load the scrapers then wait less for one another."""
+
+    pub: Published | None = None
+    at: float = float("-inf")
+    body: bytes = b""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, pub: Published | None, render: Callable[[], bytes]) -> bytes:
+        with self.lock:
+            now = time.monotonic()
+            if pub is not self.pub or now - self.at > METRICS_REUSE_S:
+                self.pub, self.at, self.body = pub, now, render()
+            return self.body
 
 
 def routes(
@@ -23,9 +46,12 @@ def routes(
 ) -> dict[str, Handler]:
     registry = registry_for(LoadwatchCollector(published, clock, stats))
     red = redactor or Redactor()
+    cache = _Rendered()
 
     def metrics(q: Mapping[str, str]) -> Response:
-        return Response(HTTPStatus.OK, render(registry), CONTENT_TYPE)
+        return Response(
+            HTTPStatus.OK, cache.get(published(), lambda: render(registry)), CONTENT_TYPE
+        )
 
     def status(q: Mapping[str, str]) -> Response:
         pub = published()

@@ -229,7 +229,9 @@ CATALOG: tuple[Entry, ...] = (
         "progress.tqdm",
         ("it/s]", "s/it]"),
         _c(
-            r"(?P<desc>[^\r\n:|]{1,200}+):\s{0,8}+(?P<pct>\d{1,3}+)%"
+            # The description starts where a run of its characters starts: a search then tries
+            # the run once, not again from each of its characters (linear on a long run).
+            r"(?<![^\r\n:|])(?P<desc>[^\r\n:|]{1,200}+):\s{0,8}+(?P<pct>\d{1,3}+)%"
             r"(?: Completed \| ?|\|[^|\r\n]{0,400}+\| ?)"
             r"(?P<n>\d{1,9}+)/(?P<total>\d{1,9}+) ?"
             r"\[(?P<el>[\d:]{1,12}+)<(?P<rem>[\d:?]{1,12}+),\s{0,8}+"
@@ -601,8 +603,10 @@ CATALOG: tuple[Entry, ...] = (
 
 
 # `torch.OutOfMemoryError: CUDA out of memory...`, `RuntimeError: ...`, `KeyboardInterrupt`.
+# The last name gives back characters for its ending (Error, ...): not possessive there, which
+# costs at most 80 steps back, once, since the pattern is anchored.
 EXCEPTION_LINE = re.compile(
-    r"^(?P<exc>(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Za-z_][A-Za-z0-9_]{0,80}+"
+    r"^(?P<exc>(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Za-z_][A-Za-z0-9_]{0,80}"
     r"(?:Error|Exception|Exit|Interrupt|Warning|Fault|Failure|Dead))(?:: ?(?P<msg>.*+))?$"
 )
 # In a traceback anything shaped `dotted.Name: message` ends it, whatever the class is called.

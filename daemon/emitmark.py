@@ -1,0 +1,109 @@
+"""How far the event log got in the followed file, kept on disk so a restart writes nothing twice.
+
+The follower's checkpoint is saved every few seconds. A daemon killed in between would, started
+again, re-read the records after its checkpoint and write their events a second time. So around
+every run of records whose events it writes, the loop notes in this small file the file's
+identity, `done` (the end of the records whose events are all written) and `pending` (the end of
+the records being written now): `pending` before writing, `done` after. A restart re-reads the
+records before `done` as a replay (state rebuilt, nothing written), writes the events of the
+records between `done` and `pending` (the run the kill cut short) marked as replays, and goes on
+live after `pending`.
+
+Each update is one `pwrite` of a fixed-size block over the same bytes, so a killed process leaves
+either the old note or the new one. There is no fsync: the note has to outlive the process, not
+the machine, and the event log's own lines are not synced either.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadwatch.daemon.follower_files import FileIdentity, fingerprint
+
+BLOCK = 512
+
+
+def same_file(a: str, b: str) -> bool:
+    """Two file identities name one file: device and inode agree. (The fingerprint's length
+    depends on how much of the file there was when it was taken, so it differs between runs.)"""
+    return a.split(":", 2)[:2] == b.split(":", 2)[:2]
+
+
+def still_there(mark: Mark, path: Path) -> bool:
+    """The file at `path` is the one the mark names: same inode, same first bytes."""
+    try:
+        ident = FileIdentity.parse(mark.file_id)
+        with path.open("rb") as f:
+            st = os.fstat(f.fileno())
+            head = f.read(ident.fp_len)
+    except (OSError, ValueError):
+        return False
+    same = (st.st_dev, st.st_ino) == (ident.dev, ident.ino)
+    return same and len(head) == ident.fp_len and fingerprint(head) == ident.fp
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    file_id: str
+    done: int  # every record before this offset had its events written
+    pending: int  # records up to here may have had theirs written (>= done)
+
+
+class EmitMark:
+    """The note's file: `load()` once at start, then `begin`/`end` around each written run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.errors_total = 0
+        self.last_error: str | None = None
+        self._fd: int | None = None
+        self._file_id: str | None = None
+        self._done = 0
+
+    def load(self) -> Mark | None:
+        """The note the last run left, or None (none, or unreadable: then nothing is skipped)."""
+        try:
+            raw = self.path.read_bytes()
+            doc = json.loads(raw.decode("utf-8").strip() or "null")
+            mark = Mark(str(doc["file_id"]), int(doc["done"]), int(doc["pending"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if mark.done < 0 or mark.pending < mark.done:
+            return None
+        return mark
+
+    def begin(self, file_id: str, start: int, end: int) -> None:
+        """Events of the records in [start, end) of `file_id` are about to be written."""
+        if file_id != self._file_id:
+            self._file_id, self._done = file_id, start
+        self._write(Mark(file_id, min(self._done, start), end))
+
+    def end(self, file_id: str, end: int) -> None:
+        """Those events are written."""
+        self._file_id, self._done = file_id, end
+        self._write(Mark(file_id, end, end))
+
+    def _write(self, mark: Mark) -> None:
+        text = json.dumps({"file_id": mark.file_id, "done": mark.done, "pending": mark.pending})
+        data = text.encode().ljust(BLOCK - 1) + b"\n"
+        try:
+            if self._fd is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                self._fd = os.open(self.path, flags, 0o600)
+            if os.pwrite(self._fd, data, 0) != len(data):  # a size limit cut it short
+                raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+            if len(data) > BLOCK:  # a longer note once: drop what a shorter one would leave
+                os.ftruncate(self._fd, len(data))
+        except OSError as exc:
+            self.errors_total += 1
+            self.last_error = f"cannot note the event log's position in {self.path}: {exc.strerror}"
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
