@@ -29,9 +29,10 @@ class LogClock(Protocol):
 
 
 class SyntheticClock:
-    """Time that only moves when told to: a log written as fast as the disk takes it."""
+    """Time that only moves when told to: a log written as fast as the disk takes it, stamped
+    as vLLM stamps it (local time, `MM-DD HH:MM:SS`)."""
 
-    def __init__(self, start_s: float = 86400 * 3) -> None:
+    def __init__(self, start_s: float = 1_795_000_000.0) -> None:
         self.t = start_s
 
     def advance(self, seconds: float) -> None:
@@ -41,10 +42,7 @@ class SyntheticClock:
         return seconds
 
     def stamp(self) -> str:
-        days, rem = divmod(int(self.t), 86400)
-        h, rem = divmod(rem, 3600)
-        m, s = divmod(rem, 60)
-        return f"11-{1 + days % 28:02d} {h:02d}:{m:02d}:{s:02d}"
+        return time.strftime("%m-%d %H:%M:%S", time.localtime(self.t))
 
 
 class RealClock:

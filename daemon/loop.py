@@ -387,6 +387,7 @@ class Daemon:
                 self._log_problem(f"GPU source: {reading.error}")
             last_error = reading.error
             self.apply(reading)
+            self.publish()  # the source's health and the state it fed go out together
             await self._sleep(interval)
 
     async def tick(self) -> None:

@@ -6,20 +6,7 @@ import random
 import time
 from pathlib import Path
 
-from loadwatch.daemon.kimilog import Shape, serving, startup
-
-
-class StampClock:
-    """Log time that moves only when told, stamped as vLLM stamps it (local `MM-DD HH:MM:SS`)."""
-
-    def __init__(self, start_s: float) -> None:
-        self.t = start_s
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-    def stamp(self) -> str:
-        return time.strftime("%m-%d %H:%M:%S", time.localtime(self.t))
+from loadwatch.daemon.kimilog import Shape, SyntheticClock, serving, startup
 
 
 def two_sessions(
@@ -35,7 +22,7 @@ def two_sessions(
     from the wall clock either.
     """
     rng = random.Random(seed)
-    clock = StampClock(time.time() - minutes_ago * 60)
+    clock = SyntheticClock(time.time() - minutes_ago * 60)
     shape = Shape(model=str(model), shards=shards, workers=4, layers=8, shard_s=(4.0, 9.0))
     lines = list(startup(rng, clock, shape, fail="oom", fail_at_shard=shards // 2))
     clock.advance(20)

@@ -16,14 +16,13 @@ from pathlib import Path
 
 from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config, ForecastConfig, GpuConfig, HttpConfig, LogConfig
-from loadwatch.daemon.kimilog import Shape, startup
+from loadwatch.daemon.kimilog import Shape, SyntheticClock, startup
 from tests.daemon.harness import running
-from tests.reliability.script import StampClock
 
 
 def _lines() -> list[str]:
     shape = Shape(model="/models/m", shards=10, workers=2, layers=4)
-    return list(startup(random.Random(4), StampClock(time.time() - 600), shape))
+    return list(startup(random.Random(4), SyntheticClock(time.time() - 600), shape))
 
 
 def _offsets(lines: list[str]) -> list[int]:

@@ -202,6 +202,7 @@ def test_real_pynvml_without_a_driver_is_a_down_source_not_a_crash(tmp_path: Pat
         d.wait(lambda: v.errors() >= 1, "the GPU source's failure counted")
         if v.source_up() == 1.0:
             pytest.skip("this machine has an NVIDIA driver: NVML works")
+        d.wait(lambda: d.status()["gpu_source_up"] is False, "the reading applied")
         s = d.status()
         assert s["gpu_source_up"] is False and s["gpu_error"]
         assert "\n" not in s["gpu_error"]

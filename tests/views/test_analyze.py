@@ -32,6 +32,12 @@ EXPECTED: dict[str, tuple[int, str, list[str]]] = {
     "real-v0.32-deepseek-kvscales.log": (1, "ready", []),
     "real-v0.32-kv-too-small.log": (1, "failed: kv_cache_too_small", []),
     "real-v0.32-llama.log": (1, "ready", []),
+    "real-v0.32-supervised-kv-too-small.log": (
+        2,
+        "failed: kv_cache_too_small",
+        ["failed: kv_cache_too_small"],
+    ),
+    "real-v0.32-supervised-patched.log": (1, "ready", []),
     "tp1-enginecore.log": (1, "ready", []),
     "v0-bracket-header.log": (1, "failed: cuda_oom", []),
     "v0-old-header.log": (1, "ready", []),
