@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from loadwatch.daemon.fold import HANDLERS, Fold
+from loadwatch.daemon.fold import FAST, HANDLERS, Fold
 from loadwatch.daemon.inputs import HealthProbe, Tick
 from loadwatch.daemon.session import (
     BarTrack,
@@ -56,12 +56,19 @@ from loadwatch.daemon.snapshot import Snapshot, Transition
 from loadwatch.daemon.views import build_snapshot
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class LoadState(StateData):
     """The daemon's judgement of the load; see the module doc. Fields: `StateData`."""
 
     def apply(self, item: Input, now: float) -> LoadState:
         """Fold one input observed at `now`; the result's `transitions` are this call's."""
+        fast = FAST.get(type(item))
+        if fast is not None:
+            session = fast(self, item, now)
+            if session is not None:
+                return evolve(
+                    self, session=session, transitions=(), inputs_total=self.inputs_total + 1
+                )
         handler = HANDLERS.get(type(item))
         if handler is None:
             raise TypeError(f"LoadState.apply: unsupported input {type(item).__name__}")

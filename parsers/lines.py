@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 # ESC [ ... m, and the same with the ESC byte lost in a copy (`[1;36m`).
 _ANSI = re.compile(r"\x1b\[[0-9;]{0,16}+[A-Za-z]|\[[0-9]{1,3}+(?:;[0-9]{1,3}+){0,7}+m")
@@ -44,9 +44,22 @@ _DATED = re.compile(
 _MISSING = object()
 _HEADER_WINDOW = 256  # a VLLM_LOGGING_PREFIX may stand before the header; nothing longer
 
+# The record shape that makes up nearly every line of a vLLM log: at most one process prefix,
+# then the bracketed header. Every class is ASCII and explicit, so whatever this matches,
+# `_PREFIX` + `_HEADER` match the same way (their `\d`, `\s` also take non-ASCII characters);
+# anything else takes the general path.
+_STANDARD = re.compile(
+    r"(?:\((?P<name>[A-Za-z][A-Za-z0-9_-]{0,63})(?: rank=(?P<rank>[0-9]{1,6}))?"
+    r"(?: (?P<ranks>[A-Z]{1,8}[0-9]{1,6}(?:_[A-Z]{1,8}[0-9]{1,6}){0,7}))?"
+    r" pid=(?P<pid>[0-9]{1,10})(?:, ip=[0-9A-Fa-f.:]{1,64})?\) ?)?"
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
+    r"(?P<stamp>[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:[.,][0-9]{1,6})? "
+    r"\[(?P<src>[\x21-\x5c\x5e-\x7e]{1,200})\] ?"
+)
+_HEAD_CACHE_MAX = 4096
 
-@dataclass(frozen=True, slots=True)
-class Head:
+
+class Head(NamedTuple):
     """What stands before the message of one record."""
 
     process: str | None
@@ -99,7 +112,7 @@ class YearResolver:
     def __init__(self, ref_ts: float | None = None) -> None:
         self.ref_ts = time.time() if ref_ts is None else ref_ts
         self._cache: dict[tuple[int, int, int], float | None] = {}
-        self._stamps: dict[str, float | None] = {}
+        self._stamps: dict[str | bytes, float | None] = {}
 
     def resolve(self, mon: int, day: int, h: int, m: int, s: int) -> float | None:
         key = (mon, day, h)
@@ -108,7 +121,7 @@ class YearResolver:
         base = self._cache[key]
         return None if base is None else base + m * 60 + s
 
-    def stamp(self, text: str) -> float | None:
+    def stamp(self, text: str | bytes) -> float | None:
         """`MM-DD HH:MM:SS` to epoch seconds; consecutive lines share their second, so cache."""
         ts = self._stamps.get(text, _MISSING)
         if ts is _MISSING:
@@ -131,6 +144,52 @@ class YearResolver:
             if ts <= self.ref_ts + 86400 and (best is None or ts > best):
                 best = ts
         return best
+
+
+class StandardHeads:
+    """`parse_head` for whole records of the common shape, with the header parsed once per
+    distinct header text (records of one process within one second share it).
+
+    `head(text)` is the `Head` that `split_segments(strip_ansi(text))` + `parse_head` would give
+    for a record that turns out to be one segment, or None when the record is not of that shape
+    (colour codes, a second prefix in mid-record, no bracketed header): then use the general path.
+    """
+
+    def __init__(self, years: YearResolver) -> None:
+        self.years = years
+        self._known: dict[str, tuple[str | None, int | None, str, float | None, str, int]] = {}
+
+    def head(self, text: str) -> Head | None:
+        if "\x1b" in text or "0m" in text or "6m" in text or " [repeated " in text:
+            return None  # colour codes to strip, or a Ray suffix to drop: the general path
+        k = text.find("] ", 0, 400) + 2
+        if k < 2:
+            return None  # no space after the header: rare, left to the general path
+        key = text[:k]
+        known = self._known.get(key)
+        if known is None:
+            m = _STANDARD.match(key)
+            if m is None or m.end() != k:
+                return None
+            level = m.group("level")
+            known = (
+                _process_name(m) if m.group("name") else None,
+                int(m.group("pid")) if m.group("pid") else None,
+                "WARNING" if level == "WARN" else level,
+                self.years.stamp(m.group("stamp")),
+                m.group("src"),
+                m.start("level"),
+            )
+            if len(self._known) >= _HEAD_CACHE_MAX:
+                self._known.clear()
+            self._known[key] = known
+        process, pid, level, ts, src, after_prefix = known
+        if text.find(" pid=", after_prefix) >= 0:
+            return None  # another process's record may start in this one
+        return _tuple_new(Head, (process, pid, level, ts, src, text[k:], False))
+
+
+_tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 
 def parse_head(segment: str, years: YearResolver) -> Head:

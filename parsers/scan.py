@@ -1,27 +1,132 @@
 """Whole-chunk pre-filter: find the few records worth parsing with C-level substring scans.
 
 A chunk is a run of complete records as the follower hands them over. Instead of splitting it into
-records and testing each one, every pre-filter needle is searched over the whole chunk with
-`bytes.find`, and only the records around the hits are decoded and fed to the `EventStream`. While
-a traceback is open every record matters, so the scanner then walks records one by one until it
-closes. The result is the same event list as feeding every record (a property test checks this).
+records and testing each one, a few anchors are searched over the whole chunk with `bytes.find`,
+and only the records around the hits are looked at. An anchor is a substring shared by several
+needles ("version" stands for "server version" and "  version "): one scan finds them all, and a
+record it hits is then checked for the needles themselves. The records holding a needle are fed to
+the `EventStream`. While a traceback is open every record matters, so the scanner then walks
+records one by one until it closes. The result is the same event list as feeding every record (a
+property test checks this).
+
+Each scan of a chunk costs about as much as any other (memory speed), so the number of scans is
+what matters; `bench/throughput_vs_mtail.py` shows the figures. Two more savings:
+- on a serving log, most records a level needle hits are request echoes: an INFO line whose
+  prompt says "ERROR" or "Traceback". `quiet_record` proves such a record yields nothing with one
+  match of its header, and the stream only notes its time;
+- when candidates fill most of a chunk (a load's per-layer warnings), the rarer anchors are
+  searched only in the bytes between them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from loadwatch.parsers.events import Event, Record
-from loadwatch.parsers.stream import PREFILTER, PREFIX_RECORD_MAX, EventStream, Mode, has_needle
+from loadwatch.parsers.stream import (
+    LEVEL_NEEDLES,
+    PREFILTER,
+    PREFIX_RECORD_MAX,
+    EventStream,
+    Mode,
+)
 
-_NEEDLES_B: dict[Mode, tuple[bytes, ...]] = {
-    mode: tuple(n.encode() for n in needles) for mode, needles in PREFILTER.items()
+# Substrings that stand for several needles each, per mode, tried in this order; a needle that
+# contains none of them is searched for itself. Chosen by measurement (bench/scan_anchors.py):
+# a short anchor scans a little slower than a long needle, so an anchor pays only where it
+# replaces two or more scans.
+ANCHORS: dict[Mode, tuple[str, ...]] = {
+    "startup": (
+        "in the checkpoint (e.g.",
+        "it/s]",
+        "s/it]",
+        "version",
+        "pplication ",
+        "hutdown",
+        "vailable",
+        "heckpoint",
+        "KV cache",
+        " took",
+        "torch.compile",
+        "Start",
+        "args: ",
+        "died",
+        " memory",
+        "FP8 ",
+        "failed",
+        "raph",
+        " scal",
+    ),
+    "serving": ("version", "down"),
 }
+DENSE_SHARE = 0.5  # candidates this share of a chunk: search the other anchors between them
+
+
+class Group:
+    """One scan: an anchor and the needles it stands for (None: the anchor is the needle)."""
+
+    __slots__ = ("anchor", "level", "needles")
+
+    def __init__(self, anchor: bytes, needles: tuple[bytes, ...] | None, level: bool) -> None:
+        self.anchor = anchor
+        self.needles = needles
+        self.level = level  # only level needles: a hit alone may be a quiet record
+
+
+def plan(mode: Mode) -> tuple[Group, ...]:
+    groups: dict[str, list[str]] = {}
+    for needle in PREFILTER[mode]:
+        anchor = next((a for a in ANCHORS[mode] if a in needle), needle)
+        groups.setdefault(anchor, []).append(needle)
+    order = {a: i for i, a in enumerate(ANCHORS[mode])}
+    out: list[Group] = []
+    for anchor, needles in sorted(groups.items(), key=lambda kv: order.get(kv[0], len(order))):
+        exact = needles == [anchor]
+        out.append(
+            Group(
+                anchor.encode(),
+                None if exact else tuple(n.encode() for n in needles),
+                all(n in LEVEL_NEEDLES for n in needles),
+            )
+        )
+    return tuple(out)
+
+
+PLANS: dict[Mode, tuple[Group, ...]] = {"startup": plan("startup"), "serving": plan("serving")}
 _TERMINATORS = (0x0A, 0x0D)
+
+# An INFO or DEBUG record of the common shape (see lines._STANDARD, whose ASCII classes these
+# are): its header is all `parse_head` would find, so with no catalog needle in it the record
+# yields no event and cannot open a traceback.
+_QUIET = re.compile(
+    rb"(?:\([A-Za-z][A-Za-z0-9_-]{0,63}(?: rank=[0-9]{1,6})?"
+    rb"(?: [A-Z]{1,8}[0-9]{1,6}(?:_[A-Z]{1,8}[0-9]{1,6}){0,7})?"
+    rb" pid=[0-9]{1,10}(?:, ip=[0-9A-Fa-f.:]{1,64})?\) ?)?"
+    rb"(?:INFO|DEBUG) ([0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:[.,][0-9]{1,6})? "
+    rb"\[[\x21-\x5c\x5e-\x7e]{1,200}\]"
+)
 
 
 def decode(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
+
+
+def count_records(data: bytes) -> int:
+    """Records ended in `data` (`\\r\\n` counts once). `bytes.count` of one byte is a plain
+    loop; `replace` finds the bytes with memchr, about three times faster."""
+    n = len(data) - len(data.replace(b"\n", b""))
+    cr = data.find(b"\r")
+    if cr < 0:
+        return n
+    crs = len(data) - len(data.replace(b"\r", b""))
+    if crs > 64:
+        return n + crs - data.count(b"\r\n")
+    while cr >= 0:  # a few `\r` (bars): look at each
+        if data[cr + 1 : cr + 2] != b"\n":
+            n += 1
+        cr = data.find(b"\r", cr + 1)
+    return n
 
 
 def split_records(data: bytes, base: int = 0, file_id: str | None = None) -> Iterator[Record]:
@@ -55,35 +160,49 @@ class ChunkScanner:
     def __init__(self, stream: EventStream | None = None) -> None:
         self.stream = stream if stream is not None else EventStream()
         self.lines = 0  # terminators seen: a cheap record count for health metrics
+        self.quiet = 0  # candidates proven quiet without parsing them
         self._tail = b""  # the last record of the previous chunk, if short
         self._fed_end = -1  # absolute end offset of the last record handed to the stream
 
     def feed(self, data: bytes, base: int = 0, file_id: str | None = None) -> list[Event]:
-        self.lines += data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
+        self.lines += count_records(data)
         out: list[Event] = []
         n = len(data)
-        pos = 0
         stream = self.stream
-        mode = stream.mode
-        candidates = self._candidates(data, 0, mode)
-        i = 0
-        while i < len(candidates):
-            start = candidates[i]
-            i += 1
-            if start < pos:
-                continue
+        cr = data.find(b"\r") >= 0
+        esc = data.find(b"\x1b") >= 0
+        pos = 0
+        while pos < n:
             if stream.in_traceback:
                 pos = self._walk(data, pos, base, file_id, out)
+                continue
+            mode = stream.mode
+            candidates = self._candidates(data, pos, mode, cr)
+            for start, end, quiet in candidates:
                 if start < pos:
                     continue
-            self._before(data, start, base, file_id, out)
-            end = _next_terminator(data, start, n)
-            self._feed(data[start:end], base + start, file_id, out, candidate=True)
-            pos = end + 1
-            if stream.mode != mode:  # the needle set changed: look again from here
-                mode = stream.mode
-                candidates = self._candidates(data, pos, mode)
-                i = 0
+                if quiet and not (esc and data.find(b"\x1b", start, end) >= 0):
+                    stamp = quiet_record(data, start, end)
+                    if stamp is not None:
+                        stream.quiet(stamp)
+                        self.quiet += 1
+                        self._fed_end = base + end
+                        pos = end + 1
+                        continue
+                fed = self._fed_end - base
+                if not (fed == start - 1 or (fed == start - 2 and data[start - 1] in _TERMINATORS)):
+                    self._before(data, start, base, file_id, out)  # a record between: look at it
+                events = stream.feed_text(
+                    data[start:end].decode("utf-8", "replace"), base + start, True
+                )
+                self._fed_end = base + end
+                pos = end + 1
+                if events:
+                    out += events
+                if stream.mode != mode or stream.in_traceback:
+                    break  # look again from here with other needles, or walk the traceback
+            else:
+                break
         if stream.in_traceback:
             self._walk(data, pos, base, file_id, out)
         self._keep_tail(data, base)
@@ -101,33 +220,24 @@ class ChunkScanner:
                 self._tail = b""
                 self.stream.forget_pending()
             return
-        last = _record_start(data, j)
         self._tail = b""
         if base + j == self._fed_end:
             return
+        last = _record_start(data, j)
         if j - last <= PREFIX_RECORD_MAX and b"pid=" in data[last:j]:
             self._tail = data[last:]
         else:
             self.stream.forget_pending()
 
-    def _feed(
-        self,
-        raw: bytes,
-        offset: int,
-        file_id: str | None,
-        out: list[Event],
-        candidate: bool = False,
-    ) -> None:
-        out.extend(self.stream.feed(Record(decode(raw), offset, file_id), candidate))
-        self._fed_end = offset + len(raw)
-
     def _walk(self, data: bytes, pos: int, base: int, file_id: str | None, out: list[Event]) -> int:
         """Feed every record from `pos` while a traceback is open; return where it stopped."""
         n = len(data)
-        while pos < n and self.stream.in_traceback:
+        stream = self.stream
+        while pos < n and stream.in_traceback:
             end = _next_terminator(data, pos, n)
             if end > pos:
-                self._feed(data[pos:end], base + pos, file_id, out)
+                out += stream.feed_text(decode(data[pos:end]), base + pos)
+                self._fed_end = base + end
             pos = end + 1
         return pos
 
@@ -147,26 +257,98 @@ class ChunkScanner:
             offset = base - len(self._tail) + prev_start
             prev = prev[prev_start:]
         else:
+            if base + j == self._fed_end:
+                return  # the stream has seen it already
             prev_start = _record_start(data, j)
             prev = data[prev_start:j]
             offset = base + prev_start
         if not prev or offset + len(prev) == self._fed_end:
             return  # nothing there, or the stream has seen it already
         self.stream.forget_pending()
-        if (
-            len(prev) <= PREFIX_RECORD_MAX
-            and b"pid=" in prev
-            and not has_needle(decode(prev), self.stream.mode)
-        ):
-            self._feed(prev, offset, file_id, out)
+        if len(prev) > PREFIX_RECORD_MAX or b"pid=" not in prev:
+            return
+        # It holds no needle of the current mode: else it would have been a candidate of this
+        # chunk, or of the last one with the same mode, and fed already.
+        self.stream.plain(decode(prev))
+        self._fed_end = offset + len(prev)
 
-    def _candidates(self, data: bytes, pos: int, mode: Mode) -> list[int]:
-        starts: set[int] = set()
+    def _candidates(
+        self, data: bytes, pos: int, mode: Mode, cr: bool
+    ) -> list[tuple[int, int, bool]]:
+        """(start, end, quiet-eligible) of every record from `pos` holding a needle of `mode`."""
+        found: dict[int, int] = {}
+        catalog: set[int] = set()  # records holding a needle other than a level word
+        # Quiet records need to know every needle a record holds: search all of it then.
+        quiet_ok = mode == "serving"
         n = len(data)
-        for needle in _NEEDLES_B[mode]:
-            i = data.find(needle, pos)
-            while i >= 0:
-                starts.add(_record_start(data, i))
-                e = _next_terminator(data, i, n)
-                i = data.find(needle, e + 1)
-        return sorted(starts)
+        find, rfind = data.find, data.rfind
+        groups = PLANS[mode]
+        lo, hi = pos, n
+        gaps: list[tuple[int, int]] | None = None
+        for gi, group in enumerate(groups):
+            anchor, needles, level = group.anchor, group.needles, group.level
+            for a, b in gaps if gaps is not None else ((lo, hi),):
+                i = find(anchor, a, b)
+                while i >= 0:
+                    # the record around the hit (`_record_start`, `_next_terminator` inlined)
+                    if cr:
+                        lf = rfind(b"\n", 0, i)
+                        c = rfind(b"\r", lf + 1, i)
+                        s = (c if c > lf else lf) + 1
+                        lf = find(b"\n", i)
+                        e = find(b"\r", i, lf if lf >= 0 else n)
+                        if e < 0:
+                            e = lf if lf >= 0 else n
+                    else:
+                        s = rfind(b"\n", 0, i) + 1
+                        e = find(b"\n", i)
+                        if e < 0:
+                            e = n
+                    hit = needles is None
+                    if not hit:
+                        for needle in needles:  # type: ignore[union-attr]
+                            if find(needle, s, e) >= 0:
+                                hit = True
+                                break
+                    if hit:
+                        found[s] = e
+                        if not level:
+                            catalog.add(s)
+                    i = find(anchor, e + 1, b)
+            if gaps is None and gi < 3 and not quiet_ok and len(found) > 8:
+                gaps = self._gaps(found, lo, hi)
+        return [(s, found[s], quiet_ok and s not in catalog) for s in sorted(found)]
+
+    @staticmethod
+    def _gaps(found: dict[int, int], lo: int, hi: int) -> list[tuple[int, int]] | None:
+        """The byte ranges between the records found so far, when those fill most of [lo, hi)."""
+        covered = sum(e - s for s, e in found.items())
+        if covered < DENSE_SHARE * (hi - lo):
+            return None
+        out: list[tuple[int, int]] = []
+        at = lo
+        for s in sorted(found):
+            if s > at:
+                out.append((at, s))
+            at = max(at, found[s] + 1)
+        if at < hi:
+            out.append((at, hi))
+        return out
+
+
+def quiet_record(data: bytes, start: int, end: int) -> bytes | None:
+    """The header time of `data[start:end]` if it is a quiet record, else None.
+
+    Quiet: a single-segment INFO or DEBUG record of the common shape, without colour codes.
+    The caller knows it holds no catalog needle and that no traceback is open; then feeding it
+    would only note its time.
+    """
+    m = _QUIET.match(data, start, end)
+    if m is None:
+        return None
+    at = m.start(1)
+    if data.find(b" pid=", at, end) >= 0 or data.find(b"0m", start, end) >= 0:
+        return None
+    if data.find(b"6m", start, end) >= 0:
+        return None
+    return m.group(1)
