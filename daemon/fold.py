@@ -788,12 +788,23 @@ def _on_tick(f: Fold, ev: Tick) -> None:
 _new = object.__new__
 
 
-def _tally_fast(
-    st: StateData, ev: Event, now: float, code: str, layer: int | None, scale: str | None
-) -> Session | None:
+def tally_fast(st: StateData, ev: Event, now: float) -> Session | None:
     """The session after one more warning of a code it counts already, when nothing else
     changes: no new scale or process to note, no stall, the same replay state, no stall to
     raise. Exactly what `_tally` gives then, without the general machinery; None otherwise."""
+    cls = type(ev)
+    layer = scale = None
+    if cls is KvScaleWarning:
+        code = "kv_scale_missing"
+        layer, scale = ev.layer, ev.scale  # type: ignore[attr-defined]
+    elif cls is LogWarning:
+        code = f"log.{ev.source or 'unknown'}"  # type: ignore[attr-defined]
+    elif cls is LogError:
+        code = f"error.{ev.source or 'unknown'}"  # type: ignore[attr-defined]
+    elif cls is ScaleFactorWarning and ev.code != "kv_scale_default":  # type: ignore[attr-defined]
+        code = ev.code  # type: ignore[attr-defined]  # (kv_scale_default also marks FP8)
+    else:
+        return None
     s = st.session
     if s is None:
         return None
@@ -848,30 +859,12 @@ def _tally_fast(
     return new
 
 
-def _kv_scale_fast(st: StateData, ev: KvScaleWarning, now: float) -> Session | None:
-    return _tally_fast(st, ev, now, "kv_scale_missing", ev.layer, ev.scale)
-
-
-def _scale_factor_fast(st: StateData, ev: ScaleFactorWarning, now: float) -> Session | None:
-    if ev.code == "kv_scale_default":
-        return None  # it also marks the KV cache as FP8
-    return _tally_fast(st, ev, now, ev.code, None, None)
-
-
-def _log_warning_fast(st: StateData, ev: LogWarning, now: float) -> Session | None:
-    return _tally_fast(st, ev, now, f"log.{ev.source or 'unknown'}", None, None)
-
-
-def _log_error_fast(st: StateData, ev: LogError, now: float) -> Session | None:
-    return _tally_fast(st, ev, now, f"error.{ev.source or 'unknown'}", None, None)
-
-
 # Inputs that often change one counter of the session: tried before the general handler.
 FAST: dict[type, Any] = {
-    KvScaleWarning: _kv_scale_fast,
-    ScaleFactorWarning: _scale_factor_fast,
-    LogWarning: _log_warning_fast,
-    LogError: _log_error_fast,
+    KvScaleWarning: tally_fast,
+    ScaleFactorWarning: tally_fast,
+    LogWarning: tally_fast,
+    LogError: tally_fast,
 }
 
 HANDLERS: dict[type, Any] = {

@@ -45,17 +45,20 @@ _MISSING = object()
 _HEADER_WINDOW = 256  # a VLLM_LOGGING_PREFIX may stand before the header; nothing longer
 
 # The record shape that makes up nearly every line of a vLLM log: at most one process prefix,
-# then the bracketed header. Every class is ASCII and explicit, so whatever this matches,
+# then the bracketed header. Every class is ASCII and explicit, so whatever these match,
 # `_PREFIX` + `_HEADER` match the same way (their `\d`, `\s` also take non-ASCII characters);
 # anything else takes the general path.
-_STANDARD = re.compile(
-    r"(?:\((?P<name>[A-Za-z][A-Za-z0-9_-]{0,63})(?: rank=(?P<rank>[0-9]{1,6}))?"
+_ONE_PREFIX = re.compile(
+    r"\((?P<name>[A-Za-z][A-Za-z0-9_-]{0,63})(?: rank=(?P<rank>[0-9]{1,6}))?"
     r"(?: (?P<ranks>[A-Z]{1,8}[0-9]{1,6}(?:_[A-Z]{1,8}[0-9]{1,6}){0,7}))?"
-    r" pid=(?P<pid>[0-9]{1,10})(?:, ip=[0-9A-Fa-f.:]{1,64})?\) ?)?"
+    r" pid=(?P<pid>[0-9]{1,10})(?:, ip=[0-9A-Fa-f.:]{1,64})?\) "
+)
+_BRACKET_HEADER = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
     r"(?P<stamp>[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:[.,][0-9]{1,6})? "
-    r"\[(?P<src>[\x21-\x5c\x5e-\x7e]{1,200})\] ?"
+    r"\[(?P<src>[\x21-\x5c\x5e-\x7e]{1,200})\] "
 )
+_LEVEL_WORDS = ("DEBUG", "INFO", "WARN", "ERROR", "CRITICAL")  # what any header starts with
 _HEAD_CACHE_MAX = 4096
 
 
@@ -147,48 +150,97 @@ class YearResolver:
 
 
 class StandardHeads:
-    """`parse_head` for whole records of the common shape, with the header parsed once per
-    distinct header text (records of one process within one second share it).
+    """`parse_head` for whole records of the common shapes, with prefixes and headers parsed
+    once per distinct text (a process has one prefix; records within one second share a header).
 
     `head(text)` is the `Head` that `split_segments(strip_ansi(text))` + `parse_head` would give
-    for a record that turns out to be one segment, or None when the record is not of that shape
-    (colour codes, a second prefix in mid-record, no bracketed header): then use the general path.
+    for a record that turns out to be one segment, or None when the record is not of a common
+    shape (colour codes, a second prefix in mid-record, an unusual header): then use the general
+    path. Common shapes: `(NAME pid=N) LEVEL MM-DD HH:MM:SS [src] msg`, the same without the
+    prefix, and a record with no prefix and no header at all (a progress bar).
     """
 
     def __init__(self, years: YearResolver) -> None:
         self.years = years
-        self._known: dict[str, tuple[str | None, int | None, str, float | None, str, int]] = {}
+        self._prefixes: dict[str, tuple[str, int] | None] = {}
+        self._headers: dict[str, tuple[str, float | None, str] | None] = {}
 
     def head(self, text: str) -> Head | None:
         if "\x1b" in text or "0m" in text or "6m" in text or " [repeated " in text:
             return None  # colour codes to strip, or a Ray suffix to drop: the general path
         k = text.find("] ", 0, 400) + 2
         if k < 2:
-            return None  # no space after the header: rare, left to the general path
-        key = text[:k]
-        known = self._known.get(key)
-        if known is None:
-            m = _STANDARD.match(key)
-            if m is None or m.end() != k:
+            return self._bare(text)
+        if text[:1] == "(":
+            p = text.find(") ", 1, k) + 2
+            if p < 2:
                 return None
-            level = m.group("level")
-            known = (
-                _process_name(m) if m.group("name") else None,
-                int(m.group("pid")) if m.group("pid") else None,
-                "WARNING" if level == "WARN" else level,
-                self.years.stamp(m.group("stamp")),
-                m.group("src"),
-                m.start("level"),
-            )
-            if len(self._known) >= _HEAD_CACHE_MAX:
-                self._known.clear()
-            self._known[key] = known
-        process, pid, level, ts, src, after_prefix = known
-        if text.find(" pid=", after_prefix) >= 0:
+            key = text[:p]
+            prefix = self._prefixes.get(key, _MISSING)
+            if prefix is _MISSING:
+                m = _ONE_PREFIX.fullmatch(key)
+                prefix = (_process_name(m), int(m.group("pid"))) if m else None
+                if len(self._prefixes) >= _HEAD_CACHE_MAX:
+                    self._prefixes.clear()
+                self._prefixes[key] = prefix  # type: ignore[assignment]
+            if prefix is None:
+                return None
+        else:
+            p = 0
+            prefix = _NO_PREFIX
+        key = text[p:k]
+        header = self._headers.get(key, _MISSING)
+        if header is _MISSING:
+            m = _BRACKET_HEADER.fullmatch(key)
+            if m is None:
+                header = None
+            else:
+                level = m.group("level")
+                header = (
+                    "WARNING" if level == "WARN" else level,
+                    self.years.stamp(m.group("stamp")),
+                    m.group("src"),
+                )
+            if len(self._headers) >= _HEAD_CACHE_MAX:
+                self._headers.clear()
+            self._headers[key] = header  # type: ignore[assignment]
+        if header is None:
+            return None
+        if text.find(" pid=", p) >= 0:
             return None  # another process's record may start in this one
+        process, pid = prefix  # type: ignore[misc]
+        level, ts, src = header  # type: ignore[misc]
         return _tuple_new(Head, (process, pid, level, ts, src, text[k:], False))
 
+    def lone_prefix(self, text: str) -> tuple[str, int] | None:
+        """(process, pid) when `text` is exactly one process prefix and its space (the record
+        before a `\r` bar), as `parse_head` would read it; None: not that shape."""
+        if text[:1] != "(" or text[-2:] != ") " or "\x1b" in text or "0m" in text or "6m" in text:
+            return None
+        prefix = self._prefixes.get(text, _MISSING)
+        if prefix is _MISSING:
+            m = _ONE_PREFIX.fullmatch(text)
+            prefix = (_process_name(m), int(m.group("pid"))) if m else None
+            if len(self._prefixes) >= _HEAD_CACHE_MAX:
+                self._prefixes.clear()
+            self._prefixes[text] = prefix  # type: ignore[assignment]
+        return prefix  # type: ignore[return-value]
 
+    @staticmethod
+    def _bare(text: str) -> Head | None:
+        """A record without prefix or header (a bar, stderr): no level word in reach of
+        `parse_head`'s header search, nothing that starts a prefix."""
+        c = text[:1]
+        if not c or c == "(" or c.isspace() or " pid=" in text:
+            return None
+        window = text[: _HEADER_WINDOW + 16]
+        for word in _LEVEL_WORDS:
+            if word in window:
+                return None
+        return _tuple_new(Head, (None, None, None, None, None, text, False))
+
+
+_NO_PREFIX = (None, None)
 _tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 

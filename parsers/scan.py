@@ -21,6 +21,7 @@ what matters; `bench/throughput_vs_mtail.py` shows the figures. Two more savings
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Iterator
 
 from loadwatch.parsers.events import Event, Record
@@ -38,12 +39,12 @@ from loadwatch.parsers.stream import (
 # replaces two or more scans.
 ANCHORS: dict[Mode, tuple[str, ...]] = {
     "startup": (
-        "in the checkpoint (e.g.",
+        "in the checkpoint (e.g.",  # the dense ones first: the rest is searched between them
         "it/s]",
         "s/it]",
         "version",
+        "down",
         "pplication ",
-        "hutdown",
         "vailable",
         "heckpoint",
         "KV cache",
@@ -53,10 +54,10 @@ ANCHORS: dict[Mode, tuple[str, ...]] = {
         "args: ",
         "died",
         " memory",
-        "FP8 ",
         "failed",
         "raph",
-        " scal",
+        "scal",
+        "backend",
     ),
     "serving": ("version", "down"),
 }
@@ -82,6 +83,8 @@ def plan(mode: Mode) -> tuple[Group, ...]:
     order = {a: i for i, a in enumerate(ANCHORS[mode])}
     out: list[Group] = []
     for anchor, needles in sorted(groups.items(), key=lambda kv: order.get(kv[0], len(order))):
+        if len(needles) == 1:
+            anchor = needles[0]  # a longer string scans faster
         exact = needles == [anchor]
         out.append(
             Group(
@@ -284,6 +287,17 @@ class ChunkScanner:
         find, rfind = data.find, data.rfind
         groups = PLANS[mode]
         lo, hi = pos, n
+        crs: list[int] | None = None  # where the `\r` are, when there are few
+        ncr = 0
+        if cr:
+            crs = []
+            c = data.find(b"\r", pos)
+            while c >= 0 and ncr < 256:
+                crs.append(c)
+                ncr += 1
+                c = data.find(b"\r", c + 1)
+            if c >= 0:
+                crs = None  # `\r\n` lines, most likely: look around each hit instead
         gaps: list[tuple[int, int]] | None = None
         for gi, group in enumerate(groups):
             anchor, needles, level = group.anchor, group.needles, group.level
@@ -291,19 +305,23 @@ class ChunkScanner:
                 i = find(anchor, a, b)
                 while i >= 0:
                     # the record around the hit (`_record_start`, `_next_terminator` inlined)
-                    if cr:
-                        lf = rfind(b"\n", 0, i)
-                        c = rfind(b"\r", lf + 1, i)
-                        s = (c if c > lf else lf) + 1
-                        lf = find(b"\n", i)
-                        e = find(b"\r", i, lf if lf >= 0 else n)
-                        if e < 0:
-                            e = lf if lf >= 0 else n
-                    else:
-                        s = rfind(b"\n", 0, i) + 1
-                        e = find(b"\n", i)
-                        if e < 0:
-                            e = n
+                    s = rfind(b"\n", 0, i) + 1
+                    e = find(b"\n", i)
+                    if e < 0:
+                        e = n
+                    if crs is not None:  # a few `\r` (bars): do any cut this line?
+                        k = bisect_left(crs, i)
+                        if k < ncr and crs[k] < e:
+                            e = crs[k]
+                        if k and crs[k - 1] >= s:
+                            s = crs[k - 1] + 1
+                    elif cr:
+                        c = rfind(b"\r", s, i)
+                        if c >= 0:
+                            s = c + 1
+                        c = find(b"\r", i, e)
+                        if c >= 0:
+                            e = c
                     hit = needles is None
                     if not hit:
                         for needle in needles:  # type: ignore[union-attr]
@@ -312,7 +330,7 @@ class ChunkScanner:
                                 break
                     if hit:
                         found[s] = e
-                        if not level:
+                        if quiet_ok and not level:
                             catalog.add(s)
                     i = find(anchor, e + 1, b)
             if gaps is None and gi < 3 and not quiet_ok and len(found) > 8:

@@ -254,7 +254,12 @@ class EventStream:
             else:  # `_segment` for the common case: no traceback to join, none to open
                 self._last_ts = ts
                 recipe = self._recipes.get((self.mode, level, head.source, head.body))
-                if recipe is not None:
+                if recipe is not None and len(recipe) == 1:  # `_cook` inlined
+                    cls, names, values = recipe[0]
+                    event = _new(cls)
+                    any(map(_setattr, repeat(event), names, (*values, offset, ts, *head[:2])))
+                    out = [event]
+                elif recipe is not None:
                     out = _cook(recipe, offset, ts, head)
                 else:
                     out = self._parse(head, offset)
@@ -296,6 +301,10 @@ class EventStream:
     def _note_prefix(self, text: str) -> None:
         # A prefix alone in its record names the process of the `\r` bar that follows.
         if "pid=" in text and len(text) <= PREFIX_RECORD_MAX:
+            lone = self._heads.lone_prefix(text)
+            if lone is not None:
+                self._pending_prefix = lone
+                return
             head = parse_head(strip_ansi(text), self.years)
             if head.prefix_only and head.process is not None:
                 self._pending_prefix = (head.process, head.pid)
