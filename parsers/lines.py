@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 from datetime import datetime
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 # ESC [ ... m, and the same with the ESC byte lost in a copy (`[1;36m`).
 _ANSI = re.compile(r"\x1b\[[0-9;]{0,16}+[A-Za-z]|\[[0-9]{1,3}+(?:;[0-9]{1,3}+){0,7}+m")
@@ -162,8 +162,9 @@ class StandardHeads:
 
     def __init__(self, years: YearResolver) -> None:
         self.years = years
-        self._prefixes: dict[str, tuple[str, int] | None] = {}
-        self._headers: dict[str, tuple[str, float | None, str] | None] = {}
+        # text -> what it parses to, or False: not of the common shape
+        self._prefixes: dict[str, tuple[str, int] | Literal[False]] = {}
+        self._headers: dict[str, tuple[str, float | None, str] | Literal[False]] = {}
 
     def head(self, text: str) -> Head | None:
         if "\x1b" in text or "0m" in text or "6m" in text or " [repeated " in text:
@@ -171,60 +172,52 @@ class StandardHeads:
         k = text.find("] ", 0, 400) + 2
         if k < 2:
             return self._bare(text)
+        process: str | None = None
+        pid: int | None = None
+        p = 0
         if text[:1] == "(":
             p = text.find(") ", 1, k) + 2
             if p < 2:
                 return None
-            key = text[:p]
-            prefix = self._prefixes.get(key, _MISSING)
-            if prefix is _MISSING:
-                m = _ONE_PREFIX.fullmatch(key)
-                prefix = (_process_name(m), int(m.group("pid"))) if m else None
-                if len(self._prefixes) >= _HEAD_CACHE_MAX:
-                    self._prefixes.clear()
-                self._prefixes[key] = prefix  # type: ignore[assignment]
-            if prefix is None:
+            prefix = self._prefix(text[:p])
+            if prefix is False:
                 return None
-        else:
-            p = 0
-            prefix = _NO_PREFIX
+            process, pid = prefix
         key = text[p:k]
-        header = self._headers.get(key, _MISSING)
-        if header is _MISSING:
+        header = self._headers.get(key)
+        if header is None:
+            header = False
             m = _BRACKET_HEADER.fullmatch(key)
-            if m is None:
-                header = None
-            else:
+            if m is not None:
                 level = m.group("level")
-                header = (
-                    "WARNING" if level == "WARN" else level,
-                    self.years.stamp(m.group("stamp")),
-                    m.group("src"),
-                )
+                stamp = self.years.stamp(m.group("stamp"))
+                header = ("WARNING" if level == "WARN" else level, stamp, m.group("src"))
             if len(self._headers) >= _HEAD_CACHE_MAX:
                 self._headers.clear()
-            self._headers[key] = header  # type: ignore[assignment]
-        if header is None:
+            self._headers[key] = header
+        if header is False:
             return None
         if text.find(" pid=", p) >= 0:
             return None  # another process's record may start in this one
-        process, pid = prefix  # type: ignore[misc]
-        level, ts, src = header  # type: ignore[misc]
+        level, ts, src = header
         return _tuple_new(Head, (process, pid, level, ts, src, text[k:], False))
+
+    def _prefix(self, text: str) -> tuple[str, int] | Literal[False]:
+        prefix = self._prefixes.get(text)
+        if prefix is None:
+            m = _ONE_PREFIX.fullmatch(text)
+            prefix = (_process_name(m), int(m.group("pid"))) if m else False
+            if len(self._prefixes) >= _HEAD_CACHE_MAX:
+                self._prefixes.clear()
+            self._prefixes[text] = prefix
+        return prefix
 
     def lone_prefix(self, text: str) -> tuple[str, int] | None:
         """(process, pid) when `text` is exactly one process prefix and its space (the record
         before a `\r` bar), as `parse_head` would read it; None: not that shape."""
         if text[:1] != "(" or text[-2:] != ") " or "\x1b" in text or "0m" in text or "6m" in text:
             return None
-        prefix = self._prefixes.get(text, _MISSING)
-        if prefix is _MISSING:
-            m = _ONE_PREFIX.fullmatch(text)
-            prefix = (_process_name(m), int(m.group("pid"))) if m else None
-            if len(self._prefixes) >= _HEAD_CACHE_MAX:
-                self._prefixes.clear()
-            self._prefixes[text] = prefix  # type: ignore[assignment]
-        return prefix  # type: ignore[return-value]
+        return self._prefix(text) or None
 
     @staticmethod
     def _bare(text: str) -> Head | None:

@@ -309,12 +309,12 @@ class EventStream:
             if head.prefix_only and head.process is not None:
                 self._pending_prefix = (head.process, head.pid)
 
-    def quiet(self, stamp: bytes | str) -> None:
-        """A candidate record the caller proved to yield nothing (a single-segment INFO or DEBUG
-        record with no catalog needle, outside any traceback): note its time, as feeding it
-        would, at a fraction of the cost."""
-        self.stats.records += 1
-        self.stats.candidates += 1
+    def quiet(self, stamp: bytes | str, records: int = 1) -> None:
+        """Candidate records the caller proved to yield nothing (single-segment INFO or DEBUG
+        records with no catalog needle, outside any traceback), `stamp` the header time of the
+        last: what feeding them would leave, at a fraction of the cost."""
+        self.stats.records += records
+        self.stats.candidates += records
         self._pending_prefix = None
         ts = self.years.stamp(stamp)
         if ts is not None:

@@ -15,7 +15,7 @@ from loadwatch.parsers.lines import (
     split_segments,
     strip_ansi,
 )
-from loadwatch.parsers.scan import PLANS, count_records, quiet_record
+from loadwatch.parsers.scan import PLANS, address_of, count_records, first, quiet_record
 from loadwatch.parsers.stream import PREFILTER
 from tests.parsers.golden import REF_TS, events_of, scanned
 from tests.perf.logs import coloured, load_log, serving_log
@@ -156,3 +156,12 @@ def test_standard_heads_equal_the_general_path(parts: list[str]) -> None:
         segments = split_segments(strip_ansi(text))
         assert len(segments) == 1
         assert head == parse_head(segments[0], years)
+
+
+@pytest.mark.parametrize("needle", [b"ERROR", b"Uvicorn running on", b"absent needle", b"\n"])
+@pytest.mark.parametrize("span", [(0, None), (100, None), (5000, 70_000), (65_000, 65_010)])
+def test_first_equals_bytes_find(needle: bytes, span: tuple[int, int | None]) -> None:
+    data = SERVING[:200_000]
+    start, end = span
+    stop = len(data) if end is None else end
+    assert first(data, address_of(data), needle, start, stop) == data.find(needle, start, stop)
