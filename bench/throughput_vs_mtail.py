@@ -17,7 +17,8 @@ process, `--runs` times (median):
   `ChunkScanner.feed(chunk.data, chunk.offset, chunk.file_id)`, `LoadState.apply(event, now)`.
 
 Throughput is lines / (wall time - the same tool's wall time on an empty file), so process start
-(mtail compiling its program, Python importing) counts for no tool. Peak RSS is the process's.
+(mtail compiling its program, Python importing) counts for no tool. Peak RSS is the process's
+(GNU time).
 loadwatch's counts come from the final `LoadState` snapshot plus the lifetime totals the daemon
 exports (kv-scale warnings summed over sessions, sessions that failed with a CUDA OOM, ready
 sessions, weight-bar updates counted from events); `counts_equal` is 1 when they equal the ground
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import statistics
@@ -169,18 +169,21 @@ class Run:
 
 
 def measured(argv: list[str]) -> Run:
-    """Run `argv` once; wall time, CPU time and peak RSS of that child alone (os.wait4)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    out = proc.stdout.read()
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode not in (0, 1):  # grep -c exits 1 when nothing matched
-        raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {err.decode()[:300]}")
-    return Run(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.decode())
+    """Run `argv` once: its wall time, CPU time and peak RSS. GNU time forks it from a small
+    process: a child of this Python process would report this process's RSS as its own peak
+    (the kernel keeps the peak across the exec)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as times:
+        start = time.perf_counter()
+        proc = subprocess.run(
+            ["/usr/bin/time", "-f", "%U %S %M", "-o", times.name, *argv],
+            capture_output=True,
+            text=True,
+        )
+        wall = time.perf_counter() - start
+        if proc.returncode not in (0, 1):  # grep -c exits 1 when nothing matched
+            raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()[:300]}")
+        user, sys_s, rss_kb = times.read().split()[-3:]
+    return Run(wall, float(user) + float(sys_s), int(rss_kb) / 1024, proc.stdout)
 
 
 @dataclass
@@ -347,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         kind, path = args.worker
         print(json.dumps(WORKERS[kind](path)))
         return 0
-    for tool in ("wc", "grep", "mtail"):
+    for tool in ("wc", "grep", "mtail", "/usr/bin/time"):
         if shutil.which(tool) is None:
             print(f"throughput_vs_mtail: {tool} not found (run ./scripts/ensure-tools.sh)")
             return 2

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import re
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 
 from loadwatch.parsers.events import Event, Record
@@ -335,9 +335,17 @@ class ChunkScanner:
         # Quiet records must hold no needle but level words: in serving mode every scan goes
         # over the whole chunk, the level words last, so a record they hit is known by then.
         quiet_ok = mode == "serving"
-        esc = quiet_ok and data.find(b"\x1b", pos) >= 0
         n = len(data)
         find, rfind = data.find, data.rfind
+        address = address_of(data)
+        # Colour codes (`strip_ansi`'s hints) are rare: looked for once here, per record only
+        # in a chunk that has them.
+        colour = quiet_ok and (
+            find(b"\x1b", pos) >= 0
+            or first(data, address, b"0m", pos, n) >= 0
+            or first(data, address, b"6m", pos, n) >= 0
+        )
+        match_quiet = _QUIET.match
         groups = PLANS[mode]
         lo, hi = pos, n
         crs: list[int] | None = None  # where the `\r` are, when there are few
@@ -351,71 +359,117 @@ class ChunkScanner:
                 c = data.find(b"\r", c + 1)
             if c >= 0:
                 crs = None  # `\r\n` lines, most likely: look around each hit instead
-        gaps: list[tuple[int, int]] | None = None
-        address = address_of(data)
+        between: _Between | None = None
         for gi, group in enumerate(groups):
             anchor, needles = group.anchor, group.needles
             level = quiet_ok and group.level
-            for a, b in gaps if gaps is not None else ((lo, hi),):
-                i = find(anchor, a, b) if gaps is not None else first(data, address, anchor, a, b)
-                while i >= 0:
-                    # the record around the hit (`_record_start`, `_next_terminator` inlined)
-                    s = rfind(b"\n", 0, i) + 1
-                    if level and not cr and (s in found or s in quiet):
-                        i = find(anchor, i + 1, b)  # a level word again in a known record
-                        continue
-                    e = find(b"\n", i)
-                    if e < 0:
-                        e = n
-                    if crs is not None:  # a few `\r` (bars): do any cut this line?
-                        k = bisect_left(crs, i)
-                        if k < ncr and crs[k] < e:
-                            e = crs[k]
-                        if k and crs[k - 1] >= s:
-                            s = crs[k - 1] + 1
-                    elif cr:
-                        c = rfind(b"\r", s, i)
-                        if c >= 0:
-                            s = c + 1
-                        c = find(b"\r", i, e)
-                        if c >= 0:
-                            e = c
-                    hit = needles is None
-                    if not hit:
-                        for needle in needles:  # type: ignore[union-attr]
-                            if find(needle, s, e) >= 0:
-                                hit = True
-                                break
-                    if hit and level and cr and (s in found or s in quiet):
-                        hit = False  # known already (this check waits for the `\r` bounds)
-                    if hit:
-                        if level and not (esc and find(b"\x1b", s, e) >= 0):
-                            stamp = quiet_record(data, s, e)
-                            if stamp is not None:
-                                quiet[s] = (e, stamp)
-                                i = find(anchor, e + 1, b)
-                                continue
+            if between is not None:
+                for i in between.hits(anchor):
+                    s = _record_start(data, i)
+                    e = _next_terminator(data, i, n)
+                    if needles is None or any(find(x, s, e) >= 0 for x in needles):
                         found[s] = e
-                    i = find(anchor, e + 1, b)
-            if gaps is None and gi < 3 and not quiet_ok and len(found) > 8:
-                gaps = self._gaps(found, lo, hi)
+                continue
+            b = hi
+            i = first(data, address, anchor, lo, hi)
+            while i >= 0:
+                # the record around the hit (`_record_start`, `_next_terminator` inlined)
+                s = rfind(b"\n", 0, i) + 1
+                if level and not cr and (s in found or s in quiet):
+                    i = find(anchor, i + 1, b)  # a level word again in a known record
+                    continue
+                e = find(b"\n", i)
+                if e < 0:
+                    e = n
+                if crs is not None:  # a few `\r` (bars): do any cut this line?
+                    k = bisect_left(crs, i)
+                    if k < ncr and crs[k] < e:
+                        e = crs[k]
+                    if k and crs[k - 1] >= s:
+                        s = crs[k - 1] + 1
+                elif cr:
+                    c = rfind(b"\r", s, i)
+                    if c >= 0:
+                        s = c + 1
+                    c = find(b"\r", i, e)
+                    if c >= 0:
+                        e = c
+                hit = needles is None
+                if not hit:
+                    for needle in needles:  # type: ignore[union-attr]
+                        if find(needle, s, e) >= 0:
+                            hit = True
+                            break
+                if hit and level and cr and (s in found or s in quiet):
+                    hit = False  # known already (this check waits for the `\r` bounds)
+                if hit:
+                    if level:  # `quiet_record` inlined: a serving log has many of these
+                        m = match_quiet(data, s, e)
+                        if (
+                            m is not None
+                            and find(b" pid=", m.start(1), e) < 0
+                            and not (colour and _coloured(data, s, e))
+                        ):
+                            quiet[s] = (e, m.group(1))
+                            i = find(anchor, e + 1, b)
+                            continue
+                    found[s] = e
+                i = find(anchor, e + 1, b)
+            if gi < 3 and not quiet_ok and len(found) > 8:
+                between = _Between.of(data, found, lo, hi)
         return [(s, found[s]) for s in sorted(found)], quiet
 
-    @staticmethod
-    def _gaps(found: dict[int, int], lo: int, hi: int) -> list[tuple[int, int]] | None:
-        """The byte ranges between the records found so far, when those fill most of [lo, hi)."""
-        covered = sum(e - s for s, e in found.items())
-        if covered < DENSE_SHARE * (hi - lo):
+
+class _Between:
+    """The bytes between the records found so far, joined: when those fill most of a chunk (a
+    load's per-layer warnings), the other anchors are searched here, once each."""
+
+    __slots__ = ("cum", "joined", "starts")
+
+    def __init__(self, joined: bytes, starts: list[int], cum: list[int]) -> None:
+        self.joined = joined
+        self.starts = starts  # where each joined range begins in the chunk
+        self.cum = cum  # where it begins in `joined`
+
+    @classmethod
+    def of(cls, data: bytes, found: dict[int, int], lo: int, hi: int) -> _Between | None:
+        if sum(e - s for s, e in found.items()) < DENSE_SHARE * (hi - lo):
             return None
-        out: list[tuple[int, int]] = []
+        parts: list[bytes] = []
+        starts: list[int] = []
+        cum: list[int] = []
+        size = 0
         at = lo
         for s in sorted(found):
-            if s > at:
-                out.append((at, s))
+            if s > at:  # whole records: from a record start to the next found one
+                starts.append(at)
+                cum.append(size)
+                parts.append(data[at:s])
+                size += s - at
             at = max(at, found[s] + 1)
         if at < hi:
-            out.append((at, hi))
-        return out
+            starts.append(at)
+            cum.append(size)
+            parts.append(data[at:hi])
+        return cls(b"".join(parts), starts, cum)
+
+    def hits(self, needle: bytes) -> Iterator[int]:
+        """Where `needle` is in the chunk, outside the records found, in order."""
+        joined, starts, cum = self.joined, self.starts, self.cum
+        j = joined.find(needle)
+        while j >= 0:
+            g = bisect_right(cum, j) - 1
+            yield starts[g] + j - cum[g]
+            j = joined.find(needle, j + 1)
+
+
+def _coloured(data: bytes, start: int, end: int) -> bool:
+    """`strip_ansi` would look at this record: it has an ESC, `0m` or `6m`."""
+    return (
+        data.find(b"\x1b", start, end) >= 0
+        or data.find(b"0m", start, end) >= 0
+        or data.find(b"6m", start, end) >= 0
+    )
 
 
 def quiet_record(data: bytes, start: int, end: int) -> bytes | None:
@@ -426,11 +480,6 @@ def quiet_record(data: bytes, start: int, end: int) -> bytes | None:
     would only note its time.
     """
     m = _QUIET.match(data, start, end)
-    if m is None:
-        return None
-    at = m.start(1)
-    if data.find(b" pid=", at, end) >= 0 or data.find(b"0m", start, end) >= 0:
-        return None
-    if data.find(b"6m", start, end) >= 0:
+    if m is None or data.find(b" pid=", m.start(1), end) >= 0 or _coloured(data, start, end):
         return None
     return m.group(1)
