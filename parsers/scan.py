@@ -338,13 +338,7 @@ class ChunkScanner:
         n = len(data)
         find, rfind = data.find, data.rfind
         address = address_of(data)
-        # Colour codes (`strip_ansi`'s hints) are rare: looked for once here, per record only
-        # in a chunk that has them.
-        colour = quiet_ok and (
-            find(b"\x1b", pos) >= 0
-            or first(data, address, b"0m", pos, n) >= 0
-            or first(data, address, b"6m", pos, n) >= 0
-        )
+        esc = quiet_ok and find(b"\x1b", pos) >= 0  # (memchr: a chunk-wide look is cheap)
         match_quiet = _QUIET.match
         groups = PLANS[mode]
         lo, hi = pos, n
@@ -352,7 +346,8 @@ class ChunkScanner:
         ncr = 0
         if cr:
             crs = []
-            c = data.find(b"\r", pos)
+            # from the start of the line `pos` is in: a `\r` before `pos` may start a record
+            c = data.find(b"\r", data.rfind(b"\n", 0, pos) + 1)
             while c >= 0 and ncr < 256:
                 crs.append(c)
                 ncr += 1
@@ -408,7 +403,9 @@ class ChunkScanner:
                         if (
                             m is not None
                             and find(b" pid=", m.start(1), e) < 0
-                            and not (colour and _coloured(data, s, e))
+                            and find(b"0m", s, e) < 0  # `strip_ansi`'s hints
+                            and find(b"6m", s, e) < 0
+                            and not (esc and find(b"\x1b", s, e) >= 0)
                         ):
                             quiet[s] = (e, m.group(1))
                             i = find(anchor, e + 1, b)

@@ -4,7 +4,7 @@ the benchmarks' (dense per-layer warnings, `\\r` bars, request echoes that say E
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from loadwatch.parsers import ChunkScanner, EventStream, Failure, KvScaleWarning, ShardProgress
@@ -165,3 +165,79 @@ def test_first_equals_bytes_find(needle: bytes, span: tuple[int, int | None]) ->
     start, end = span
     stop = len(data) if end is None else end
     assert first(data, address_of(data), needle, start, stop) == data.find(needle, start, stop)
+
+
+_SERVING_PARTS = st.sampled_from(
+    [
+        b"\n",
+        b"\r",
+        b"\r\n",
+        b"(APIServer pid=1) INFO:     Application startup complete.\n",
+        b"(APIServer pid=1) INFO 11-30 10:00:00 [logger.py:71] prompt: 'ERROR and WARNING'",
+        b"(APIServer pid=1) INFO 11-30 10:00:01 [logger.py:71] Traceback (most recent call last):",
+        b"INFO 11-30 10:00:02 [x.py:1] CRITICAL in a prompt",
+        b"(APIServer pid=1) WARNING 11-30 10:00:03 [w.py:2] odd",
+        b"(EngineCore pid=2) ERROR 11-30 10:00:04 [c.py:3] Traceback (most recent call last):",
+        b"(EngineCore pid=2) ERROR 11-30 10:00:04 [c.py:3] ValueError: bad",
+        b"RuntimeError: Engine core initialization failed",
+        b'  File "x.py", line 1, in f',
+        b"(APIServer pid=1) INFO 11-30 10:00:05 [api_server.py:1] \xe2\x96\x84  version 0.1",
+        b"(W pid=3) INFO 11-30 10:00:06 [r.py:4] Starting to load model /m...",
+        b"(APIServer pid=1) INFO:     Shutting down",
+        b"(APIServer pid=1) INFO 11-30 10:00:07 [shm.py:5] No available shared memory broadcast block found in 60 seconds",
+        b"(W pid=3) \rLoading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01,  1.00it/s]",
+        b"(W pid=3) ",
+        b"x(W pid=4) ERROR 11-30 10:00:08 [m.py:6] mid-record",
+        b" pid=",
+        b"\x1b[0m",
+        b"[1;36m",
+        b"6m",
+        b"\xff\xfe",
+        b"ERROR",
+        b"Traceback (most recent call last):",
+    ]
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(  # a `\r` just before where the candidates are looked for again, after a traceback
+    parts=[
+        b"Traceback (most recent call last):",
+        b"\n",
+        b"\xff\xfe",
+        b"\r",
+        b"Traceback (most recent call last):",
+    ],
+    chunk=73,
+)
+@given(st.lists(_SERVING_PARTS, max_size=60), st.integers(min_value=1, max_value=600))
+def test_serving_mode_scanner_equals_record_by_record(parts: list[bytes], chunk: int) -> None:
+    data = b"".join(parts) + b"\n"
+    assert scanned(data, chunk) == events_of(data)
+
+
+_STARTED = b"(APIServer pid=1) INFO:     Application startup complete.\n"
+_ECHO = b"(APIServer pid=1) INFO 11-30 10:00:00 [logger.py:71] prompt: 'ERROR'"
+
+
+@pytest.mark.parametrize(
+    "line, hidden",
+    [
+        # another process's ERROR line glued to a request echo: a second segment
+        (_ECHO + b"x(EngineCore pid=2) ERROR 11-30 10:00:01 [c.py:3] boom", "boom"),
+        # colour codes: stripped, the bracket is no header and the ERROR header further on is
+        (b"(A pid=1) INFO 11-30 10:00:00 [0m] ERROR 11-30 10:00:01 [c.py:3] boom", "boom"),
+        (b"(A pid=1) INFO 11-30 10:00:00 [6m] ERROR 11-30 10:00:01 [c.py:3] boom", "boom"),
+        # an escape sequence inside a message: stripped, it reads "Shutting down"
+        (b"(A pid=1) INFO 11-30 10:00:00 [x.py:1] Shut\x1b[1mting down ERROR", "Shutting down"),
+    ],
+)
+@pytest.mark.parametrize("crlf", [False, True])
+def test_records_that_look_quiet_but_are_not(line: bytes, hidden: str, crlf: bool) -> None:
+    data = _STARTED + _ECHO + b"\n" + line + b"\n" + _ECHO + b"\n"
+    if crlf:
+        data = data.replace(b"\n", b"\r\n")
+    want = events_of(data)
+    assert any(hidden in (getattr(e, "message", "") or getattr(e, "value", "") or "") for e in want)
+    for chunk in (len(data), 64, 7):
+        assert scanned(data, chunk) == want
