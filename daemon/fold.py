@@ -822,7 +822,11 @@ def tally_fast(st: StateData, ev: Event, now: float) -> Session | None:
     life = s.life
     if life.stall is not None:
         return None
-    w = log.warnings.get(code)
+    warnings = log.warnings
+    w = warnings.get(code)
+    if w is None and len(warnings) >= cfg.max_warning_codes:
+        code = "other"  # as `_warning_code`: past the cap every new code counts as "other"
+        w = warnings.get(code)
     if w is None or (scale is not None and scale not in w.scales):
         return None
     p = ev.process
@@ -842,7 +846,7 @@ def tally_fast(st: StateData, ev: Event, now: float) -> Session | None:
     d["last_at"] = t
     d["layers_mask"] = mask
     d["layers_over"] = over
-    warnings = dict(log.warnings)
+    warnings = dict(warnings)
     warnings[code] = tally
     new_log = _new(SessionLog)
     d = new_log.__dict__

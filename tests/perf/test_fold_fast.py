@@ -8,7 +8,14 @@ from dataclasses import replace
 from loadwatch.daemon.fold import tally_fast
 from loadwatch.daemon.inputs import ProcessEvent, Tick
 from loadwatch.daemon.state import Input, LoadState, apply_general
-from loadwatch.parsers import ChunkScanner, Event, EventStream, KvScaleWarning, LogWarning
+from loadwatch.parsers import (
+    ChunkScanner,
+    Event,
+    EventStream,
+    KvScaleWarning,
+    LogError,
+    LogWarning,
+)
 from tests.parsers.golden import REF_TS
 from tests.perf.logs import load_log, serving_log
 
@@ -70,7 +77,10 @@ def test_warnings_of_many_processes_layers_and_scales() -> None:
             )
         )
         items.append((now + i, LogWarning(source=None, message="w", ts=None, process=None)))
+        # more source lines than warning codes kept: the rest count as "other"
+        items.append((now + i, LogError(source=f"mod_{i % 90}.py:1", message="e", ts=now + i)))
         if i % 150 == 149:
             items.append((now + i + 5000, Tick()))  # a quiet stall, then more warnings
-    _, shortcuts = fold_both(items)
-    assert shortcuts > 300
+    st, shortcuts = fold_both(items)
+    assert shortcuts > 900
+    assert st.session is not None and st.session.warnings["other"].count > 100
