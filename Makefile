@@ -40,6 +40,22 @@ soak: venv
 	LOADWATCH_SOAK_S=$(SOAK_S) \
 		$(BIN)/pytest tests/reliability/test_soak.py -s -p no:cacheprovider --timeout=0 $(PYTEST_ARGS)
 
+# Every benchmark, each printing figures measured side by side in one run (several minutes;
+# QUICK=1 for a smoke run of the ones that take --quick).
+BENCH_QUICK := $(if $(QUICK),--quick,)
+bench: venv
+	@./scripts/ensure-tools.sh
+	$(BIN)/python bench/throughput_vs_mtail.py $(BENCH_QUICK)
+	$(BIN)/python bench/scaling.py $(BENCH_QUICK)
+	$(BIN)/python bench/daemon_bench.py $(BENCH_QUICK)
+	$(BIN)/python bench/follower_bench.py $(BENCH_QUICK)
+	$(BIN)/python bench/state_fold.py
+	$(BIN)/python bench/capture.py
+	$(BIN)/python bench/gpu_poll.py
+	$(BIN)/python bench/forecast_eval.py
+	$(BIN)/python bench/systemd_security.py
+	$(BIN)/python bench/adversarial.py
+
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 

@@ -37,6 +37,7 @@ from loadwatch.daemon.session import (
     SessionLife,
     SessionLog,
     Stall,
+    StateConfig,
     StateData,
     WarningTally,
     active_weights_bar,
@@ -159,7 +160,7 @@ class Fold:
         gpus = self.get("gpus")
         if any(g.fit is not None for g in gpus.values()):
             self.changes["gpus"] = {
-                i: replace(g, fit=None, projection=None) for i, g in gpus.items()
+                i: evolve(g, fit=None, projection=None) for i, g in gpus.items()
             }
         self.emit("session_started", at, reason=reason, phase_to="starting")
 
@@ -224,36 +225,17 @@ class Fold:
 
     def check_stall(self) -> None:
         s = self.sess
-        if s is None or s.stall is not None or s.phase in TERMINAL or s.phase == "ready":
+        if s is None:
             return
+        due = stall_due(s, self.now, self.cfg)
+        if due is None:
+            return
+        kind, last, threshold, expected = due
         now = self.now
-        cfg = self.cfg
-        bar = active_weights_bar(s)
-        if s.phase == "loading_weights" and bar is not None:
-            eta = bar.eta
-            expected = eta.next_item_seconds() if eta is not None and eta.regime else None
-            if expected is None:
-                threshold = max(cfg.stall_first_shard_s, cfg.stall_floor_s)
-            else:
-                threshold = stall_threshold_s(expected, cfg.stall_k, cfg.stall_floor_s)
-            last = max(
-                bar.last_progress_at or bar.started_at,
-                s.io.mark_at if s.io is not None and s.io.mark_at is not None else 0.0,
-            )
-            kind: Literal["progress", "quiet"] = "progress"
+        if kind == "progress":
             reason = f"no shard finished and no bytes read for {now - last:.0f} s"
-        elif cfg.quiet_stall_s is not None:
-            threshold, expected = cfg.quiet_stall_s, None
-            last = max(
-                s.last_event_at,
-                s.io.mark_at if s.io is not None and s.io.mark_at is not None else 0.0,
-            )
-            kind = "quiet"
-            reason = f"nothing logged and no bytes read for {now - last:.0f} s"
         else:
-            return
-        if now - last <= threshold:
-            return
+            reason = f"nothing logged and no bytes read for {now - last:.0f} s"
         self.upd(
             stall=Stall(kind, last, now, threshold, expected, reason, s.phase),
             stalls_total=s.stalls_total + 1,
@@ -270,11 +252,39 @@ class Fold:
         new = dict(gpus)
         for i, g in gpus.items():
             if g.oom_since is not None:
-                new[i] = replace(g, oom_since=None)
+                new[i] = evolve(g, oom_since=None)
                 self.emit(
                     "forecast_cleared", at, gpu_index=i, forecast="oom_predicted", reason=reason
                 )
         self.changes["gpus"] = new
+
+
+def stall_due(
+    s: Session, now: float, cfg: StateConfig
+) -> tuple[Literal["progress", "quiet"], float, float, float | None] | None:
+    """A stall to raise at `now`: (kind, silent since, threshold, expected shard seconds)."""
+    if s.stall is not None or s.phase in TERMINAL or s.phase == "ready":
+        return None
+    io_mark = s.io.mark_at if s.io is not None and s.io.mark_at is not None else 0.0
+    bar = active_weights_bar(s) if s.phase == "loading_weights" else None
+    if bar is not None:
+        eta = bar.eta
+        expected = eta.next_item_seconds() if eta is not None and eta.regime else None
+        if expected is None:
+            threshold = max(cfg.stall_first_shard_s, cfg.stall_floor_s)
+        else:
+            threshold = stall_threshold_s(expected, cfg.stall_k, cfg.stall_floor_s)
+        last = max(bar.last_progress_at or bar.started_at, io_mark)
+        kind: Literal["progress", "quiet"] = "progress"
+    elif cfg.quiet_stall_s is not None:
+        threshold, expected = cfg.quiet_stall_s, None
+        last = max(s.last_event_at, io_mark)
+        kind = "quiet"
+    else:
+        return None
+    if now - last <= threshold:
+        return None
+    return kind, last, threshold, expected
 
 
 # -- handlers -----------------------------------------------------------------------------------
@@ -283,8 +293,7 @@ class Fold:
 def _on_progress(f: Fold, ev: ShardProgress) -> None:
     t = f.when(ev.ts)
     s = f.ensure_session(t)
-    f.upd(last_event_at=t)
-    s = f.s
+    changes: dict[str, Any]
     base = f"{ev.process or '-'}|{ev.bar}"
     cur_key = s.bar_latest.get(base)
     cur = s.bars.get(cur_key) if cur_key is not None else None
@@ -322,7 +331,7 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
                 key=lambda b: (b.finished_at is None, b.last_update_at),
             )
             del bars[drop.key]
-        f.upd(bars=bars, bar_latest={**s.bar_latest, base: key})
+        changes = {"bars": bars, "bar_latest": {**s.bar_latest, base: key}}
         advanced = ev.done > 0
     else:
         advanced = ev.done > cur.done
@@ -330,7 +339,7 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
         if advanced:
             prev = cur.last_progress_at if cur.last_progress_at is not None else cur.started_at
             gap = max(gap or 0.0, t - prev)
-        bar = replace(
+        bar = evolve(
             cur,
             done=ev.done,
             last_update_at=t,
@@ -341,26 +350,28 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
             tqdm_remaining_s=ev.remaining_s,
             eta=cur.eta.update(t, ev.done) if cur.eta is not None and advanced else cur.eta,
         )
-        f.upd(bars={**s.bars, cur.key: bar})
-    if ev.bar in ("weights", "prefetch"):
-        if advanced:
-            io = f.s.io
-            f.upd(
-                last_progress_at=t,
-                io=replace(io, line_bytes=io.last_bytes) if io is not None else None,
-            )
-            f.progressed(t, f"{ev.desc}: {ev.done}/{ev.total}")
+        changes = {"bars": {**s.bars, cur.key: bar}}
+    weights = ev.bar in ("weights", "prefetch")
+    if weights and advanced:
+        io = s.io
+        changes["last_progress_at"] = t
+        changes["io"] = evolve(io, line_bytes=io.last_bytes) if io is not None else None
+    f.upd(last_event_at=t, **changes)  # one copy of the session for all of it
+    if advanced and f.s.stall is not None:
+        f.progressed(t, f"{ev.desc}: {ev.done}/{ev.total}")
+    if weights:
         f.advance("loading_weights", t, "weights bar")
-        main_done = all(
-            b.finished_at is not None
-            for b in f.s.bars.values()
-            if b.kind == "weights" and b.index == 0
-        )
-        if bar.kind == "weights" and bar.index == 0 and main_done:
+        if (
+            bar.kind == "weights"
+            and bar.index == 0
+            and all(
+                b.finished_at is not None
+                for b in f.s.bars.values()
+                if b.kind == "weights" and b.index == 0
+            )
+        ):
             f.clear_forecasts(t, "weights loaded")
     else:
-        if advanced:
-            f.progressed(t, f"{ev.desc}: {ev.done}/{ev.total}")
         if ev.bar == "graph_capture":
             f.advance("post_load", t, "graph capture")
         _activity(f, t)
@@ -472,7 +483,7 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
     m = s.milestones.get(key)
     if m is None:
         m = MilestoneSeen(ev.kind, ev.detail, 0, t, t, None, None, None, None, None)
-    m = replace(
+    m = evolve(
         m,
         count=m.count + 1,
         last_at=t,
@@ -566,7 +577,7 @@ def _on_failure(f: Fold, ev: Failure) -> None:
                 procs = tally.processes
         else:
             procs = tally.processes
-        tally = replace(
+        tally = evolve(
             tally, count=tally.count + 1, last_at=t, processes=procs, fatal=tally.fatal or fatal
         )
         new = False
@@ -686,7 +697,7 @@ def _on_model(f: Fold, ev: ModelInfo) -> None:
         return
     # A bar that started before the model was read is weighed by bytes from now on.
     rebased = {
-        k: replace(b, eta=b.eta.with_sizes(table))
+        k: evolve(b, eta=b.eta.with_sizes(table))
         for k, b in s.bars.items()
         if b.kind == "weights" and b.index == 0 and b.eta is not None and b.eta.cum is None
     }
@@ -707,12 +718,12 @@ def _on_io(f: Fold, ev: IoSample) -> None:
         f.upd(io=IoTrack(rb, ev.ts, rb, io.mark_at, rb))
         return
     if rb - io.mark_bytes >= f.cfg.io_progress_bytes:
-        f.upd(io=replace(io, last_bytes=rb, last_at=ev.ts, mark_bytes=rb, mark_at=ev.ts))
+        f.upd(io=evolve(io, last_bytes=rb, last_at=ev.ts, mark_bytes=rb, mark_at=ev.ts))
         st = f.s.stall
         if st is not None:
             f.clear_stall(ev.ts, "bytes read again")
     else:
-        f.upd(io=replace(io, last_bytes=rb, last_at=ev.ts))
+        f.upd(io=evolve(io, last_bytes=rb, last_at=ev.ts))
 
 
 def _on_gpu(f: Fold, ev: GpuReading) -> None:
@@ -730,16 +741,16 @@ def _on_gpu(f: Fold, ev: GpuReading) -> None:
     mcfg = f.cfg.memory
     for sample in ev.samples:
         g = gpus.get(sample.index)
-        g = GpuTrack(sample) if g is None else replace(g, sample=sample)
+        g = GpuTrack(sample) if g is None else evolve(g, sample=sample)
         used, total = sample.memory_used_bytes, sample.memory_total_bytes
         if frac is not None and used is not None and sample.up:
             fit = g.fit or MemoryFit(skip_below=first, cfg=mcfg)
             fit = fit.add(frac, float(used))
             proj = fit.project()
-            g = replace(g, fit=fit, projection=proj)
+            g = evolve(g, fit=fit, projection=proj)
             if proj is not None and total:
                 if g.oom_since is None and by_bytes and proj.low_bytes > total * mcfg.raise_ratio:
-                    g = replace(g, oom_since=ev.ts)
+                    g = evolve(g, oom_since=ev.ts)
                     f.emit(
                         "forecast_raised",
                         ev.ts,
@@ -752,7 +763,7 @@ def _on_gpu(f: Fold, ev: GpuReading) -> None:
                         fraction=frac,
                     )
                 elif g.oom_since is not None and proj.final_bytes < total * mcfg.clear_ratio:
-                    g = replace(g, oom_since=None)
+                    g = evolve(g, oom_since=None)
                     f.emit(
                         "forecast_cleared",
                         ev.ts,
@@ -766,13 +777,101 @@ def _on_gpu(f: Fold, ev: GpuReading) -> None:
     for x in ev.xids:
         g = gpus.get(x.gpu_index)
         if g is not None:
-            gpus[x.gpu_index] = replace(g, xids_total=g.xids_total + 1, last_xid=x.xid)
+            gpus[x.gpu_index] = evolve(g, xids_total=g.xids_total + 1, last_xid=x.xid)
     f.changes["gpus"] = gpus
 
 
 def _on_tick(f: Fold, ev: Tick) -> None:
     return None
 
+
+# -- the common case without a Fold -----------------------------------------------------------
+
+_new = object.__new__
+
+
+def tally_fast(st: StateData, ev: Event, now: float) -> Session | None:
+    """The session after one more warning of a code it counts already, when nothing else
+    changes: no new scale or process to note, no stall, the same replay state, no stall to
+    raise. Exactly what `_tally` gives then, without the general machinery; None otherwise."""
+    cls = type(ev)
+    layer = scale = None
+    if cls is KvScaleWarning:
+        code = "kv_scale_missing"
+        layer, scale = ev.layer, ev.scale  # type: ignore[attr-defined]
+    elif cls is LogWarning:
+        code = f"log.{ev.source or 'unknown'}"  # type: ignore[attr-defined]
+    elif cls is LogError:
+        code = f"error.{ev.source or 'unknown'}"  # type: ignore[attr-defined]
+    elif cls is ScaleFactorWarning and ev.code != "kv_scale_default":  # type: ignore[attr-defined]
+        code = ev.code  # type: ignore[attr-defined]  # (kv_scale_default also marks FP8)
+    else:
+        return None
+    s = st.session
+    if s is None:
+        return None
+    log = s.log
+    cfg = st.config
+    ts = ev.ts
+    if ts is None:
+        live = not log.replaying
+        t = now if live else log.last_event_at
+    else:
+        live = ts >= now - cfg.replay_lag_s
+        if live == log.replaying:
+            return None  # the replay state flips: `Fold.when` notes it
+        t = now if live else ts
+    life = s.life
+    if life.stall is not None:
+        return None
+    warnings = log.warnings
+    w = warnings.get(code)
+    if w is None and len(warnings) >= cfg.max_warning_codes:
+        code = "other"  # as `_warning_code`: past the cap every new code counts as "other"
+        w = warnings.get(code)
+    if w is None or (scale is not None and scale not in w.scales):
+        return None
+    p = ev.process
+    if p and p not in w.processes and len(w.processes) < cfg.max_processes:
+        return None
+    mask, over = w.layers_mask, w.layers_over
+    if layer is not None:
+        if 0 <= layer < cfg.max_layer:
+            mask |= 1 << layer
+        else:
+            over += 1
+    # `evolve` inlined: three copies of a few fields each, for every warning line
+    tally = _new(WarningTally)
+    d = tally.__dict__
+    d.update(w.__dict__)
+    d["count"] = w.count + 1
+    d["last_at"] = t
+    d["layers_mask"] = mask
+    d["layers_over"] = over
+    warnings = dict(warnings)
+    warnings[code] = tally
+    new_log = _new(SessionLog)
+    d = new_log.__dict__
+    d.update(log.__dict__)
+    d["warnings"] = warnings
+    d["warnings_total"] = log.warnings_total + 1
+    d["last_event_at"] = t
+    new = _new(Session)
+    d = new.__dict__
+    d.update(s.__dict__)
+    d["log"] = new_log
+    if live and stall_due(new, now, cfg) is not None:
+        return None
+    return new
+
+
+# Inputs that often change one counter of the session: tried before the general handler.
+FAST: dict[type, Any] = {
+    KvScaleWarning: tally_fast,
+    ScaleFactorWarning: tally_fast,
+    LogWarning: tally_fast,
+    LogError: tally_fast,
+}
 
 HANDLERS: dict[type, Any] = {
     ShardProgress: _on_progress,

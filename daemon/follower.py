@@ -128,7 +128,9 @@ class FollowerHealth:
 
 
 def _count_records(data: bytes) -> int:
-    n = data.count(b"\n")
+    # `bytes.count` of one byte is a plain loop; `replace` finds the bytes with memchr: a
+    # quarter of the follower's time on a busy log (bench/throughput_vs_mtail.py)
+    n = len(data) - len(data.replace(b"\n", b""))
     if b"\r" in data:
         n += data.count(b"\r") - data.count(b"\r\n")
     return n

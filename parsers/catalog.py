@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from itertools import repeat
 from typing import Any
 
 from loadwatch.parsers.events import (
@@ -98,18 +99,42 @@ def bar_kind(desc: str) -> str:
     return "other"
 
 
+_PROGRESS_FIELDS = (
+    "desc",
+    "bar",
+    "done",
+    "total",
+    "elapsed_s",
+    "remaining_s",
+    "rate_per_s",
+    "offset",
+    "ts",
+    "process",
+    "pid",
+)
+assert set(_PROGRESS_FIELDS) == {f.name for f in fields(ShardProgress)}, "ShardProgress changed"
+
+
 def _progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    # A load prints a bar line per shard: built as `__init__` would, with every field set from
+    # C (`map`) instead of one Python-level call per field.
     desc = m["desc"].strip()
-    return ShardProgress(
-        desc=desc,
-        bar=bar_kind(desc),  # type: ignore[arg-type]
-        done=int(m["n"]),
-        total=int(m["total"]),
-        elapsed_s=hms_seconds(m["el"]),
-        remaining_s=hms_seconds(m["rem"]),
-        rate_per_s=_rate(m["rate"]),
-        **ctx,
+    values = (
+        desc,
+        bar_kind(desc),
+        int(m["n"]),
+        int(m["total"]),
+        hms_seconds(m["el"]),
+        hms_seconds(m["rem"]),
+        _rate(m["rate"]),
+        ctx["offset"],
+        ctx["ts"],
+        ctx["process"],
+        ctx["pid"],
     )
+    event = object.__new__(ShardProgress)
+    any(map(object.__setattr__, repeat(event), _PROGRESS_FIELDS, values))
+    return event
 
 
 def _prefetch(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal, NamedTuple
 
 # ESC [ ... m, and the same with the ESC byte lost in a copy (`[1;36m`).
 _ANSI = re.compile(r"\x1b\[[0-9;]{0,16}+[A-Za-z]|\[[0-9]{1,3}+(?:;[0-9]{1,3}+){0,7}+m")
@@ -44,9 +44,25 @@ _DATED = re.compile(
 _MISSING = object()
 _HEADER_WINDOW = 256  # a VLLM_LOGGING_PREFIX may stand before the header; nothing longer
 
+# The record shape that makes up nearly every line of a vLLM log: at most one process prefix,
+# then the bracketed header. Every class is ASCII and explicit, so whatever these match,
+# `_PREFIX` + `_HEADER` match the same way (their `\d`, `\s` also take non-ASCII characters);
+# anything else takes the general path.
+_ONE_PREFIX = re.compile(
+    r"\((?P<name>[A-Za-z][A-Za-z0-9_-]{0,63})(?: rank=(?P<rank>[0-9]{1,6}))?"
+    r"(?: (?P<ranks>[A-Z]{1,8}[0-9]{1,6}(?:_[A-Z]{1,8}[0-9]{1,6}){0,7}))?"
+    r" pid=(?P<pid>[0-9]{1,10})(?:, ip=[0-9A-Fa-f.:]{1,64})?\) "
+)
+_BRACKET_HEADER = re.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
+    r"(?P<stamp>[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:[.,][0-9]{1,6})? "
+    r"\[(?P<src>[\x21-\x5c\x5e-\x7e]{1,200})\] "
+)
+_LEVEL_WORDS = ("DEBUG", "INFO", "WARN", "ERROR", "CRITICAL")  # what any header starts with
+_HEAD_CACHE_MAX = 4096
 
-@dataclass(frozen=True, slots=True)
-class Head:
+
+class Head(NamedTuple):
     """What stands before the message of one record."""
 
     process: str | None
@@ -99,7 +115,7 @@ class YearResolver:
     def __init__(self, ref_ts: float | None = None) -> None:
         self.ref_ts = time.time() if ref_ts is None else ref_ts
         self._cache: dict[tuple[int, int, int], float | None] = {}
-        self._stamps: dict[str, float | None] = {}
+        self._stamps: dict[str | bytes, float | None] = {}
 
     def resolve(self, mon: int, day: int, h: int, m: int, s: int) -> float | None:
         key = (mon, day, h)
@@ -108,7 +124,7 @@ class YearResolver:
         base = self._cache[key]
         return None if base is None else base + m * 60 + s
 
-    def stamp(self, text: str) -> float | None:
+    def stamp(self, text: str | bytes) -> float | None:
         """`MM-DD HH:MM:SS` to epoch seconds; consecutive lines share their second, so cache."""
         ts = self._stamps.get(text, _MISSING)
         if ts is _MISSING:
@@ -131,6 +147,94 @@ class YearResolver:
             if ts <= self.ref_ts + 86400 and (best is None or ts > best):
                 best = ts
         return best
+
+
+class StandardHeads:
+    """`parse_head` for whole records of the common shapes, with prefixes and headers parsed
+    once per distinct text (a process has one prefix; records within one second share a header).
+
+    `head(text)` is the `Head` that `split_segments(strip_ansi(text))` + `parse_head` would give
+    for a record that turns out to be one segment, or None when the record is not of a common
+    shape (colour codes, a second prefix in mid-record, an unusual header): then use the general
+    path. Common shapes: `(NAME pid=N) LEVEL MM-DD HH:MM:SS [src] msg`, the same without the
+    prefix, and a record with no prefix and no header at all (a progress bar).
+    """
+
+    def __init__(self, years: YearResolver) -> None:
+        self.years = years
+        # text -> what it parses to, or False: not of the common shape
+        self._prefixes: dict[str, tuple[str, int] | Literal[False]] = {}
+        self._headers: dict[str, tuple[str, float | None, str] | Literal[False]] = {}
+
+    def head(self, text: str) -> Head | None:
+        if "\x1b" in text or "0m" in text or "6m" in text or " [repeated " in text:
+            return None  # colour codes to strip, or a Ray suffix to drop: the general path
+        k = text.find("] ", 0, 400) + 2
+        if k < 2:
+            return self._bare(text)
+        process: str | None = None
+        pid: int | None = None
+        p = 0
+        if text[:1] == "(":
+            p = text.find(") ", 1, k) + 2
+            if p < 2:
+                return None
+            prefix = self._prefix(text[:p])
+            if prefix is False:
+                return None
+            process, pid = prefix
+        key = text[p:k]
+        header = self._headers.get(key)
+        if header is None:
+            header = False
+            m = _BRACKET_HEADER.fullmatch(key)
+            if m is not None:
+                level = m.group("level")
+                stamp = self.years.stamp(m.group("stamp"))
+                header = ("WARNING" if level == "WARN" else level, stamp, m.group("src"))
+            if len(self._headers) >= _HEAD_CACHE_MAX:
+                self._headers.clear()
+            self._headers[key] = header
+        if header is False:
+            return None
+        if text.find(" pid=", p) >= 0:
+            return None  # another process's record may start in this one
+        level, ts, src = header
+        return _tuple_new(Head, (process, pid, level, ts, src, text[k:], False))
+
+    def _prefix(self, text: str) -> tuple[str, int] | Literal[False]:
+        prefix = self._prefixes.get(text)
+        if prefix is None:
+            m = _ONE_PREFIX.fullmatch(text)
+            prefix = (_process_name(m), int(m.group("pid"))) if m else False
+            if len(self._prefixes) >= _HEAD_CACHE_MAX:
+                self._prefixes.clear()
+            self._prefixes[text] = prefix
+        return prefix
+
+    def lone_prefix(self, text: str) -> tuple[str, int] | None:
+        """(process, pid) when `text` is exactly one process prefix and its space (the record
+        before a `\r` bar), as `parse_head` would read it; None: not that shape."""
+        if text[:1] != "(" or text[-2:] != ") " or "\x1b" in text or "0m" in text or "6m" in text:
+            return None
+        return self._prefix(text) or None
+
+    @staticmethod
+    def _bare(text: str) -> Head | None:
+        """A record without prefix or header (a bar, stderr): no level word in reach of
+        `parse_head`'s header search, nothing that starts a prefix."""
+        c = text[:1]
+        if not c or c == "(" or c.isspace() or " pid=" in text:
+            return None
+        window = text[: _HEADER_WINDOW + 16]
+        for word in _LEVEL_WORDS:
+            if word in window:
+                return None
+        return _tuple_new(Head, (None, None, None, None, None, text, False))
+
+
+_NO_PREFIX = (None, None)
+_tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 
 def parse_head(segment: str, years: YearResolver) -> Head:

@@ -1,27 +1,177 @@
 """Whole-chunk pre-filter: find the few records worth parsing with C-level substring scans.
 
 A chunk is a run of complete records as the follower hands them over. Instead of splitting it into
-records and testing each one, every pre-filter needle is searched over the whole chunk with
-`bytes.find`, and only the records around the hits are decoded and fed to the `EventStream`. While
-a traceback is open every record matters, so the scanner then walks records one by one until it
-closes. The result is the same event list as feeding every record (a property test checks this).
+records and testing each one, a few anchors are searched over the whole chunk with `bytes.find`,
+and only the records around the hits are looked at. An anchor is a substring shared by several
+needles ("version" stands for "server version" and "  version "): one scan finds them all, and a
+record it hits is then checked for the needles themselves. The records holding a needle are fed to
+the `EventStream`. While a traceback is open every record matters, so the scanner then walks
+records one by one until it closes. The result is the same event list as feeding every record (a
+property test checks this).
+
+Each scan of a chunk costs about as much as any other, so the number of scans is what matters;
+`bench/throughput_vs_mtail.py` shows the figures. The first search of each anchor over a chunk
+(usually one that finds nothing) goes through libc's `memmem` where there is one: two to three
+times faster than `bytes.find`. Two more savings:
+- on a serving log, most records a level needle hits are request echoes: an INFO line whose
+  prompt says "ERROR" or "Traceback". `quiet_record` proves such a record yields nothing with one
+  match of its header, and of a run of them the stream is handed only the last one's time;
+- when candidates fill most of a chunk (a load's per-layer warnings), the rarer anchors are
+  searched once, in the bytes between the candidates joined.
+Measured and left out: one `re` alternation over a chunk (sre tries every position: ten times
+slower than the scans it would replace) and an Aho-Corasick automaton (ahocorasick-rs: about
+what `memmem` gives, for a dependency).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import ctypes
+import re
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator
 
 from loadwatch.parsers.events import Event, Record
-from loadwatch.parsers.stream import PREFILTER, PREFIX_RECORD_MAX, EventStream, Mode, has_needle
+from loadwatch.parsers.stream import (
+    LEVEL_NEEDLES,
+    PREFILTER,
+    PREFIX_RECORD_MAX,
+    EventStream,
+    Mode,
+)
 
-_NEEDLES_B: dict[Mode, tuple[bytes, ...]] = {
-    mode: tuple(n.encode() for n in needles) for mode, needles in PREFILTER.items()
+# Substrings that stand for several needles each, per mode, tried in this order; a needle that
+# contains none of them is searched for itself. Chosen by measurement (bench/scan_anchors.py):
+# a short anchor scans a little slower than a long needle, so an anchor pays only where it
+# replaces two or more scans.
+ANCHORS: dict[Mode, tuple[str, ...]] = {
+    "startup": (
+        "in the checkpoint (e.g.",  # the dense ones first: the rest is searched between them
+        "it/s]",
+        "s/it]",
+        "version",
+        "down",
+        "pplication ",
+        "vailable",
+        "heckpoint",
+        "KV cache",
+        " took",
+        "torch.compile",
+        "Start",
+        "args: ",
+        "died",
+        " memory",
+        "failed",
+        "raph",
+        "scal",
+        "backend",
+    ),
+    "serving": ("version", "down"),
 }
+DENSE_SHARE = 0.5  # candidates this share of a chunk: search the other anchors between them
+
+
+class Group:
+    """One scan: an anchor and the needles it stands for (None: the anchor is the needle)."""
+
+    __slots__ = ("anchor", "level", "needles")
+
+    def __init__(self, anchor: bytes, needles: tuple[bytes, ...] | None, level: bool) -> None:
+        self.anchor = anchor
+        self.needles = needles
+        self.level = level  # only level needles: a hit alone may be a quiet record
+
+
+def plan(mode: Mode) -> tuple[Group, ...]:
+    groups: dict[str, list[str]] = {}
+    for needle in PREFILTER[mode]:
+        anchor = next((a for a in ANCHORS[mode] if a in needle), needle)
+        groups.setdefault(anchor, []).append(needle)
+    order = {a: i for i, a in enumerate(ANCHORS[mode])}
+
+    def rank(item: tuple[str, list[str]]) -> tuple[bool, int]:
+        anchor, needles = item
+        level_only = all(n in LEVEL_NEEDLES for n in needles)
+        return (mode == "serving" and level_only, order.get(anchor, len(order)))
+
+    out: list[Group] = []
+    for anchor, needles in sorted(groups.items(), key=rank):
+        if len(needles) == 1:
+            anchor = needles[0]  # a longer string scans faster
+        exact = needles == [anchor]
+        out.append(
+            Group(
+                anchor.encode(),
+                None if exact else tuple(n.encode() for n in needles),
+                all(n in LEVEL_NEEDLES for n in needles),
+            )
+        )
+    return tuple(out)
+
+
+PLANS: dict[Mode, tuple[Group, ...]] = {"startup": plan("startup"), "serving": plan("serving")}
 _TERMINATORS = (0x0A, 0x0D)
+
+# An INFO or DEBUG record of the common shape (see lines._STANDARD, whose ASCII classes these
+# are): its header is all `parse_head` would find, so with no catalog needle in it the record
+# yields no event and cannot open a traceback.
+_QUIET = re.compile(
+    rb"(?:\([A-Za-z][A-Za-z0-9_-]{0,63}(?: rank=[0-9]{1,6})?"
+    rb"(?: [A-Z]{1,8}[0-9]{1,6}(?:_[A-Z]{1,8}[0-9]{1,6}){0,7})?"
+    rb" pid=[0-9]{1,10}(?:, ip=[0-9A-Fa-f.:]{1,64})?\) ?)?"
+    rb"(?:INFO|DEBUG) ([0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:[.,][0-9]{1,6})? "
+    rb"\[[\x21-\x5c\x5e-\x7e]{1,200}\]"
+)
+
+
+def _libc_memmem() -> Callable[[int, int, bytes, int], int | None] | None:
+    """libc's memmem, when there is one: it finds a string absent from a chunk two to three
+    times faster than `bytes.find` (its shift table looks at two bytes at a time)."""
+    try:
+        fn = ctypes.CDLL(None).memmem
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t)
+    return fn
+
+
+MEMMEM = _libc_memmem()
+MEMMEM_MIN = 16 * 1024  # below this a ctypes call costs more than it saves
+
+
+def first(data: bytes, address: int, needle: bytes, start: int, end: int) -> int:
+    """`data.find(needle, start, end)`, with libc's memmem over long ranges. `address` is
+    where `data`'s bytes are (`address_of`)."""
+    if MEMMEM is None or end - start < MEMMEM_MIN:
+        return data.find(needle, start, end)
+    hit = MEMMEM(address + start, end - start, needle, len(needle))
+    return -1 if hit is None else hit - address
+
+
+def address_of(data: bytes) -> int:
+    """The address of the bytes of `data` (which the caller keeps alive while it is used)."""
+    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
 
 
 def decode(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
+
+
+def count_records(data: bytes) -> int:
+    """Records ended in `data` (`\\r\\n` counts once). `bytes.count` of one byte is a plain
+    loop; `replace` finds the bytes with memchr, about three times faster."""
+    n = len(data) - len(data.replace(b"\n", b""))
+    cr = data.find(b"\r")
+    if cr < 0:
+        return n
+    crs = len(data) - len(data.replace(b"\r", b""))
+    if crs > 64:
+        return n + crs - data.count(b"\r\n")
+    while cr >= 0:  # a few `\r` (bars): look at each
+        if data[cr + 1 : cr + 2] != b"\n":
+            n += 1
+        cr = data.find(b"\r", cr + 1)
+    return n
 
 
 def split_records(data: bytes, base: int = 0, file_id: str | None = None) -> Iterator[Record]:
@@ -55,39 +205,64 @@ class ChunkScanner:
     def __init__(self, stream: EventStream | None = None) -> None:
         self.stream = stream if stream is not None else EventStream()
         self.lines = 0  # terminators seen: a cheap record count for health metrics
+        self.quiet = 0  # candidates proven quiet without parsing them
         self._tail = b""  # the last record of the previous chunk, if short
         self._fed_end = -1  # absolute end offset of the last record handed to the stream
 
     def feed(self, data: bytes, base: int = 0, file_id: str | None = None) -> list[Event]:
-        self.lines += data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
+        self.lines += count_records(data)
         out: list[Event] = []
         n = len(data)
-        pos = 0
         stream = self.stream
-        mode = stream.mode
-        candidates = self._candidates(data, 0, mode)
-        i = 0
-        while i < len(candidates):
-            start = candidates[i]
-            i += 1
-            if start < pos:
-                continue
+        cr = data.find(b"\r") >= 0
+        pos = 0
+        while pos < n:
             if stream.in_traceback:
                 pos = self._walk(data, pos, base, file_id, out)
+                continue
+            mode = stream.mode
+            candidates, quiet = self._candidates(data, pos, mode, cr)
+            quiet_starts = sorted(quiet) if quiet else None
+            q = 0  # quiet records before this index are accounted for
+            for start, end in candidates:
                 if start < pos:
                     continue
-            self._before(data, start, base, file_id, out)
-            end = _next_terminator(data, start, n)
-            self._feed(data[start:end], base + start, file_id, out, candidate=True)
-            pos = end + 1
-            if stream.mode != mode:  # the needle set changed: look again from here
-                mode = stream.mode
-                candidates = self._candidates(data, pos, mode)
-                i = 0
+                if quiet_starts is not None:
+                    k = bisect_left(quiet_starts, start)
+                    if k > q:  # quiet records since the last candidate: only the last one counts
+                        pos = self._quiet(quiet, quiet_starts, q, k, base)
+                        q = k
+                fed = self._fed_end - base
+                if not (fed == start - 1 or (fed == start - 2 and data[start - 1] in _TERMINATORS)):
+                    self._before(data, start, base, file_id, out)  # a record between: look at it
+                events = stream.feed_text(
+                    data[start:end].decode("utf-8", "replace"), base + start, True
+                )
+                self._fed_end = base + end
+                pos = end + 1
+                if events:
+                    out += events
+                if stream.mode != mode or stream.in_traceback:
+                    break  # look again from here with other needles, or walk the traceback
+            else:
+                if quiet_starts is not None and q < len(quiet_starts):
+                    pos = self._quiet(quiet, quiet_starts, q, len(quiet_starts), base)
+                break
         if stream.in_traceback:
             self._walk(data, pos, base, file_id, out)
         self._keep_tail(data, base)
         return out
+
+    def _quiet(
+        self, quiet: dict[int, tuple[int, bytes]], starts: list[int], i: int, j: int, base: int
+    ) -> int:
+        """Account for the quiet records starts[i:j], which come after everything fed so far:
+        feeding them would leave only the time of the last one. Returns where reading goes on."""
+        end, stamp = quiet[starts[j - 1]]
+        self.stream.quiet(stamp, j - i)
+        self.quiet += j - i
+        self._fed_end = base + end
+        return end + 1
 
     def _keep_tail(self, data: bytes, base: int) -> None:
         """Remember the chunk's last record if it may be a prefix for the next chunk's first."""
@@ -101,33 +276,24 @@ class ChunkScanner:
                 self._tail = b""
                 self.stream.forget_pending()
             return
-        last = _record_start(data, j)
         self._tail = b""
         if base + j == self._fed_end:
             return
+        last = _record_start(data, j)
         if j - last <= PREFIX_RECORD_MAX and b"pid=" in data[last:j]:
             self._tail = data[last:]
         else:
             self.stream.forget_pending()
 
-    def _feed(
-        self,
-        raw: bytes,
-        offset: int,
-        file_id: str | None,
-        out: list[Event],
-        candidate: bool = False,
-    ) -> None:
-        out.extend(self.stream.feed(Record(decode(raw), offset, file_id), candidate))
-        self._fed_end = offset + len(raw)
-
     def _walk(self, data: bytes, pos: int, base: int, file_id: str | None, out: list[Event]) -> int:
         """Feed every record from `pos` while a traceback is open; return where it stopped."""
         n = len(data)
-        while pos < n and self.stream.in_traceback:
+        stream = self.stream
+        while pos < n and stream.in_traceback:
             end = _next_terminator(data, pos, n)
             if end > pos:
-                self._feed(data[pos:end], base + pos, file_id, out)
+                out += stream.feed_text(decode(data[pos:end]), base + pos)
+                self._fed_end = base + end
             pos = end + 1
         return pos
 
@@ -147,26 +313,173 @@ class ChunkScanner:
             offset = base - len(self._tail) + prev_start
             prev = prev[prev_start:]
         else:
+            if base + j == self._fed_end:
+                return  # the stream has seen it already
             prev_start = _record_start(data, j)
             prev = data[prev_start:j]
             offset = base + prev_start
         if not prev or offset + len(prev) == self._fed_end:
             return  # nothing there, or the stream has seen it already
         self.stream.forget_pending()
-        if (
-            len(prev) <= PREFIX_RECORD_MAX
-            and b"pid=" in prev
-            and not has_needle(decode(prev), self.stream.mode)
-        ):
-            self._feed(prev, offset, file_id, out)
+        if len(prev) > PREFIX_RECORD_MAX or b"pid=" not in prev:
+            return
+        # It holds no needle of the current mode: else it would have been a candidate of this
+        # chunk, or of the last one with the same mode, and fed already.
+        self.stream.plain(decode(prev))
+        self._fed_end = offset + len(prev)
 
-    def _candidates(self, data: bytes, pos: int, mode: Mode) -> list[int]:
-        starts: set[int] = set()
+    def _candidates(
+        self, data: bytes, pos: int, mode: Mode, cr: bool
+    ) -> tuple[list[tuple[int, int]], dict[int, tuple[int, bytes]]]:
+        """The records from `pos` holding a needle of `mode`, as (start, end) in order, and
+        apart from them the quiet ones: start -> (end, header time) (see `quiet_record`)."""
+        found: dict[int, int] = {}
+        quiet: dict[int, tuple[int, bytes]] = {}
+        # Quiet records must hold no needle but level words: in serving mode every scan goes
+        # over the whole chunk, the level words last, so a record they hit is known by then.
+        quiet_ok = mode == "serving"
         n = len(data)
-        for needle in _NEEDLES_B[mode]:
-            i = data.find(needle, pos)
+        find, rfind = data.find, data.rfind
+        address = address_of(data)
+        esc = quiet_ok and find(b"\x1b", pos) >= 0  # (memchr: a chunk-wide look is cheap)
+        match_quiet = _QUIET.match
+        groups = PLANS[mode]
+        lo, hi = pos, n
+        crs: list[int] | None = None  # where the `\r` are, when there are few
+        ncr = 0
+        if cr:
+            crs = []
+            # from the start of the line `pos` is in: a `\r` before `pos` may start a record
+            c = data.find(b"\r", data.rfind(b"\n", 0, pos) + 1)
+            while c >= 0 and ncr < 256:
+                crs.append(c)
+                ncr += 1
+                c = data.find(b"\r", c + 1)
+            if c >= 0:
+                crs = None  # `\r\n` lines, most likely: look around each hit instead
+        between: _Between | None = None
+        for gi, group in enumerate(groups):
+            anchor, needles = group.anchor, group.needles
+            level = quiet_ok and group.level
+            if between is not None:
+                for i in between.hits(anchor):
+                    s = _record_start(data, i)
+                    e = _next_terminator(data, i, n)
+                    if needles is None or any(find(x, s, e) >= 0 for x in needles):
+                        found[s] = e
+                continue
+            b = hi
+            i = first(data, address, anchor, lo, hi)
             while i >= 0:
-                starts.add(_record_start(data, i))
-                e = _next_terminator(data, i, n)
-                i = data.find(needle, e + 1)
-        return sorted(starts)
+                # the record around the hit (`_record_start`, `_next_terminator` inlined)
+                s = rfind(b"\n", 0, i) + 1
+                if level and not cr and (s in found or s in quiet):
+                    i = find(anchor, i + 1, b)  # a level word again in a known record
+                    continue
+                e = find(b"\n", i)
+                if e < 0:
+                    e = n
+                if crs is not None:  # a few `\r` (bars): do any cut this line?
+                    k = bisect_left(crs, i)
+                    if k < ncr and crs[k] < e:
+                        e = crs[k]
+                    if k and crs[k - 1] >= s:
+                        s = crs[k - 1] + 1
+                elif cr:
+                    c = rfind(b"\r", s, i)
+                    if c >= 0:
+                        s = c + 1
+                    c = find(b"\r", i, e)
+                    if c >= 0:
+                        e = c
+                hit = needles is None
+                if not hit:
+                    for needle in needles:  # type: ignore[union-attr]
+                        if find(needle, s, e) >= 0:
+                            hit = True
+                            break
+                if hit and level and cr and (s in found or s in quiet):
+                    hit = False  # known already (this check waits for the `\r` bounds)
+                if hit:
+                    if level:  # `quiet_record` inlined: a serving log has many of these
+                        m = match_quiet(data, s, e)
+                        if (
+                            m is not None
+                            and find(b" pid=", m.start(1), e) < 0
+                            and find(b"0m", s, e) < 0  # `strip_ansi`'s hints
+                            and find(b"6m", s, e) < 0
+                            and not (esc and find(b"\x1b", s, e) >= 0)
+                        ):
+                            quiet[s] = (e, m.group(1))
+                            i = find(anchor, e + 1, b)
+                            continue
+                    found[s] = e
+                i = find(anchor, e + 1, b)
+            if gi < 3 and not quiet_ok and len(found) > 8:
+                between = _Between.of(data, found, lo, hi)
+        return [(s, found[s]) for s in sorted(found)], quiet
+
+
+class _Between:
+    """The bytes between the records found so far, joined: when those fill most of a chunk (a
+    load's per-layer warnings), the other anchors are searched here, once each."""
+
+    __slots__ = ("cum", "joined", "starts")
+
+    def __init__(self, joined: bytes, starts: list[int], cum: list[int]) -> None:
+        self.joined = joined
+        self.starts = starts  # where each joined range begins in the chunk
+        self.cum = cum  # where it begins in `joined`
+
+    @classmethod
+    def of(cls, data: bytes, found: dict[int, int], lo: int, hi: int) -> _Between | None:
+        if sum(e - s for s, e in found.items()) < DENSE_SHARE * (hi - lo):
+            return None
+        parts: list[bytes] = []
+        starts: list[int] = []
+        cum: list[int] = []
+        size = 0
+        at = lo
+        for s in sorted(found):
+            if s > at:  # whole records: from a record start to the next found one
+                starts.append(at)
+                cum.append(size)
+                parts.append(data[at:s])
+                size += s - at
+            at = max(at, found[s] + 1)
+        if at < hi:
+            starts.append(at)
+            cum.append(size)
+            parts.append(data[at:hi])
+        return cls(b"".join(parts), starts, cum)
+
+    def hits(self, needle: bytes) -> Iterator[int]:
+        """Where `needle` is in the chunk, outside the records found, in order."""
+        joined, starts, cum = self.joined, self.starts, self.cum
+        j = joined.find(needle)
+        while j >= 0:
+            g = bisect_right(cum, j) - 1
+            yield starts[g] + j - cum[g]
+            j = joined.find(needle, j + 1)
+
+
+def _coloured(data: bytes, start: int, end: int) -> bool:
+    """`strip_ansi` would look at this record: it has an ESC, `0m` or `6m`."""
+    return (
+        data.find(b"\x1b", start, end) >= 0
+        or data.find(b"0m", start, end) >= 0
+        or data.find(b"6m", start, end) >= 0
+    )
+
+
+def quiet_record(data: bytes, start: int, end: int) -> bytes | None:
+    """The header time of `data[start:end]` if it is a quiet record, else None.
+
+    Quiet: a single-segment INFO or DEBUG record of the common shape, without colour codes.
+    The caller knows it holds no catalog needle and that no traceback is open; then feeding it
+    would only note its time.
+    """
+    m = _QUIET.match(data, start, end)
+    if m is None or data.find(b" pid=", m.start(1), end) >= 0 or _coloured(data, start, end):
+        return None
+    return m.group(1)

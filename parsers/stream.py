@@ -10,7 +10,8 @@ the chunk scanner (scan.py) that only hands over candidate records yields the sa
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from itertools import repeat
 from typing import Any, Literal
 
 from loadwatch.parsers.catalog import (
@@ -27,13 +28,23 @@ from loadwatch.parsers.events import (
     Event,
     Failure,
     FailureKind,
+    KvScaleWarning,
     LogError,
     LogWarning,
     Milestone,
     Record,
+    ScaleFactorWarning,
     ShardProgress,
+    StallHint,
 )
-from loadwatch.parsers.lines import Head, YearResolver, parse_head, split_segments, strip_ansi
+from loadwatch.parsers.lines import (
+    Head,
+    StandardHeads,
+    YearResolver,
+    parse_head,
+    split_segments,
+    strip_ansi,
+)
 
 TRACEBACK_START = "Traceback (most recent call last):"
 _CHAIN_MARKERS = (
@@ -75,6 +86,41 @@ PREFILTER_NEEDLES = PREFILTER["startup"]
 MAX_TRACEBACK_RECORDS = 2000
 PREFIX_RECORD_MAX = 256  # a record holding only a process prefix (colour codes included)
 MAX_MESSAGE_CHARS = 2000
+LEVEL_NEEDLES: frozenset[str] = frozenset(_LEVEL_NEEDLES)
+
+# Messages repeat: every tensor-parallel worker prints the same per-layer warning, a noisy
+# server the same warning again and again. Their events are built once per distinct message and
+# copied after that. Only these types: what they hold besides the record's offset, time and
+# process comes from the message alone (a Failure also carries its own offset).
+_CACHED_TYPES = (KvScaleWarning, ScaleFactorWarning, LogWarning, LogError, StallHint)
+_CONTEXT = ("offset", "ts", "process", "pid")
+_PARSE_CACHE_MAX = 4096
+_TRACEBACK_LEVELS = (None, "ERROR", "CRITICAL")  # the record levels a traceback opens at
+# (class, field names with the context fields last, values of the others)
+Recipe = tuple[tuple[type[Event], tuple[str, ...], tuple[Any, ...]], ...]
+_new = object.__new__
+_setattr = object.__setattr__
+
+
+def _recipe(events: list[Event]) -> Recipe | None:
+    if not all(type(e) in _CACHED_TYPES for e in events):
+        return None
+    out = []
+    for e in events:
+        names = tuple(f.name for f in fields(e) if f.name not in _CONTEXT)
+        out.append((type(e), (*names, *_CONTEXT), tuple(getattr(e, n) for n in names)))
+    return tuple(out)
+
+
+def _cook(recipe: Recipe, offset: int, ts: float | None, head: Head) -> list[Event]:
+    """The recipe's events for one record. The events are frozen dataclasses: their fields
+    are set as `__init__` would set them, but from C (`map`), without a call per field."""
+    out = []
+    for cls, names, values in recipe:
+        event = _new(cls)
+        any(map(_setattr, repeat(event), names, (*values, offset, ts, head.process, head.pid)))
+        out.append(event)
+    return out
 
 
 def _set(event: Event, **values: Any) -> None:
@@ -84,7 +130,10 @@ def _set(event: Event, **values: Any) -> None:
 
 
 def has_needle(text: str, mode: Mode = "startup") -> bool:
-    return any(n in text for n in PREFILTER[mode])
+    for n in PREFILTER[mode]:  # noqa: SIM110 (a plain loop: no generator per record)
+        if n in text:
+            return True
+    return False
 
 
 def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event]:
@@ -160,15 +209,14 @@ class EventStream:
         self.years = YearResolver(ref_ts)
         self.stats = StreamStats()
         self._tracebacks: dict[tuple[str | None, int | None], _Traceback] = {}
+        self.in_traceback = False  # kept with `_tracebacks`: read for every record
         self._pending_prefix: tuple[str, int | None] | None = None
         self._last_ts: float | None = None
         self._bars: dict[tuple[str | None, str], _BarAnchor] = {}
         self._bar_owner: dict[str, tuple[str, int | None]] = {}
+        self._heads = StandardHeads(self.years)
+        self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
         self.mode: Mode = "startup"
-
-    @property
-    def in_traceback(self) -> bool:
-        return bool(self._tracebacks)
 
     def forget_pending(self) -> None:
         """Records were skipped unseen: a prefix seen before them names nothing now."""
@@ -177,17 +225,60 @@ class EventStream:
     def feed(self, record: Record, candidate: bool = False) -> list[Event]:
         """Events of one record. `candidate=True`: the caller knows it holds a needle of the
         current mode (the chunk scanner does), so the pre-filter test is skipped."""
-        self.stats.records += 1
-        pending, self._pending_prefix = self._pending_prefix, None
-        text = record.text
-        if not candidate and not self._tracebacks and not has_needle(text, self.mode):
-            # A prefix alone in its record names the process of the `\r` bar that follows.
-            if "pid=" in text and len(text) <= PREFIX_RECORD_MAX:
-                head = parse_head(strip_ansi(text), self.years)
-                if head.prefix_only and head.process is not None:
-                    self._pending_prefix = (head.process, head.pid)
+        return self.feed_text(record.text, record.offset, candidate)
+
+    def feed_text(self, text: str, offset: int, candidate: bool = False) -> list[Event]:
+        """`feed` of a record given as its text and offset."""
+        stats = self.stats
+        stats.records += 1
+        pending = self._pending_prefix
+        self._pending_prefix = None
+        if not candidate and not self.in_traceback and not has_needle(text, self.mode):
+            self._note_prefix(text)
             return []
-        self.stats.candidates += 1
+        stats.candidates += 1
+        head = self._heads.head(text)
+        if head is None:
+            out = self._general(text, offset, pending)
+        else:
+            if head.process is None and pending is not None:
+                head = head._replace(process=pending[0], pid=pending[1])
+            ts = head.ts
+            level = head.level
+            if (
+                self.in_traceback
+                or ts is None
+                or (level in _TRACEBACK_LEVELS and head.body.rstrip().endswith(TRACEBACK_START))
+            ):
+                out = self._segment(head, offset)
+            else:  # `_segment` for the common case: no traceback to join, none to open
+                self._last_ts = ts
+                recipe = self._recipes.get((self.mode, level, head.source, head.body))
+                if recipe is not None and len(recipe) == 1:  # `_cook` inlined
+                    cls, names, values = recipe[0]
+                    event = _new(cls)
+                    any(map(_setattr, repeat(event), names, (*values, offset, ts, *head[:2])))
+                    out = [event]
+                elif recipe is not None:
+                    out = _cook(recipe, offset, ts, head)
+                else:
+                    out = self._parse(head, offset)
+        if out:
+            stats.events += len(out)
+            by_type = stats.by_type
+            for event in out:
+                by_type[event.type] = by_type.get(event.type, 0) + 1
+                if type(event) is Milestone:
+                    if event.kind == "app_startup_complete":
+                        self.mode = "serving"
+                    elif event.kind in ("version", "model_load_start"):
+                        self.mode = "startup"
+        return out
+
+    def _general(
+        self, text: str, offset: int, pending: tuple[str, int | None] | None
+    ) -> list[Event]:
+        """Any record: colour codes, several processes' lines in one, no or another header."""
         out: list[Event] = []
         for i, segment in enumerate(split_segments(strip_ansi(text))):
             head = parse_head(segment, self.years)
@@ -196,17 +287,38 @@ class EventStream:
                     self._pending_prefix = (head.process, head.pid)
                 continue
             if i == 0 and head.process is None and pending is not None:
-                head = Head(pending[0], pending[1], head.level, head.ts, head.source, head.body)
-            out.extend(self._segment(head, record.offset))
-        for event in out:
-            self.stats.events += 1
-            self.stats.by_type[event.type] = self.stats.by_type.get(event.type, 0) + 1
-            if isinstance(event, Milestone):
-                if event.kind == "app_startup_complete":
-                    self.mode = "serving"
-                elif event.kind in ("version", "model_load_start"):
-                    self.mode = "startup"
+                head = head._replace(process=pending[0], pid=pending[1])
+            out.extend(self._segment(head, offset))
         return out
+
+    def plain(self, text: str) -> None:
+        """`feed_text` of a record the caller knows holds no needle of the current mode, while
+        no traceback is open: only a process prefix in it matters."""
+        self.stats.records += 1
+        self._pending_prefix = None
+        self._note_prefix(text)
+
+    def _note_prefix(self, text: str) -> None:
+        # A prefix alone in its record names the process of the `\r` bar that follows.
+        if "pid=" in text and len(text) <= PREFIX_RECORD_MAX:
+            lone = self._heads.lone_prefix(text)
+            if lone is not None:
+                self._pending_prefix = lone
+                return
+            head = parse_head(strip_ansi(text), self.years)
+            if head.prefix_only and head.process is not None:
+                self._pending_prefix = (head.process, head.pid)
+
+    def quiet(self, stamp: bytes | str, records: int = 1) -> None:
+        """Candidate records the caller proved to yield nothing (single-segment INFO or DEBUG
+        records with no catalog needle, outside any traceback), `stamp` the header time of the
+        last: what feeding them would leave, at a fraction of the cost."""
+        self.stats.records += records
+        self.stats.candidates += records
+        self._pending_prefix = None
+        ts = self.years.stamp(stamp)
+        if ts is not None:
+            self._last_ts = ts
 
     def feed_all(self, records: Iterable[Record]) -> list[Event]:
         out: list[Event] = []
@@ -219,6 +331,7 @@ class EventStream:
         """End of input: close any open traceback (a log cut off mid-traceback)."""
         out: list[Event] = [self._close(tb) for tb in list(self._tracebacks.values())]
         self._tracebacks.clear()
+        self.in_traceback = False
         return out
 
     # -- internals --------------------------------------------------------------------------
@@ -234,13 +347,15 @@ class EventStream:
             if done is None:
                 return []
             del self._tracebacks[key]
+            self.in_traceback = bool(self._tracebacks)
             if done:
                 return [self._close(tb)]
             # Not part of the traceback after all: close it, then parse the record as usual.
             return [self._close(tb), *self._parse(head, offset)]
         # `EngineCore hit an exception: Traceback (most recent call last):` opens one too.
-        if body.rstrip().endswith(TRACEBACK_START) and head.level in (None, "ERROR", "CRITICAL"):
+        if head.level in _TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START):
             self.stats.tracebacks += 1
+            self.in_traceback = True
             self._tracebacks[key] = _Traceback(
                 offset=offset,
                 ts=head.ts if head.ts is not None else self._last_ts,
@@ -253,7 +368,18 @@ class EventStream:
         return self._parse(head, offset)
 
     def _parse(self, head: Head, offset: int) -> list[Event]:
-        events = parse_segment(head, offset, self.mode)
+        key = (self.mode, head.level, head.source, head.body)
+        recipe = self._recipes.get(key)
+        if recipe is not None:
+            events = _cook(recipe, offset, head.ts, head)
+        else:
+            events = parse_segment(head, offset, self.mode)
+            if events:
+                made = _recipe(events)
+                if made is not None:
+                    if len(self._recipes) >= _PARSE_CACHE_MAX:
+                        self._recipes.clear()
+                    self._recipes[key] = made
         if events and isinstance(events[0], ShardProgress):
             events[0] = self._bar_process(events[0])
         if head.ts is None and self._last_ts is not None:

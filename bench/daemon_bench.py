@@ -1,0 +1,197 @@
+"""The real daemon under a busy log: scrape latency, CPU and memory while it follows it.
+
+    .venv/bin/python bench/daemon_bench.py [--quick] [--rate LINES_PER_S]
+
+`loadwatch run --log FILE --gpu simulated --listen 127.0.0.1:0` follows FILE while a writer
+replays a generated 1,000,000-line serving-phase vLLM log into it (bench/loggen.py; 100,000 with
+--quick) at `--rate` lines/s, appending in 64 KiB blocks. Meanwhile:
+- /metrics is scraped 10 times a second; each scrape's latency is timed by the client;
+- the daemon's RSS (/proc/PID/status) is read when it has read 10%, 50% and 100% of the log
+  (its own `loadwatch_log_lines_total`), and its CPU (/proc/PID/stat) over the replay.
+Goals: scrape p99 <= 5 ms; RSS <= 80 MB and flat. The last line is key=value pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from loggen import serving_log
+
+
+def proc_status_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def lines_read(body: bytes) -> int | None:
+    for line in body.splitlines():
+        if line.startswith(b"loadwatch_log_lines_total "):
+            return int(float(line.split()[1]))
+    return None
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+class Scraper(threading.Thread):
+    """GET /metrics every 0.1 s; keep the latencies and the daemon's own line count."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url + "/metrics"
+        self.latencies_ms: list[float] = []
+        self.lines = 0
+        self.errors = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        next_at = time.monotonic()
+        while not self.stop.is_set():
+            start = time.perf_counter()
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    body = r.read()
+                self.latencies_ms.append(1e3 * (time.perf_counter() - start))
+                n = lines_read(body)
+                if n is not None:
+                    self.lines = n
+            except OSError:
+                self.errors += 1
+            next_at += 0.1
+            self.stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+def replay(src: Path, dst: Path, rate: float, done: threading.Event) -> None:
+    """Append `src` to `dst` at about `rate` lines per second, in 64 KiB blocks."""
+    data = src.read_bytes()
+    per_line = len(data) / max(data.count(b"\n"), 1)
+    block = 64 * 1024
+    start = time.monotonic()
+    with dst.open("ab", buffering=0) as out:
+        for i in range(0, len(data), block):
+            out.write(data[i : i + block])
+            due = start + (i + block) / per_line / rate
+            time.sleep(max(0.0, due - time.monotonic()))
+    done.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a 100,000-line log")
+    ap.add_argument("--rate", type=float, default=100_000.0, help="lines/s replayed (100000)")
+    args = ap.parse_args(argv)
+    lines_wanted = 100_000 if args.quick else 1_000_000
+    exe = shutil.which("loadwatch", path=str(Path(sys.executable).parent))
+    if exe is None:
+        print("daemon_bench: the loadwatch command is not installed (./scripts/ensure-venv.sh)")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="lw-daemon-bench-") as d:
+        tmp = Path(d)
+        src = tmp / "source.log"
+        truth = serving_log(src, lines_wanted, seed=4)
+        total = truth.lines
+        log = tmp / "vllm.log"
+        log.write_bytes(b"")
+        argv_ = [exe, "run", "--log", str(log), "--gpu", "simulated"]
+        argv_ += ["--state-dir", str(tmp / "state"), "--listen", "127.0.0.1:0"]
+        proc = subprocess.Popen(
+            argv_, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+        )
+        try:
+            return run(proc, src, log, total, args.rate)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def run(proc: subprocess.Popen[str], src: Path, log: Path, total: int, rate: float) -> int:
+    assert proc.stdout is not None
+    url = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if "daemon.listening" in line:
+            url = line.split('"url": "', 1)[1].split('"', 1)[0]
+            break
+    if url is None:
+        print(
+            f"daemon_bench: the daemon did not start: {proc.stderr.read() if proc.stderr else ''}"
+        )
+        return 1
+    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
+    time.sleep(2.0)  # the first GPU polls, the empty log
+    rss0 = proc_status_kb(proc.pid, "VmRSS") / 1024
+    scraper = Scraper(url)
+    scraper.start()
+    written = threading.Event()
+    writer = threading.Thread(target=replay, args=(src, log, rate, written), daemon=True)
+    cpu0, wall0 = proc_cpu_s(proc.pid), time.monotonic()
+    writer.start()
+    marks = {10: None, 50: None, 100: None}
+    rss: dict[int, float] = {}
+    end = time.monotonic() + 30 + 3 * total / rate
+    while time.monotonic() < end and len(rss) < len(marks):
+        read = scraper.lines
+        for m in marks:
+            if m not in rss and read >= total * m / 100:
+                rss[m] = proc_status_kb(proc.pid, "VmRSS") / 1024
+        time.sleep(0.05)
+    cpu1, wall1 = proc_cpu_s(proc.pid), time.monotonic()
+    hwm = proc_status_kb(proc.pid, "VmHWM") / 1024
+    scraper.stop.set()
+    scraper.join(5)
+    if len(rss) < len(marks):
+        print(f"daemon_bench: the daemon read {scraper.lines:,} of {total:,} lines in time")
+        return 1
+    lat = scraper.latencies_ms
+    cpu_pct = 100 * (cpu1 - cpu0) / (wall1 - wall0)
+    behind = (wall1 - wall0) - total / rate
+    print(f"replayed {total:,} serving-phase lines at {rate:,.0f} lines/s into {log.name}")
+    print(
+        f"scrapes: {len(lat)} at 10/s (errors {scraper.errors})  p50 {pct(lat, 50):.2f} ms  "
+        f"p90 {pct(lat, 90):.2f} ms  p99 {pct(lat, 99):.2f} ms  max {max(lat):.2f} ms  "
+        f"mean {statistics.fmean(lat):.2f} ms  (goal p99 <= 5 ms)"
+    )
+    print(
+        f"daemon CPU while following: {cpu_pct:.1f}% of a core over {wall1 - wall0:.1f} s "
+        f"({(cpu1 - cpu0) / total * 1e6:.2f} us of CPU per line; done {behind:+.1f} s after the writer)"
+    )
+    print(
+        f"daemon RSS: before {rss0:.1f} MB, at 10% {rss[10]:.1f}, 50% {rss[50]:.1f}, "
+        f"100% {rss[100]:.1f} MB; peak {hwm:.1f} MB (goal <= 80 MB, flat)"
+    )
+    growth = rss[100] - rss[10]
+    print(
+        f"scrape_p99_ms={pct(lat, 99):.2f} rss_mb_max={max(max(rss.values()), hwm):.1f} "
+        f"rss_growth_mb={growth:.1f} cpu_pct={cpu_pct:.1f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

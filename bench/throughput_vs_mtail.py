@@ -1,0 +1,400 @@
+"""Log throughput of loadwatch against the tools an operator would pick instead, same run, same input.
+
+    .venv/bin/python bench/throughput_vs_mtail.py [--quick] [--runs N] [--keep DIR]
+
+Two vLLM logs in the real byte format are generated (seeded, into a temp dir, by bench/loggen.py,
+which knows what they hold): a load-phase log (Kimi-K2.5-like starts: 119 shards, 8 workers,
+per-layer k/v scale warnings, repeated to ~200,000 lines) and a serving-phase log of 1,000,000
+lines (request and access lines, engine statistics, prompts that say "ERROR" or "CUDA out of
+memory", a few restarts, one of them dying of a CUDA OOM). On each, every tool runs as its own
+process, `--runs` times (median):
+
+- `wc -l`: the read bound;
+- `grep -c -E` with the alternation of loadwatch's pre-filter needles;
+- mtail (`--one_shot`) with bench/vllm_load.mtail, which extracts the same facts;
+- a naive Python loop: every line through every regex of that mtail program;
+- loadwatch's pipeline as the daemon runs it: `LogFollower(path, mode="poll")` reads,
+  `ChunkScanner.feed(chunk.data, chunk.offset, chunk.file_id)`, `LoadState.apply(event, now)`.
+
+Throughput is lines / (wall time - the same tool's wall time on an empty file), so process start
+(mtail compiling its program, Python importing) counts for no tool. Peak RSS is the process's
+(GNU time).
+loadwatch's counts come from the final `LoadState` snapshot plus the lifetime totals the daemon
+exports (kv-scale warnings summed over sessions, sessions that failed with a CUDA OOM, ready
+sessions, weight-bar updates counted from events); `counts_equal` is 1 when they equal the ground
+truth the generator knows. The last line is key=value pairs for the serving-phase log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loggen import Truth, load_log, serving_log
+
+HERE = Path(__file__).resolve().parent
+MTAIL_PROGRAM = HERE / "vllm_load.mtail"
+FACTS = (
+    "sessions",
+    "ready",
+    "weight_updates",
+    "kv_scale_warnings",
+    "oom_failures",
+    "shards_done",
+    "shards_total",
+)
+
+# The naive loop's regexes: the mtail program's, one per fact.
+NAIVE = {
+    "kv_scale_warnings": rb" WARNING \d\d-\d\d \d\d:\d\d:\d\d \[\S+\] Found [kv]_scale in the checkpoint \(e\.g\. ",
+    "weight_updates": rb"Loading safetensors checkpoint shards: +\d+% Completed \| (\d+)/(\d+) \[",
+    "oom_failures": rb" ERROR \d\d-\d\d \d\d:\d\d:\d\d \[\S+\] (torch\.)?OutOfMemoryError: CUDA out of memory",
+    "sessions": rb"  version \d\S*$",
+    "model_load_start": rb"Starting to load model ",
+    "weights_loaded": rb"Loading weights took ",
+    "ready": rb"INFO:\s+Application startup complete",
+}
+
+
+# -- workers: run in a child process, print one JSON line ----------------------------------------
+
+
+def work_loadwatch(path: str) -> dict[str, object]:
+    from loadwatch.daemon.follower import LogFollower
+    from loadwatch.daemon.state import LoadState
+    from loadwatch.parsers import ChunkScanner, EventStream, ShardProgress
+
+    clock = time.time
+    start = time.perf_counter()
+    follower = LogFollower(path, mode="poll")
+    scanner = ChunkScanner(EventStream(ref_ts=clock()))
+    state = LoadState()
+    weight_updates = 0
+    retired = {"kv_scale_warnings": 0, "oom_failures": 0, "ready": 0}
+    while True:
+        for chunk in follower.read():
+            for ev in scanner.feed(chunk.data, chunk.offset, chunk.file_id):
+                if type(ev) is ShardProgress and ev.bar == "weights":
+                    weight_updates += 1
+                new = state.apply(ev, clock())
+                if new.transitions and state.session is not None:
+                    for t in new.transitions:
+                        if t.kind == "session_started":
+                            _retire(state, retired)  # as the daemon does, into lifetime totals
+                            break
+                state = new
+        if not follower.backlog:
+            break
+    elapsed = time.perf_counter() - start
+    lines = follower.health().records_total
+    follower.close(checkpoint=False)
+    snap = state.snapshot(clock())
+    s = snap.session
+    current_kv = 0
+    if s is not None:
+        current_kv = sum(w.count for w in s.warnings if w.code == "kv_scale_missing")
+    counts = {
+        "sessions": snap.sessions_total,
+        "ready": retired["ready"] + (1 if s is not None and s.ready_at is not None else 0),
+        "weight_updates": weight_updates,
+        "kv_scale_warnings": retired["kv_scale_warnings"] + current_kv,
+        "oom_failures": retired["oom_failures"]
+        + (1 if s is not None and s.failure_kind == "cuda_oom" else 0),
+        "shards_done": s.progress.shards_done if s is not None else None,
+        "shards_total": s.progress.shards_total if s is not None else None,
+    }
+    return {"counts": counts, "elapsed_s": elapsed, "lines": lines, "quiet": scanner.quiet}
+
+
+def _retire(before: object, retired: dict[str, int]) -> None:
+    from loadwatch.daemon.state import LoadState
+
+    assert isinstance(before, LoadState)
+    s = before.session
+    assert s is not None
+    w = s.warnings.get("kv_scale_missing")
+    retired["kv_scale_warnings"] += w.count if w is not None else 0
+    retired["oom_failures"] += 1 if s.failure_kind == "cuda_oom" else 0
+    retired["ready"] += 1 if s.ready_at is not None else 0
+
+
+def work_naive(path: str) -> dict[str, object]:
+    patterns = [(name, re.compile(p)) for name, p in NAIVE.items()]
+    bar = re.compile(NAIVE["weight_updates"])
+    counts = dict.fromkeys(NAIVE, 0)
+    done = total = None
+    start = time.perf_counter()
+    lines = 0
+    with open(path, "rb") as f:
+        for line in f:
+            lines += 1
+            for name, p in patterns:
+                if p.search(line):
+                    counts[name] += 1
+                    if name == "weight_updates":
+                        m = bar.search(line)
+                        assert m is not None
+                        done, total = int(m.group(1)), int(m.group(2))
+    elapsed = time.perf_counter() - start
+    out = {k: counts[k] for k in FACTS if k in counts}
+    out["shards_done"], out["shards_total"] = done, total
+    return {"counts": out, "elapsed_s": elapsed, "lines": lines}
+
+
+WORKERS: dict[str, Callable[[str], dict[str, object]]] = {
+    "loadwatch": work_loadwatch,
+    "naive": work_naive,
+}
+
+
+# -- measuring processes ------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    wall_s: float
+    cpu_s: float
+    rss_mb: float
+    stdout: str
+
+
+def measured(argv: list[str]) -> Run:
+    """Run `argv` once: its wall time, CPU time and peak RSS. GNU time forks it from a small
+    process: a child of this Python process would report this process's RSS as its own peak
+    (the kernel keeps the peak across the exec)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as times:
+        start = time.perf_counter()
+        proc = subprocess.run(
+            ["/usr/bin/time", "-f", "%U %S %M", "-o", times.name, *argv],
+            capture_output=True,
+            text=True,
+        )
+        wall = time.perf_counter() - start
+        if proc.returncode not in (0, 1):  # grep -c exits 1 when nothing matched
+            raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()[:300]}")
+        user, sys_s, rss_kb = times.read().split()[-3:]
+    return Run(wall, float(user) + float(sys_s), int(rss_kb) / 1024, proc.stdout)
+
+
+@dataclass
+class Tool:
+    name: str
+    argv: Callable[[Path], list[str]]
+    counts: Callable[[str], dict[str, int | None]] | None
+    runs: list[Run] = field(default_factory=list)
+    empty: list[Run] = field(default_factory=list)
+    found: dict[str, int | None] = field(default_factory=dict)
+    note: str = ""
+
+    def wall(self) -> float:
+        return statistics.median(r.wall_s for r in self.runs)
+
+    def net(self) -> float:
+        base = statistics.median(r.wall_s for r in self.empty) if self.empty else 0.0
+        return max(self.wall() - base, 1e-6)
+
+    def cpu(self) -> float:
+        return statistics.median(r.cpu_s for r in self.runs)
+
+    def rss(self) -> float:
+        return max(r.rss_mb for r in self.runs)
+
+
+def mtail_counts(out: str) -> dict[str, int | None]:
+    values: dict[str, float] = {}
+    for line in out.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, _, value = line.rpartition(" ")
+        name = key.split("{", 1)[0]
+        if name == "vllm_milestones_total":
+            continue
+        values[name] = float(value)
+
+    def get(name: str) -> int | None:
+        return int(values[name]) if name in values else None
+
+    return {
+        "sessions": get("vllm_sessions_total") or 0,
+        "ready": get("vllm_ready_total") or 0,
+        "weight_updates": get("vllm_weight_updates_total") or 0,
+        "kv_scale_warnings": get("vllm_kv_scale_warnings_total") or 0,
+        "oom_failures": get("vllm_oom_failures_total") or 0,
+        "shards_done": get("vllm_shards_done"),
+        "shards_total": get("vllm_shards_total"),
+    }
+
+
+def worker_counts(out: str) -> dict[str, int | None]:
+    doc = json.loads(out.strip().splitlines()[-1])
+    counts: dict[str, int | None] = doc["counts"]
+    return counts
+
+
+def grep_pattern() -> str:
+    from loadwatch.parsers.stream import PREFILTER
+
+    def ere(s: str) -> str:
+        return re.sub(r"([.[\]()*+?{}|^$\\])", r"\\\1", s)
+
+    return "|".join(ere(n) for n in PREFILTER["startup"])
+
+
+def tools(progs: Path) -> list[Tool]:
+    py = sys.executable
+    me = str(Path(__file__).resolve())
+    pattern = grep_pattern()
+    return [
+        Tool("wc -l", lambda p: ["wc", "-l", str(p)], None),
+        Tool("grep -c -E", lambda p: ["grep", "-c", "-E", pattern, str(p)], None),
+        Tool(
+            "mtail",
+            lambda p: [
+                "mtail",
+                "--one_shot",
+                "--one_shot_format=prometheus",
+                "--progs",
+                str(progs),
+                "--logs",
+                str(p),
+            ],
+            mtail_counts,
+        ),
+        Tool("naive python", lambda p: [py, me, "--worker", "naive", str(p)], worker_counts),
+        Tool("loadwatch", lambda p: [py, me, "--worker", "loadwatch", str(p)], worker_counts),
+    ]
+
+
+def measure(log: Path, empty: Path, runs: int, progs: Path) -> list[Tool]:
+    ts = tools(progs)
+    for t in ts:
+        t.empty.append(measured(t.argv(empty)))
+    for _ in range(runs):  # interleaved, so a busy spell hits every tool alike
+        for t in ts:
+            t.runs.append(measured(t.argv(log)))
+            t.empty.append(measured(t.argv(empty)))
+    for t in ts:
+        last = t.runs[-1].stdout
+        if t.counts is not None:
+            t.found = t.counts(last)
+        elif t.name.startswith("grep"):
+            t.note = f"{int(last.strip() or 0):,} lines matched"
+        else:
+            t.note = f"{int(last.split()[0]):,} lines"
+    return ts
+
+
+def fmt_rate(x: float) -> str:
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    return f"{x / 1e3:.0f}k"
+
+
+def report(title: str, log: Path, truth: Truth, ts: list[Tool]) -> dict[str, float]:
+    lines = truth.lines
+    size_mb = log.stat().st_size / 1e6
+    print(f"\n== {title}: {lines:,} lines, {size_mb:.1f} MB ==")
+    print("ground truth: " + "  ".join(f"{k} {getattr(truth, k)}" for k in FACTS))
+    head = (
+        f"{'tool':<13} {'wall s':>7} {'start s':>7} {'lines/s':>8} {'CPU s':>6} {'RSS MB':>7}  "
+        + " ".join(f"{k[:10]:>10}" for k in FACTS)
+        + "  vs truth"
+    )
+    print(head)
+    rates: dict[str, float] = {}
+    for t in ts:
+        base = statistics.median(r.wall_s for r in t.empty)
+        rate = lines / t.net()
+        rates[t.name] = rate
+        if t.found:
+            cells = " ".join(f"{_cell(t.found.get(k)):>10}" for k in FACTS)
+            diff = [k for k in FACTS if t.found.get(k) != getattr(truth, k)]
+            verdict = "equal" if not diff else "differs: " + ", ".join(diff)
+        else:
+            cells = f"{t.note:>{11 * len(FACTS) - 1}}"
+            verdict = ""
+        print(
+            f"{t.name:<13} {t.wall():>7.2f} {base:>7.2f} {fmt_rate(rate):>8} {t.cpu():>6.2f} "
+            f"{t.rss():>7.1f}  {cells}  {verdict}"
+        )
+    lw = rates["loadwatch"]
+    print(
+        f"loadwatch: {lw / rates['mtail']:.1f}x mtail, {lw / rates['naive python']:.1f}x the naive "
+        f"loop, {lw / rates['grep -c -E']:.2f}x grep, {lw / rates['wc -l']:.3f}x wc -l"
+    )
+    return rates
+
+
+def _cell(v: int | None) -> str:
+    return "-" if v is None else str(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small logs, one run: a smoke test")
+    ap.add_argument("--runs", type=int, default=None, help="runs per tool (median; default 3)")
+    ap.add_argument("--keep", type=Path, help="write the logs here and keep them")
+    ap.add_argument("--worker", nargs=2, metavar=("KIND", "LOG"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        kind, path = args.worker
+        print(json.dumps(WORKERS[kind](path)))
+        return 0
+    for tool in ("wc", "grep", "mtail", "/usr/bin/time"):
+        if shutil.which(tool) is None:
+            print(f"throughput_vs_mtail: {tool} not found (run ./scripts/ensure-tools.sh)")
+            return 2
+    runs = args.runs or (1 if args.quick else 3)
+    load_lines, serving_lines = (20_000, 100_000) if args.quick else (200_000, 1_000_000)
+    with tempfile.TemporaryDirectory(prefix="lw-throughput-") as tmp:
+        d = args.keep or Path(tmp)
+        d.mkdir(parents=True, exist_ok=True)
+        progs = Path(tmp) / "progs"
+        progs.mkdir()
+        shutil.copy(MTAIL_PROGRAM, progs / MTAIL_PROGRAM.name)
+        empty = d / "empty.log"
+        empty.write_bytes(b"")
+        print(f"generating logs in {d} ...", flush=True)
+        load, serving = d / "load.log", d / "serving.log"
+        load_truth = load_log(load, load_lines, seed=1)
+        serving_truth = serving_log(serving, serving_lines, seed=1)
+        print(f"{runs} run(s) per tool, median; lines/s = lines / (wall - wall on an empty file)")
+        load_tools = measure(load, empty, runs, progs)
+        load_rates = report("load-phase log", load, load_truth, load_tools)
+        serving_tools = measure(serving, empty, runs, progs)
+        rates = report("serving-phase log", serving, serving_truth, serving_tools)
+    lw = next(t for t in serving_tools if t.name == "loadwatch")
+    mt = next(t for t in serving_tools if t.name == "mtail")
+    differs = [k for k in FACTS if mt.found.get(k) != getattr(serving_truth, k)]
+    if differs:
+        print(f"mtail's counts differ from the truth on the serving log: {', '.join(differs)}")
+    equal = lw.found == {k: getattr(serving_truth, k) for k in FACTS}
+    lw_load = next(t for t in load_tools if t.name == "loadwatch")
+    load_equal = lw_load.found == {k: getattr(load_truth, k) for k in FACTS}
+    print(f"loadwatch's counts equal the truth: load-phase {load_equal}, serving-phase {equal}")
+    print(
+        f"load-phase log: loadwatch {fmt_rate(load_rates['loadwatch'])} lines/s = "
+        f"{load_rates['loadwatch'] / load_rates['mtail']:.1f}x mtail (goal >= 3)"
+    )
+    print(
+        f"lines_per_s={rates['loadwatch']:.0f} "
+        f"ratio_vs_mtail={rates['loadwatch'] / rates['mtail']:.1f} "
+        f"ratio_vs_naive={rates['loadwatch'] / rates['naive python']:.1f} "
+        f"ratio_vs_wc={rates['loadwatch'] / rates['wc -l']:.3f} "
+        f"counts_equal={int(equal)} rss_mb={lw.rss():.1f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""The scanner's shortcuts give exactly the events of feeding every record, on logs shaped like
+the benchmarks' (dense per-layer warnings, `\\r` bars, request echoes that say ERROR)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from loadwatch.parsers import ChunkScanner, EventStream, Failure, KvScaleWarning, ShardProgress
+from loadwatch.parsers.lines import (
+    StandardHeads,
+    YearResolver,
+    parse_head,
+    split_segments,
+    strip_ansi,
+)
+from loadwatch.parsers.scan import PLANS, address_of, count_records, first, quiet_record
+from loadwatch.parsers.stream import PREFILTER
+from tests.parsers.golden import REF_TS, events_of, scanned
+from tests.perf.logs import coloured, load_log, serving_log
+
+SERVING, SERVING_COUNTS = serving_log()
+LOAD, LOAD_COUNTS = load_log()
+
+
+@pytest.mark.parametrize(
+    "name, data",
+    [
+        ("serving", SERVING),
+        ("load", LOAD),
+        ("serving-crlf", SERVING.replace(b"\n", b"\r\n")),
+        ("load-coloured", coloured(LOAD)),
+        ("serving-coloured", coloured(SERVING)),
+    ],
+)
+@pytest.mark.parametrize("chunk", [977, 65536])
+def test_chunk_scanner_equals_record_by_record_on_generated_logs(
+    name: str, data: bytes, chunk: int
+) -> None:
+    assert scanned(data, chunk) == events_of(data)
+
+
+def test_request_echoes_are_quiet_and_never_failures() -> None:
+    scanner = ChunkScanner(EventStream(ref_ts=REF_TS))
+    events = scanner.feed(SERVING)
+    echoes = SERVING.count(b"Received request")
+    bait = sum(
+        1
+        for line in SERVING.split(b"\n")
+        if b"Received request" in line and (b"ERROR" in line or b"WARNING" in line)
+    )
+    assert echoes > 1000 and bait > 100
+    assert scanner.quiet >= bait  # proven quiet by their header, not parsed
+    failures = [e for e in events if isinstance(e, Failure)]
+    for f in failures:
+        line_start = SERVING.rfind(b"\n", 0, f.offset) + 1
+        assert b"Received request" not in SERVING[line_start : SERVING.find(b"\n", f.offset)]
+    assert sum(1 for f in failures if f.kind == "cuda_oom") == SERVING_COUNTS.oom_failures == 1
+
+
+def test_dense_warnings_and_bars_are_all_found() -> None:
+    events = ChunkScanner(EventStream(ref_ts=REF_TS)).feed(LOAD)
+    assert sum(isinstance(e, KvScaleWarning) for e in events) == LOAD_COUNTS.kv_scale_warnings
+    bars = [e for e in events if isinstance(e, ShardProgress)]
+    assert len(bars) == LOAD_COUNTS.weight_updates
+    assert all(b.process == "Worker_TP0" for b in bars)  # the prefix before each `\r` bar
+
+
+def test_every_needle_belongs_to_exactly_one_scan() -> None:
+    for mode, groups in PLANS.items():
+        covered = [
+            n.decode()
+            for g in groups
+            for n in (g.needles if g.needles is not None else (g.anchor,))
+        ]
+        assert sorted(covered) == sorted(PREFILTER[mode])
+        for g in groups:
+            assert g.needles is None or all(g.anchor in n for n in g.needles)
+    assert len(PLANS["serving"]) < len(PREFILTER["serving"])
+    assert len(PLANS["startup"]) < len(PREFILTER["startup"]) * 2 // 3
+
+
+@pytest.mark.parametrize(
+    "line, quiet",
+    [
+        (b"(APIServer pid=1) INFO 11-30 10:00:00 [logger.py:71] prompt: 'ERROR Traceback'", True),
+        (b"INFO 11-30 10:00:00 [logger.py:71] prompt: 'CRITICAL'", True),
+        (b"(APIServer pid=1) DEBUG 11-30 10:00:00 [x.py:1] WARNING in a prompt", True),
+        (b"(APIServer pid=1) ERROR 11-30 10:00:00 [x.py:1] boom", False),
+        (b"(APIServer pid=1) WARNING 11-30 10:00:00 [x.py:1] odd", False),
+        (b"(APIServer pid=1) INFO 11-30 10:00:00 [x.py:1] a(Worker pid=2) ERROR 11-30 ...", False),
+        (b"(APIServer pid=1) INFO 11-30 10:00:00 [x.py:1] \x1b[0m ERROR", False),
+        (b"(APIServer pid=1) INFO 11-30 10:00:00 [x.py:1] [1;36m ERROR", False),
+        (b"(APIServer pid=1) INFO:     10.0.0.1:1 - ERROR", False),  # uvicorn: not this shape
+        (b"(APIServer pid=1) INFO 11-30 10:00:00 [x\xc2\xa0y.py:1] ERROR", False),  # NBSP in src
+        (b"(APIServer pid=1)  INFO 11-30 10:00:00 [x.py:1] ERROR", False),  # two spaces
+    ],
+)
+def test_quiet_record(line: bytes, quiet: bool) -> None:
+    stamp = quiet_record(line, 0, len(line))
+    assert (stamp == b"11-30 10:00:00") if quiet else stamp is None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"a\n", b"a\r\nb\rc\n", b"\r" * 70 + b"\n" * 3, b"x\r", b"\r\n" * 100, b"a\rb\r\n\n"],
+)
+def test_count_records(data: bytes) -> None:
+    assert count_records(data) == data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
+
+
+_PARTS = st.sampled_from(
+    [
+        "(Worker_TP0 pid=7) ",
+        "(VllmWorker rank=1 pid=9) ",
+        "(VllmWorker PP0_TP1 pid=2) ",
+        "(RayWorkerWrapper pid=5, ip=10.0.0.2) ",
+        "(A pid=1)",
+        "INFO ",
+        "WARN ",
+        "WARNING ",
+        "ERROR ",
+        "11-30 10:00:00",
+        "02-30 10:00:00",
+        ".123",
+        "٣",
+        " [x.py:1] ",
+        " [a\u00a0b.py:1] ",
+        " x.py:1] ",
+        "] ",
+        "]",
+        " pid=",
+        "\x1b[0m",
+        "[1;36m",
+        " [repeated 3x across cluster]",
+        "Found k_scale in the checkpoint (e.g. ",
+        "msg ",
+        " ",
+        "(",
+        "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01,  1.00it/s]",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_PARTS, min_size=1, max_size=12))
+def test_standard_heads_equal_the_general_path(parts: list[str]) -> None:
+    text = "".join(parts)
+    years = YearResolver(REF_TS)
+    heads = StandardHeads(years)
+    for _ in range(2):  # the second time from its caches
+        head = heads.head(text)
+        if head is None:
+            return
+        segments = split_segments(strip_ansi(text))
+        assert len(segments) == 1
+        assert head == parse_head(segments[0], years)
+
+
+@pytest.mark.parametrize("needle", [b"ERROR", b"Uvicorn running on", b"absent needle", b"\n"])
+@pytest.mark.parametrize("span", [(0, None), (100, None), (5000, 70_000), (65_000, 65_010)])
+def test_first_equals_bytes_find(needle: bytes, span: tuple[int, int | None]) -> None:
+    data = SERVING[:200_000]
+    start, end = span
+    stop = len(data) if end is None else end
+    assert first(data, address_of(data), needle, start, stop) == data.find(needle, start, stop)
+
+
+_SERVING_PARTS = st.sampled_from(
+    [
+        b"\n",
+        b"\r",
+        b"\r\n",
+        b"(APIServer pid=1) INFO:     Application startup complete.\n",
+        b"(APIServer pid=1) INFO 11-30 10:00:00 [logger.py:71] prompt: 'ERROR and WARNING'",
+        b"(APIServer pid=1) INFO 11-30 10:00:01 [logger.py:71] Traceback (most recent call last):",
+        b"INFO 11-30 10:00:02 [x.py:1] CRITICAL in a prompt",
+        b"(APIServer pid=1) WARNING 11-30 10:00:03 [w.py:2] odd",
+        b"(EngineCore pid=2) ERROR 11-30 10:00:04 [c.py:3] Traceback (most recent call last):",
+        b"(EngineCore pid=2) ERROR 11-30 10:00:04 [c.py:3] ValueError: bad",
+        b"RuntimeError: Engine core initialization failed",
+        b'  File "x.py", line 1, in f',
+        b"(APIServer pid=1) INFO 11-30 10:00:05 [api_server.py:1] \xe2\x96\x84  version 0.1",
+        b"(W pid=3) INFO 11-30 10:00:06 [r.py:4] Starting to load model /m...",
+        b"(APIServer pid=1) INFO:     Shutting down",
+        b"(APIServer pid=1) INFO 11-30 10:00:07 [shm.py:5] No available shared memory broadcast block found in 60 seconds",
+        b"(W pid=3) \rLoading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01,  1.00it/s]",
+        b"(W pid=3) ",
+        b"x(W pid=4) ERROR 11-30 10:00:08 [m.py:6] mid-record",
+        b" pid=",
+        b"\x1b[0m",
+        b"[1;36m",
+        b"6m",
+        b"\xff\xfe",
+        b"ERROR",
+        b"Traceback (most recent call last):",
+    ]
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(  # a `\r` just before where the candidates are looked for again, after a traceback
+    parts=[
+        b"Traceback (most recent call last):",
+        b"\n",
+        b"\xff\xfe",
+        b"\r",
+        b"Traceback (most recent call last):",
+    ],
+    chunk=73,
+)
+@given(st.lists(_SERVING_PARTS, max_size=60), st.integers(min_value=1, max_value=600))
+def test_serving_mode_scanner_equals_record_by_record(parts: list[bytes], chunk: int) -> None:
+    data = b"".join(parts) + b"\n"
+    assert scanned(data, chunk) == events_of(data)
+
+
+_STARTED = b"(APIServer pid=1) INFO:     Application startup complete.\n"
+_ECHO = b"(APIServer pid=1) INFO 11-30 10:00:00 [logger.py:71] prompt: 'ERROR'"
+
+
+@pytest.mark.parametrize(
+    "line, hidden",
+    [
+        # another process's ERROR line glued to a request echo: a second segment
+        (_ECHO + b"x(EngineCore pid=2) ERROR 11-30 10:00:01 [c.py:3] boom", "boom"),
+        # colour codes: stripped, the bracket is no header and the ERROR header further on is
+        (b"(A pid=1) INFO 11-30 10:00:00 [0m] ERROR 11-30 10:00:01 [c.py:3] boom", "boom"),
+        (b"(A pid=1) INFO 11-30 10:00:00 [6m] ERROR 11-30 10:00:01 [c.py:3] boom", "boom"),
+        # an escape sequence inside a message: stripped, it reads "Shutting down"
+        (b"(A pid=1) INFO 11-30 10:00:00 [x.py:1] Shut\x1b[1mting down ERROR", "Shutting down"),
+    ],
+)
+@pytest.mark.parametrize("crlf", [False, True])
+def test_records_that_look_quiet_but_are_not(line: bytes, hidden: str, crlf: bool) -> None:
+    data = _STARTED + _ECHO + b"\n" + line + b"\n" + _ECHO + b"\n"
+    if crlf:
+        data = data.replace(b"\n", b"\r\n")
+    want = events_of(data)
+    assert any(hidden in (getattr(e, "message", "") or getattr(e, "value", "") or "") for e in want)
+    for chunk in (len(data), 64, 7):
+        assert scanned(data, chunk) == want
