@@ -22,7 +22,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from loggen import serving_log
@@ -52,8 +51,31 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+_SCRAPER = r"""
+import http.client, sys, time, urllib.parse
+url = urllib.parse.urlsplit(sys.argv[1])
+conn = http.client.HTTPConnection(url.hostname, url.port, timeout=5)  # one kept-alive connection
+next_at = time.monotonic()
+while True:
+    start = time.perf_counter()
+    try:
+        conn.request("GET", url.path)
+        body = conn.getresponse().read()
+        ms = 1e3 * (time.perf_counter() - start)
+        n = next((int(float(l.split()[1])) for l in body.splitlines()
+                  if l.startswith(b"loadwatch_log_lines_total ")), -1)
+        print(f"{ms:.3f} {n}", flush=True)
+    except (OSError, http.client.HTTPException):
+        conn.close()
+        print("error -1", flush=True)
+    next_at += 0.1
+    time.sleep(max(0.0, next_at - time.monotonic()))
+"""
+
+
 class Scraper(threading.Thread):
-    """GET /metrics every 0.1 s; keep the latencies and the daemon's own line count."""
+    """GET /metrics every 0.1 s from a process of its own (so the client's latency is not this
+    process's interpreter lock); keep the latencies and the daemon's own line count."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
@@ -64,20 +86,24 @@ class Scraper(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        next_at = time.monotonic()
-        while not self.stop.is_set():
-            start = time.perf_counter()
-            try:
-                with urllib.request.urlopen(self.url, timeout=5) as r:
-                    body = r.read()
-                self.latencies_ms.append(1e3 * (time.perf_counter() - start))
-                n = lines_read(body)
-                if n is not None:
-                    self.lines = n
-            except OSError:
-                self.errors += 1
-            next_at += 0.1
-            self.stop.wait(max(0.0, next_at - time.monotonic()))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SCRAPER, self.url], stdout=subprocess.PIPE, text=True
+        )
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                if self.stop.is_set():
+                    break
+                ms, n = line.split()
+                if ms == "error":
+                    self.errors += 1
+                    continue
+                self.latencies_ms.append(float(ms))
+                if int(n) >= 0:
+                    self.lines = int(n)
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 def replay(src: Path, dst: Path, rate: float, done: threading.Event) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -138,7 +139,14 @@ def run_daemon(
     holder["daemon"] = daemon
     server = HttpServer(cfg.http, {})
     server.routes.update(
-        routes(lambda: daemon.published, lambda: daemon.alive, time.time, server.stats, redactor)
+        routes(
+            lambda: daemon.published,
+            lambda: daemon.alive,
+            time.time,
+            server.stats,
+            redactor,
+            primers=daemon.on_publish,
+        )
     )
     try:
         server.start()
@@ -148,6 +156,13 @@ def run_daemon(
     if not cfg.http.loopback:
         eventlog.emit("daemon.warning", warning=f"listening on {cfg.http.host}, not loopback")
     eventlog.emit("daemon.listening", url=server.url)
+    # The HTTP threads wait for the interpreter lock while the loop parses a backlog; a shorter
+    # switch interval keeps a scrape's wait in single milliseconds.
+    sys.setswitchinterval(0.001)
+    # What exists now (modules, config) lives as long as the process: keep it out of every
+    # collection, and collect young objects less often (an event burst makes many short-lived ones).
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
     try:
         return asyncio.run(_main(daemon, server, on_started))
     finally:

@@ -52,6 +52,7 @@ VERSION = "0.1.0"
 TICK_S = 1.0
 IO_SAMPLE_S = 1.0
 HEALTH_PROBE_S = 2.0
+PUBLISH_MIN_S = 0.1  # at most this often while the log streams in
 
 
 @dataclass
@@ -107,6 +108,9 @@ class Daemon:
         self._vllm_exits: Counter[str] = Counter()  # vLLM runs ended, by outcome
         self._vllm_last_ok: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._published_mono = float("-inf")
+        self.on_publish: list[Callable[[Published], None]] = []  # e.g. render /metrics ahead
+        self._publish_pending = False
 
     # -- configuration ----------------------------------------------------------------------
 
@@ -329,7 +333,7 @@ class Daemon:
                 chunks = []
             if chunks:
                 self.feed_chunks(chunks)
-                self.publish()
+                self.publish_soon()
             h = follower.health()
             if h.last_error and h.last_error != self._log_error_logged:
                 where = "" if h.last_error.startswith(str(follower.path)) else f"{follower.path}: "
@@ -449,7 +453,23 @@ class Daemon:
 
     # -- publishing -------------------------------------------------------------------------
 
+    def publish_soon(self) -> None:
+        """Publish now, or once PUBLISH_MIN_S has passed since the last time: while a backlog
+        streams in, a snapshot per read would cost more than the reading."""
+        wait = PUBLISH_MIN_S - (time.monotonic() - self._published_mono)
+        if wait <= 0:
+            self.publish()
+        elif not self._publish_pending and self._loop is not None:
+            self._publish_pending = True
+            self._loop.call_later(wait, self._publish_deferred)
+
+    def _publish_deferred(self) -> None:
+        if self._publish_pending:
+            self.publish()
+
     def publish(self) -> None:
+        self._publish_pending = False
+        self._published_mono = time.monotonic()
         now = self.clock()
         snap = self.state.snapshot(now)
         self.published = Published(
@@ -465,6 +485,8 @@ class Daemon:
             gpu_ccs=dict(self._gpu_ccs),
             _cache=[snap, now],
         )
+        for hook in self.on_publish:
+            hook(self.published)
 
     def _totals(self, snap: Snapshot) -> Totals:
         """Lifetime counts: sessions the state no longer details, plus the current one."""

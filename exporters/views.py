@@ -15,26 +15,33 @@ from loadwatch.exporters.http import Handler, HttpStats, Response
 from loadwatch.exporters.prometheus import CONTENT_TYPE, LoadwatchCollector, registry_for, render
 
 JSON = "application/json"
-METRICS_REUSE_S = 0.1
+PRIME_WHILE_SCRAPED_S = 60.0  # render ahead only while scrapes keep coming
 
 
 @dataclass
 class _Rendered:
-    """The last exposition. A burst (or a flood) of scrapers renders once per published bundle
-    and `METRICS_REUSE_S`, one at a time, instead of once each: rendering is most of a scrape's
-    cost, and under load the scrapers then wait less for one another."""
+    """The exposition of the last published bundle. The loop renders it right after publishing
+    while someone scrapes (so a scrape only writes bytes and never waits on the parser for the
+    interpreter lock); otherwise the first scrape renders it, once per bundle for all scrapers."""
 
     pub: Published | None = None
-    at: float = float("-inf")
     body: bytes = b""
+    scraped_at: float = float("-inf")
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def get(self, pub: Published | None, render: Callable[[], bytes]) -> bytes:
         with self.lock:
-            now = time.monotonic()
-            if pub is not self.pub or now - self.at > METRICS_REUSE_S:
-                self.pub, self.at, self.body = pub, now, render()
+            self.scraped_at = time.monotonic()
+            if pub is not self.pub or not self.body:
+                self.pub, self.body = pub, render()
             return self.body
+
+    def prime(self, pub: Published, render: Callable[[], bytes]) -> None:
+        if time.monotonic() - self.scraped_at > PRIME_WHILE_SCRAPED_S:
+            return  # nobody is scraping: do not spend the render
+        body = render()
+        with self.lock:
+            self.pub, self.body = pub, body
 
 
 def routes(
@@ -43,10 +50,15 @@ def routes(
     clock: Callable[[], float],
     stats: HttpStats | None = None,
     redactor: Redactor | None = None,
+    primers: list[Callable[[Published], None]] | None = None,
 ) -> dict[str, Handler]:
+    """The handlers. `primers` gets a function for the publisher to call with each new bundle."""
     registry = registry_for(LoadwatchCollector(published, clock, stats))
     red = redactor or Redactor()
     cache = _Rendered()
+
+    if primers is not None:
+        primers.append(lambda pub: cache.prime(pub, lambda: render(registry)))
 
     def metrics(q: Mapping[str, str]) -> Response:
         return Response(
