@@ -86,6 +86,7 @@ PREFILTER_NEEDLES = PREFILTER["startup"]
 MAX_TRACEBACK_RECORDS = 2000
 PREFIX_RECORD_MAX = 256  # a record holding only a process prefix (colour codes included)
 MAX_MESSAGE_CHARS = 2000
+MAX_PARSE_CHARS = 16384  # a record is parsed up to here (the follower's cap is 64 KiB)
 LEVEL_NEEDLES: frozenset[str] = frozenset(_LEVEL_NEEDLES)
 
 # Messages repeat: every tensor-parallel worker prints the same per-layer warning, a noisy
@@ -200,6 +201,7 @@ class StreamStats:
     events: int = 0
     tracebacks: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
+    truncated: int = 0  # records parsed only up to MAX_PARSE_CHARS
 
 
 class EventStream:
@@ -231,6 +233,11 @@ class EventStream:
         """`feed` of a record given as its text and offset."""
         stats = self.stats
         stats.records += 1
+        if len(text) > MAX_PARSE_CHARS:
+            # Every message the catalog knows is far shorter; a longer record is a dump whose
+            # start tells what it is. Parsing only the start bounds a record's cost, however long.
+            text = text[:MAX_PARSE_CHARS]
+            stats.truncated += 1
         pending = self._pending_prefix
         self._pending_prefix = None
         if not candidate and not self.in_traceback and not has_needle(text, self.mode):
