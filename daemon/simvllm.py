@@ -42,6 +42,10 @@ class _Stop(Exception):
 
 
 def _on_term(signum: int, frame: Any) -> None:
+    # A stop often comes as several signals at once (to the group, then to each process): ignore
+    # the rest before unwinding, or the second would interrupt the shutdown the first started.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise _Stop
 
 
@@ -77,16 +81,22 @@ class _Health(BaseHTTPRequestHandler):
 
 def _workers(n: int) -> list[int]:
     pids = []
-    for _ in range(n):
-        pid = os.fork()
-        if pid == 0:  # a worker: wait to be ended
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            try:
-                while True:
-                    signal.pause()
-            finally:
-                os._exit(0)
-        pids.append(pid)
+    # A SIGTERM between fork and the child's own handler must not run the parent's handler in it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        for _ in range(n):
+            pid = os.fork()
+            if pid == 0:  # a worker: wait to be ended
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+                try:
+                    while True:
+                        signal.pause()
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     return pids
 
 
@@ -182,7 +192,6 @@ def main(argv: list[str] | None = None) -> int:
             out.flush()
             clock.advance(10)
     except _Stop:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for line in shutdown(clock, prefixes):
             out.write(line)
         out.flush()

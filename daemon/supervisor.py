@@ -484,12 +484,17 @@ class Supervisor:
     def _signal_tree(
         self, run: _Run, table: dict[int, ProcInfo], sig: int, only_new: bool = False
     ) -> None:
-        if not only_new and run.tree.group_alive(table):
+        grouped = not only_new and run.tree.group_alive(table)
+        if grouped:
             self._ops.signal_group(run.tree.pgid, sig)
         for pid in run.tree.alive(table):
             if only_new and pid in run.signalled:
                 continue
-            self._ops.signal(pid, sig)
+            # The group signal reached the group's members; a second SIGTERM to vLLM would cut its
+            # own orderly shutdown short. Processes that left the group get theirs one by one.
+            info = table.get(pid)
+            if not (grouped and info is not None and info.pgid == run.tree.pgid):
+                self._ops.signal(pid, sig)
             run.signalled.add(pid)
 
     def _finish(

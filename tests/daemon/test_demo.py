@@ -24,7 +24,7 @@ EXPECT = {
 def test_demo_scenario(scenario: str, capsys: pytest.CaptureFixture[str]) -> None:
     args = argparse.Namespace(
         scenario=scenario,
-        speed=150.0,
+        speed=40.0 if scenario == "oom" else 150.0,  # the OOM forecast needs a few GPU polls
         real=False,
         listen=f"127.0.0.1:{free_port()}",
         no_screen=True,
