@@ -49,7 +49,8 @@ from loadwatch.parsers import ChunkScanner, Event, EventStream
 log = logging.getLogger("loadwatch")
 
 VERSION = "0.1.0"
-TICK_S = 1.0
+TICK_S = 1.0  # while a load is in flight: stall checks, STATUS=, publishing
+IDLE_TICK_S = 5.0  # with nothing loading (no session, ready, failed, stopped)
 IO_SAMPLE_S = 1.0
 HEALTH_PROBE_S = 2.0
 PUBLISH_MIN_S = 0.1  # at most this often while the log streams in
@@ -125,7 +126,7 @@ class Daemon:
     @property
     def alive(self) -> bool:
         """The loop ticked recently (what /healthz answers)."""
-        return self.clock() - self._heartbeat < 10 * TICK_S
+        return self.clock() - self._heartbeat < 4 * IDLE_TICK_S
 
     # -- applying inputs --------------------------------------------------------------------
 
@@ -377,6 +378,7 @@ class Daemon:
     async def poll_gpus(self) -> None:
         interval = self.cfg.gpu.poll_interval_s
         last_error: str | None = None
+        last_health: tuple[bool, str | None] | None = None
         while not self.stop_event.is_set():
             reading = await self.gpu.poll_async()
             self._last_reading = reading
@@ -391,7 +393,10 @@ class Daemon:
                 self._log_problem(f"GPU source: {reading.error}")
             last_error = reading.error
             self.apply(reading)
-            self.publish()  # the source's health and the state it fed go out together
+            health = (reading.source_up, reading.error)
+            if health != last_health:  # a change of health goes out with the state it fed
+                last_health = health
+                self.publish()
             await self._sleep(interval)
 
     async def tick(self) -> None:
@@ -402,7 +407,14 @@ class Daemon:
             self.publish()
             self._notify_status()
             self._report_stall()
-            await self._sleep(TICK_S)
+            s = self.state.session
+            busy = s is not None and s.phase in (
+                "starting",
+                "loading_weights",
+                "post_load",
+                "stalled",
+            )
+            await self._sleep(TICK_S if busy else IDLE_TICK_S)
 
     def _report_stall(self) -> None:
         """While the load is stalled, tell the supervisor how long for (its policy decides)."""

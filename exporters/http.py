@@ -251,7 +251,7 @@ class HttpServer:
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever,
-            kwargs={"poll_interval": 0.2},
+            kwargs={"poll_interval": 0.5},  # how soon stop() is noticed; each wake costs CPU
             name="loadwatch-http",
             daemon=True,
         )
