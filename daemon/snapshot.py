@@ -3,59 +3,7 @@
 `LoadState.snapshot(now)` builds a `Snapshot`; `Snapshot.to_dict()` is the `/status` JSON. Times
 are epoch seconds, durations `_s`, sizes `_bytes`; a value that is not known is `null`, never 0.
 
-`/status` JSON (schema 1)::
-
-    schema            1
-    at                when the snapshot was taken
-    phase             the current session's phase, or null before any session:
-                      starting | loading_weights | post_load | ready | failed | stalled | stopped
-    ready             true while the current session is ready
-    restarts          sessions started after the first
-    sessions_total    sessions seen since the daemon started (or since the log began)
-    session           the current session (below), or null
-    sessions          earlier sessions, oldest first, summarised (below; the last N kept)
-    model             {path, shards, total_bytes, checkpoint_kv_dtype, errors[]} or null
-    kv_cache          {dtype, quantized, source, reason}: the effective KV-cache dtype
-    gpu_source_up     whether the GPU source answered its last poll (null: no poll yet)
-    gpu_error         one line when it did not
-    gpus[]            per GPU: index, uuid, name, health, memory_used_bytes,
-                      memory_total_bytes, utilization_ratio, temperature_celsius, power_watts,
-                      sampled_at, error, xids_total, last_xid, projected_final_bytes,
-                      projected_low_bytes, projected_high_bytes, oom_predicted, shortfall_bytes,
-                      oom_predicted_since
-    supervisor        {state, at, pid, exit_code, signal, reason, backoff_s} (its last event)
-    health            {ok, at, status, error, consecutive_failures} (the last probe)
-
-    session:
-      id, reason (process_start | log_version | log_model_load_start | first_event), pid,
-      started_at, version, phase, phase_entered_at, phase_age_s, failure_kind (the most
-      telling failure, or "exited" for a bad exit without one), stop_requested, ended_at,
-      exit_code, exit_signal, ready_at, time_to_ready_s, weights_load_s,
-      history[]     {phase, entered_at, left_at, duration_s, failure_kind}: closed phases, and
-                    the open one last (left_at null)
-      progress      {stage, shards_done, shards_total, bytes_done, bytes_total, ratio,
-                    last_progress_at, read_bytes, eta}
-        eta         {remaining_s, low_s, high_s, finish_at, finish_low_at, finish_high_at,
-                    rate_per_s, units (bytes | items)} or null
-      bars[]        {key, process, kind (weights | graph_capture | prefetch | other), desc,
-                    index, done, total, started_at, last_update_at, last_progress_at,
-                    finished_at, rate_per_s, longest_gap_s, updates, tqdm_remaining_s}
-      stall         {active, kind, since, raised_at, silent_s, threshold_s, expected_shard_s,
-                    reason, stalls_total, hints, last_hint_s}
-      warnings[]    {code, severity, count, verdict (benign | flagged | unknown | unrated),
-                    reason, layers[], layer_count, scales[], processes[], first_at, last_at,
-                    sample}
-      warnings_total
-      failures[]    {kind, exc_type, message, first_line, count, fatal, first_at, last_at,
-                    processes[]}
-      failures_total
-      milestones[]  {key, kind, detail, count, first_at, last_at, seconds, gib, tokens, blocks,
-                    value}
-
-    sessions[] (summaries):
-      id, reason, pid, started_at, ended_at, phase, failure_kind, stop_requested, exit_code,
-      exit_signal, time_to_ready_s, weights_load_s, shards_done, shards_total, warnings_total,
-      failures_total, stalls_total
+The `/status` JSON (schema 1) is documented in docs/status.md; keep the two in step.
 
 Transitions (`LoadState.transitions` after each `apply`), one JSON object each for the event log:
 `{"transition": kind, "at": ..., "session": id, ...}` with kind one of `session_started`,
