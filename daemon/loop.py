@@ -402,6 +402,7 @@ class Daemon:
     async def tick(self) -> None:
         while not self.stop_event.is_set():
             self._heartbeat = self.clock()
+            self._scanner.stream.years.set_reference(self._heartbeat)
             self._check_eventlog()
             self.apply(Tick())
             self.publish()

@@ -117,6 +117,14 @@ class YearResolver:
         self._cache: dict[tuple[int, int, int], float | None] = {}
         self._stamps: dict[str | bytes, float | None] = {}
 
+    def set_reference(self, ref_ts: float) -> None:
+        """A long-running reader moves its reference along with the clock (a log read across New
+        Year must put January's lines in the new year); cached answers go when the day changes."""
+        if int(ref_ts // 86400) != int(self.ref_ts // 86400):
+            self._cache.clear()
+            self._stamps.clear()
+        self.ref_ts = ref_ts
+
     def resolve(self, mon: int, day: int, h: int, m: int, s: int) -> float | None:
         key = (mon, day, h)
         if key not in self._cache:

@@ -111,3 +111,15 @@ def test_scanner_counts_lines() -> None:
     scanner = ChunkScanner(EventStream(ref_ts=REF_TS))
     scanner.feed(b"a\nb\r\nc\rd\n")
     assert scanner.lines == 4
+
+
+def test_yearless_times_follow_the_reference_across_new_year() -> None:
+    from datetime import datetime
+
+    from loadwatch.parsers.lines import YearResolver
+
+    years = YearResolver(datetime(2026, 12, 31, 23, 0).timestamp())
+    assert datetime.fromtimestamp(years.stamp("12-31 22:59:00") or 0).year == 2026
+    years.set_reference(datetime(2027, 1, 2, 1, 0).timestamp())  # the daemon ran on
+    assert datetime.fromtimestamp(years.stamp("01-02 00:30:00") or 0).year == 2027
+    assert datetime.fromtimestamp(years.stamp("12-31 22:59:00") or 0).year == 2026
