@@ -275,7 +275,14 @@ def _mla_backend_check(
         b.name for b in present if not fp8 or b.fp8 or (b.name == "TRITON_MLA" and triton_fp8)
     )
     if able:
-        msg = f"on {cc}: {', '.join(able)} can run a {kv_dtype} KV cache"
+        shown = (
+            "the model-dtype (auto)"
+            if kv_dtype == "auto"
+            else f"an {kv_dtype}"
+            if kv_dtype[:1] in "aeiou"
+            else f"a {kv_dtype}"
+        )
+        msg = f"on {cc}: {', '.join(able)} can run {shown} KV cache"
         return Check("attention_backend", "ok", msg), able, None
     # Only TRITON_MLA exists below 9.x and from 11.x on; FP8-capable backends cover 9.x and 10.x.
     unless = "" if vllm_date is not None else " (unless this vLLM build is newer)"
