@@ -5,16 +5,17 @@
 `loadwatch run --log FILE --gpu simulated --listen 127.0.0.1:0` follows FILE while a writer
 replays a generated 1,000,000-line serving-phase vLLM log into it (bench/loggen.py; 100,000 with
 --quick) at `--rate` lines/s, appending in 64 KiB blocks. Meanwhile:
-- /metrics is scraped 10 times a second; each scrape's latency is timed by the client;
+- /metrics is scraped `--scrapes` times a second (20); each scrape's latency is timed by the
+  client;
 - the daemon's RSS (/proc/PID/status) is read when it has read 10%, 50% and 100% of the log
-  (its own `loadwatch_log_lines_total`), and its CPU (/proc/PID/stat) over the replay.
+  (its own `loadwatch_log_lines_total`), and its CPU (/proc/PID/stat) over the replay. Both are
+  summed over the daemon and its child processes (the HTTP server runs in one).
 Goals: scrape p99 <= 5 ms; RSS <= 80 MB and flat. The last line is key=value pairs.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -25,18 +26,7 @@ import time
 from pathlib import Path
 
 from loggen import serving_log
-
-
-def proc_status_kb(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from proctree import cpu_s, status_kb
 
 
 def lines_read(body: bytes) -> int | None:
@@ -68,18 +58,19 @@ while True:
     except (OSError, http.client.HTTPException):
         conn.close()
         print("error -1", flush=True)
-    next_at += 0.1
+    next_at += float(sys.argv[2])
     time.sleep(max(0.0, next_at - time.monotonic()))
 """
 
 
 class Scraper(threading.Thread):
-    """GET /metrics every 0.1 s from a process of its own (so the client's latency is not this
+    """GET /metrics every `period_s` from a process of its own (so the client's latency is not this
     process's interpreter lock); keep the latencies and the daemon's own line count."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, period_s: float) -> None:
         super().__init__(daemon=True)
         self.url = url + "/metrics"
+        self.period_s = period_s
         self.latencies_ms: list[float] = []
         self.lines = 0
         self.errors = 0
@@ -87,7 +78,9 @@ class Scraper(threading.Thread):
 
     def run(self) -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-c", _SCRAPER, self.url], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", _SCRAPER, self.url, str(self.period_s)],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert proc.stdout is not None
         try:
@@ -124,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a 100,000-line log")
     ap.add_argument("--rate", type=float, default=100_000.0, help="lines/s replayed (100000)")
+    ap.add_argument("--scrapes", type=float, default=20.0, help="scrapes per second (20)")
     args = ap.parse_args(argv)
     lines_wanted = 100_000 if args.quick else 1_000_000
     exe = shutil.which("loadwatch", path=str(Path(sys.executable).parent))
@@ -143,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             argv_, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
         )
         try:
-            return run(proc, src, log, total, args.rate)
+            return run(proc, src, log, total, args.rate, args.scrapes)
         finally:
             proc.terminate()
             try:
@@ -153,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait()
 
 
-def run(proc: subprocess.Popen[str], src: Path, log: Path, total: int, rate: float) -> int:
+def run(
+    proc: subprocess.Popen[str], src: Path, log: Path, total: int, rate: float, scrapes: float
+) -> int:
     assert proc.stdout is not None
     url = None
     deadline = time.monotonic() + 60
@@ -171,12 +167,12 @@ def run(proc: subprocess.Popen[str], src: Path, log: Path, total: int, rate: flo
         return 1
     threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
     time.sleep(2.0)  # the first GPU polls, the empty log
-    rss0 = proc_status_kb(proc.pid, "VmRSS") / 1024
-    scraper = Scraper(url)
+    rss0 = status_kb(proc.pid, "VmRSS") / 1024
+    scraper = Scraper(url, 1 / scrapes)
     scraper.start()
     written = threading.Event()
     writer = threading.Thread(target=replay, args=(src, log, rate, written), daemon=True)
-    cpu0, wall0 = proc_cpu_s(proc.pid), time.monotonic()
+    cpu0, wall0 = cpu_s(proc.pid), time.monotonic()
     writer.start()
     marks = {10: None, 50: None, 100: None}
     rss: dict[int, float] = {}
@@ -185,10 +181,10 @@ def run(proc: subprocess.Popen[str], src: Path, log: Path, total: int, rate: flo
         read = scraper.lines
         for m in marks:
             if m not in rss and read >= total * m / 100:
-                rss[m] = proc_status_kb(proc.pid, "VmRSS") / 1024
+                rss[m] = status_kb(proc.pid, "VmRSS") / 1024
         time.sleep(0.05)
-    cpu1, wall1 = proc_cpu_s(proc.pid), time.monotonic()
-    hwm = proc_status_kb(proc.pid, "VmHWM") / 1024
+    cpu1, wall1 = cpu_s(proc.pid), time.monotonic()
+    hwm = status_kb(proc.pid, "VmHWM") / 1024
     scraper.stop.set()
     scraper.join(5)
     if len(rss) < len(marks):
@@ -199,12 +195,13 @@ def run(proc: subprocess.Popen[str], src: Path, log: Path, total: int, rate: flo
     behind = (wall1 - wall0) - total / rate
     print(f"replayed {total:,} serving-phase lines at {rate:,.0f} lines/s into {log.name}")
     print(
-        f"scrapes: {len(lat)} at 10/s (errors {scraper.errors})  p50 {pct(lat, 50):.2f} ms  "
+        f"scrapes: {len(lat)} at {scrapes:g}/s (errors {scraper.errors})  "
+        f"p50 {pct(lat, 50):.2f} ms  "
         f"p90 {pct(lat, 90):.2f} ms  p99 {pct(lat, 99):.2f} ms  max {max(lat):.2f} ms  "
         f"mean {statistics.fmean(lat):.2f} ms  (goal p99 <= 5 ms)"
     )
     print(
-        f"daemon CPU while following: {cpu_pct:.1f}% of a core over {wall1 - wall0:.1f} s "
+        f"daemon CPU (with its HTTP process) while following: {cpu_pct:.1f}% of a core over {wall1 - wall0:.1f} s "
         f"({(cpu1 - cpu0) / total * 1e6:.2f} us of CPU per line; done {behind:+.1f} s after the writer)"
     )
     print(

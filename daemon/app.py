@@ -28,8 +28,9 @@ from loadwatch.daemon.redact import Redactor
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.supervisor_config import SupervisorConfigError
 from loadwatch.exporters.eventlog import EventLog
-from loadwatch.exporters.http import HttpServer, ServerError
-from loadwatch.exporters.views import routes
+from loadwatch.exporters.http import ServerError
+from loadwatch.exporters.httpd import HttpProcess
+from loadwatch.exporters.views import BoardMaker
 
 EX_UNAVAILABLE = 69
 DEFAULT_STATE_DIR = Path("/var/lib/loadwatch")
@@ -99,7 +100,7 @@ def run_daemon(
     cfg: Config,
     *,
     supervisor_factory: Callable[[Daemon], Any] | None = None,
-    on_started: Callable[[Daemon, HttpServer], None] | None = None,
+    on_started: Callable[[Daemon, HttpProcess], None] | None = None,
     stdout: Any = None,
     gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None = None,
 ) -> int:
@@ -137,17 +138,9 @@ def run_daemon(
         supervisor_factory=supervisor_factory,
     )
     holder["daemon"] = daemon
-    server = HttpServer(cfg.http, {})
-    server.routes.update(
-        routes(
-            lambda: daemon.published,
-            lambda: daemon.alive,
-            time.time,
-            server.stats,
-            redactor,
-            primers=daemon.on_publish,
-        )
-    )
+    server = HttpProcess(cfg.http)
+    boards = BoardMaker(time.time, redactor)
+    daemon.on_publish.append(lambda pub: server.send(boards.make(pub)))
     try:
         server.start()
     except ServerError as exc:
@@ -156,9 +149,6 @@ def run_daemon(
     if not cfg.http.loopback:
         eventlog.emit("daemon.warning", warning=f"listening on {cfg.http.host}, not loopback")
     eventlog.emit("daemon.listening", url=server.url)
-    # The HTTP threads wait for the interpreter lock while the loop parses a backlog; a shorter
-    # switch interval keeps a scrape's wait in single milliseconds.
-    sys.setswitchinterval(0.001)
     # What exists now (modules, config) lives as long as the process: keep it out of every
     # collection, and collect young objects less often (an event burst makes many short-lived ones).
     gc.freeze()
@@ -172,7 +162,7 @@ def run_daemon(
 
 
 async def _main(
-    daemon: Daemon, server: HttpServer, on_started: Callable[[Daemon, HttpServer], None] | None
+    daemon: Daemon, server: HttpProcess, on_started: Callable[[Daemon, HttpProcess], None] | None
 ) -> int:
     loop = asyncio.get_running_loop()
     # Signal handlers belong to the main thread; tests run the daemon on another one.

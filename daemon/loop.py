@@ -50,7 +50,7 @@ log = logging.getLogger("loadwatch")
 
 VERSION = "0.1.0"
 TICK_S = 1.0  # while a load is in flight: stall checks, STATUS=, publishing
-IDLE_TICK_S = 5.0  # with nothing loading (no session, ready, failed, stopped)
+IDLE_TICK_S = 5.0  # tick and GPU poll with nothing loading (no session, ready, failed, stopped)
 IO_SAMPLE_S = 1.0
 HEALTH_PROBE_S = 2.0
 PUBLISH_MIN_S = 0.1  # at most this often while the log streams in
@@ -122,11 +122,6 @@ class Daemon:
             stall_k=f.stall_factor,
             stall_floor_s=f.stall_floor_s,
         )
-
-    @property
-    def alive(self) -> bool:
-        """The loop ticked recently (what /healthz answers)."""
-        return self.clock() - self._heartbeat < 4 * IDLE_TICK_S
 
     # -- applying inputs --------------------------------------------------------------------
 
@@ -397,7 +392,14 @@ class Daemon:
             if health != last_health:  # a change of health goes out with the state it fed
                 last_health = health
                 self.publish()
-            await self._sleep(interval)
+            # While nothing loads, a poll every IDLE_TICK_S; a load that starts meanwhile is
+            # seen within one interval.
+            waited = 0.0
+            while not self.stop_event.is_set():
+                await self._sleep(interval)
+                waited += interval
+                if self.busy or waited >= IDLE_TICK_S:
+                    break
 
     async def tick(self) -> None:
         while not self.stop_event.is_set():
@@ -408,14 +410,13 @@ class Daemon:
             self.publish()
             self._notify_status()
             self._report_stall()
-            s = self.state.session
-            busy = s is not None and s.phase in (
-                "starting",
-                "loading_weights",
-                "post_load",
-                "stalled",
-            )
-            await self._sleep(TICK_S if busy else IDLE_TICK_S)
+            await self._sleep(TICK_S if self.busy else IDLE_TICK_S)
+
+    @property
+    def busy(self) -> bool:
+        """A load is in progress: ticks and GPU polls run at full pace."""
+        s = self.state.session
+        return s is not None and s.phase in ("starting", "loading_weights", "post_load", "stalled")
 
     def _report_stall(self) -> None:
         """While the load is stalled, tell the supervisor how long for (its policy decides)."""

@@ -16,10 +16,10 @@ from prometheus_client.registry import Collector
 
 from loadwatch.daemon.published import Published
 from loadwatch.daemon.snapshot import GpuView, SessionView, Snapshot
+from loadwatch.exporters.board import http_requests_family
 from loadwatch.exporters.http import HttpStats
 from loadwatch.parsers.events import FailureKind
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PHASES = ("starting", "loading_weights", "post_load", "ready", "failed", "stalled", "stopped")
 SUPERVISOR_STATES = ("idle", "starting", "running", "backoff", "stopping", "exited", "fatal")
 # Every kind is exported from 0, so an alert's increase() sees the first failure of a kind;
@@ -57,10 +57,10 @@ class LoadwatchCollector(Collector):
         yield from _sources(pub)
         yield from _supervisor(pub)
         if self._http is not None:
-            yield _http(self._http)
+            yield http_requests_family(self._http)
 
 
-def registry_for(collector: LoadwatchCollector) -> CollectorRegistry:
+def registry_for(collector: Collector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return registry
@@ -361,12 +361,3 @@ def _supervisor(pub: Published) -> Iterator[Metric]:
         "Processes of the last vLLM tree still holding GPU memory.",
         sup.orphans,
     )
-
-
-def _http(stats: HttpStats) -> CounterMetricFamily:
-    c = CounterMetricFamily("loadwatch_http_requests", "Requests served.", labels=["route", "code"])
-    with stats.lock:
-        items = sorted(stats.requests.items())
-    for (route, code), n in items:
-        c.add_metric([route, str(code)], n)
-    return c

@@ -1,47 +1,51 @@
-"""The HTTP routes: /metrics, /status, /healthz, /readyz, each a view of the published bundle."""
+"""The HTTP routes: /metrics, /status, /healthz, /readyz, each a view of the published bundle.
+
+A `Board` (exporters/board.py) is what the routes serve: the exposition and the /status JSON
+rendered once per published bundle, and the ready flag. The daemon renders boards in its loop
+and hands them to the HTTP server's own process (exporters/httpd.py), so a scrape never waits
+for the parser; `routes()` serves the same views from a bundle in-process, rendered on demand
+(tests, library use).
+"""
 
 from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from http import HTTPStatus
+from collections.abc import Callable
+from typing import Any
 
 from loadwatch.daemon.published import Published
 from loadwatch.daemon.redact import Redactor
-from loadwatch.exporters.http import Handler, HttpStats, Response
-from loadwatch.exporters.prometheus import CONTENT_TYPE, LoadwatchCollector, registry_for, render
-
-JSON = "application/json"
-PRIME_WHILE_SCRAPED_S = 60.0  # render ahead only while scrapes keep coming
+from loadwatch.exporters.board import EMPTY, Board, board_routes
+from loadwatch.exporters.http import Handler, HttpStats
+from loadwatch.exporters.prometheus import LoadwatchCollector, registry_for, render
 
 
-@dataclass
-class _Rendered:
-    """The exposition of the last published bundle. The loop renders it right after publishing
-    while someone scrapes (so a scrape only writes bytes and never waits on the parser for the
-    interpreter lock); otherwise the first scrape renders it, once per bundle for all scrapers."""
+class BoardMaker:
+    """Renders boards from published bundles (the collector reads the bundle being rendered)."""
 
-    pub: Published | None = None
-    body: bytes = b""
-    scraped_at: float = float("-inf")
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        redactor: Redactor | None = None,
+        http: HttpStats | None = None,
+    ) -> None:
+        self._clock = clock
+        self._red = redactor or Redactor()
+        self._pub: Published | None = None
+        self._registry = registry_for(LoadwatchCollector(lambda: self._pub, clock, http))
+        self._lock = threading.Lock()
 
-    def get(self, pub: Published | None, render: Callable[[], bytes]) -> bytes:
-        with self.lock:
-            self.scraped_at = time.monotonic()
-            if pub is not self.pub or not self.body:
-                self.pub, self.body = pub, render()
-            return self.body
-
-    def prime(self, pub: Published, render: Callable[[], bytes]) -> None:
-        if time.monotonic() - self.scraped_at > PRIME_WHILE_SCRAPED_S:
-            return  # nobody is scraping: do not spend the render
-        body = render()
-        with self.lock:
-            self.pub, self.body = pub, body
+    def make(self, pub: Published | None) -> Board:
+        if pub is None:
+            return EMPTY
+        with self._lock:
+            self._pub = pub
+            metrics = render(self._registry)
+        snap = pub.snapshot(self._clock())
+        status = json.dumps(self._red.value(snap.to_dict()), sort_keys=False).encode() + b"\n"
+        not_ready = f"not ready: {snap.phase or 'no vLLM session yet'}"
+        return Board(metrics, status, snap.ready, not_ready)
 
 
 def routes(
@@ -50,42 +54,18 @@ def routes(
     clock: Callable[[], float],
     stats: HttpStats | None = None,
     redactor: Redactor | None = None,
-    primers: list[Callable[[Published], None]] | None = None,
 ) -> dict[str, Handler]:
-    """The handlers. `primers` gets a function for the publisher to call with each new bundle."""
-    registry = registry_for(LoadwatchCollector(published, clock, stats))
-    red = redactor or Redactor()
-    cache = _Rendered()
+    """The views served in-process: a board is rendered on demand, once per published bundle."""
+    maker = BoardMaker(clock, redactor, stats)
+    lock = threading.Lock()
+    cache: list[Any] = [None, EMPTY]  # the bundle rendered last, and its board
 
-    if primers is not None:
-        primers.append(lambda pub: cache.prime(pub, lambda: render(registry)))
-
-    def metrics(q: Mapping[str, str]) -> Response:
-        return Response(
-            HTTPStatus.OK, cache.get(published(), lambda: render(registry)), CONTENT_TYPE
-        )
-
-    def status(q: Mapping[str, str]) -> Response:
+    def board() -> Board:
         pub = published()
-        if pub is None:
-            return Response(HTTPStatus.SERVICE_UNAVAILABLE, b'{"error": "starting"}\n', JSON)
-        doc = red.value(pub.snapshot(clock()).to_dict())
-        body = json.dumps(doc, indent=1 if q.get("pretty") else None, sort_keys=False)
-        return Response(HTTPStatus.OK, body.encode() + b"\n", JSON)
+        with lock:
+            if pub is not cache[0] or pub is None:
+                cache[0], cache[1] = pub, maker.make(pub)
+            result: Board = cache[1]
+            return result
 
-    def healthz(q: Mapping[str, str]) -> Response:
-        if alive():
-            return Response(HTTPStatus.OK, b"ok\n")
-        return Response(HTTPStatus.SERVICE_UNAVAILABLE, b"the daemon loop is not ticking\n")
-
-    def readyz(q: Mapping[str, str]) -> Response:
-        pub = published()
-        if pub is None:
-            return Response(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready: starting\n")
-        snap = pub.snapshot(clock())
-        if snap.ready:
-            return Response(HTTPStatus.OK, b"ready\n")
-        phase = snap.phase or "no vLLM session yet"
-        return Response(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {phase}\n".encode())
-
-    return {"/metrics": metrics, "/status": status, "/healthz": healthz, "/readyz": readyz}
+    return board_routes(board, alive)

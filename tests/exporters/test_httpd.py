@@ -1,0 +1,143 @@
+"""The HTTP server's process: board frames, and the process's life beside the daemon's."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loadwatch.daemon.config import HttpConfig
+from loadwatch.exporters.board import Board, decode, encode, read_frame
+from loadwatch.exporters.http import ServerError
+from loadwatch.exporters.httpd import HttpProcess
+
+
+@given(
+    st.binary(max_size=4096),
+    st.none() | st.binary(max_size=512),
+    st.booleans(),
+    st.text(max_size=64),
+)
+def test_a_board_survives_its_frame(
+    metrics: bytes, status: bytes | None, ready: bool, why: str
+) -> None:
+    board = Board(metrics, status, ready, why)
+    frame = encode(board)
+    assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+    assert decode(frame[4:]) == Board(metrics, status, ready, why.encode().decode())
+
+
+@given(st.binary(max_size=64))
+def test_a_malformed_frame_is_a_value_error(body: bytes) -> None:
+    try:
+        board = decode(body)
+    except ValueError:
+        return
+    assert encode(board)[4:] == body  # what decodes is exactly what some board encodes to
+
+
+def test_frames_are_read_whole_across_short_reads() -> None:
+    a, b = socket.socketpair()
+    big = Board(b"x" * 3_000_000, b"{}", True, "")
+    frame = encode(big)
+    with a, b:
+        a.setblocking(True)
+        t = threading.Thread(target=a.sendall, args=(frame + encode(Board(b"", None, False, "n")),))
+        t.start()
+        first, second = read_frame(b), read_frame(b)
+        t.join()
+        a.close()
+        assert first is not None and decode(first) == big
+        assert second is not None and decode(second).not_ready == "n"
+        assert read_frame(b) is None  # the peer closed
+
+
+def get(url: str, path: str) -> tuple[int, bytes]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def test_the_server_process_serves_the_latest_board_and_ends_with_the_socket() -> None:
+    server = HttpProcess(HttpConfig(port=0))
+    url = server.start()
+    try:
+        assert get(url, "/status")[0] == 503  # nothing sent yet
+        assert get(url, "/readyz") == (503, b"not ready: starting\n")
+        server.send(Board(b"loadwatch_up 1\n", b'{"phase": "ready"}\n', True, ""))
+        deadline = time.monotonic() + 5
+        while get(url, "/readyz")[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert get(url, "/readyz") == (200, b"ready\n")
+        assert get(url, "/status") == (200, b'{"phase": "ready"}\n')
+        code, body = get(url, "/metrics")
+        assert code == 200 and body.startswith(b"loadwatch_up 1\n")
+        # the server's own request counts follow the board's exposition
+        assert b'loadwatch_http_requests_total{code="200",route="/readyz"}' in body
+        assert get(url, "/healthz") == (200, b"ok\n")
+        proc = server._proc
+        assert proc is not None
+    finally:
+        server.stop()
+    assert proc.returncode == 0
+    with pytest.raises(OSError):
+        get(url, "/healthz")
+
+
+def test_a_port_in_use_is_one_line() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ServerError, match=f"cannot listen on 127.0.0.1:{port}"):
+            HttpProcess(HttpConfig(port=port)).start()
+
+
+def test_a_missing_token_file_is_one_line(tmp_path: Path) -> None:
+    cfg = HttpConfig(port=0, bearer_token_file=tmp_path / "absent")
+    with pytest.raises(ServerError) as err:
+        HttpProcess(cfg).start()
+    assert "\n" not in str(err.value) and "absent" in str(err.value)
+
+
+def test_the_server_never_outlives_a_killed_daemon(tmp_path: Path) -> None:
+    """A parent killed with SIGKILL cannot stop its HTTP process: the closed socket does."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time\n"
+        "from loadwatch.daemon.config import HttpConfig\n"
+        "from loadwatch.exporters.httpd import HttpProcess\n"
+        "s = HttpProcess(HttpConfig(port=0)); url = s.start()\n"
+        "print(s._proc.pid, url, flush=True); time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    pid_s, url = parent.stdout.readline().split()
+    assert get(url, "/healthz")[0] == 200
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(5)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(int(pid_s), 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(int(pid_s), signal.SIGKILL)
+        pytest.fail("the HTTP process outlived its daemon")
