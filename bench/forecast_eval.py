@@ -7,6 +7,9 @@ Per trace:
   time left (snapshot right after that line) and of the time left tqdm printed on that line,
   against the true time to the bar's last line. Score: median error ours / median error tqdm
   (and the same for the 90th percentile). Also how often the truth fell inside our low..high.
+  For scale, an oracle is scored the same way: it knows the trace's true mean time per file
+  (speed, overhead and noise level) and only not the noise still to come, so no estimator can
+  beat it on average. Its ratios show how much of a trace's score is the luck of the noise.
 - OOM (oom traces): lead = time from the first `forecast_raised` to the overflow, and the share
   of the load still to go at that moment (1 - true bytes fraction). False alarms: any OOM
   forecast on a trace whose load fits.
@@ -18,7 +21,7 @@ Kinds are run over several seeds. ETA scores are given two ways: pooled (every s
 together, then the ratio of the median, and of the 90th percentile, of the absolute errors) and
 per trace (the ratio for each trace; worst and median across seeds). Per trace the ratio is
 noisy: on a steady load both estimates end within a few seconds of the truth, and which one the
-next few files' noise favours is luck. The last line is key=value pairs:
+next few files' noise favours is luck; the oracle's worst trace shows how far luck alone goes. The last line is key=value pairs:
     eta_ratio_nonuniform   pooled median-error ratio, non-uniform shards (goal <= 0.5)
     eta_ratio_uniform      pooled median-error ratio, equal shards at a steady speed (goal <= 1.1)
     oom_lead_fraction_min  smallest share of the load still to go at the first OOM forecast
@@ -58,6 +61,7 @@ class Result:
     with_model: bool
     err_ours: list[float] = field(default_factory=list)
     err_tqdm: list[float] = field(default_factory=list)
+    err_oracle: list[float] = field(default_factory=list)
     after_change: list[bool] = field(default_factory=list)  # point after the speed changed
     covered: int = 0
     oom_lead_s: float | None = None
@@ -70,10 +74,10 @@ class Result:
     inputs: int = 0
     fold_s: float = 0.0
 
-    def ratio(self, q: float) -> float | None:
+    def ratio(self, q: float, oracle: bool = False) -> float | None:
         if not self.err_ours:
             return None
-        ours = _quantile(self.err_ours, q)
+        ours = _quantile(self.err_oracle if oracle else self.err_ours, q)
         theirs = _quantile(self.err_tqdm, q)
         return ours / max(theirs, 1e-9)
 
@@ -132,6 +136,11 @@ def evaluate(kind: str, seed: int, with_model: bool = True) -> Result:
             tqdm = item.remaining_s if item.remaining_s is not None else 0.0
             res.err_ours.append(abs(ours - actual))
             res.err_tqdm.append(abs(tqdm - actual))
+            # the oracle: the mean time of the files still to load, less the time already spent
+            # on the file in progress (the line was logged a little after the file ended)
+            into = now - truth.shard_end_t[item.done - 1] if item.done else 0.0
+            oracle = sum(truth.expected_shard_s[item.done :]) - into
+            res.err_oracle.append(abs(oracle - actual))
             res.after_change.append(truth.switch_t is not None and now > truth.switch_t)
     res.fold_s = time.perf_counter() - started
     res.inputs = len(tr.inputs)
@@ -174,18 +183,24 @@ def main(argv: list[str] | None = None) -> int:
         f"{'kind':<22} {'n':>3}  {'eta ratio med':>13}  {'eta ratio p90':>13}  "
         f"{'per trace med':>13}  {'per trace p90':>13}  {'after chg':>9}  {'in range':>8}  "
         f"{'oom lead frac':>13}  {'oom lead s':>11}  {'false oom':>9}  "
-        f"{'stall delay/thr':>15}  {'false stall':>11}  {'us/input':>8}"
+        f"{'stall delay/thr':>15}  {'false stall':>11}  {'us/input':>8}  "
+        f"{'oracle med':>10}  {'oracle per trace':>16}"
     )
     print(head)
     print("-" * len(head))
     all_results: list[Result] = []
     pooled: dict[str, tuple[float | None, float | None]] = {}
+    oracles: dict[str, tuple[float | None, float | None]] = {}
     for kind, results in runs:
         all_results.extend(results)
         med = [x for r in results if (x := r.ratio(0.5)) is not None]
         p90 = [x for r in results if (x := r.ratio(0.9)) is not None]
         ours = [e for r in results for e in r.err_ours]
         theirs = [e for r in results for e in r.err_tqdm]
+        oracle = [e for r in results for e in r.err_oracle]
+        om = _pooled(oracle, theirs, 0.5)
+        ow, omed = _worst_med([x for r in results if (x := r.ratio(0.5, True)) is not None], "max")
+        oracles[kind] = (om, ow)
         pm = _pooled(ours, theirs, 0.5)
         pp = _pooled(ours, theirs, 0.9)
         pooled[kind] = (pm, pp)
@@ -215,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{_fmt(lw):>5} / {_fmt(lm):>5}  {_fmt(sw, '.0f'):>4} / {_fmt(sm, '.0f'):>4}  "
             f"{sum(r.false_oom > 0 for r in results):>9}  "
             f"{_fmt(dw):>6} / {_fmt(dm):>6}  {sum(r.false_stall > 0 for r in results):>11}  "
-            f"{us:>8.0f}"
+            f"{us:>8.0f}  {_fmt(om):>10}  {_fmt(ow):>7} / {_fmt(omed):>6}"
             + (f"  missed oom={missed_oom}" if missed_oom else "")
             + (f"  missed stall={missed_stall}" if missed_stall else "")
         )
@@ -223,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         "eta ratio = our absolute error / tqdm's, pooled over every seed's 10%..90% points "
         "(median, p90);\nper trace = the same ratio for each trace, worst / median across "
         "seeds; after chg = pooled median ratio at the points after the speed changed;\n"
-        "in range = share of points where the truth fell inside our low..high. Lower ratios "
-        "are better."
+        "in range = share of points where the truth fell inside our low..high; oracle = the same "
+        "ratios for an estimator\nthat knows each trace's true mean time per file (pooled median; "
+        "per trace worst / median). Lower ratios are better."
     )
 
     leads = [r.oom_lead_fraction for r in all_results if r.oom_lead_fraction is not None]
@@ -253,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         f"eta_ratio_nonuniform_worst_trace={worst['nonuniform']:.3f} "
         f"eta_ratio_uniform_worst_trace={worst['uniform']:.3f} "
         f"eta_ratio_after_speed_change={max(x or 0.0 for x in speed):.3f} "
+        f"oracle_ratio_uniform={oracles['uniform'][0]:.3f} "
+        f"oracle_ratio_uniform_worst_trace={oracles['uniform'][1]:.3f} "
         f"false_stall={false_stall} seeds={args.seeds}"
     )
     return 0

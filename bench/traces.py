@@ -145,6 +145,7 @@ class Truth:
     shards: int
     bar_start_t: float
     shard_end_t: list[float]  # when file i+1 finished
+    expected_shard_s: list[float]  # the mean time file i takes at the speed it loads at
     bar_end_t: float | None  # the first N/N line; None when the load died
     sizes: list[int]
     with_model: bool = True
@@ -260,6 +261,7 @@ def generate(kind: str, seed: int, with_model: bool = True) -> Trace:
     t_start = T0 + rng.uniform(0, 3600)
     bar_start = t_start + rng.uniform(8, 25)
     ends: list[float] = []
+    expected: list[float] = []
     cold_flags: list[bool] = []
     t = bar_start
     stall_at = rng.randint(int(n * 0.3), int(n * 0.7)) if kind == "stall" else -1
@@ -272,6 +274,7 @@ def generate(kind: str, seed: int, with_model: bool = True) -> Trace:
         if frac >= switch and switch_t is None:
             switch_t = t
         d = overhead + size / speed * math.exp(rng.gauss(0.0, sigma))
+        expected.append(overhead + size / speed * math.exp(sigma * sigma / 2))
         cold_flags.append(is_cold)
         if i == stall_at:
             shard_times = sorted(b - a for a, b in zip([bar_start, *ends[:-1]], ends, strict=True))
@@ -325,6 +328,7 @@ def generate(kind: str, seed: int, with_model: bool = True) -> Trace:
         shards=n,
         bar_start_t=bar_start,
         shard_end_t=ends,
+        expected_shard_s=expected,
         bar_end_t=None,
         sizes=sizes,
         with_model=with_model,
