@@ -242,7 +242,6 @@ class ChunkScanner:
             raise ValueError("the hyperscan package is not installed")
         self._automata = AUTOMATA if engine != "memmem" else None
         self._scratch: dict[Mode, Any] = {}
-        self._hits: dict[Mode, list[int]] = {}
         self.lines = 0  # terminators seen: a cheap record count for health metrics
         self.quiet = 0  # candidates proven quiet without parsing them
         self._tail = b""  # the last record of the previous chunk, if short
@@ -250,7 +249,6 @@ class ChunkScanner:
 
     def feed(self, data: bytes, base: int = 0, file_id: str | None = None) -> list[Event]:
         self.lines += count_records(data)
-        self._hits = {}  # per mode, this chunk's needle hits (`_candidates_at_once`)
         out: list[Event] = []
         n = len(data)
         stream = self.stream
@@ -374,67 +372,7 @@ class ChunkScanner:
     def _candidates_at_once(
         self, data: bytes, pos: int, mode: Mode, cr: bool
     ) -> tuple[list[tuple[int, int]], dict[int, tuple[int, bytes]]]:
-        """`_candidates` from one scan of the mode's automaton: every needle hit, exactly.
-        The hits are kept for the rest of the chunk: after a change of mode or a traceback,
-        looking again from a later `pos` needs no new scan."""
-        hits = self._hits.get(mode)
-        if hits is None:
-            hits = self._scan(data, pos, mode)
-            if hits is None:  # too many hits, or the library failed
-                return self._candidates(data, pos, mode, cr)
-            self._hits[mode] = hits
-        n = len(data)
-        find = data.find
-        crs = _few_crs(data, pos) if cr else None
-        quiet_ok = mode == "serving"
-        esc = quiet_ok and find(b"\x1b", pos) >= 0
-        match_quiet = _QUIET.match
-        found: dict[int, int] = {}
-        quiet: dict[int, tuple[int, bytes]] = {}
-        # Hits come in order of their end, so a record's hits are consecutive: its bounds are
-        # looked up once. A record hit by a level needle alone may be quiet (serving mode).
-        s = e = -1
-        level_only = False
-        for v in hits[bisect_left(hits, (pos + 1) << 1) :]:
-            i = (v >> 1) - 1  # the needle's last byte
-            if i < e:
-                level_only = level_only and bool(v & 1)
-                continue
-            if s >= 0:
-                self._settle(data, s, e, level_only and quiet_ok, esc, match_quiet, found, quiet)
-            s, e = _around(data, i, n, cr, crs)
-            level_only = bool(v & 1)
-        if s >= 0:
-            self._settle(data, s, e, level_only and quiet_ok, esc, match_quiet, found, quiet)
-        return [(s, found[s]) for s in sorted(found)], quiet
-
-    @staticmethod
-    def _settle(
-        data: bytes,
-        s: int,
-        e: int,
-        may_be_quiet: bool,
-        esc: bool,
-        match_quiet: Callable[[bytes, int, int], re.Match[bytes] | None],
-        found: dict[int, int],
-        quiet: dict[int, tuple[int, bytes]],
-    ) -> None:
-        if may_be_quiet:  # `quiet_record` inlined: a serving log has many of these
-            m = match_quiet(data, s, e)
-            if (
-                m is not None
-                and data.find(b" pid=", m.start(1), e) < 0
-                and data.find(b"0m", s, e) < 0  # `strip_ansi`'s hints
-                and data.find(b"6m", s, e) < 0
-                and not (esc and data.find(b"\x1b", s, e) >= 0)
-            ):
-                quiet[s] = (e, m.group(1))
-                return
-        found[s] = e
-
-    def _scan(self, data: bytes, pos: int, mode: Mode) -> list[int] | None:
-        """Every needle hit of `mode` in data[pos:], as (end << 1 | level needle), in order;
-        None past the budget."""
+        """`_candidates` from one scan of the mode's automaton: every needle hit, exactly."""
         assert self._automata is not None
         db = self._automata[mode]
         scratch = self._scratch.get(mode)
@@ -442,23 +380,64 @@ class ChunkScanner:
             import hyperscan
 
             scratch = self._scratch[mode] = hyperscan.Scratch(db)
-        hits: list[int] = []
-        add = hits.append
+        other: list[int] = []
+        level: list[int] = []
+        add_other, add_level = other.append, level.append
         # Needles packed closer than one per 64 bytes (a hostile record): every hit would be a
         # call here, while the scans of `_candidates` skip to the end of each record they find.
         budget = [max(4096, (len(data) - pos) >> 6)]
-        shift = pos << 1
 
         def hit(kind: int, start: int, end: int, flags: int, context: object) -> bool:
-            add(shift + (end << 1) + kind)
+            if kind:
+                add_level(end)
+            else:
+                add_other(end)
             budget[0] -= 1
             return budget[0] < 0  # True stops the scan
 
         try:
             db.scan(data if pos == 0 else data[pos:], match_event_handler=hit, scratch=scratch)
         except Exception:  # ScanTerminated (the budget), or the library failing: scan below
-            return None
-        return hits
+            return self._candidates(data, pos, mode, cr)
+        n = len(data)
+        find = data.find
+        crs = _few_crs(data, pos) if cr else None
+        found: dict[int, int] = {}
+        quiet: dict[int, tuple[int, bytes]] = {}
+        last = -1
+        for end in other:
+            i = pos + end - 1  # the needle's last byte
+            if i <= last:
+                continue  # in the record found last
+            s, e = _around(data, i, n, cr, crs)
+            found[s] = last = e
+        if not level:
+            return [(s, found[s]) for s in sorted(found)], quiet
+        quiet_ok = mode == "serving"
+        esc = quiet_ok and find(b"\x1b", pos) >= 0
+        match_quiet = _QUIET.match
+        last = -1
+        for end in level:
+            i = pos + end - 1
+            if i <= last:
+                continue
+            s, e = _around(data, i, n, cr, crs)
+            last = e
+            if s in found or s in quiet:
+                continue
+            if quiet_ok:  # `quiet_record` inlined: a serving log has many of these
+                m = match_quiet(data, s, e)
+                if (
+                    m is not None
+                    and find(b" pid=", m.start(1), e) < 0
+                    and find(b"0m", s, e) < 0  # `strip_ansi`'s hints
+                    and find(b"6m", s, e) < 0
+                    and not (esc and find(b"\x1b", s, e) >= 0)
+                ):
+                    quiet[s] = (e, m.group(1))
+                    continue
+            found[s] = e
+        return [(s, found[s]) for s in sorted(found)], quiet
 
     def _candidates(
         self, data: bytes, pos: int, mode: Mode, cr: bool
