@@ -14,9 +14,7 @@ process, `--runs` times (median):
 - mtail (`--one_shot`) with bench/vllm_load.mtail, which extracts the same facts;
 - a naive Python loop: every line through every regex of that mtail program;
 - loadwatch's pipeline as the daemon runs it: `LogFollower(path, mode="poll")` reads,
-  `ChunkScanner.feed(chunk.data, chunk.offset, chunk.file_id)`, `LoadState.apply(event, now)`;
-  with hyperscan installed, also the same pipeline with `ChunkScanner(engine="memmem")`, the
-  scans it falls back to where there is no hyperscan wheel.
+  `ChunkScanner.feed(chunk.data, chunk.offset, chunk.file_id)`, `LoadState.apply(event, now)`.
 
 Throughput is lines / (wall time - the same tool's wall time on an empty file), so process start
 (mtail compiling its program, Python importing) counts for no tool. Peak RSS is the process's
@@ -71,19 +69,15 @@ NAIVE = {
 # -- workers: run in a child process, print one JSON line ----------------------------------------
 
 
-def work_loadwatch(path: str, engine: str = "auto") -> dict[str, object]:
+def work_loadwatch(path: str) -> dict[str, object]:
     from loadwatch.daemon.follower import LogFollower
     from loadwatch.daemon.state import LoadState
     from loadwatch.parsers import ChunkScanner, EventStream, ShardProgress
-    from loadwatch.parsers.scan import Engine
-
-    assert engine in ("auto", "hyperscan", "memmem")
-    how: Engine = engine  # type: ignore[assignment]
 
     clock = time.time
     start = time.perf_counter()
     follower = LogFollower(path, mode="poll")
-    scanner = ChunkScanner(EventStream(ref_ts=clock()), how)
+    scanner = ChunkScanner(EventStream(ref_ts=clock()))
     state = LoadState()
     weight_updates = 0
     retired = {"kv_scale_warnings": 0, "oom_failures": 0, "ready": 0}
@@ -159,7 +153,6 @@ def work_naive(path: str) -> dict[str, object]:
 
 WORKERS: dict[str, Callable[[str], dict[str, object]]] = {
     "loadwatch": work_loadwatch,
-    "loadwatch-memmem": lambda path: work_loadwatch(path, "memmem"),
     "naive": work_naive,
 }
 
@@ -258,12 +251,10 @@ def grep_pattern() -> str:
 
 
 def tools(progs: Path) -> list[Tool]:
-    from loadwatch.parsers.scan import AUTOMATA
-
     py = sys.executable
     me = str(Path(__file__).resolve())
     pattern = grep_pattern()
-    out = [
+    return [
         Tool("wc -l", lambda p: ["wc", "-l", str(p)], None),
         Tool("grep -c -E", lambda p: ["grep", "-c", "-E", pattern, str(p)], None),
         Tool(
@@ -282,15 +273,6 @@ def tools(progs: Path) -> list[Tool]:
         Tool("naive python", lambda p: [py, me, "--worker", "naive", str(p)], worker_counts),
         Tool("loadwatch", lambda p: [py, me, "--worker", "loadwatch", str(p)], worker_counts),
     ]
-    if AUTOMATA is not None:  # the same pipeline with the scans it uses without hyperscan
-        out.append(
-            Tool(
-                "loadwatch (memmem)",
-                lambda p: [py, me, "--worker", "loadwatch-memmem", str(p)],
-                worker_counts,
-            )
-        )
-    return out
 
 
 def measure(log: Path, empty: Path, runs: int, progs: Path) -> list[Tool]:
@@ -324,7 +306,7 @@ def report(title: str, log: Path, truth: Truth, ts: list[Tool]) -> dict[str, flo
     print(f"\n== {title}: {lines:,} lines, {size_mb:.1f} MB ==")
     print("ground truth: " + "  ".join(f"{k} {getattr(truth, k)}" for k in FACTS))
     head = (
-        f"{'tool':<18} {'wall s':>7} {'start s':>7} {'lines/s':>8} {'CPU s':>6} {'RSS MB':>7}  "
+        f"{'tool':<13} {'wall s':>7} {'start s':>7} {'lines/s':>8} {'CPU s':>6} {'RSS MB':>7}  "
         + " ".join(f"{k[:10]:>10}" for k in FACTS)
         + "  vs truth"
     )
@@ -342,18 +324,13 @@ def report(title: str, log: Path, truth: Truth, ts: list[Tool]) -> dict[str, flo
             cells = f"{t.note:>{11 * len(FACTS) - 1}}"
             verdict = ""
         print(
-            f"{t.name:<18} {t.wall():>7.2f} {base:>7.2f} {fmt_rate(rate):>8} {t.cpu():>6.2f} "
+            f"{t.name:<13} {t.wall():>7.2f} {base:>7.2f} {fmt_rate(rate):>8} {t.cpu():>6.2f} "
             f"{t.rss():>7.1f}  {cells}  {verdict}"
         )
     lw = rates["loadwatch"]
     print(
         f"loadwatch: {lw / rates['mtail']:.1f}x mtail, {lw / rates['naive python']:.1f}x the naive "
         f"loop, {lw / rates['grep -c -E']:.2f}x grep, {lw / rates['wc -l']:.3f}x wc -l"
-        + (
-            f"; {lw / rates['loadwatch (memmem)']:.2f}x its memmem scans"
-            if "loadwatch (memmem)" in rates
-            else ""
-        )
     )
     return rates
 

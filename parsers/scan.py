@@ -9,11 +9,6 @@ the `EventStream`. While a traceback is open every record matters, so the scanne
 records one by one until it closes. The result is the same event list as feeding every record (a
 property test checks this).
 
-Where the `hyperscan` package is installed (a wheel for x86-64 Linux; a dependency there), every
-needle of a mode is compiled into one literal automaton and a chunk is scanned once for all of
-them, reporting exact needle hits: no anchors, no re-checks. Elsewhere, and with
-`ChunkScanner(engine="memmem")`, the scans below do the same work; the property tests run both.
-
 Each scan of a chunk costs about as much as any other, so the number of scans is what matters;
 `bench/throughput_vs_mtail.py` shows the figures. The first search of each anchor over a chunk
 (usually one that finds nothing) goes through libc's `memmem` where there is one: two to three
@@ -34,7 +29,6 @@ import ctypes
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
 
 from loadwatch.parsers.events import Event, Record
 from loadwatch.parsers.stream import (
@@ -115,34 +109,6 @@ def plan(mode: Mode) -> tuple[Group, ...]:
 
 
 PLANS: dict[Mode, tuple[Group, ...]] = {"startup": plan("startup"), "serving": plan("serving")}
-
-Engine = Literal["auto", "hyperscan", "memmem"]
-
-
-def _automata() -> dict[Mode, Any] | None:
-    """Per mode, one compiled automaton of all its needles (id 1: a level needle), or None
-    without the hyperscan package."""
-    try:
-        import hyperscan
-    except ImportError:
-        return None
-    out: dict[Mode, Any] = {}
-    try:
-        for mode, needles in PREFILTER.items():
-            db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            db.compile(
-                expressions=[n.encode() for n in needles],
-                ids=[1 if n in LEVEL_NEEDLES else 0 for n in needles],
-                elements=len(needles),
-                literal=True,
-            )
-            out[mode] = db
-    except hyperscan.HyperscanError:  # e.g. a CPU without the instructions it needs
-        return None
-    return out
-
-
-AUTOMATA = _automata()
 _TERMINATORS = (0x0A, 0x0D)
 
 # An INFO or DEBUG record of the common shape (see lines._STANDARD, whose ASCII classes these
@@ -236,12 +202,8 @@ def _record_start(data: bytes, pos: int) -> int:
 class ChunkScanner:
     """Feed chunks of whole records; get the events `EventStream.feed` would give for each."""
 
-    def __init__(self, stream: EventStream | None = None, engine: Engine = "auto") -> None:
+    def __init__(self, stream: EventStream | None = None) -> None:
         self.stream = stream if stream is not None else EventStream()
-        if engine == "hyperscan" and AUTOMATA is None:
-            raise ValueError("the hyperscan package is not installed")
-        self._automata = AUTOMATA if engine != "memmem" else None
-        self._scratch: dict[Mode, Any] = {}
         self.lines = 0  # terminators seen: a cheap record count for health metrics
         self.quiet = 0  # candidates proven quiet without parsing them
         self._tail = b""  # the last record of the previous chunk, if short
@@ -259,10 +221,7 @@ class ChunkScanner:
                 pos = self._walk(data, pos, base, file_id, out)
                 continue
             mode = stream.mode
-            if self._automata is not None:
-                candidates, quiet = self._candidates_at_once(data, pos, mode, cr)
-            else:
-                candidates, quiet = self._candidates(data, pos, mode, cr)
+            candidates, quiet = self._candidates(data, pos, mode, cr)
             quiet_starts = sorted(quiet) if quiet else None
             q = 0  # quiet records before this index are accounted for
             for start, end in candidates:
@@ -369,76 +328,6 @@ class ChunkScanner:
         self.stream.plain(decode(prev))
         self._fed_end = offset + len(prev)
 
-    def _candidates_at_once(
-        self, data: bytes, pos: int, mode: Mode, cr: bool
-    ) -> tuple[list[tuple[int, int]], dict[int, tuple[int, bytes]]]:
-        """`_candidates` from one scan of the mode's automaton: every needle hit, exactly."""
-        assert self._automata is not None
-        db = self._automata[mode]
-        scratch = self._scratch.get(mode)
-        if scratch is None:
-            import hyperscan
-
-            scratch = self._scratch[mode] = hyperscan.Scratch(db)
-        other: list[int] = []
-        level: list[int] = []
-        add_other, add_level = other.append, level.append
-        # Needles packed closer than one per 64 bytes (a hostile record): every hit would be a
-        # call here, while the scans of `_candidates` skip to the end of each record they find.
-        budget = [max(4096, (len(data) - pos) >> 6)]
-
-        def hit(kind: int, start: int, end: int, flags: int, context: object) -> bool:
-            if kind:
-                add_level(end)
-            else:
-                add_other(end)
-            budget[0] -= 1
-            return budget[0] < 0  # True stops the scan
-
-        try:
-            db.scan(data if pos == 0 else data[pos:], match_event_handler=hit, scratch=scratch)
-        except Exception:  # ScanTerminated (the budget), or the library failing: scan below
-            return self._candidates(data, pos, mode, cr)
-        n = len(data)
-        find = data.find
-        crs = _few_crs(data, pos) if cr else None
-        found: dict[int, int] = {}
-        quiet: dict[int, tuple[int, bytes]] = {}
-        last = -1
-        for end in other:
-            i = pos + end - 1  # the needle's last byte
-            if i <= last:
-                continue  # in the record found last
-            s, e = _around(data, i, n, cr, crs)
-            found[s] = last = e
-        if not level:
-            return [(s, found[s]) for s in sorted(found)], quiet
-        quiet_ok = mode == "serving"
-        esc = quiet_ok and find(b"\x1b", pos) >= 0
-        match_quiet = _QUIET.match
-        last = -1
-        for end in level:
-            i = pos + end - 1
-            if i <= last:
-                continue
-            s, e = _around(data, i, n, cr, crs)
-            last = e
-            if s in found or s in quiet:
-                continue
-            if quiet_ok:  # `quiet_record` inlined: a serving log has many of these
-                m = match_quiet(data, s, e)
-                if (
-                    m is not None
-                    and find(b" pid=", m.start(1), e) < 0
-                    and find(b"0m", s, e) < 0  # `strip_ansi`'s hints
-                    and find(b"6m", s, e) < 0
-                    and not (esc and find(b"\x1b", s, e) >= 0)
-                ):
-                    quiet[s] = (e, m.group(1))
-                    continue
-            found[s] = e
-        return [(s, found[s]) for s in sorted(found)], quiet
-
     def _candidates(
         self, data: bytes, pos: int, mode: Mode, cr: bool
     ) -> tuple[list[tuple[int, int]], dict[int, tuple[int, bytes]]]:
@@ -529,39 +418,6 @@ class ChunkScanner:
             if gi < 3 and not quiet_ok and len(found) > 8:
                 between = _Between.of(data, found, lo, hi)
         return [(s, found[s]) for s in sorted(found)], quiet
-
-
-def _few_crs(data: bytes, pos: int) -> list[int] | None:
-    """Where the `\r` are from the line `pos` is in (a `\r` before `pos` may start a record),
-    when there are few (bars); None when there are many (`\r\n` lines, most likely)."""
-    crs: list[int] = []
-    c = data.find(b"\r", data.rfind(b"\n", 0, pos) + 1)
-    while c >= 0 and len(crs) < 256:
-        crs.append(c)
-        c = data.find(b"\r", c + 1)
-    return None if c >= 0 else crs
-
-
-def _around(data: bytes, i: int, n: int, cr: bool, crs: list[int] | None) -> tuple[int, int]:
-    """The record holding byte `i`: (start, end), `\n`, `\r\n` and lone `\r` ending records."""
-    s = data.rfind(b"\n", 0, i) + 1
-    e = data.find(b"\n", i)
-    if e < 0:
-        e = n
-    if crs is not None:
-        k = bisect_left(crs, i)
-        if k < len(crs) and crs[k] < e:
-            e = crs[k]
-        if k and crs[k - 1] >= s:
-            s = crs[k - 1] + 1
-    elif cr:
-        c = data.rfind(b"\r", s, i)
-        if c >= 0:
-            s = c + 1
-        c = data.find(b"\r", i, e)
-        if c >= 0:
-            e = c
-    return s, e
 
 
 class _Between:

@@ -10,10 +10,6 @@ import json
 from pathlib import Path
 
 from loadwatch.parsers import ChunkScanner, Event, EventStream, split_records
-from loadwatch.parsers.scan import AUTOMATA, Engine
-
-# The chunk scanner's engines on this machine: both are held to feeding every record.
-ENGINES: tuple[Engine, ...] = ("memmem", "hyperscan") if AUTOMATA is not None else ("memmem",)
 
 # Fixed reference time for yearless timestamps: 2026-12-01 00:00 UTC (conftest sets TZ=UTC).
 REF_TS = 1796083200.0
@@ -23,9 +19,9 @@ def events_of(data: bytes) -> list[Event]:
     return EventStream(ref_ts=REF_TS).feed_all(split_records(data))
 
 
-def scanned(data: bytes, chunk: int, engine: Engine = "auto") -> list[Event]:
+def scanned(data: bytes, chunk: int) -> list[Event]:
     """The same input through the chunk scanner, cut into chunks at record boundaries."""
-    scanner = ChunkScanner(EventStream(ref_ts=REF_TS), engine)
+    scanner = ChunkScanner(EventStream(ref_ts=REF_TS))
     out: list[Event] = []
     pos = 0
     while pos < len(data):

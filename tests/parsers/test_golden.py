@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from loadwatch.parsers import event_from_dict
-from loadwatch.parsers.scan import Engine
 from tests.conftest import FIXTURES
-from tests.parsers.golden import ENGINES, events_of, golden_path, scanned, to_jsonl
+from tests.parsers.golden import events_of, golden_path, scanned, to_jsonl
 
 LOGS = sorted(FIXTURES.glob("*.log"))
 
@@ -26,10 +25,9 @@ def test_golden_events(log: Path) -> None:
 
 @pytest.mark.parametrize("log", LOGS, ids=[p.name for p in LOGS])
 @pytest.mark.parametrize("chunk", [7, 300, 65536])
-@pytest.mark.parametrize("engine", ENGINES)
-def test_chunk_scanner_matches_record_by_record(log: Path, chunk: int, engine: Engine) -> None:
+def test_chunk_scanner_matches_record_by_record(log: Path, chunk: int) -> None:
     data = log.read_bytes()
-    assert scanned(data, chunk, engine) == events_of(data)
+    assert scanned(data, chunk) == events_of(data)
 
 
 @pytest.mark.parametrize("log", LOGS, ids=[p.name for p in LOGS])

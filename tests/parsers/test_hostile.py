@@ -10,8 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loadwatch.parsers import ChunkScanner, EventStream, Record, split_records
-from loadwatch.parsers.scan import Engine
-from tests.parsers.golden import ENGINES, REF_TS, events_of, scanned
+from tests.parsers.golden import REF_TS, events_of, scanned
 
 MB = 1 << 20
 
@@ -92,16 +91,10 @@ _ALPHABET = st.sampled_from(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(
-    st.lists(_ALPHABET, max_size=80),
-    st.integers(min_value=1, max_value=400),
-    st.sampled_from(ENGINES),
-)
-def test_chunk_scanner_equals_record_by_record(
-    parts: list[bytes], chunk: int, engine: Engine
-) -> None:
+@given(st.lists(_ALPHABET, max_size=80), st.integers(min_value=1, max_value=400))
+def test_chunk_scanner_equals_record_by_record(parts: list[bytes], chunk: int) -> None:
     data = b"".join(parts) + b"\n"
-    assert scanned(data, chunk, engine) == events_of(data)
+    assert scanned(data, chunk) == events_of(data)
 
 
 @settings(max_examples=200, deadline=None)

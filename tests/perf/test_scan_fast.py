@@ -15,9 +15,9 @@ from loadwatch.parsers.lines import (
     split_segments,
     strip_ansi,
 )
-from loadwatch.parsers.scan import PLANS, Engine, address_of, count_records, first, quiet_record
+from loadwatch.parsers.scan import PLANS, address_of, count_records, first, quiet_record
 from loadwatch.parsers.stream import PREFILTER
-from tests.parsers.golden import ENGINES, REF_TS, events_of, scanned
+from tests.parsers.golden import REF_TS, events_of, scanned
 from tests.perf.logs import coloured, load_log, serving_log
 
 SERVING, SERVING_COUNTS = serving_log()
@@ -35,11 +35,10 @@ LOAD, LOAD_COUNTS = load_log()
     ],
 )
 @pytest.mark.parametrize("chunk", [977, 65536])
-@pytest.mark.parametrize("engine", ENGINES)
 def test_chunk_scanner_equals_record_by_record_on_generated_logs(
-    name: str, data: bytes, chunk: int, engine: Engine
+    name: str, data: bytes, chunk: int
 ) -> None:
-    assert scanned(data, chunk, engine) == events_of(data)
+    assert scanned(data, chunk) == events_of(data)
 
 
 def test_request_echoes_are_quiet_and_never_failures() -> None:
@@ -210,18 +209,11 @@ _SERVING_PARTS = st.sampled_from(
         b"Traceback (most recent call last):",
     ],
     chunk=73,
-    engine="memmem",
 )
-@given(
-    st.lists(_SERVING_PARTS, max_size=60),
-    st.integers(min_value=1, max_value=600),
-    st.sampled_from(ENGINES),
-)
-def test_serving_mode_scanner_equals_record_by_record(
-    parts: list[bytes], chunk: int, engine: Engine
-) -> None:
+@given(st.lists(_SERVING_PARTS, max_size=60), st.integers(min_value=1, max_value=600))
+def test_serving_mode_scanner_equals_record_by_record(parts: list[bytes], chunk: int) -> None:
     data = b"".join(parts) + b"\n"
-    assert scanned(data, chunk, engine) == events_of(data)
+    assert scanned(data, chunk) == events_of(data)
 
 
 _STARTED = b"(APIServer pid=1) INFO:     Application startup complete.\n"
@@ -241,14 +233,11 @@ _ECHO = b"(APIServer pid=1) INFO 11-30 10:00:00 [logger.py:71] prompt: 'ERROR'"
     ],
 )
 @pytest.mark.parametrize("crlf", [False, True])
-@pytest.mark.parametrize("engine", ENGINES)
-def test_records_that_look_quiet_but_are_not(
-    line: bytes, hidden: str, crlf: bool, engine: Engine
-) -> None:
+def test_records_that_look_quiet_but_are_not(line: bytes, hidden: str, crlf: bool) -> None:
     data = _STARTED + _ECHO + b"\n" + line + b"\n" + _ECHO + b"\n"
     if crlf:
         data = data.replace(b"\n", b"\r\n")
     want = events_of(data)
     assert any(hidden in (getattr(e, "message", "") or getattr(e, "value", "") or "") for e in want)
     for chunk in (len(data), 64, 7):
-        assert scanned(data, chunk, engine) == want
+        assert scanned(data, chunk) == want
