@@ -5,7 +5,7 @@
 `loadwatch run --log FILE --gpu simulated --listen 127.0.0.1:0` follows FILE while a writer
 replays a generated 1,000,000-line serving-phase vLLM log into it (bench/loggen.py; 100,000 with
 --quick) at `--rate` lines/s, appending in 64 KiB blocks. Meanwhile:
-- /metrics is scraped `--scrapes` times a second (20); each scrape's latency is timed by the
+- /metrics is scraped `--scrapes` times a second (10); each scrape's latency is timed by the
   client;
 - the daemon's RSS (/proc/PID/status) is read when it has read 10%, 50% and 100% of the log
   (its own `loadwatch_log_lines_total`), and its CPU (/proc/PID/stat) over the replay. Both are
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a 100,000-line log")
     ap.add_argument("--rate", type=float, default=100_000.0, help="lines/s replayed (100000)")
-    ap.add_argument("--scrapes", type=float, default=20.0, help="scrapes per second (20)")
+    ap.add_argument("--scrapes", type=float, default=10.0, help="scrapes per second (10)")
     args = ap.parse_args(argv)
     lines_wanted = 100_000 if args.quick else 1_000_000
     exe = shutil.which("loadwatch", path=str(Path(sys.executable).parent))
