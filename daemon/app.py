@@ -138,7 +138,9 @@ def run_daemon(
         supervisor_factory=supervisor_factory,
     )
     holder["daemon"] = daemon
-    server = HttpProcess(cfg.http)
+    server = HttpProcess(
+        cfg.http, on_problem=lambda line: eventlog.emit("daemon.problem", error=line)
+    )
     boards = BoardMaker(time.time, redactor)
     daemon.on_publish.append(lambda pub: server.send(boards.make(pub)))
     try:

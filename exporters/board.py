@@ -47,6 +47,11 @@ _HEAD = struct.Struct("!BIII")  # flags (1 ready, 2 has status), three lengths
 _LEN = struct.Struct("!I")
 
 
+def frame(body: bytes) -> bytes:
+    """`body` with its length in front."""
+    return _LEN.pack(len(body)) + body
+
+
 def encode(board: Board) -> bytes:
     status = board.status or b""
     reason = board.not_ready.encode()
@@ -59,7 +64,7 @@ def encode(board: Board) -> bytes:
             reason,
         )
     )
-    return _LEN.pack(len(body)) + body
+    return frame(body)
 
 
 def decode(body: bytes) -> Board:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,13 +91,56 @@ def test_the_server_process_serves_the_latest_board_and_ends_with_the_socket() -
         # the server's own request counts follow the board's exposition
         assert b'loadwatch_http_requests_total{code="200",route="/readyz"}' in body
         assert get(url, "/healthz") == (200, b"ok\n")
-        proc = server._proc
-        assert proc is not None
+        pid = server.pid
+        assert pid is not None
     finally:
         server.stop()
-    assert proc.returncode == 0
+    assert server.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # ended and reaped
     with pytest.raises(OSError):
         get(url, "/healthz")
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"timed out: {what}")
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_server_process_that_dies_or_hangs_is_replaced_on_the_same_address(how: str) -> None:
+    problems: list[str] = []
+    server = HttpProcess(HttpConfig(port=0), on_problem=problems.append)
+    url = server.start()
+    try:
+        server.send(Board(b"m 1\n", b"{}\n", True, ""))
+        wait_for(lambda: get(url, "/readyz")[0] == 200, "first board served")
+        first = server.pid
+        assert first is not None
+        if how == "killed":
+            os.kill(first, signal.SIGKILL)
+        else:
+            os.kill(first, signal.SIGSTOP)  # it reads nothing more: the socket fills up
+        # the loop goes on publishing; send() never blocks, whatever the server does
+        t0 = time.monotonic()
+        for i in range(400):
+            server.send(Board(b"m %d\n" % i + b"x" * 20_000, b"{}\n", True, ""))
+            time.sleep(0.005)
+        assert time.monotonic() - t0 < 10
+        wait_for(lambda: server.pid not in (None, first), "a new server process", 30)
+        wait_for(lambda: get(url, "/metrics")[1].startswith(b"m 399\n"), "the newest board", 30)
+        assert server.restarts == 1
+        assert len(problems) == 1 and "HTTP server process" in problems[0], problems
+        assert get(url, "/readyz") == (200, b"ready\n")
+    finally:
+        server.stop()
 
 
 def test_a_port_in_use_is_one_line() -> None:
