@@ -3,8 +3,7 @@
 A `Board` (exporters/board.py) is what the routes serve: the exposition and the /status JSON
 rendered once per published bundle, and the ready flag. The daemon renders boards in its loop
 and hands them to the HTTP server's own process (exporters/httpd.py), so a scrape never waits
-for the parser; `routes()` serves the same views from a bundle in-process, rendered on demand
-(tests, library use).
+for the parser.
 """
 
 from __future__ import annotations
@@ -12,12 +11,11 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from loadwatch.daemon.published import Published
 from loadwatch.daemon.redact import Redactor
-from loadwatch.exporters.board import EMPTY, Board, board_routes
-from loadwatch.exporters.http import Handler, HttpStats
+from loadwatch.exporters.board import EMPTY, Board
+from loadwatch.exporters.http import HttpStats
 from loadwatch.exporters.prometheus import LoadwatchCollector, registry_for, render
 
 
@@ -46,26 +44,3 @@ class BoardMaker:
         status = json.dumps(self._red.value(snap.to_dict()), sort_keys=False).encode() + b"\n"
         not_ready = f"not ready: {snap.phase or 'no vLLM session yet'}"
         return Board(metrics, status, snap.ready, not_ready)
-
-
-def routes(
-    published: Callable[[], Published | None],
-    alive: Callable[[], bool],
-    clock: Callable[[], float],
-    stats: HttpStats | None = None,
-    redactor: Redactor | None = None,
-) -> dict[str, Handler]:
-    """The views served in-process: a board is rendered on demand, once per published bundle."""
-    maker = BoardMaker(clock, redactor, stats)
-    lock = threading.Lock()
-    cache: list[Any] = [None, EMPTY]  # the bundle rendered last, and its board
-
-    def board() -> Board:
-        pub = published()
-        with lock:
-            if pub is not cache[0] or pub is None:
-                cache[0], cache[1] = pub, maker.make(pub)
-            result: Board = cache[1]
-            return result
-
-    return board_routes(board, alive)

@@ -10,12 +10,26 @@ from pathlib import Path
 
 from loadwatch.daemon.gpusim import GIB, SimulatedGpuSource
 from loadwatch.daemon.inputs import ModelInfo, ShardInfo
+from loadwatch.daemon.published import Published
 from loadwatch.daemon.state import Input, LoadState
+from loadwatch.exporters.board import board_routes
+from loadwatch.exporters.http import Handler
+from loadwatch.exporters.views import BoardMaker
 from loadwatch.parsers import ChunkScanner, EventStream
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 # 2026-12-01 00:00 UTC (conftest sets TZ=UTC): yearless fixture times resolve before it.
 REF_TS = 1796083200.0
+
+
+def routes(
+    published: Callable[[], Published | None],
+    alive: Callable[[], bool],
+    clock: Callable[[], float],
+) -> dict[str, Handler]:
+    """The daemon's routes served in-process, from a board rendered for each request."""
+    maker = BoardMaker(clock)
+    return board_routes(lambda: maker.make(published()), alive)
 
 
 def events_of(data: bytes, ref_ts: float = REF_TS) -> list[object]:

@@ -25,9 +25,8 @@ from loadwatch.daemon.published import Published, Totals
 from loadwatch.daemon.state import LoadState
 from loadwatch.exporters.http import Handler, HttpServer, Response
 from loadwatch.exporters.tui import render_status, status_command, status_text
-from loadwatch.exporters.views import routes
 
-from .helpers import FIXTURES, fold_log, linear_progress, model_of, synth_load_log
+from .helpers import FIXTURES, fold_log, linear_progress, model_of, routes, synth_load_log
 
 T0 = 1_785_000_000.0
 LOADWATCH = Path(sys.executable).with_name("loadwatch")
