@@ -16,8 +16,6 @@ from prometheus_client.registry import Collector
 
 from loadwatch.daemon.published import Published
 from loadwatch.daemon.snapshot import GpuView, SessionView, Snapshot
-from loadwatch.exporters.board import http_requests_family
-from loadwatch.exporters.http import HttpStats
 from loadwatch.parsers.events import FailureKind
 
 PHASES = ("starting", "loading_weights", "post_load", "ready", "failed", "stalled", "stopped")
@@ -32,14 +30,10 @@ Metric = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
 
 class LoadwatchCollector(Collector):
     def __init__(
-        self,
-        published: Callable[[], Published | None],
-        clock: Callable[[], float],
-        http: HttpStats | None = None,
+        self, published: Callable[[], Published | None], clock: Callable[[], float]
     ) -> None:
         self._published = published
         self._clock = clock
-        self._http = http
 
     def describe(self) -> list[Any]:
         return []  # families are built at scrape time; nothing to pre-register
@@ -56,8 +50,6 @@ class LoadwatchCollector(Collector):
         yield from _gpus(pub, snap)
         yield from _sources(pub)
         yield from _supervisor(pub)
-        if self._http is not None:
-            yield http_requests_family(self._http)
 
 
 def registry_for(collector: Collector) -> CollectorRegistry:

@@ -15,23 +15,17 @@ from collections.abc import Callable
 from loadwatch.daemon.published import Published
 from loadwatch.daemon.redact import Redactor
 from loadwatch.exporters.board import EMPTY, Board
-from loadwatch.exporters.http import HttpStats
 from loadwatch.exporters.prometheus import LoadwatchCollector, registry_for, render
 
 
 class BoardMaker:
     """Renders boards from published bundles (the collector reads the bundle being rendered)."""
 
-    def __init__(
-        self,
-        clock: Callable[[], float],
-        redactor: Redactor | None = None,
-        http: HttpStats | None = None,
-    ) -> None:
+    def __init__(self, clock: Callable[[], float], redactor: Redactor | None = None) -> None:
         self._clock = clock
         self._red = redactor or Redactor()
         self._pub: Published | None = None
-        self._registry = registry_for(LoadwatchCollector(lambda: self._pub, clock, http))
+        self._registry = registry_for(LoadwatchCollector(lambda: self._pub, clock))
         self._lock = threading.Lock()
 
     def make(self, pub: Published | None) -> Board:
