@@ -111,6 +111,7 @@ class Daemon:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._published_mono = float("-inf")
         self.on_publish: list[Callable[[Published], None]] = []  # e.g. render /metrics ahead
+        self._hook_error: str | None = None  # the last failure of an on_publish hook, said once
         self._publish_pending = False
 
     # -- configuration ----------------------------------------------------------------------
@@ -499,8 +500,15 @@ class Daemon:
             gpu_ccs=dict(self._gpu_ccs),
             _cache=[snap, now],
         )
+        failed: str | None = None
         for hook in self.on_publish:
-            hook(self.published)
+            try:
+                hook(self.published)
+            except Exception as exc:  # a hook's bug must not stop the loop: said once
+                failed = f"after publishing: {type(exc).__name__}: {exc}"
+        if failed is not None and failed != self._hook_error:
+            self._log_problem(failed)
+        self._hook_error = failed
 
     def _totals(self, snap: Snapshot) -> Totals:
         """Lifetime counts: sessions the state no longer details, plus the current one."""

@@ -313,3 +313,27 @@ def test_no_traceback_on_unreadable_log(tmp_path: Path) -> None:
         assert d.get("/healthz")[0] == 200
         problem = next(e for e in d.events() if e["event"] == "daemon.problem")
         assert "\n" not in problem["error"]
+
+
+def test_a_failing_publish_hook_is_said_once_and_the_daemon_goes_on(tmp_path: Path) -> None:
+    """Boards are rendered in the loop after each publish: a rendering bug must not stop it."""
+    cfg = config(tmp_path, None)
+    log = cfg.log.path
+    assert log is not None
+    log.write_bytes(b"")
+    with running(cfg) as d:
+        daemon = d.daemon
+        assert daemon is not None
+
+        def broken(pub: object) -> None:
+            raise ValueError("cannot render")
+
+        daemon.loop_call(lambda: daemon.on_publish.insert(0, broken))
+        for i in range(1, 4):
+            append(log, [f"(APIServer pid=1) WARNING 11-30 10:00:0{i} [x.py:1] odd {i}\n"])
+            # the hook after the broken one still feeds the HTTP server
+            d.wait(lambda i=i: d.metrics()["loadwatch_log_lines_total"] == i, f"line {i} served")
+        problems = [e["error"] for e in d.events() if e.get("event") == "daemon.problem"]
+        assert problems == ["after publishing: ValueError: cannot render"]
+        assert d.get("/healthz") == (200, b"ok\n")
+    assert d.code == 0
