@@ -1,4 +1,4 @@
-"""The HTTP routes: /metrics, /status, /healthz, /readyz, each a view of the published bundle.
+"""What /metrics, /status and /readyz answer, rendered from each published bundle.
 
 A `Board` (exporters/board.py) is what the routes serve: the exposition and the /status JSON
 rendered once per published bundle, and the ready flag. The daemon renders boards in its loop
