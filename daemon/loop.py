@@ -393,6 +393,8 @@ class Daemon:
             if health != last_health:  # a change of health goes out with the state it fed
                 last_health = health
                 self.publish()
+            elif self.busy:  # while loading, memory and its projection are news
+                self.publish_soon()
             # While nothing loads, a poll every IDLE_TICK_S; a load that starts meanwhile is
             # seen within one interval.
             waited = 0.0

@@ -76,6 +76,21 @@ def gpu0(m: dict[str, float], name: str) -> float | None:
     return next((v for k, v in m.items() if k.startswith(name + '{gpu="0"')), None)
 
 
+def _gpu_holders() -> list[str]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fds = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(f.startswith("/dev/nvidia") for f in fds):
+            out.append(f"pid {proc.name}: {cmd[:160]}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shards", type=int, default=8)
@@ -87,8 +102,13 @@ def main() -> int:
     import loadwatch
 
     shim = str(Path(loadwatch.__path__[0]).parent)
+    import pynvml
+
     from loadwatch.daemon.demo import free_port, make_model_dir
 
+    pynvml.nvmlInit()  # GPU 0 before anything starts: what the stop must get back to
+    start_used = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used
+    pynvml.nvmlShutdown()
     work = Path(tempfile.mkdtemp(prefix="loadwatch-gpu-"))
     model = make_model_dir(work, fp8_kv=False, shards=args.shards, total_bytes=args.shards * 10**9)
     (work / "loader.py").write_text(LOADER)
@@ -145,7 +165,6 @@ def main() -> int:
         final_used = gpu0(m, "loadwatch_gpu_memory_used_bytes") or 0.0
         for done, used in sorted(seen.items()):
             rows.append(f"  shards {done:2d}/{args.shards}: GPU 0 used {used / GIB:7.2f} GiB")
-        base_used = seen.get(0, final_used - args.shards * args.shard_gib * GIB)
         # each shard the bar reports adds what the loader allocated for it
         deltas = [seen[d] - seen[d - 1] for d in sorted(seen) if d > 1 and d - 1 in seen]
         tol = 0.02 * args.shard_gib * GIB + (64 << 20)
@@ -195,18 +214,27 @@ def main() -> int:
                 f"{len(tree)} tree pid(s), {len(left)} left",
             )
         )
-        import pynvml
-
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        after = pynvml.nvmlDeviceGetMemoryInfo(h).used
-        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        # the driver frees a context a moment after its process is gone: wait up to 10 s
+        t_stop = time.monotonic()
+        while True:
+            after = pynvml.nvmlDeviceGetMemoryInfo(h).used
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            freed = after < start_used + (256 << 20) and not procs
+            if freed or time.monotonic() - t_stop > 10:
+                break
+            time.sleep(0.1)
         pynvml.nvmlShutdown()
+        if not freed:  # who still has the GPU open (NVML may not list other namespaces)
+            for holder in _gpu_holders():
+                rows.append(f"  holds /dev/nvidia*: {holder}")
         results.append(
             (
                 "released",
-                after < base_used + (512 << 20) and not procs,
-                f"GPU 0 used {after / GIB:.2f} GiB after the stop, {len(procs)} process(es)",
+                freed,
+                f"GPU 0 used {after / GIB:.2f} GiB {time.monotonic() - t_stop:.1f} s after the "
+                f"stop ({start_used / GIB:.2f} before the start), {len(procs)} process(es)",
             )
         )
     finally:
