@@ -15,39 +15,16 @@ from typing import Any
 from loadwatch.daemon.app import run_daemon
 from loadwatch.daemon.config import Config
 from loadwatch.daemon.loop import Daemon
+from tests.client import DaemonClient
 
 
-class Running:
+class Running(DaemonClient):
     def __init__(self) -> None:
         self.daemon: Daemon | None = None
         self.url = ""
         self.code: int | None = None
         self.out = io.StringIO()
         self.started = threading.Event()
-
-    def get(self, path: str) -> tuple[int, bytes]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
-
-    def status(self) -> dict[str, Any]:
-        code, body = self.get("/status")
-        assert code == 200, body
-        doc: dict[str, Any] = json.loads(body)
-        return doc
-
-    def metrics(self) -> dict[str, float]:
-        """`name{labels}` -> value, from a real scrape."""
-        code, body = self.get("/metrics")
-        assert code == 200
-        out: dict[str, float] = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
 
     def events(self) -> list[dict[str, Any]]:
         return [json.loads(x) for x in self.out.getvalue().splitlines() if x.strip()]

@@ -13,12 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.client import DaemonClient
 
 PROC = Path("/proc")
 
@@ -67,7 +67,7 @@ class DaemonExited(AssertionError):
     """The daemon ended while a test was waiting on it."""
 
 
-class DaemonProc:
+class DaemonProc(DaemonClient):
     """`python -m loadwatch.daemon.cli run --config FILE` with its output in files."""
 
     def __init__(self, config: Path, work: Path) -> None:
@@ -128,30 +128,6 @@ class DaemonProc:
             return ""
 
     # -- talking to it --------------------------------------------------------------------------
-
-    def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=timeout_s) as r:
-                return int(r.status), r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
-
-    def status(self) -> dict[str, Any]:
-        code, body = self.get("/status")
-        assert code == 200, body
-        doc: dict[str, Any] = json.loads(body)
-        return doc
-
-    def metrics(self) -> dict[str, float]:
-        """`name{labels}` -> value, from a real scrape."""
-        code, body = self.get("/metrics")
-        assert code == 200, body
-        out: dict[str, float] = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
 
     def events(self) -> list[dict[str, Any]]:
         """The event log file, one object per line."""

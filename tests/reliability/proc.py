@@ -16,11 +16,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.client import DaemonClient
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ _LAUNCHER = (
 )
 
 
-class DaemonProc:
+class DaemonProc(DaemonClient):
     def __init__(
         self,
         args: Sequence[str],
@@ -102,27 +102,6 @@ class DaemonProc:
             time.sleep(0.005)
         raise AssertionError(f"daemon did not listen (exit {self.proc.poll()}): {self.stderr()}")
 
-    def get(
-        self, path: str, *, headers: dict[str, str] | None = None, context: Any = None
-    ) -> tuple[int, bytes]:
-        req = urllib.request.Request(self.url + path, headers=headers or {})
-        try:
-            with urllib.request.urlopen(req, timeout=5, context=context) as r:
-                return int(r.status), bytes(r.read())
-        except urllib.error.HTTPError as e:
-            return int(e.code), bytes(e.read())
-
-    def status(self) -> dict[str, Any]:
-        code, body = self.get("/status")
-        assert code == 200, body
-        doc: dict[str, Any] = json.loads(body)
-        return doc
-
-    def metrics(self) -> dict[str, float]:
-        code, body = self.get("/metrics")
-        assert code == 200, body
-        return parse_metrics(body)
-
     def kill(self) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
@@ -146,16 +125,6 @@ class DaemonProc:
         for f in (self._stdout, self._stderr, self.proc.stdin, self.proc.stdout):
             if f is not None and not f.closed:
                 f.close()
-
-
-def parse_metrics(body: bytes) -> dict[str, float]:
-    """`name{labels}` -> value, from a text exposition."""
-    out: dict[str, float] = {}
-    for line in body.decode().splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 def wait_for(check: Callable[[], object], what: str, timeout_s: float = 20.0) -> None:
