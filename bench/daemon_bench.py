@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from loggen import serving_log
-from proctree import cpu_s, status_kb
+from proctree import cpu_s, daemon, status_kb
 
 
 def lines_read(body: bytes) -> int | None:
@@ -131,41 +131,19 @@ def main(argv: list[str] | None = None) -> int:
         total = truth.lines
         log = tmp / "vllm.log"
         log.write_bytes(b"")
-        argv_ = [exe, "run", "--log", str(log), "--gpu", "simulated"]
-        argv_ += ["--state-dir", str(tmp / "state"), "--listen", "127.0.0.1:0"]
-        proc = subprocess.Popen(
-            argv_, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
-        )
-        try:
-            return run(proc, src, log, total, args.rate, args.scrapes)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        with daemon(log, tmp / "state") as (proc, url):
+            return run(proc, url, src, log, total, args.rate, args.scrapes)
 
 
 def run(
-    proc: subprocess.Popen[str], src: Path, log: Path, total: int, rate: float, scrapes: float
+    proc: subprocess.Popen[str],
+    url: str,
+    src: Path,
+    log: Path,
+    total: int,
+    rate: float,
+    scrapes: float,
 ) -> int:
-    assert proc.stdout is not None
-    url = None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if "daemon.listening" in line:
-            url = line.split('"url": "', 1)[1].split('"', 1)[0]
-            break
-    if url is None:
-        print(
-            f"daemon_bench: the daemon did not start: {proc.stderr.read() if proc.stderr else ''}"
-        )
-        return 1
-    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
     time.sleep(2.0)  # the first GPU polls, the empty log
     rss0 = status_kb(proc.pid, "VmRSS") / 1024
     scraper = Scraper(url, 1 / scrapes)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from loggen import serving_log
-from proctree import cpu_s
+from proctree import cpu_s, daemon
 
 HERE = Path(__file__).resolve().parent
 GIB = 1024**3
@@ -177,59 +177,17 @@ def gpu_counts(counts: tuple[int, ...], seconds: float) -> list[dict[str, float]
 def idle_daemon(tmp: Path, seconds: float) -> float:
     log = tmp / "quiet.log"
     serving_log(log, 3000, seed=3, restarts=0)
-    exe = shutil.which("loadwatch", path=str(Path(sys.executable).parent)) or "loadwatch"
-    argv = [
-        exe,
-        "run",
-        "--log",
-        str(log),
-        "--gpu",
-        "simulated",
-        "--state-dir",
-        str(tmp / "state"),
-        "--listen",
-        "127.0.0.1:0",
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # wait until it listens
-            line = proc.stdout.readline()
-            if not line or "daemon.listening" in line:
-                break
-        if proc.poll() is not None:
-            raise RuntimeError(f"loadwatch run exited {proc.returncode}: {proc.stderr.read()}")
-        _drain(proc)
+    with daemon(log, tmp / "state") as (proc, _url):
         time.sleep(3.0)  # settle: the log read, the first polls
         c0, w0 = cpu_s(proc.pid), time.monotonic()
         time.sleep(seconds)
         c1, w1 = cpu_s(proc.pid), time.monotonic()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     pct = 100 * (c1 - c0) / (w1 - w0)
     print(
-        f"\n3. idle: the real daemon (and its HTTP process) on a quiet log, 8 simulated GPUs, {seconds:.0f} s: "
-        f"{pct:.3f}% of a core (goal < 0.5%: {'met' if pct < 0.5 else 'NOT met'})"
+        f"\n3. idle: the real daemon (and its HTTP process) on a quiet log, 8 simulated GPUs, "
+        f"{seconds:.0f} s: {pct:.3f}% of a core (goal < 0.5%: {'met' if pct < 0.5 else 'NOT met'})"
     )
     return pct
-
-
-def _drain(proc: subprocess.Popen[str]) -> None:
-    """Keep reading the daemon's event log so a full pipe never blocks it."""
-    import threading
-
-    def run() -> None:
-        assert proc.stdout is not None
-        for _ in proc.stdout:
-            pass
-
-    threading.Thread(target=run, daemon=True).start()
 
 
 # -- 4. scrape -----------------------------------------------------------------------------------
