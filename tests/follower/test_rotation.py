@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +16,7 @@ import pytest
 
 from loadwatch.daemon.follower import LogFollower
 from tests.follower.helpers import Collector, WriterProcess, expected, line
+from tests.follower.writer import rotate
 
 
 @pytest.fixture
@@ -242,39 +248,81 @@ def test_delete_without_recreate_then_recreate(log: Path, follower: LogFollower)
     assert bytes(col.data) == expected("d", 0, 3)
 
 
+def _rchar(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return int(f.readline().split()[1])
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def test_copytruncate_in_the_middle_of_a_long_read(log: Path, tmp_path: Path) -> None:
     """A copytruncate, and the file growing past our place again, while one `read()` is still
-    working through a backlog: every read is checked against the file's first bytes."""
+    working through a backlog: every read is checked against the file's first bytes.
+
+    The follower runs in a child process (64-byte reads, so a 1 MB backlog takes a while). Once
+    it has read 100 kB into its backlog it is stopped with SIGSTOP, the log is copied, truncated
+    and written again past its place, and it goes on: that same read must see the truncation and
+    deliver the old lines, the copy's rest and the new lines, each once.
+    """
     log.parent.mkdir()
     log.write_bytes(b"")
-    f = LogFollower(log, cap_bytes=64, max_read_bytes=64 << 20)
-    col = Collector(f)
-    col.read()
-    want = bytearray()
-    during = 0
-    rounds = 0
-    while rounds < 2 or (during == 0 and rounds < 10):  # until the race was hit (scheduling)
-        r = rounds
-        rounds += 1
-        old = expected(f"L{r}", 0, 40_000)  # 1.4 MB of backlog, read 64 bytes at a time
-        new = tmp_path / "new.bin"
-        new.write_bytes(expected(f"N{r}", 0, 60_000))
-        want += old + new.read_bytes()
-        with open(log, "ab") as w:
-            w.write(old)
-        plan: list[list[object]] = [
-            ["wait"],
-            ["rotate", "copytruncate"],
-            ["append_file", str(new)],
-        ]
-        writer = WriterProcess(log, plan)
-        writer.ready()
-        before = f.health().truncations_total
-        writer.go()
-        col.read()  # the copytruncate and the new lines land while this is under way
-        during += f.health().truncations_total - before
-        writer.finish()
-        col.read()
-        assert bytes(col.data) == bytes(want)
-    assert f.health().truncations_total == rounds
-    assert during > 0  # it was seen inside the read() call it happened under
+    out = tmp_path / "delivered.bin"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.follower.reader", str(log), str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert child.stdin is not None and child.stdout is not None
+
+    def one_read() -> dict[str, int]:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write("\n")
+        child.stdin.flush()
+        answer: dict[str, int] = json.loads(child.stdout.readline())
+        return answer
+
+    try:
+        assert child.stdout.readline() == "ready\n"
+        want = bytearray()
+        hit = None
+        for r in range(5):  # the stop lands after the read ended only if the child outran us
+            old = expected(f"L{r}", 0, 30_000)
+            new = expected(f"N{r}", 0, 50_000)
+            with open(log, "ab") as w:
+                w.write(old)
+            want += old
+            base = _rchar(child.pid)
+            child.stdin.write("\n")
+            child.stdin.flush()
+            while _rchar(child.pid) - base < 100_000:
+                pass
+            os.kill(child.pid, signal.SIGSTOP)
+            try:
+                while not _stopped(child.pid):
+                    time.sleep(0.001)
+                rotate(str(log), -1, "copytruncate")
+                with open(log, "ab") as w:
+                    w.write(new)
+            finally:
+                os.kill(child.pid, signal.SIGCONT)
+            want += new
+            answer = json.loads(child.stdout.readline())
+            rest = one_read()
+            assert out.read_bytes() == bytes(want), r
+            assert answer["truncations"] + rest["truncations"] == 1
+            if answer["truncations"] == 1:
+                hit = (answer, rest)
+                break
+        assert hit is not None, "the child finished each read before it could be stopped"
+        answer, rest = hit
+        assert answer["bytes"] == len(old) + len(new)  # the read that saw it delivered it all
+        assert rest == {"bytes": 0, "truncations": 0}
+    finally:
+        child.kill()
+        child.wait()

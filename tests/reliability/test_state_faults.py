@@ -151,7 +151,10 @@ def test_disk_full_then_file_size_limit_on_the_state_directory(tmp_path: Path) -
                 "a problem line about the checkpoint on the full disk",
                 CHECKPOINT_WAIT_S,
             )
-            assert log_up() == 0.0  # its checkpoints cannot be saved
+            # the metric follows with the next publish to the HTTP process
+            wait_for(
+                lambda: log_up() == 0.0, "the log source down: its checkpoints cannot be saved"
+            )
             assert checkpoint.read_bytes() == saved  # the old one is whole, no temp left behind
             assert (
                 sorted(p.name for p in checkpoint.parent.iterdir() if p.name.startswith(".")) == []
@@ -182,7 +185,7 @@ def test_disk_full_then_file_size_limit_on_the_state_directory(tmp_path: Path) -
                 "a problem line about the checkpoint past the limit",
                 CHECKPOINT_WAIT_S,
             )
-            assert log_up() == 0.0
+            wait_for(lambda: log_up() == 0.0, "the log source down past the limit")
             assert checkpoint.read_bytes() == saved
             resource.prlimit(
                 d.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
