@@ -2,14 +2,14 @@
 
 Why a process: in one interpreter the HTTP threads wait for the interpreter lock while the loop
 parses a busy log, and a scrape's latency becomes the parser's. Here the loop renders a `Board`
-(exporters/views.py) after publishing and hands it over; a sender thread writes it down a socket
-pair to the server process (`python -m loadwatch.exporters.httpd`, which imports only
-exporters/board.py, the HTTP server and prometheus_client), which only writes bytes. The loop
-never waits for the socket: a board not yet sent is replaced by the next one. The server
-answers /healthz 503 when no board came for `ALIVE_S` (the loop sends one at least every idle
-tick), and ends when the socket closes, so it never outlives the daemon, even one that was
-killed. A server process that died is started again on the same address (at most every
-`RESTART_S`), and `on_problem` hears of it in one line.
+(exporters/board.py, made by views.BoardMaker) after publishing and hands it over; a sender
+thread writes it down a socket pair to the server process (`python -m
+loadwatch.exporters.httpd`, which imports only exporters/board.py, the HTTP server and
+prometheus_client), which only writes bytes. The loop never waits for the socket: a board not
+yet sent is replaced by the next one. The server answers /healthz 503 when no board came for
+`ALIVE_S` (the loop sends one at least every idle tick), and ends when the socket closes, so it
+never outlives the daemon, even one that was killed. A server process that died is started
+again on the same address (at most every `RESTART_S`), and `on_problem` hears of it in one line.
 
     server = HttpProcess(config, on_problem=print)
     url = server.start()          # ServerError: one line (port in use, bad certificate, ...)
