@@ -101,7 +101,6 @@ class Daemon:
         self._gpu_ccs: dict[int, tuple[int, int]] = {}
         self._last_reading: GpuReading | None = None
         self._last_status = ""
-        self._heartbeat = clock()
         self._orphans: int | None = None
         self._health_up: bool | None = None
         self._log_error_logged: str | None = None
@@ -406,8 +405,7 @@ class Daemon:
 
     async def tick(self) -> None:
         while not self.stop_event.is_set():
-            self._heartbeat = self.clock()
-            self._scanner.stream.years.set_reference(self._heartbeat)
+            self._scanner.stream.years.set_reference(self.clock())
             self._check_eventlog()
             self.apply(Tick())
             self.publish()
