@@ -280,12 +280,15 @@ def test_copytruncate_in_the_middle_of_a_long_read(log: Path, tmp_path: Path) ->
     )
     assert child.stdin is not None and child.stdout is not None
 
-    def one_read() -> dict[str, int]:
-        assert child.stdin is not None and child.stdout is not None
+    def ask() -> None:  # one read()
+        assert child.stdin is not None
         child.stdin.write("\n")
         child.stdin.flush()
-        answer: dict[str, int] = json.loads(child.stdout.readline())
-        return answer
+
+    def answer() -> dict[str, int]:  # what that read delivered and saw
+        assert child.stdout is not None
+        doc: dict[str, int] = json.loads(child.stdout.readline())
+        return doc
 
     try:
         assert child.stdout.readline() == "ready\n"
@@ -298,10 +301,10 @@ def test_copytruncate_in_the_middle_of_a_long_read(log: Path, tmp_path: Path) ->
                 w.write(old)
             want += old
             base = _rchar(child.pid)
-            child.stdin.write("\n")
-            child.stdin.flush()
+            ask()
+            deadline = time.monotonic() + 20
             while _rchar(child.pid) - base < 100_000:
-                pass
+                assert child.poll() is None and time.monotonic() < deadline, "the reader stopped"
             os.kill(child.pid, signal.SIGSTOP)
             try:
                 while not _stopped(child.pid):
@@ -312,16 +315,17 @@ def test_copytruncate_in_the_middle_of_a_long_read(log: Path, tmp_path: Path) ->
             finally:
                 os.kill(child.pid, signal.SIGCONT)
             want += new
-            answer = json.loads(child.stdout.readline())
-            rest = one_read()
+            during = answer()
+            ask()
+            rest = answer()
             assert out.read_bytes() == bytes(want), r
-            assert answer["truncations"] + rest["truncations"] == 1
-            if answer["truncations"] == 1:
-                hit = (answer, rest)
+            assert during["truncations"] + rest["truncations"] == 1
+            if during["truncations"] == 1:
+                hit = (during, rest)
                 break
         assert hit is not None, "the child finished each read before it could be stopped"
-        answer, rest = hit
-        assert answer["bytes"] == len(old) + len(new)  # the read that saw it delivered it all
+        during, rest = hit
+        assert during["bytes"] == len(old) + len(new)  # the read that saw it delivered it all
         assert rest == {"bytes": 0, "truncations": 0}
     finally:
         child.kill()
