@@ -90,10 +90,7 @@ def read_frame(sock: socket.socket) -> bytes | None:
     (n,) = _LEN.unpack(head)
     if n > MAX_FRAME:
         raise ValueError(f"board frame of {n} bytes")
-    body = _read_exactly(sock, n)
-    if body is None:
-        return None
-    return body
+    return _read_exactly(sock, n)
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
@@ -112,11 +109,14 @@ def board_routes(
     """Handlers that only write what the current board holds. With `http`, /metrics also carries
     the server's own request counts (when it runs apart from the collector)."""
 
+    registry: CollectorRegistry | None = None
+    if http is not None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Requests(http))
+
     def metrics(q: Mapping[str, str]) -> Response:
         body = board().metrics
-        if http is not None:
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(_Family(http))
+        if registry is not None:
             body += generate_latest(registry)
         return Response(HTTPStatus.OK, body, CONTENT_TYPE)
 
@@ -142,16 +142,9 @@ def board_routes(
     return {"/metrics": metrics, "/status": status, "/healthz": healthz, "/readyz": readyz}
 
 
-def http_requests_family(stats: HttpStats) -> CounterMetricFamily:
-    c = CounterMetricFamily("loadwatch_http_requests", "Requests served.", labels=["route", "code"])
-    with stats.lock:
-        items = sorted(stats.requests.items())
-    for (route, code), n in items:
-        c.add_metric([route, str(code)], n)
-    return c
+class _Requests(Collector):
+    """The server's own request counts, as `loadwatch_http_requests_total`."""
 
-
-class _Family(Collector):
     def __init__(self, http: HttpStats) -> None:
         self.http = http
 
@@ -159,4 +152,11 @@ class _Family(Collector):
         return []
 
     def collect(self) -> Iterator[Any]:
-        yield http_requests_family(self.http)
+        c = CounterMetricFamily(
+            "loadwatch_http_requests", "Requests served.", labels=["route", "code"]
+        )
+        with self.http.lock:
+            items = sorted(self.http.requests.items())
+        for (route, code), n in items:
+            c.add_metric([route, str(code)], n)
+        yield c
