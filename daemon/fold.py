@@ -19,6 +19,7 @@ from loadwatch.daemon.inputs import (
     ProcessEvent,
     Tick,
 )
+from loadwatch.daemon.records import evolve
 from loadwatch.daemon.session import (
     LOADING_MILESTONES,
     ORDER,
@@ -41,7 +42,6 @@ from loadwatch.daemon.session import (
     StateData,
     WarningTally,
     active_weights_bar,
-    evolve,
     failure_rank,
     main_fraction,
     summarise,

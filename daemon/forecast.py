@@ -28,8 +28,10 @@ Stall threshold (`stall_threshold_s`)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
+
+from loadwatch.daemon.records import evolve
 
 Units = Literal["bytes", "items"]
 
@@ -50,7 +52,7 @@ class EtaConfig:
     range_z: float = 1.64  # the low/high range is about a 90% interval
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Segment:
     """Progress between two bar updates: `items` files and `x1 - x0` units in `t1 - t0` s.
     `resid` is log(actual / predicted duration) against the regime it was tested on."""
@@ -72,7 +74,7 @@ class Segment:
         return self.x1 - self.x0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Regime:
     """A stretch of constant speed. Durations are modelled as `a * files + b * units` (a
     per-file cost and a per-byte cost), fitted by least squares from running sums."""
@@ -93,10 +95,12 @@ class Regime:
     neg_from: int = 0
     tested_from: int = 0  # segments from this serial on were tested against this regime
 
-    def add(self, seg: Segment) -> Regime:
-        n, x, t = float(seg.items), seg.dx, seg.dt
-        return replace(
+    def add(self, seg: Segment, **also: float) -> Regime:
+        """The regime with `seg` in its sums (and `also`'s fields changed in the same copy)."""
+        n, x, t = float(seg.items), seg.x1 - seg.x0, seg.t1 - seg.t0
+        return evolve(
             self,
+            **also,
             n=self.n + 1,
             s_nn=self.s_nn + n * n,
             s_nx=self.s_nx + n * x,
@@ -155,9 +159,9 @@ def _split(run: tuple[Segment, ...]) -> int:
 def _regime_from(segments: tuple[Segment, ...], sigma_prior: float) -> Regime:
     r = Regime(sigma_prior=sigma_prior)
     for seg in segments:
-        r = r.add(replace(seg, resid=0.0))
+        r = r.add(evolve(seg, resid=0.0))
     nxt = segments[-1].serial + 1
-    return replace(r, pos_from=nxt, neg_from=nxt, tested_from=nxt)
+    return evolve(r, pos_from=nxt, neg_from=nxt, tested_from=nxt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +182,7 @@ class Eta:
         return self.at + self.remaining_s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class EtaState:
     """The estimator for one weights bar. `cum` maps files done to bytes done (None: count)."""
 
@@ -236,7 +240,7 @@ class EtaState:
         t0 = first.t0 if first is not None else self.start_t
         d0 = int(first.x0) if first is not None else self.start_done
         st = EtaState.start(t0, d0, self.total_items, cum, cfg=self.cfg)
-        st = replace(st, start_t=self.start_t, start_done=self.start_done)
+        st = evolve(st, start_t=self.start_t, start_done=self.start_done)
         for seg in self.recent:
             st = st.update(seg.t1, int(seg.x1))
         return st.update(self.last_t, self.last_done)
@@ -261,16 +265,14 @@ class EtaState:
         finished = self.finished_at if done < self.total_items else t
         dt = t - self.open_t
         if dt <= 0.0 or (dt < self.cfg.min_segment_s and done < self.total_items):
-            return replace(self, last_t=t, last_done=done, finished_at=finished)
-        seg = Segment(
-            self.serial, self.open_t, t, self.x(self.open_done), self.x(done), done - self.open_done
-        )
-        if seg.dx <= 0:  # zero-byte files: no speed to learn from
-            return replace(
+            return evolve(self, last_t=t, last_done=done, finished_at=finished)
+        x0, x1 = self.x(self.open_done), self.x(done)
+        if x1 <= x0:  # zero-byte files: no speed to learn from
+            return evolve(
                 self, last_t=t, last_done=done, open_t=t, open_done=done, finished_at=finished
             )
-        regime, seg, changed = self._fold(seg)
-        return replace(
+        regime, seg, changed = self._fold(t, x0, x1, done - self.open_done)
+        return evolve(
             self,
             last_t=t,
             last_done=done,
@@ -283,14 +285,17 @@ class EtaState:
             finished_at=finished,
         )
 
-    def _fold(self, seg: Segment) -> tuple[Regime, Segment, bool]:
+    def _fold(self, t1: float, x0: float, x1: float, items: int) -> tuple[Regime, Segment, bool]:
+        """The segment from the open one to (t1, x1), tested against the regime and added."""
         cfg = self.cfg
         r = self.regime
+        t0 = self.open_t
         if r is None:
+            seg = Segment(self.serial, t0, t1, x0, x1, items)
             return _regime_from((seg,), cfg.prior_sigma), seg, False
-        predicted = r.predict(seg.items, seg.dx, cfg)
-        resid = math.log(seg.dt / predicted) if predicted > 0 else 0.0
-        seg = replace(seg, resid=resid)
+        predicted = r.predict(items, x1 - x0, cfg)
+        resid = math.log((t1 - t0) / predicted) if predicted > 0 else 0.0
+        seg = Segment(self.serial, t0, t1, x0, x1, items, resid)
         sigma = r.sigma(cfg)
         # The fit is itself uncertain while the regime is young.
         z = resid / (sigma * math.sqrt(1.0 + 1.0 / r.n))
@@ -302,8 +307,8 @@ class EtaState:
             since = pos_from if pos > cfg.cusum_h else neg_from
             run = tuple(s for s in (*self.recent, seg) if s.serial >= since) or (seg,)
             return _regime_from(run[_split(run) :], sigma), seg, True
-        r = replace(r, cusum_pos=pos, cusum_neg=neg, pos_from=pos_from, neg_from=neg_from)
-        return r.add(seg), seg, False
+        regime = r.add(seg, cusum_pos=pos, cusum_neg=neg, pos_from=pos_from, neg_from=neg_from)
+        return regime, seg, False
 
     # -- reading the estimate -----------------------------------------------------------------
 
@@ -424,7 +429,7 @@ class MemoryProjection:
     fraction: float  # progress when projected
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class MemoryFit:
     """Samples of memory used, binned by the fraction of the checkpoint loaded."""
 
@@ -442,7 +447,7 @@ class MemoryFit:
         i = min(int(f * nb), nb - 1)
         sf, su, n = bins[i]
         bins = (*bins[:i], (sf + f, su + used_bytes, n + 1), *bins[i + 1 :])
-        return replace(
+        return evolve(
             self,
             bins=bins,
             last_fraction=f,

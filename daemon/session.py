@@ -8,8 +8,8 @@ All frozen; the fold (fold.py) replaces them, never mutates them. Collections ar
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal, TypeVar
+from dataclasses import dataclass, field
+from typing import Literal
 
 from loadwatch.daemon.forecast import (
     EtaConfig,
@@ -68,29 +68,6 @@ class StateConfig:
     adopt_window_s: float = 30.0  # a log-opened session adopts a process start this soon
     eta: EtaConfig = field(default_factory=EtaConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
-
-
-_T = TypeVar("_T")
-_FIELDS: dict[type, frozenset[str]] = {}
-_new = object.__new__
-
-
-def evolve(obj: _T, **changes: Any) -> _T:
-    """`dataclasses.replace` for the fold's frozen records, several times faster. The records
-    keep their fields in `__dict__` (no slots) and have no validation, so a copy is two dict
-    updates and no `__init__` call: the fold makes a few copies per input, so this is most of
-    its cost. Unknown field names raise KeyError."""
-    cls = type(obj)
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = _FIELDS[cls] = frozenset(f.name for f in fields(cls))  # type: ignore[arg-type]
-    if not names.issuperset(changes):
-        raise KeyError(f"{cls.__name__} has no field {sorted(set(changes) - names)}")
-    new = _new(cls)
-    d = new.__dict__
-    d.update(obj.__dict__)
-    d.update(changes)
-    return new
 
 
 # -- per-session records ------------------------------------------------------------------------

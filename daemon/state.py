@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from loadwatch.daemon.fold import FAST, HANDLERS, Fold
 from loadwatch.daemon.inputs import HealthProbe, Tick
+from loadwatch.daemon.records import evolve
 from loadwatch.daemon.session import (
     BarTrack,
     FailureTally,
@@ -50,7 +51,6 @@ from loadwatch.daemon.session import (
     StateConfig,
     StateData,
     WarningTally,
-    evolve,
 )
 from loadwatch.daemon.snapshot import Snapshot, Transition
 from loadwatch.daemon.views import build_snapshot
