@@ -6,7 +6,8 @@ Each workload runs at N and at 10 x N inputs in the same process; the ratio of t
 costs is ~1 when the fold is O(1) per input (a fold that copied what it accumulated would show
 ~10). Workloads: KV-scale warnings (one per layer, from 8 processes), a serving phase (unknown
 warnings and errors from many source lines, the odd stall hint), a weight load (bar lines with a
-GPU reading, bytes read and a tick each second). Also the cost of a snapshot of the large state.
+GPU reading, bytes read and a tick each second). Also the cost of a snapshot of the large state
+and of one ETA refit (`EtaState.update`), the estimator's share of a bar update.
 The last line is key=value pairs.
 """
 
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from loadwatch.daemon.forecast import EtaState
 from loadwatch.daemon.inputs import (
     GpuReading,
     GpuSample,
@@ -97,6 +99,22 @@ def per_input_us(items: list[tuple[float, Input]]) -> tuple[float, LoadState]:
     return 1e6 * (time.perf_counter() - start) / len(items), st
 
 
+def eta_update_us(files: int = 119, bars: int = 200) -> float:
+    """One `EtaState.update` (the ETA refit a weights-bar update makes), best of 5 rounds of
+    `bars` whole bars of `files` files at uneven speed."""
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(bars):
+            st = EtaState.start(0.0, 0, files)
+            t = 0.0
+            for done in range(1, files + 1):
+                t += 1.0 + 0.1 * (done % 7)
+                st = st.update(t, done)
+        best = min(best, time.perf_counter() - start)
+    return 1e6 * best / (bars * files)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=1000, help="the smaller size (default 1000)")
@@ -135,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         snap.to_dict()
     snap_ms = 1e3 * (time.perf_counter() - start) / reps
     print(f"snapshot + to_dict of the {10 * n}-warning state: {snap_ms:.2f} ms")
-    print(" ".join(keys) + f" snapshot_ms={snap_ms:.2f}")
+    eta_us = eta_update_us()
+    print(f"ETA refit per weights-bar update (119-file bar): {eta_us:.1f} us")
+    print(" ".join(keys) + f" snapshot_ms={snap_ms:.2f} eta_update_us={eta_us:.1f}")
     return 0
 
 

@@ -97,7 +97,7 @@ class Regime:
 
     def add(self, seg: Segment, **also: float) -> Regime:
         """The regime with `seg` in its sums (and `also`'s fields changed in the same copy)."""
-        n, x, t = float(seg.items), seg.x1 - seg.x0, seg.t1 - seg.t0
+        n, x, t = float(seg.items), seg.dx, seg.dt
         return evolve(
             self,
             **also,
