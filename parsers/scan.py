@@ -33,6 +33,7 @@ import ctypes
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
+from types import ModuleType
 
 from loadwatch.parsers.events import Event, Record
 from loadwatch.parsers.stream import (
@@ -113,6 +114,23 @@ def plan(mode: Mode) -> tuple[Group, ...]:
 
 
 PLANS: dict[Mode, tuple[Group, ...]] = {"startup": plan("startup"), "serving": plan("serving")}
+
+
+def _load_native() -> ModuleType | None:
+    """The candidate search in C (_scan.c), when it was built: the same result as
+    `ChunkScanner._candidates_py`, every anchor in one pass, no Python work per hit."""
+    try:
+        from loadwatch.parsers import _scan
+    except ImportError:  # built without a C compiler: the Python search, same events, slower
+        return None
+    return _scan
+
+
+_native = _load_native()
+NATIVE = _native is not None
+NATIVE_PLANS: dict[Mode, tuple[tuple[bytes, tuple[bytes, ...] | None, bool], ...]] = {
+    mode: tuple((g.anchor, g.needles, g.level) for g in groups) for mode, groups in PLANS.items()
+}
 _TERMINATORS = (0x0A, 0x0D)
 
 # An INFO or DEBUG record of the common shape (see lines._STANDARD, whose ASCII classes these
@@ -162,8 +180,15 @@ def decode(raw: bytes) -> str:
 
 
 def count_records(data: bytes) -> int:
-    """Records ended in `data` (`\\r\\n` counts once). `bytes.count` of one byte is a plain
-    loop; `replace` finds the bytes with memchr, about three times faster."""
+    """Records ended in `data` (`\\r\\n` counts once)."""
+    if _native is not None:
+        return int(_native.count_records(data))
+    return count_records_py(data)
+
+
+def count_records_py(data: bytes) -> int:
+    """`count_records` in Python. `bytes.count` of one byte is a plain loop; `replace` finds the
+    bytes with memchr, about three times faster."""
     n = len(data) - len(data.replace(b"\n", b""))
     cr = data.find(b"\r")
     if cr < 0:
@@ -206,8 +231,11 @@ def _record_start(data: bytes, pos: int) -> int:
 class ChunkScanner:
     """Feed chunks of whole records; get the events `EventStream.feed` would give for each."""
 
-    def __init__(self, stream: EventStream | None = None) -> None:
+    def __init__(self, stream: EventStream | None = None, native: bool = NATIVE) -> None:
         self.stream = stream if stream is not None else EventStream()
+        if native and _native is None:
+            raise RuntimeError("the C scanner (loadwatch.parsers._scan) is not built")
+        self._native = _native if native else None  # else the Python search: tests compare
         self.lines = 0  # terminators seen: a cheap record count for health metrics
         self.quiet = 0  # candidates proven quiet without parsing them
         self._tail = b""  # the last record of the previous chunk, if short
@@ -225,7 +253,12 @@ class ChunkScanner:
                 pos = self._walk(data, pos, base, file_id, out)
                 continue
             mode = stream.mode
-            candidates, quiet = self._candidates(data, pos, mode, cr)
+            if self._native is not None:
+                candidates, quiet = self._native.candidates(
+                    data, pos, NATIVE_PLANS[mode], mode == "serving"
+                )
+            else:
+                candidates, quiet = self._candidates_py(data, pos, mode, cr)
             quiet_starts = sorted(quiet) if quiet else None
             q = 0  # quiet records before this index are accounted for
             for start, end in candidates:
@@ -332,11 +365,13 @@ class ChunkScanner:
         self.stream.plain(decode(prev))
         self._fed_end = offset + len(prev)
 
-    def _candidates(
+    def _candidates_py(
         self, data: bytes, pos: int, mode: Mode, cr: bool
     ) -> tuple[list[tuple[int, int]], dict[int, tuple[int, bytes]]]:
         """The records from `pos` holding a needle of `mode`, as (start, end) in order, and
-        apart from them the quiet ones: start -> (end, header time) (see `quiet_record`)."""
+        apart from them the quiet ones: start -> (end, header time) (see `quiet_record`).
+        A record is a maximal run of bytes without `\\n` or `\\r`. _scan.c's `candidates`
+        returns the same (tests/perf/test_scan_native.py)."""
         found: dict[int, int] = {}
         quiet: dict[int, tuple[int, bytes]] = {}
         # Quiet records must hold no needle but level words: in serving mode every scan goes

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from loadwatch.parsers import ChunkScanner, Event, EventStream, split_records
+from loadwatch.parsers.scan import NATIVE
 
 # Fixed reference time for yearless timestamps: 2026-12-01 00:00 UTC (conftest sets TZ=UTC).
 REF_TS = 1796083200.0
@@ -19,9 +20,10 @@ def events_of(data: bytes) -> list[Event]:
     return EventStream(ref_ts=REF_TS).feed_all(split_records(data))
 
 
-def scanned(data: bytes, chunk: int) -> list[Event]:
-    """The same input through the chunk scanner, cut into chunks at record boundaries."""
-    scanner = ChunkScanner(EventStream(ref_ts=REF_TS))
+def scanned(data: bytes, chunk: int, native: bool = NATIVE) -> list[Event]:
+    """The same input through the chunk scanner, cut into chunks at record boundaries;
+    `native`: its candidate search in C (_scan.c), else in Python."""
+    scanner = ChunkScanner(EventStream(ref_ts=REF_TS), native=native)
     out: list[Event] = []
     pos = 0
     while pos < len(data):

@@ -35,10 +35,11 @@ LOAD, LOAD_COUNTS = load_log()
     ],
 )
 @pytest.mark.parametrize("chunk", [977, 65536])
+@pytest.mark.parametrize("native", [True, False], ids=["C", "python"])
 def test_chunk_scanner_equals_record_by_record_on_generated_logs(
-    name: str, data: bytes, chunk: int
+    name: str, data: bytes, chunk: int, native: bool
 ) -> None:
-    assert scanned(data, chunk) == events_of(data)
+    assert scanned(data, chunk, native) == events_of(data)
 
 
 def test_request_echoes_are_quiet_and_never_failures() -> None:
@@ -209,11 +210,16 @@ _SERVING_PARTS = st.sampled_from(
         b"Traceback (most recent call last):",
     ],
     chunk=73,
+    native=False,
 )
-@given(st.lists(_SERVING_PARTS, max_size=60), st.integers(min_value=1, max_value=600))
-def test_serving_mode_scanner_equals_record_by_record(parts: list[bytes], chunk: int) -> None:
+@given(
+    st.lists(_SERVING_PARTS, max_size=60), st.integers(min_value=1, max_value=600), st.booleans()
+)
+def test_serving_mode_scanner_equals_record_by_record(
+    parts: list[bytes], chunk: int, native: bool
+) -> None:
     data = b"".join(parts) + b"\n"
-    assert scanned(data, chunk) == events_of(data)
+    assert scanned(data, chunk, native) == events_of(data)
 
 
 _STARTED = b"(APIServer pid=1) INFO:     Application startup complete.\n"
@@ -240,4 +246,5 @@ def test_records_that_look_quiet_but_are_not(line: bytes, hidden: str, crlf: boo
     want = events_of(data)
     assert any(hidden in (getattr(e, "message", "") or getattr(e, "value", "") or "") for e in want)
     for chunk in (len(data), 64, 7):
-        assert scanned(data, chunk) == want
+        assert scanned(data, chunk, native=True) == want
+        assert scanned(data, chunk, native=False) == want

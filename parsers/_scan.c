@@ -1,0 +1,413 @@
+/* The chunk scanner's search for candidate records, in one C pass per anchor.
+ *
+ * `candidates(data, pos, groups, quiet_ok)` returns what `scan.ChunkScanner._candidates_py`
+ * returns for the same input: the records from `pos` that hold a needle of the mode, as sorted
+ * (start, end) pairs, and apart from them the quiet ones as {start: (end, header time)}. A record
+ * is a maximal run of bytes without `\n` or `\r`. `groups` is the mode's plan: a tuple of
+ * (anchor, needles or None, level) as scan.plan builds it. Both functions are kept equal by
+ * tests/perf/test_scan_native.py; scan.py falls back to the Python one when this module is not
+ * built.
+ *
+ * `count_records(data)` counts the records ended in `data`: every `\n`, and every `\r` not
+ * followed by `\n`.
+ */
+#define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    Py_ssize_t start;
+    Py_ssize_t end;
+    Py_ssize_t stamp; /* where a quiet record's header time begins, else -1 */
+} Hit;
+
+typedef struct {
+    Hit *items;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} Hits;
+
+static int hits_push(Hits *h, Py_ssize_t start, Py_ssize_t end, Py_ssize_t stamp) {
+    if (h->len == h->cap) {
+        Py_ssize_t cap = h->cap ? h->cap * 2 : 64;
+        Hit *items = PyMem_RawRealloc(h->items, (size_t)cap * sizeof(Hit));
+        if (items == NULL) return -1;
+        h->items = items;
+        h->cap = cap;
+    }
+    h->items[h->len].start = start;
+    h->items[h->len].end = end;
+    h->items[h->len].stamp = stamp;
+    h->len++;
+    return 0;
+}
+
+static int by_start(const void *a, const void *b) {
+    Py_ssize_t x = ((const Hit *)a)->start, y = ((const Hit *)b)->start;
+    return (x > y) - (x < y);
+}
+
+static const char *find(const char *d, Py_ssize_t from, Py_ssize_t to, const char *needle,
+                        Py_ssize_t len) {
+    if (to - from < len) return NULL;
+    return memmem(d + from, (size_t)(to - from), needle, (size_t)len);
+}
+
+/* -- the quiet header: scan._QUIET, matched by hand ------------------------------------------
+ * Every repetition in that pattern is followed by a byte its class excludes, so matching
+ * greedily and then checking the next byte is what the regex engine's backtracking amounts to. */
+
+static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+static int is_upper(unsigned char c) { return c >= 'A' && c <= 'Z'; }
+static int is_alpha(unsigned char c) { return is_upper(c) || (c >= 'a' && c <= 'z'); }
+static int is_name(unsigned char c) { return is_alpha(c) || is_digit(c) || c == '_' || c == '-'; }
+static int is_hex(unsigned char c) {
+    return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+static int is_ip(unsigned char c) { return is_hex(c) || c == '.' || c == ':'; }
+static int is_src(unsigned char c) { return c >= 0x21 && c <= 0x7e && c != 0x5d; }
+
+/* Up to `most` bytes of a class from p; returns how many (0 when fewer than one). */
+static Py_ssize_t run(const unsigned char *d, Py_ssize_t p, Py_ssize_t e, int (*cls)(unsigned char),
+                      Py_ssize_t most) {
+    Py_ssize_t k = 0;
+    while (k < most && p + k < e && cls(d[p + k])) k++;
+    return k;
+}
+
+static int lit(const unsigned char *d, Py_ssize_t p, Py_ssize_t e, const char *s) {
+    Py_ssize_t n = (Py_ssize_t)strlen(s);
+    return e - p >= n && memcmp(d + p, s, (size_t)n) == 0;
+}
+
+/* `(?:_?[A-Z]{1,8}[0-9]{1,6})`: returns the new position, or -1. */
+static Py_ssize_t rank_word(const unsigned char *d, Py_ssize_t p, Py_ssize_t e) {
+    Py_ssize_t k = run(d, p, e, is_upper, 8);
+    if (k == 0) return -1;
+    p += k;
+    k = run(d, p, e, is_digit, 6);
+    if (k == 0) return -1;
+    return p + k;
+}
+
+/* The process prefix `\(NAME( rank=N)?( W1(_W2){0,7})? pid=N(, ip=X)?\) ?`: the position after
+ * it, or -1 when there is none of that shape at p. */
+static Py_ssize_t prefix(const unsigned char *d, Py_ssize_t p, Py_ssize_t e) {
+    if (p >= e || d[p] != '(') return -1;
+    p++;
+    if (p >= e || !is_alpha(d[p])) return -1;
+    p += 1 + run(d, p + 1, e, is_name, 63);
+    if (lit(d, p, e, " rank=")) {
+        Py_ssize_t k = run(d, p + 6, e, is_digit, 6);
+        if (k == 0) return -1;
+        p += 6 + k;
+    }
+    if (p + 1 < e && d[p] == ' ' && is_upper(d[p + 1])) {
+        Py_ssize_t q = rank_word(d, p + 1, e);
+        if (q < 0) return -1;
+        for (int i = 0; i < 7 && q < e && d[q] == '_'; i++) {
+            q = rank_word(d, q + 1, e);
+            if (q < 0) return -1;
+        }
+        p = q;
+    }
+    if (!lit(d, p, e, " pid=")) return -1;
+    Py_ssize_t k = run(d, p + 5, e, is_digit, 10);
+    if (k == 0) return -1;
+    p += 5 + k;
+    if (lit(d, p, e, ", ip=")) {
+        k = run(d, p + 5, e, is_ip, 64);
+        if (k == 0) return -1;
+        p += 5 + k;
+    }
+    if (p >= e || d[p] != ')') return -1;
+    p++;
+    if (p < e && d[p] == ' ') p++;
+    return p;
+}
+
+/* Where the header time of a quiet record [s, e) begins, or -1 (see scan.quiet_record). */
+static Py_ssize_t quiet_stamp(const unsigned char *d, Py_ssize_t s, Py_ssize_t e) {
+    Py_ssize_t p = s;
+    if (p < e && d[p] == '(') {
+        p = prefix(d, p, e);
+        if (p < 0) return -1;
+    }
+    if (lit(d, p, e, "INFO "))
+        p += 5;
+    else if (lit(d, p, e, "DEBUG "))
+        p += 6;
+    else
+        return -1;
+    Py_ssize_t stamp = p;
+    static const char shape[] = "00-00 00:00:00";
+    if (e - p < 14) return -1;
+    for (int i = 0; i < 14; i++) {
+        unsigned char c = d[p + i];
+        if (shape[i] == '0' ? !is_digit(c) : c != (unsigned char)shape[i]) return -1;
+    }
+    p += 14;
+    if (p < e && (d[p] == '.' || d[p] == ',')) {
+        Py_ssize_t k = run(d, p + 1, e, is_digit, 6);
+        if (k == 0) return -1;
+        p += 1 + k;
+    }
+    if (!lit(d, p, e, " [")) return -1;
+    p += 2;
+    Py_ssize_t k = run(d, p, e, is_src, 200);
+    if (k == 0) return -1;
+    p += k;
+    if (p >= e || d[p] != ']') return -1;
+    /* the checks scan.quiet_record adds: no second process prefix, no colour codes. Each looks
+     * for one byte with memchr (a record is short: memmem's set-up would cost more) */
+    if (memchr(d + s, 0x1b, (size_t)(e - s))) return -1;
+    for (const unsigned char *m = d + s + 1; (m = memchr(m, 'm', (size_t)(d + e - m))); m++)
+        if (m[-1] == '0' || m[-1] == '6') return -1;
+    for (const unsigned char *q = d + stamp + 4; (q = memchr(q, '=', (size_t)(d + e - q))); q++)
+        if (memcmp(q - 4, " pid", 4) == 0) return -1;
+    return stamp;
+}
+
+/* -- candidates -------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *anchor;
+    Py_ssize_t anchor_len;
+    const char **needles; /* NULL: the anchor is the needle */
+    Py_ssize_t *lens;
+    Py_ssize_t count;
+    int level;
+} Group;
+
+static void free_groups(Group *groups, Py_ssize_t n) {
+    if (groups == NULL) return;
+    for (Py_ssize_t g = 0; g < n; g++) {
+        PyMem_Free((void *)groups[g].needles);
+        PyMem_Free(groups[g].lens);
+    }
+    PyMem_Free(groups);
+}
+
+static int record_bounds(const char *d, Py_ssize_t n, Py_ssize_t i, Py_ssize_t len, int cr,
+                         Py_ssize_t *s_out, Py_ssize_t *e_out) {
+    const char *lf = memrchr(d, '\n', (size_t)i);
+    Py_ssize_t s = lf ? lf - d + 1 : 0;
+    const char *nl = memchr(d + i + len, '\n', (size_t)(n - i - len));
+    Py_ssize_t e = nl ? nl - d : n;
+    if (cr) {
+        const char *c = memrchr(d + s, '\r', (size_t)(i - s));
+        if (c) s = c - d + 1;
+        c = memchr(d + i, '\r', (size_t)(e - i));
+        if (c) e = c - d;
+    }
+    *s_out = s;
+    *e_out = e;
+    return 0;
+}
+
+/* The record [s, e) holds group gr's anchor: note it when it holds one of the group's needles. */
+static int check(const char *d, Py_ssize_t s, Py_ssize_t e, const Group *gr, Hits *hits) {
+    int hit = gr->needles == NULL;
+    for (Py_ssize_t k = 0; !hit && k < gr->count; k++)
+        hit = find(d, s, e, gr->needles[k], gr->lens[k]) != NULL;
+    if (!hit) return 0;
+    /* -2: a non-level needle hit it, so it is a candidate whatever else hits it */
+    Py_ssize_t stamp = gr->level ? quiet_stamp((const unsigned char *)d, s, e) : -2;
+    return hits_push(hits, s, e, stamp);
+}
+
+static inline uint32_t hash4(uint32_t x) { return (x * 0x9E3779B1u) >> 16; }
+
+/* Every anchor of four bytes or more (of at most 64 groups) in one pass over data[pos:]: each
+ * position's four bytes are hashed into a 64 Kbit table of the anchors' first four, and only
+ * the few positions whose bit is set are compared. One pass costs about half of what two
+ * memmem passes do, and a mode has 9 to 36 anchors. Each group is checked once per record. */
+static int one_pass(const char *d, Py_ssize_t n, Py_ssize_t pos, int cr, const Group *groups,
+                    Py_ssize_t ngroups, Hits *hits) {
+    if (ngroups > 64) return 0;
+    uint64_t bits[1024];
+    uint32_t first[64];
+    int any = 0;
+    memset(bits, 0, sizeof bits);
+    for (Py_ssize_t g = 0; g < ngroups; g++) {
+        if (groups[g].anchor_len < 4) continue;
+        memcpy(&first[g], groups[g].anchor, 4);
+        uint32_t h = hash4(first[g]);
+        bits[h >> 6] |= 1ull << (h & 63);
+        any = 1;
+    }
+    if (!any) return 0;
+    Py_ssize_t rs = -1, re = -1; /* the record of the last hit, and the groups checked in it */
+    uint64_t done = 0;
+    for (Py_ssize_t i = pos; i + 4 <= n; i++) {
+        uint32_t x;
+        memcpy(&x, d + i, 4);
+        uint32_t h = hash4(x);
+        if (!((bits[h >> 6] >> (h & 63)) & 1)) continue;
+        for (Py_ssize_t g = 0; g < ngroups; g++) {
+            const Group *gr = &groups[g];
+            if (gr->anchor_len < 4 || first[g] != x || i + gr->anchor_len > n ||
+                memcmp(d + i + 4, gr->anchor + 4, (size_t)(gr->anchor_len - 4)) != 0)
+                continue;
+            if (i >= re) { /* past the last record: a new one (an anchor holds no terminator) */
+                record_bounds(d, n, i, gr->anchor_len, cr, &rs, &re);
+                done = 0;
+            }
+            if (done & (1ull << g)) continue;
+            done |= 1ull << g;
+            if (check(d, rs, re, gr, hits) < 0) return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *candidates(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t pos;
+    PyObject *groups_obj;
+    int quiet_ok;
+    if (!PyArg_ParseTuple(args, "y*nO!p", &buf, &pos, &PyTuple_Type, &groups_obj, &quiet_ok))
+        return NULL;
+    const char *d = buf.buf;
+    Py_ssize_t n = buf.len;
+    PyObject *found = NULL, *quiet = NULL, *result = NULL;
+    Hits hits = {NULL, 0, 0};
+    Py_ssize_t ngroups = PyTuple_GET_SIZE(groups_obj);
+    Group *groups = PyMem_Calloc((size_t)(ngroups ? ngroups : 1), sizeof(Group));
+    if (groups == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t g = 0; g < ngroups; g++) {
+        PyObject *t = PyTuple_GET_ITEM(groups_obj, g);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(t, 0)) || PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, 0)) == 0) {
+            PyErr_SetString(PyExc_TypeError, "groups: (anchor, needles | None, level) tuples");
+            goto done;
+        }
+        PyObject *needles = PyTuple_GET_ITEM(t, 1);
+        if (needles != Py_None) {
+            if (!PyTuple_Check(needles)) {
+                PyErr_SetString(PyExc_TypeError, "groups: needles must be a tuple of bytes");
+                goto done;
+            }
+            for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(needles); k++) {
+                if (!PyBytes_Check(PyTuple_GET_ITEM(needles, k))) {
+                    PyErr_SetString(PyExc_TypeError, "groups: needles must be a tuple of bytes");
+                    goto done;
+                }
+            }
+        }
+        groups[g].anchor = PyBytes_AS_STRING(PyTuple_GET_ITEM(t, 0));
+        groups[g].anchor_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, 0));
+        if (needles != Py_None) {
+            Py_ssize_t count = PyTuple_GET_SIZE(needles);
+            groups[g].needles = PyMem_Calloc((size_t)count + 1, sizeof(char *));
+            groups[g].lens = PyMem_Calloc((size_t)count + 1, sizeof(Py_ssize_t));
+            if (groups[g].needles == NULL || groups[g].lens == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (Py_ssize_t k = 0; k < count; k++) {
+                groups[g].needles[k] = PyBytes_AS_STRING(PyTuple_GET_ITEM(needles, k));
+                groups[g].lens[k] = PyBytes_GET_SIZE(PyTuple_GET_ITEM(needles, k));
+            }
+            groups[g].count = count;
+        }
+        int level = PyObject_IsTrue(PyTuple_GET_ITEM(t, 2));
+        if (level < 0) goto done;
+        groups[g].level = quiet_ok && level;
+    }
+    if (pos < 0) pos = 0;
+    int cr = pos < n && memchr(d, '\r', (size_t)n) != NULL;
+
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS /* plain bytes from here: the daemon's other threads go on */
+    failed = one_pass(d, n, pos, cr, groups, ngroups, &hits) < 0;
+    for (Py_ssize_t g = 0; g < ngroups && !failed; g++) {
+        if (groups[g].anchor_len >= 4 && ngroups <= 64) continue; /* found by one_pass */
+        const Group *gr = &groups[g];
+        const char *at = find(d, pos, n, gr->anchor, gr->anchor_len);
+        while (at) {
+            Py_ssize_t s, e;
+            record_bounds(d, n, at - d, gr->anchor_len, cr, &s, &e);
+            if (check(d, s, e, gr, &hits) < 0) {
+                failed = 1;
+                break;
+            }
+            at = find(d, e + 1, n, gr->anchor, gr->anchor_len);
+        }
+    }
+    if (!failed) qsort(hits.items, (size_t)hits.len, sizeof(Hit), by_start);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    found = PyList_New(0);
+    quiet = PyDict_New();
+    if (found == NULL || quiet == NULL) goto done;
+    for (Py_ssize_t k = 0; k < hits.len;) {
+        Py_ssize_t s = hits.items[k].start, e = hits.items[k].end, stamp = hits.items[k].stamp;
+        for (k++; k < hits.len && hits.items[k].start == s; k++) {
+            if (hits.items[k].stamp == -2) stamp = -2;
+        }
+        PyObject *item;
+        if (stamp >= 0) {
+            item = Py_BuildValue("(ny#)", e, d + stamp, (Py_ssize_t)14);
+            if (item == NULL) goto done;
+            PyObject *key = PyLong_FromSsize_t(s);
+            int rc = key == NULL ? -1 : PyDict_SetItem(quiet, key, item);
+            Py_XDECREF(key);
+            Py_DECREF(item);
+            if (rc < 0) goto done;
+        } else {
+            item = Py_BuildValue("(nn)", s, e);
+            if (item == NULL) goto done;
+            int rc = PyList_Append(found, item);
+            Py_DECREF(item);
+            if (rc < 0) goto done;
+        }
+    }
+    result = PyTuple_Pack(2, found, quiet);
+done:
+    Py_XDECREF(found);
+    Py_XDECREF(quiet);
+    PyMem_RawFree(hits.items);
+    free_groups(groups, ngroups);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+static PyObject *count_records(PyObject *self, PyObject *arg) {
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    const char *d = buf.buf, *end = d + buf.len, *p = d;
+    Py_ssize_t count = 0;
+    while ((p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+        count++;
+        p++;
+    }
+    for (p = d; (p = memchr(p, '\r', (size_t)(end - p))) != NULL; p++) {
+        if (p + 1 == end || p[1] != '\n') count++;
+    }
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(count);
+}
+
+static PyMethodDef methods[] = {
+    {"candidates", candidates, METH_VARARGS,
+     "candidates(data, pos, groups, quiet_ok) -> (found [(start, end)], quiet {start: (end, "
+     "time)})"},
+    {"count_records", count_records, METH_O, "count_records(data) -> records ended in data"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_scan", .m_size = -1, .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }

@@ -1,0 +1,190 @@
+"""The C candidate search (parsers/_scan.c) returns what the Python one returns, on any bytes.
+
+`make test` builds the C module; a test here fails when it could not, so a missing compiler
+cannot pass unnoticed as a slow scanner.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from loadwatch.parsers import ChunkScanner, EventStream
+from loadwatch.parsers.scan import (
+    NATIVE,
+    NATIVE_PLANS,
+    Mode,
+    count_records,
+    count_records_py,
+    quiet_record,
+)
+from tests.perf.logs import load_log, serving_log
+
+try:
+    from loadwatch.parsers import _scan
+except ImportError:  # the test below says so
+    _scan = None  # type: ignore[assignment]
+
+
+def test_the_c_scanner_is_built() -> None:
+    assert NATIVE and _scan is not None, "parsers/_scan.c did not build: is a C compiler there?"
+
+
+def both(data: bytes, pos: int, mode: Mode) -> tuple[object, object]:
+    py = ChunkScanner(EventStream(), native=False)._candidates_py(
+        data, pos, mode, data.find(b"\r") >= 0
+    )
+    c = _scan.candidates(data, pos, NATIVE_PLANS[mode], mode == "serving")
+    return c, py
+
+
+_PREFIX = st.sampled_from(
+    [
+        b"",
+        b"(APIServer pid=1) ",
+        b"(APIServer pid=1)",
+        b"(VllmWorker rank=1 pid=9) ",
+        b"(VllmWorker rank=1234567 pid=9) ",
+        b"(VllmWorker PP0_TP1 pid=2) ",
+        b"(W A1_B2_C3_D4_E5_F6_G7_H8_I9 pid=2) ",
+        b"(W ABCDEFGHI1 pid=2) ",
+        b"(RayWorkerWrapper pid=5, ip=10.0.0.2) ",
+        b"(RayWorkerWrapper pid=5, ip=) ",
+        b"(x" + b"y" * 63 + b" pid=1) ",
+        b"(x" + b"y" * 64 + b" pid=1) ",
+        b"(1x pid=1) ",
+        b"(A pid=12345678901) ",
+        b" (A pid=1) ",
+    ]
+)
+_LEVEL = st.sampled_from([b"INFO ", b"DEBUG ", b"WARNING ", b"ERROR ", b"INFO  ", b"INFO:     "])
+_STAMP = st.sampled_from([b"11-30 10:00:00", b"11-30 10:00", b"1-30 10:00:00", b"11/30 10:00:00"])
+_FRACTION = st.sampled_from([b"", b".123", b",5", b".1234567", b".", b".123456"])
+_SOURCE = st.sampled_from(
+    [
+        b" [logger.py:71] ",
+        b" [x]",
+        b" [" + b"a" * 200 + b"] ",
+        b" [" + b"a" * 201 + b"] ",
+        b" [x\xc2\xa0y.py:1] ",
+        b" []",
+        b" [a b] ",
+        b"[x.py:1] ",
+    ]
+)
+_MESSAGE = st.sampled_from(
+    [
+        b" ",
+        b"prompt: 'ERROR and WARNING'",
+        b"Traceback (most recent call last):",
+        b"CRITICAL",
+        b"  version 0.1",
+        b"server version",
+        b"Starting to load model /m",
+        b"Shutting down",
+        b"Application startup complete.",
+        b"No available shared memory broadcast block found",
+        b"Uvicorn running on",
+        b"Found k_scale in the checkpoint (e.g. model.layers.1.k_scale)",
+        b"Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01,  1.00it/s]",
+        b"Loading weights took 12.3 seconds",
+        b"down",
+        b"died",
+        b"ERR",
+        b"ERROR",
+        b" pid=",
+        b"(B pid=3) ERROR 11-30 10:00:01 [c.py:3] boom",
+        b"\x1b[0m",
+        b"[1;36m",
+        b"6m",
+        b"0m",
+        b"m",
+        b"=",
+        b"\xff\xfe",
+    ]
+)
+_RECORD = st.tuples(
+    _PREFIX,
+    _LEVEL,
+    _STAMP,
+    _FRACTION,
+    _SOURCE,
+    st.lists(_MESSAGE | st.binary(max_size=6), max_size=5),
+).map(lambda t: b"".join(t[:5]) + b"".join(t[5]))
+_TERMINATOR = st.sampled_from([b"\n", b"\r", b"\r\n", b"\n\n"])
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(parts=[b"INFO 11-30 10:00:00 [logger.py:71] ERROR"], cut=0)
+@example(parts=[b"ERROR", b"\r", b"ERROR", b"\r\n", b"down"], cut=2)
+@given(
+    st.lists(_RECORD | _TERMINATOR | _MESSAGE | st.binary(max_size=8), max_size=30),
+    st.integers(0, 40),
+)
+def test_candidates_equal_the_python_search(parts: list[bytes], cut: int) -> None:
+    data = b"".join(parts)
+    # the scanner looks for candidates from a record's start: the chunk's, or after a terminator
+    starts = [0] + [i + 1 for i, b in enumerate(data) if b in b"\r\n"]
+    pos = starts[cut % len(starts)]
+    for mode in ("serving", "startup"):
+        c, py = both(data, pos, mode)  # type: ignore[arg-type]
+        assert c == py, (mode, pos)
+
+
+@pytest.mark.parametrize("name", ["serving", "load"])
+@pytest.mark.parametrize("crlf", [False, True])
+def test_candidates_equal_on_generated_logs(name: str, crlf: bool) -> None:
+    data = (serving_log() if name == "serving" else load_log())[0][:400_000]
+    if crlf:
+        data = data.replace(b"\n", b"\r\n")
+    for mode in ("serving", "startup"):
+        c, py = both(data, 0, mode)  # type: ignore[arg-type]
+        assert c == py
+        found, quiet = c  # type: ignore[misc]
+        assert found  # the comparison is about something
+        if name == "serving" and mode == "serving":
+            assert len(quiet) > 100
+
+
+_TRICKY = st.sampled_from([b"6m", b"0m", b"m", b"\x1b", b" pid=", b"pid=", b"=", b" ", b"x"])
+
+
+@settings(max_examples=800, deadline=None)
+@example(record=b"(A pid=1) DEBUG 11-30 10:00:00.123456 [logger.py:71] ERR6m")
+@example(record=b"INFO 11-30 10:00:00 [x.py:1] 0m")
+@example(record=b"INFO 11-30 10:00:00 [x.py:1] \x1b")
+@example(record=b"INFO 11-30 10:00:00 [x.py:1] a (B pid=2)")
+@example(record=b"(A pid=1) INFO 11-30 10:00:00 [x.py:1] m=")
+@given(
+    _RECORD
+    | st.tuples(_PREFIX, _FRACTION, st.lists(_TRICKY, max_size=6)).map(
+        lambda t: t[0] + b"INFO 11-30 10:00:00" + t[1] + b" [x.py:1] " + b"".join(t[2])
+    )
+)
+def test_quiet_headers_equal_quiet_record(record: bytes) -> None:
+    line = record.replace(b"\n", b"").replace(b"\r", b"") + b" ERROR"
+    _, quiet = _scan.candidates(line, 0, ((b"ERROR", None, True),), True)
+    want = quiet_record(line, 0, len(line))
+    assert (quiet[0][1] if quiet else None) == want
+
+
+@given(st.lists(st.sampled_from([b"a", b"\n", b"\r", b"\r\n", b"xyz"]) | st.binary(max_size=5)))
+def test_count_records_equals_python(parts: list[bytes]) -> None:
+    data = b"".join(parts)
+    assert count_records(data) == count_records_py(data)
+    assert _scan.count_records(data) == count_records_py(data)
+
+
+def test_bad_plans_are_refused_with_a_clear_error() -> None:
+    for groups in (((b"", None, False),), (("ERROR", None, False),), ((b"E", [b"E"], False),)):
+        with pytest.raises(TypeError, match="groups"):
+            _scan.candidates(b"ERROR\n", 0, groups, False)  # type: ignore[arg-type]
+
+
+def test_more_than_64_groups_and_short_anchors_are_searched_too() -> None:
+    # beyond one pass's limits the C module falls back to one search per anchor
+    groups = (*tuple((b"w%03d" % i, None, False) for i in range(70)), (b"ab", None, False))
+    data = b"x w069 y\nab\nnothing\nw000\n"
+    found, quiet = _scan.candidates(data, 0, groups, False)
+    assert found == [(0, 8), (9, 11), (20, 24)] and quiet == {}
