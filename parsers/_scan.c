@@ -2,7 +2,8 @@
  *
  * `candidates(data, pos, groups, quiet_ok)` returns what `scan.ChunkScanner._candidates_py`
  * returns for the same input: the records from `pos` that hold a needle of the mode, as sorted
- * (start, end) pairs, and apart from them the quiet ones as {start: (end, header time)}. A record
+ * (start, end) pairs, and apart from them the quiet ones as runs between those (`scan.QuietRun`:
+ * start of the first, count, end of the last, header time of the last). A record
  * is a maximal run of bytes without `\n` or `\r`. `groups` is the mode's plan: a tuple of
  * (anchor, needles or None, level) as scan.plan builds it. Both functions are kept equal by
  * tests/perf/test_scan_native.py; scan.py falls back to the Python one when this module is not
@@ -208,15 +209,18 @@ static int record_bounds(const char *d, Py_ssize_t n, Py_ssize_t i, Py_ssize_t l
     return 0;
 }
 
-/* The record [s, e) holds group gr's anchor: note it when it holds one of the group's needles. */
-static int check(const char *d, Py_ssize_t s, Py_ssize_t e, const Group *gr, Hits *hits) {
+/* The record [s, e) holds group gr's anchor: note it when it holds one of the group's needles.
+ * `stamp` caches the record's quiet_stamp (-3: not computed yet). */
+static int check(const char *d, Py_ssize_t s, Py_ssize_t e, const Group *gr, Py_ssize_t *stamp,
+                 Hits *hits) {
     int hit = gr->needles == NULL;
     for (Py_ssize_t k = 0; !hit && k < gr->count; k++)
         hit = find(d, s, e, gr->needles[k], gr->lens[k]) != NULL;
     if (!hit) return 0;
-    /* -2: a non-level needle hit it, so it is a candidate whatever else hits it */
-    Py_ssize_t stamp = gr->level ? quiet_stamp((const unsigned char *)d, s, e) : -2;
-    return hits_push(hits, s, e, stamp);
+    if (!gr->level) /* -2: a non-level needle hit it, so it is a candidate whatever else does */
+        return hits_push(hits, s, e, -2);
+    if (*stamp == -3) *stamp = quiet_stamp((const unsigned char *)d, s, e);
+    return hits_push(hits, s, e, *stamp);
 }
 
 static inline uint32_t hash4(uint32_t x) { return (x * 0x9E3779B1u) >> 16; }
@@ -242,6 +246,7 @@ static int one_pass(const char *d, Py_ssize_t n, Py_ssize_t pos, int cr, const G
     if (!any) return 0;
     Py_ssize_t rs = -1, re = -1; /* the record of the last hit, and the groups checked in it */
     uint64_t done = 0;
+    Py_ssize_t stamp = -3; /* the record's quiet_stamp, once known (-3: not yet) */
     for (Py_ssize_t i = pos; i + 4 <= n; i++) {
         uint32_t x;
         memcpy(&x, d + i, 4);
@@ -255,10 +260,11 @@ static int one_pass(const char *d, Py_ssize_t n, Py_ssize_t pos, int cr, const G
             if (i >= re) { /* past the last record: a new one (an anchor holds no terminator) */
                 record_bounds(d, n, i, gr->anchor_len, cr, &rs, &re);
                 done = 0;
+                stamp = -3;
             }
             if (done & (1ull << g)) continue;
             done |= 1ull << g;
-            if (check(d, rs, re, gr, hits) < 0) return -1;
+            if (check(d, rs, re, gr, &stamp, hits) < 0) return -1;
         }
     }
     return 0;
@@ -334,7 +340,8 @@ static PyObject *candidates(PyObject *self, PyObject *args) {
         while (at) {
             Py_ssize_t s, e;
             record_bounds(d, n, at - d, gr->anchor_len, cr, &s, &e);
-            if (check(d, s, e, gr, &hits) < 0) {
+            Py_ssize_t stamp = -3;
+            if (check(d, s, e, gr, &stamp, &hits) < 0) {
                 failed = 1;
                 break;
             }
@@ -348,29 +355,38 @@ static PyObject *candidates(PyObject *self, PyObject *args) {
         goto done;
     }
     found = PyList_New(0);
-    quiet = PyDict_New();
+    quiet = PyList_New(0);
     if (found == NULL || quiet == NULL) goto done;
-    for (Py_ssize_t k = 0; k < hits.len;) {
-        Py_ssize_t s = hits.items[k].start, e = hits.items[k].end, stamp = hits.items[k].stamp;
-        for (k++; k < hits.len && hits.items[k].start == s; k++) {
-            if (hits.items[k].stamp == -2) stamp = -2;
-        }
-        PyObject *item;
-        if (stamp >= 0) {
-            item = Py_BuildValue("(ny#)", e, d + stamp, (Py_ssize_t)14);
-            if (item == NULL) goto done;
-            PyObject *key = PyLong_FromSsize_t(s);
-            int rc = key == NULL ? -1 : PyDict_SetItem(quiet, key, item);
-            Py_XDECREF(key);
-            Py_DECREF(item);
-            if (rc < 0) goto done;
+    /* the open run of quiet records: its first start, count, last end and header time */
+    Py_ssize_t run_first = -1, run_count = 0, run_end = 0, run_stamp = 0;
+    for (Py_ssize_t k = 0; k <= hits.len;) {
+        Py_ssize_t s = -1, e = 0, stamp = -2;
+        if (k < hits.len) {
+            s = hits.items[k].start, e = hits.items[k].end, stamp = hits.items[k].stamp;
+            for (k++; k < hits.len && hits.items[k].start == s; k++) {
+                if (hits.items[k].stamp == -2) stamp = -2;
+            }
         } else {
-            item = Py_BuildValue("(nn)", s, e);
-            if (item == NULL) goto done;
-            int rc = PyList_Append(found, item);
-            Py_DECREF(item);
-            if (rc < 0) goto done;
+            k++; /* past the end: close the open run */
         }
+        if (stamp >= 0) {
+            if (run_count == 0) run_first = s;
+            run_count++, run_end = e, run_stamp = stamp;
+            continue;
+        }
+        if (run_count) {
+            PyObject *run = Py_BuildValue("(nnny#)", run_first, run_count, run_end, d + run_stamp,
+                                          (Py_ssize_t)14);
+            int rc = run == NULL ? -1 : PyList_Append(quiet, run);
+            Py_XDECREF(run);
+            if (rc < 0) goto done;
+            run_count = 0;
+        }
+        if (s < 0) continue;
+        PyObject *item = Py_BuildValue("(nn)", s, e);
+        int rc = item == NULL ? -1 : PyList_Append(found, item);
+        Py_XDECREF(item);
+        if (rc < 0) goto done;
     }
     result = PyTuple_Pack(2, found, quiet);
 done:
@@ -400,8 +416,7 @@ static PyObject *count_records(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"candidates", candidates, METH_VARARGS,
-     "candidates(data, pos, groups, quiet_ok) -> (found [(start, end)], quiet {start: (end, "
-     "time)})"},
+     "candidates(data, pos, groups, quiet_ok) -> ([(start, end)], [(first, count, end, time)])"},
     {"count_records", count_records, METH_O, "count_records(data) -> records ended in data"},
     {NULL, NULL, 0, NULL},
 };

@@ -228,6 +228,31 @@ def _record_start(data: bytes, pos: int) -> int:
     return max(lf, data.rfind(b"\r", lf + 1, pos)) + 1
 
 
+# A run of quiet records with no other candidate between them: (start of the first, how many,
+# end of the last, header time of the last). Of a run the stream needs only that much.
+QuietRun = tuple[int, int, int, bytes]
+
+
+def quiet_runs(
+    candidates: list[tuple[int, int]], quiet: dict[int, tuple[int, bytes]]
+) -> list[QuietRun]:
+    """The quiet records (start -> (end, header time)) as runs, split by the candidates."""
+    runs: list[QuietRun] = []
+    c = 0
+    gap = -1  # the candidates before the open run
+    for s in sorted(quiet):
+        e, stamp = quiet[s]
+        while c < len(candidates) and candidates[c][0] < s:
+            c += 1
+        if runs and gap == c:
+            first, count, _e, _stamp = runs[-1]
+            runs[-1] = (first, count + 1, e, stamp)
+        else:
+            runs.append((s, 1, e, stamp))
+            gap = c
+    return runs
+
+
 class ChunkScanner:
     """Feed chunks of whole records; get the events `EventStream.feed` would give for each."""
 
@@ -259,16 +284,13 @@ class ChunkScanner:
                 )
             else:
                 candidates, quiet = self._candidates_py(data, pos, mode, cr)
-            quiet_starts = sorted(quiet) if quiet else None
-            q = 0  # quiet records before this index are accounted for
+            r = 0  # runs of quiet records before this index are accounted for
             for start, end in candidates:
                 if start < pos:
                     continue
-                if quiet_starts is not None:
-                    k = bisect_left(quiet_starts, start)
-                    if k > q:  # quiet records since the last candidate: only the last one counts
-                        pos = self._quiet(quiet, quiet_starts, q, k, base)
-                        q = k
+                if r < len(quiet) and quiet[r][0] < start:  # quiet records since the last one
+                    pos = self._quiet(quiet[r], base)
+                    r += 1
                 fed = self._fed_end - base
                 if not (fed == start - 1 or (fed == start - 2 and data[start - 1] in _TERMINATORS)):
                     self._before(data, start, base, file_id, out)  # a record between: look at it
@@ -282,22 +304,20 @@ class ChunkScanner:
                 if stream.mode != mode or stream.in_traceback:
                     break  # look again from here with other needles, or walk the traceback
             else:
-                if quiet_starts is not None and q < len(quiet_starts):
-                    pos = self._quiet(quiet, quiet_starts, q, len(quiet_starts), base)
+                if r < len(quiet):  # after the last candidate: at most one run
+                    pos = self._quiet(quiet[r], base)
                 break
         if stream.in_traceback:
             self._walk(data, pos, base, file_id, out)
         self._keep_tail(data, base)
         return out
 
-    def _quiet(
-        self, quiet: dict[int, tuple[int, bytes]], starts: list[int], i: int, j: int, base: int
-    ) -> int:
-        """Account for the quiet records starts[i:j], which come after everything fed so far:
-        feeding them would leave only the time of the last one. Returns where reading goes on."""
-        end, stamp = quiet[starts[j - 1]]
-        self.stream.quiet(stamp, j - i)
-        self.quiet += j - i
+    def _quiet(self, run: QuietRun, base: int) -> int:
+        """Account for a run of quiet records, which come after everything fed so far: feeding
+        them would leave only the time of the last one. Returns where reading goes on."""
+        _first, count, end, stamp = run
+        self.stream.quiet(stamp, count)
+        self.quiet += count
         self._fed_end = base + end
         return end + 1
 
@@ -367,9 +387,9 @@ class ChunkScanner:
 
     def _candidates_py(
         self, data: bytes, pos: int, mode: Mode, cr: bool
-    ) -> tuple[list[tuple[int, int]], dict[int, tuple[int, bytes]]]:
+    ) -> tuple[list[tuple[int, int]], list[QuietRun]]:
         """The records from `pos` holding a needle of `mode`, as (start, end) in order, and
-        apart from them the quiet ones: start -> (end, header time) (see `quiet_record`).
+        apart from them the quiet ones (see `quiet_record`) as `quiet_runs` gives them.
         A record is a maximal run of bytes without `\\n` or `\\r`. _scan.c's `candidates`
         returns the same (tests/perf/test_scan_native.py)."""
         found: dict[int, int] = {}
@@ -456,7 +476,8 @@ class ChunkScanner:
                 i = find(anchor, e + 1, b)
             if gi < 3 and not quiet_ok and len(found) > 8:
                 between = _Between.of(data, found, lo, hi)
-        return [(s, found[s]) for s in sorted(found)], quiet
+        candidates = [(s, found[s]) for s in sorted(found)]
+        return candidates, quiet_runs(candidates, quiet)
 
 
 class _Between:
