@@ -223,50 +223,105 @@ static int check(const char *d, Py_ssize_t s, Py_ssize_t e, const Group *gr, Py_
     return hits_push(hits, s, e, *stamp);
 }
 
-static inline uint32_t hash4(uint32_t x) { return (x * 0x9E3779B1u) >> 16; }
+static inline uint32_t hash_bits(uint32_t x) { return (x * 0x9E3779B1u) >> 16; }
 
-/* Every anchor of four bytes or more (of at most 64 groups) in one pass over data[pos:]: each
- * position's four bytes are hashed into a 64 Kbit table of the anchors' first four, and only
- * the few positions whose bit is set are compared. One pass costs about half of what two
- * memmem passes do, and a mode has 9 to 36 anchors. Each group is checked once per record. */
+/* The state of one pass: the anchors' first four bytes, and the record of the last hit with the
+ * groups checked in it and its quiet_stamp (-3: not computed yet). */
+typedef struct {
+    const char *d;
+    Py_ssize_t n, pos;
+    int cr;
+    const Group *groups;
+    Py_ssize_t ngroups;
+    Hits *hits;
+    uint32_t first[64];
+    Py_ssize_t rs, re, stamp;
+    uint64_t done;
+} Pass;
+
+/* Does an anchor start at `st`? Each group that has one there is checked once per record. */
+static int at(Pass *p, Py_ssize_t st) {
+    if (st < p->pos || st + 4 > p->n) return 0;
+    uint32_t x;
+    memcpy(&x, p->d + st, 4);
+    for (Py_ssize_t g = 0; g < p->ngroups; g++) {
+        const Group *gr = &p->groups[g];
+        if (gr->anchor_len < 4 || p->first[g] != x || st + gr->anchor_len > p->n ||
+            memcmp(p->d + st + 4, gr->anchor + 4, (size_t)(gr->anchor_len - 4)) != 0)
+            continue;
+        if (st >= p->re) { /* past the last record: a new one (an anchor holds no terminator) */
+            record_bounds(p->d, p->n, st, gr->anchor_len, p->cr, &p->rs, &p->re);
+            p->done = 0;
+            p->stamp = -3;
+        }
+        if (p->done & (1ull << g)) continue;
+        p->done |= 1ull << g;
+        if (check(p->d, p->rs, p->re, gr, &p->stamp, p->hits) < 0) return -1;
+    }
+    return 0;
+}
+
+#define BIT(table, x) ((table[hash_bits(x) >> 6] >> (hash_bits(x) & 63)) & 1)
+
+/* Every anchor of four bytes or more (of at most 64 groups) in one pass over data[pos:]. Bytes
+ * are hashed into a 64 Kbit table built from the anchors, and only positions whose bit is set
+ * are compared. With few anchors (a serving log's 9) the table holds each anchor's first two
+ * 3-byte grams and every second position is looked at: an anchor starts there or just before.
+ * With many (a start's 36) grams would match too often: the table holds first four bytes and
+ * every position is looked at. Eight bytes are loaded at a time and one branch tests several
+ * positions. On the benchmarks' logs this is two to three times faster than one memmem pass
+ * per anchor. */
 static int one_pass(const char *d, Py_ssize_t n, Py_ssize_t pos, int cr, const Group *groups,
                     Py_ssize_t ngroups, Hits *hits) {
     if (ngroups > 64) return 0;
+    Pass p = {d, n, pos, cr, groups, ngroups, hits, {0}, -1, -1, -3, 0};
     uint64_t bits[1024];
-    uint32_t first[64];
-    int any = 0;
     memset(bits, 0, sizeof bits);
+    Py_ssize_t anchors = 0;
+    for (Py_ssize_t g = 0; g < ngroups; g++)
+        anchors += groups[g].anchor_len >= 4;
+    if (anchors == 0) return 0;
+    int stride2 = anchors <= 16;
     for (Py_ssize_t g = 0; g < ngroups; g++) {
         if (groups[g].anchor_len < 4) continue;
-        memcpy(&first[g], groups[g].anchor, 4);
-        uint32_t h = hash4(first[g]);
-        bits[h >> 6] |= 1ull << (h & 63);
-        any = 1;
-    }
-    if (!any) return 0;
-    Py_ssize_t rs = -1, re = -1; /* the record of the last hit, and the groups checked in it */
-    uint64_t done = 0;
-    Py_ssize_t stamp = -3; /* the record's quiet_stamp, once known (-3: not yet) */
-    for (Py_ssize_t i = pos; i + 4 <= n; i++) {
-        uint32_t x;
-        memcpy(&x, d + i, 4);
-        uint32_t h = hash4(x);
-        if (!((bits[h >> 6] >> (h & 63)) & 1)) continue;
-        for (Py_ssize_t g = 0; g < ngroups; g++) {
-            const Group *gr = &groups[g];
-            if (gr->anchor_len < 4 || first[g] != x || i + gr->anchor_len > n ||
-                memcmp(d + i + 4, gr->anchor + 4, (size_t)(gr->anchor_len - 4)) != 0)
-                continue;
-            if (i >= re) { /* past the last record: a new one (an anchor holds no terminator) */
-                record_bounds(d, n, i, gr->anchor_len, cr, &rs, &re);
-                done = 0;
-                stamp = -3;
-            }
-            if (done & (1ull << g)) continue;
-            done |= 1ull << g;
-            if (check(d, rs, re, gr, &stamp, hits) < 0) return -1;
+        memcpy(&p.first[g], groups[g].anchor, 4);
+        for (int o = 0; o < (stride2 ? 2 : 1); o++) {
+            uint32_t x = 0;
+            memcpy(&x, groups[g].anchor + o, stride2 ? 3 : 4);
+            uint32_t h = hash_bits(x);
+            bits[h >> 6] |= 1ull << (h & 63);
         }
     }
+    Py_ssize_t i = pos;
+    if (stride2) {
+        /* the gram at i stands for an anchor at i (its first gram) or at i - 1 (its second) */
+        for (i = pos + 1; i + 8 <= n; i += 6) {
+            uint64_t x;
+            memcpy(&x, d + i, 8);
+            const uint32_t m = 0xFFFFFF;
+            if (!(BIT(bits, (uint32_t)x & m) | BIT(bits, (uint32_t)(x >> 16) & m) |
+                  BIT(bits, (uint32_t)(x >> 32) & m)))
+                continue;
+            for (int q = 0; q < 6; q += 2) {
+                if (!BIT(bits, (uint32_t)(x >> (8 * q)) & m)) continue;
+                if (at(&p, i + q - 1) < 0 || at(&p, i + q) < 0) return -1;
+            }
+        }
+        for (i = i - 1; i < n; i++) /* the rest, every position */
+            if (at(&p, i) < 0) return -1;
+        return 0;
+    }
+    for (; i + 8 <= n; i += 4) {
+        uint64_t x;
+        memcpy(&x, d + i, 8);
+        if (!(BIT(bits, (uint32_t)x) | BIT(bits, (uint32_t)(x >> 8)) |
+              BIT(bits, (uint32_t)(x >> 16)) | BIT(bits, (uint32_t)(x >> 24))))
+            continue;
+        for (int q = 0; q < 4; q++)
+            if (BIT(bits, (uint32_t)(x >> (8 * q))) && at(&p, i + q) < 0) return -1;
+    }
+    for (; i < n; i++)
+        if (at(&p, i) < 0) return -1;
     return 0;
 }
 
