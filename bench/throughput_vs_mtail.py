@@ -382,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     lw_load = next(t for t in load_tools if t.name == "loadwatch")
     load_equal = lw_load.found == {k: getattr(load_truth, k) for k in FACTS}
     print(f"loadwatch's counts equal the truth: load-phase {load_equal}, serving-phase {equal}")
+    from loadwatch.parsers.scan import NATIVE
+
+    print(
+        f"loadwatch's candidate search: {'C (parsers/_scan.c)' if NATIVE else 'Python (not built)'}"
+    )
     print(
         f"load-phase log: loadwatch {fmt_rate(load_rates['loadwatch'])} lines/s = "
         f"{load_rates['loadwatch'] / load_rates['mtail']:.1f}x mtail (goal >= 3)"
@@ -391,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         f"ratio_vs_mtail={rates['loadwatch'] / rates['mtail']:.1f} "
         f"ratio_vs_naive={rates['loadwatch'] / rates['naive python']:.1f} "
         f"ratio_vs_wc={rates['loadwatch'] / rates['wc -l']:.3f} "
+        f"ratio_vs_grep={rates['loadwatch'] / rates['grep -c -E']:.2f} "
         f"counts_equal={int(equal)} rss_mb={lw.rss():.1f}"
     )
     return 0

@@ -261,13 +261,11 @@ class ChunkScanner:
         if native and _native is None:
             raise RuntimeError("the C scanner (loadwatch.parsers._scan) is not built")
         self._native = _native if native else None  # else the Python search: tests compare
-        self.lines = 0  # terminators seen: a cheap record count for health metrics
         self.quiet = 0  # candidates proven quiet without parsing them
         self._tail = b""  # the last record of the previous chunk, if short
         self._fed_end = -1  # absolute end offset of the last record handed to the stream
 
     def feed(self, data: bytes, base: int = 0, file_id: str | None = None) -> list[Event]:
-        self.lines += count_records(data)
         out: list[Event] = []
         n = len(data)
         stream = self.stream

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadwatch.parsers import ChunkScanner, EventStream, Record, split_records
+from loadwatch.parsers import EventStream, Record, split_records
+from loadwatch.parsers.scan import count_records
 from tests.parsers.golden import REF_TS, events_of, scanned
 
 MB = 1 << 20
@@ -107,10 +108,8 @@ def test_records_cover_every_non_terminator_byte(parts: list[bytes]) -> None:
     assert len(records) == len([s for s in data.replace(b"\r", b"\n").split(b"\n") if s])
 
 
-def test_scanner_counts_lines() -> None:
-    scanner = ChunkScanner(EventStream(ref_ts=REF_TS))
-    scanner.feed(b"a\nb\r\nc\rd\n")
-    assert scanner.lines == 4
+def test_records_are_counted_once_for_crlf() -> None:
+    assert count_records(b"a\nb\r\nc\rd\n") == 4
 
 
 def test_yearless_times_follow_the_reference_across_new_year() -> None:
