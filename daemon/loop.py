@@ -45,6 +45,7 @@ from loadwatch.daemon.snapshot import Snapshot, Transition
 from loadwatch.daemon.state import LoadState
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner, Event, EventStream
+from loadwatch.parsers.scan import NATIVE
 
 log = logging.getLogger("loadwatch")
 
@@ -616,6 +617,7 @@ class Daemon:
             pid=os.getpid(),
             log=str(self.cfg.log.path) if self.cfg.log.path else None,
             supervise=self.cfg.supervise,
+            scanner="c" if NATIVE else "python",  # the log's candidate search (parsers/_scan.c)
         )
         stopper = asyncio.create_task(self.stop_event.wait(), name="stop")
         done: set[asyncio.Task[Any]] = set()

@@ -1,30 +1,30 @@
-"""Whole-chunk pre-filter: find the few records worth parsing with C-level substring scans.
+"""Whole-chunk pre-filter: find the few records worth parsing without per-record Python work.
 
 A chunk is a run of complete records as the follower hands them over. Instead of splitting it into
-records and testing each one, a few anchors are searched over the whole chunk with `bytes.find`,
-and only the records around the hits are looked at. An anchor is a substring shared by several
-needles ("version" stands for "server version" and "  version "): one scan finds them all, and a
-record it hits is then checked for the needles themselves. The records holding a needle are fed to
-the `EventStream`. While a traceback is open every record matters, so the scanner then walks
-records one by one until it closes. The result is the same event list as feeding every record (a
-property test checks this).
+records and testing each one, a few anchors are searched over the whole chunk, and only the
+records around the hits are looked at. An anchor is a substring shared by several needles
+("version" stands for "server version" and "  version "): a record it hits is then checked for
+the needles themselves. The records holding a needle are fed to the `EventStream`. While a
+traceback is open every record matters, so the scanner then walks records one by one until it
+closes. The result is the same event list as feeding every record (property tests check this).
 
-Each scan of a chunk costs about as much as any other, so the number of scans is what matters;
-`bench/throughput_vs_mtail.py` shows the figures. The first search of each anchor over a chunk
-(usually one that finds nothing) goes through libc's `memmem` where there is one: two to three
-times faster than `bytes.find`. Two more savings:
-- on a serving log, most records a level needle hits are request echoes: an INFO line whose
-  prompt says "ERROR" or "Traceback". `quiet_record` proves such a record yields nothing with one
-  match of its header, and of a run of them the stream is handed only the last one's time;
-- when candidates fill most of a chunk (a load's per-layer warnings), the rarer anchors are
-  searched once, in the bytes between the candidates joined.
-Measured and left out: one `re` alternation over a chunk (sre tries every position: ten times
-slower than the scans it would replace); an Aho-Corasick automaton (ahocorasick-rs: about
-what `memmem` gives, for a dependency); and one hyperscan pass over a chunk for all needles of a
-mode, hits kept across changes of mode: the scanner alone 1.2-1.3x faster on the serving log,
-but the whole pipeline (bench/throughput_vs_mtail.py, both side by side) 1.0x on the serving log
-and 1.1x on the load log, where the time goes to parsing the records and folding the events,
-not to finding them. Not worth a native dependency and a second path.
+On a serving log most records a level needle hits are request echoes: an INFO line whose prompt
+says "ERROR" or "Traceback". `quiet_record` proves such a record yields nothing with one match of
+its header, and of a run of them the stream is handed only the count and the last one's time.
+
+The search itself comes in two equal versions (tests/perf/test_scan_native.py compares them on
+arbitrary bytes):
+- in C (`_scan.c`, built at install when a C compiler is there; `NATIVE` says so): all anchors in
+  one pass over the chunk through a hashed table of their first bytes, the record bounds, needle
+  checks and quiet headers of the hits in C too, with the GIL released. On the 1M-line serving log
+  of bench/throughput_vs_mtail.py the whole pipeline is about twice as fast as with the Python
+  search; the scan no longer dominates, the per-chunk and per-event Python work does;
+- in Python (`ChunkScanner._candidates_py`), the reference and the fallback: one `bytes.find` or
+  libc `memmem` scan per anchor, with Python work per hit; when candidates fill most of a chunk
+  (a load's per-layer warnings), the rarer anchors are searched in the bytes between them.
+Measured and left out before the C search: one `re` alternation over a chunk (ten times slower
+than the scans it would replace), an Aho-Corasick automaton (ahocorasick-rs: about what `memmem`
+gives) and hyperscan (the scan 1.2x faster, the pipeline 1.0x: the per-hit work stayed in Python).
 """
 
 from __future__ import annotations

@@ -210,6 +210,8 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
     written = [json.loads(x) for x in events.read_text().splitlines()]
+    started = [e for e in written if e["event"] == "daemon.started"]
+    assert [e["scanner"] for e in started] == ["c", "c"]  # the C candidate search, both runs
     bar_lines = sum(1 for line in first + rest if "checkpoint shards:" in line)
     parsed = [e for e in written if e["event"] == "log.shard_progress"]
     assert len(parsed) == bar_lines, "every parsed event logged once across the restart"
