@@ -14,7 +14,9 @@ process, `--runs` times (median):
 - mtail (`--one_shot`) with bench/vllm_load.mtail, which extracts the same facts;
 - a naive Python loop: every line through every regex of that mtail program;
 - loadwatch's pipeline as the daemon runs it: `LogFollower(path, mode="poll")` reads,
-  `ChunkScanner.feed(chunk.data, chunk.offset, chunk.file_id)`, `LoadState.apply(event, now)`.
+  `ChunkScanner.feed(chunk.data, chunk.offset, chunk.file_id)`, `LoadState.apply(event, now)`;
+  with the C candidate search (parsers/_scan.c) when it is built, and the same pipeline with the
+  Python search beside it ("loadwatch py").
 
 Throughput is lines / (wall time - the same tool's wall time on an empty file), so process start
 (mtail compiling its program, Python importing) counts for no tool. Peak RSS is the process's
@@ -41,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loggen import Truth, load_log, serving_log
+
+from loadwatch.parsers.scan import NATIVE
 
 HERE = Path(__file__).resolve().parent
 MTAIL_PROGRAM = HERE / "vllm_load.mtail"
@@ -69,7 +73,7 @@ NAIVE = {
 # -- workers: run in a child process, print one JSON line ----------------------------------------
 
 
-def work_loadwatch(path: str) -> dict[str, object]:
+def work_loadwatch(path: str, native: bool = True) -> dict[str, object]:
     from loadwatch.daemon.follower import LogFollower
     from loadwatch.daemon.state import LoadState
     from loadwatch.parsers import ChunkScanner, EventStream, ShardProgress
@@ -77,7 +81,7 @@ def work_loadwatch(path: str) -> dict[str, object]:
     clock = time.time
     start = time.perf_counter()
     follower = LogFollower(path, mode="poll")
-    scanner = ChunkScanner(EventStream(ref_ts=clock()))
+    scanner = ChunkScanner(EventStream(ref_ts=clock()), native=native)
     state = LoadState()
     weight_updates = 0
     retired = {"kv_scale_warnings": 0, "oom_failures": 0, "ready": 0}
@@ -153,6 +157,7 @@ def work_naive(path: str) -> dict[str, object]:
 
 WORKERS: dict[str, Callable[[str], dict[str, object]]] = {
     "loadwatch": work_loadwatch,
+    "py": lambda path: work_loadwatch(path, native=False),
     "naive": work_naive,
 }
 
@@ -272,6 +277,12 @@ def tools(progs: Path) -> list[Tool]:
         ),
         Tool("naive python", lambda p: [py, me, "--worker", "naive", str(p)], worker_counts),
         Tool("loadwatch", lambda p: [py, me, "--worker", "loadwatch", str(p)], worker_counts),
+        # the same pipeline with the candidate search in Python (when the C one is built)
+        *(
+            [Tool("loadwatch py", lambda p: [py, me, "--worker", "py", str(p)], worker_counts)]
+            if NATIVE
+            else []
+        ),
     ]
 
 
@@ -331,6 +342,7 @@ def report(title: str, log: Path, truth: Truth, ts: list[Tool]) -> dict[str, flo
     print(
         f"loadwatch: {lw / rates['mtail']:.1f}x mtail, {lw / rates['naive python']:.1f}x the naive "
         f"loop, {lw / rates['grep -c -E']:.2f}x grep, {lw / rates['wc -l']:.3f}x wc -l"
+        + (f", {lw / rates['loadwatch py']:.1f}x its Python search" if NATIVE else "")
     )
     return rates
 
@@ -382,8 +394,6 @@ def main(argv: list[str] | None = None) -> int:
     lw_load = next(t for t in load_tools if t.name == "loadwatch")
     load_equal = lw_load.found == {k: getattr(load_truth, k) for k in FACTS}
     print(f"loadwatch's counts equal the truth: load-phase {load_equal}, serving-phase {equal}")
-    from loadwatch.parsers.scan import NATIVE
-
     print(
         f"loadwatch's candidate search: {'C (parsers/_scan.c)' if NATIVE else 'Python (not built)'}"
     )
