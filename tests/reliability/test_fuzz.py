@@ -3,7 +3,8 @@
 Three fuzzers over the targets of fuzz_targets.py, bounded here and long in `make fuzz`:
 
 - hypothesis, on real vLLM log pieces mutated byte by byte (flips, stray terminators and NULs,
-  cut and doubled spans, digit floods, prefixes and tracebacks thrown in), through the parser;
+  cut and doubled spans, digit floods, prefixes and tracebacks thrown in), through the parser
+  record by record and through the chunk scanner with each candidate search (C and Python);
 - hypothesis, on arbitrary logs written to a real file in arbitrary pieces, through the follower
   with a small record cap and on into the chunk scanner;
 - atheris (libFuzzer, coverage-guided) over both, for `LOADWATCH_FUZZ_S` seconds (8 here),
