@@ -1,4 +1,4 @@
-/* The chunk scanner's search for candidate records, in one C pass per anchor.
+/* The chunk scanner's search for candidate records: one C pass over a chunk for all anchors.
  *
  * `candidates(data, pos, groups, quiet_ok)` returns what `scan.ChunkScanner._candidates_py`
  * returns for the same input: the records from `pos` that hold a needle of the mode, as sorted
@@ -22,7 +22,8 @@
 typedef struct {
     Py_ssize_t start;
     Py_ssize_t end;
-    Py_ssize_t stamp; /* where a quiet record's header time begins, else -1 */
+    Py_ssize_t stamp; /* a quiet record's header time begins here; -1: not quiet; -2: a
+                       * non-level needle hit it, a candidate whatever else does */
 } Hit;
 
 typedef struct {

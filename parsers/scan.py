@@ -17,8 +17,8 @@ arbitrary bytes):
 - in C (`_scan.c`, built at install when a C compiler is there; `NATIVE` says so): all anchors in
   one pass over the chunk through a hashed table of their first bytes, the record bounds, needle
   checks and quiet headers of the hits in C too, with the GIL released. On the 1M-line serving log
-  of bench/throughput_vs_mtail.py the whole pipeline is about twice as fast as with the Python
-  search; the scan no longer dominates, the per-chunk and per-event Python work does;
+  of bench/throughput_vs_mtail.py the whole pipeline is about three times as fast as with the
+  Python search; the scan no longer dominates, the per-chunk and per-event Python work does;
 - in Python (`ChunkScanner._candidates_py`), the reference and the fallback: one `bytes.find` or
   libc `memmem` scan per anchor, with Python work per hit; when candidates fill most of a chunk
   (a load's per-layer warnings), the rarer anchors are searched in the bytes between them.
@@ -269,7 +269,7 @@ class ChunkScanner:
         out: list[Event] = []
         n = len(data)
         stream = self.stream
-        cr = data.find(b"\r") >= 0
+        cr: bool | None = None  # whether the chunk has a `\r`: the Python search asks
         pos = 0
         while pos < n:
             if stream.in_traceback:
@@ -281,6 +281,8 @@ class ChunkScanner:
                     data, pos, NATIVE_PLANS[mode], mode == "serving"
                 )
             else:
+                if cr is None:
+                    cr = data.find(b"\r") >= 0
                 candidates, quiet = self._candidates_py(data, pos, mode, cr)
             r = 0  # runs of quiet records before this index are accounted for
             for start, end in candidates:
