@@ -5,7 +5,7 @@ Every catalog entry and every other pattern of the parser has a sample record th
 sample is mutated into 32 KiB records: runs of each kind of character blown up, near matches
 repeated, the record repeated, junk after it, nested process prefixes. A backtracking pattern
 is quadratic or worse on such input: at 32 KiB, seconds to hours. So each record must parse
-within 25 times the time a plain record of the same size takes, measured in the same run (with
+within 25 times the time a plain warning of the same size takes, measured in the same run (with
 two more tries before a case fails, for a busy machine). The bench prints the 1 MiB figures.
 """
 
@@ -67,4 +67,4 @@ def test_hostile_records_parse_in_linear_time() -> None:
         f"({worst.target}: {worst.mutation})"
     )
     assert len({r.target for r in results}) == len(targets())
-    assert not slow, f"slower than {RATIO:g} x a plain record: {slow}"
+    assert not slow, f"slower than {RATIO:g} x a plain warning: {slow}"
