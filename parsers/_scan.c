@@ -264,6 +264,17 @@ static int at(Pass *p, Py_ssize_t st) {
 
 #define BIT(table, x) ((table[hash_bits(x) >> 6] >> (hash_bits(x) & 63)) & 1)
 
+/* one_pass reads the bytes at i + q as the low bits of an 8-byte load shifted by 8 * q, which
+ * holds on little-endian machines (x86-64, arm64); elsewhere each anchor gets a memmem pass. */
+static int one_pass_takes(Py_ssize_t ngroups) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return ngroups <= 64;
+#else
+    (void)ngroups;
+    return 0;
+#endif
+}
+
 /* Every anchor of four bytes or more (of at most 64 groups) in one pass over data[pos:]. Bytes
  * are hashed into a 64 Kbit table built from the anchors, and only positions whose bit is set
  * are compared. With few anchors (a serving log's 9) the table holds each anchor's first two
@@ -274,7 +285,7 @@ static int at(Pass *p, Py_ssize_t st) {
  * per anchor. */
 static int one_pass(const char *d, Py_ssize_t n, Py_ssize_t pos, int cr, const Group *groups,
                     Py_ssize_t ngroups, Hits *hits) {
-    if (ngroups > 64) return 0;
+    if (!one_pass_takes(ngroups)) return 0;
     Pass p = {d, n, pos, cr, groups, ngroups, hits, {0}, -1, -1, -3, 0};
     uint64_t bits[1024];
     memset(bits, 0, sizeof bits);
@@ -390,7 +401,7 @@ static PyObject *candidates(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS /* plain bytes from here: the daemon's other threads go on */
     failed = one_pass(d, n, pos, cr, groups, ngroups, &hits) < 0;
     for (Py_ssize_t g = 0; g < ngroups && !failed; g++) {
-        if (groups[g].anchor_len >= 4 && ngroups <= 64) continue; /* found by one_pass */
+        if (groups[g].anchor_len >= 4 && one_pass_takes(ngroups)) continue; /* one_pass did */
         const Group *gr = &groups[g];
         const char *at = find(d, pos, n, gr->anchor, gr->anchor_len);
         while (at) {
