@@ -5,9 +5,11 @@ again, re-read the records after its checkpoint and write their events a second 
 every run of records whose events it writes, the loop notes in this small file the file's
 identity, `done` (the end of the records whose events are all written) and `pending` (the end of
 the records being written now): `pending` before writing, `done` after. A restart re-reads the
-records before `done` as a replay (state rebuilt, nothing written), writes the events of the
-records between `done` and `pending` (the run the kill cut short) marked as replays, and goes on
-live after `pending`.
+records before `done` as a replay (state rebuilt, nothing written), and goes on live after
+`pending`. Between `done` and `pending` lies the run the kill cut short: some of its events may be
+in the event log, the rest not. When the event log is a file, `written()` reads its tail back and
+the restart writes exactly the events it lacks, as usual; without a file to read (stdout only)
+it writes them all again, marked as replays.
 
 Each update is one `pwrite` of a fixed-size block over the same bytes, so a killed process leaves
 either the old note or the new one. There is no fsync: the note has to outlive the process, not
@@ -19,12 +21,77 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loadwatch.daemon.follower_files import FileIdentity, fingerprint
 
 BLOCK = 512
+READ_BACK = 8 << 20  # how much of the event log's end `written` reads at most
+
+# What makes a transition the same transition when written twice: not the time of writing, nor
+# the session's number, which counts from where the state was rebuilt.
+_TRANSITION_KEYS = (
+    "at",
+    "phase_from",
+    "phase_to",
+    "failure_kind",
+    "reason",
+    "forecast",
+    "gpu_index",
+)
+
+Identity = tuple[Any, ...]
+
+
+def identity(name: str, fields: Mapping[str, Any]) -> Identity | None:
+    """An event line's identity: a log event by its record's offset, a transition by its
+    content; None for any other event."""
+    if name.startswith("log."):
+        offset = fields.get("offset")
+        return (name, offset) if isinstance(offset, int) else None
+    if name.startswith("transition."):
+        return (name, *(fields.get(k) for k in _TRANSITION_KEYS))
+    return None
+
+
+def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identity] | None:
+    """The events of the cut-short run [mark.done, mark.pending) that the event log holds
+    (unmarked), read back from its end; None when it cannot be read.
+
+    A killed daemon's last lines are that run's events: going back from the end, every log event
+    from `done` on and every transition up to the first log event before `done` (where the run's
+    events begin) count. Lines torn or not JSON are passed over."""
+    try:
+        with events_file.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start = max(0, size - limit)
+            f.seek(start)
+            tail = f.read(size - start)
+    except OSError:
+        return None
+    lines = tail.split(b"\n")
+    if start > 0:
+        lines = lines[1:]  # the first is a part of a line
+    found: set[Identity] = set()
+    for raw in reversed(lines):
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(doc, dict) or not isinstance(name := doc.get("event"), str):
+            continue
+        if name.startswith("log.") and isinstance(offset := doc.get("offset"), int):
+            if offset < mark.done:
+                break
+            if offset >= mark.pending:
+                continue
+        if doc.get("replay") or (key := identity(name, doc)) is None:
+            continue
+        found.add(key)
+    return found
 
 
 def same_file(a: str, b: str) -> bool:

@@ -12,7 +12,9 @@ session began. The loop seeks there and re-reads up to the checkpoint to rebuild
 state (those events are not written to the event log again; transitions are marked `replay`),
 then goes on live. Records read after the checkpoint by a daemon that was then killed had their
 events written already: the emit mark (emitmark.py) says up to where, and those are re-read as a
-replay too; the events of a run of records the kill cut short are written again marked `replay`.
+replay too. Of a run of records the kill cut short, the events the event log file lacks are
+written as usual and the others not again (with no file to read back, all are written again,
+marked `replay`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from typing import Any
 
 from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config
-from loadwatch.daemon.emitmark import EmitMark, Mark, same_file, still_there
+from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, identity, same_file, still_there
+from loadwatch.daemon.emitmark import written as written_events
 from loadwatch.daemon.follower import FollowerError, LogFollower, Position
 from loadwatch.daemon.gpu import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.inputs import GpuReading, HealthProbe, IoSample, ModelInfo, ProcessEvent, Tick
@@ -99,6 +102,7 @@ class Daemon:
         self._replay_until: Position | None = None
         self._marks: EmitMark | None = None
         self._mark: Mark | None = None  # the last run's emit mark, until reading passes it
+        self._written: set[Identity] | None = None  # what the event log has of the mark's run
         self._gpu_ccs: dict[int, tuple[int, int]] = {}
         self._last_reading: GpuReading | None = None
         self._last_status = ""
@@ -126,7 +130,7 @@ class Daemon:
 
     # -- applying inputs --------------------------------------------------------------------
 
-    def apply(self, item: Any, *, replay: bool = False) -> None:
+    def apply(self, item: Any, *, replay: bool = False, again: bool = False) -> None:
         before = self.state
         self.state = before.apply(item, self.clock())
         transitions = self.state.transitions
@@ -135,7 +139,7 @@ class Daemon:
         for t in transitions:
             if t.kind == "session_started":
                 self._retire(before)
-            self._transition(t, replay)
+            self._transition(t, replay, again)
 
     def _retire(self, before: LoadState) -> None:
         snap = before.snapshot(self.clock())
@@ -148,12 +152,15 @@ class Daemon:
             self._retired.failures[s.failure_kind] += 1
         self._retired.stalls += s.stall.stalls_total
 
-    def _transition(self, t: Transition, replay: bool) -> None:
+    def _transition(self, t: Transition, replay: bool, again: bool = False) -> None:
         fields = t.to_dict()
         kind = fields.pop("transition")
-        if replay:
-            fields["replay"] = True
-        self.eventlog.emit(f"transition.{kind}", **fields)
+        if again:
+            self._emit_again(f"transition.{kind}", fields)
+        else:
+            if replay:
+                fields["replay"] = True
+            self.eventlog.emit(f"transition.{kind}", **fields)
         if replay or self.supervisor is None:
             return
         if kind == "failure" and t.fatal:
@@ -248,6 +255,8 @@ class Daemon:
         self._marks = EmitMark(state_dir / name)
         mark = self._marks.load()
         self._mark = mark if mark is not None and still_there(mark, path) else None
+        if self._mark is not None and self._mark.pending > self._mark.done and self.cfg.events_file:
+            self._written = written_events(self.cfg.events_file, self._mark)
         self._follower = follower
         return follower
 
@@ -296,7 +305,7 @@ class Daemon:
                 return "replay"
             if end <= mark.pending:
                 return "again"
-            self._mark = None
+            self._mark = self._written = None
         return "live"
 
     def _session_id(self) -> int | None:
@@ -306,14 +315,24 @@ class Daemon:
     def _event(self, ev: Event, file_id: str, mode: str) -> None:
         self._events[ev.type] += 1
         before = self._session_id()
-        self.apply(ev, replay=mode != "live")
+        self.apply(ev, replay=mode != "live", again=mode == "again")
         if self._session_id() != before:
             self._session_start = {"file_id": file_id, "offset": ev.offset}
         if mode != "replay":
             fields = {k: v for k, v in ev.to_dict().items() if v is not None and k != "type"}
             if mode == "again":
-                fields["replay"] = True
-            self.eventlog.emit(f"log.{ev.type}", **fields)
+                self._emit_again(f"log.{ev.type}", fields)
+            else:
+                self.eventlog.emit(f"log.{ev.type}", **fields)
+
+    def _emit_again(self, name: str, fields: dict[str, Any]) -> None:
+        """An event of the run a kill cut short: written unless the event log has it already;
+        marked as a replay when the event log could not be read back."""
+        if self._written is None:
+            fields["replay"] = True
+        elif identity(name, fields) in self._written:
+            return
+        self.eventlog.emit(name, **fields)
 
     def _checkpoint_extra(self) -> dict[str, Any]:
         return {"session_start": self._session_start} if self._session_start else {}
@@ -342,7 +361,8 @@ class Daemon:
                 await asyncio.sleep(0)
                 continue
             if not chunks and h.file_exists:
-                self._mark = None  # caught up: whatever the mark names is not coming
+                # caught up: whatever the mark names is not coming
+                self._mark = self._written = None
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wait_log(follower), timeout=1.0)
 

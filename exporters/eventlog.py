@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import threading
 from collections.abc import MutableMapping
@@ -102,7 +103,10 @@ class EventLog:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)  # as the file: 0640
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
+                os.write(fd, b"\n")  # a line a killed writer left torn stays a line of its own
             self._file = os.fdopen(fd, "a", encoding="utf-8")
         except OSError as exc:
             self._file = None

@@ -87,3 +87,20 @@ def test_redactor_forms() -> None:
     assert red.argv(["--api-key=abcd1234", "tok-xyz"]) == ["--api-key=***", "***"]
     assert red.env({"MY_SECRET": "zzzz9", "PATH": "/bin"}) == {"MY_SECRET": "***", "PATH": "/bin"}
     assert red.value({"a": ["x zzzz9 y", 3]}) == {"a": ["x *** y", 3]}
+
+
+def test_a_torn_last_line_stays_apart_from_the_next(tmp_path: Path) -> None:
+    """A writer killed mid-line leaves a fragment; the next daemon's lines start on a line of
+    their own, so only the fragment is unreadable."""
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"event": "a"}\n{"event": "log.prog')
+    log = EventLog(io.StringIO(), path, console=False)
+    log.emit("b")
+    log.close()
+    text = path.read_text().splitlines()
+    assert text[:2] == ['{"event": "a"}', '{"event": "log.prog']
+    assert [json.loads(x)["event"] for x in text[2:]] == ["b"]
+    log = EventLog(io.StringIO(), path, console=False)  # a whole last line: nothing added
+    log.emit("c")
+    log.close()
+    assert [json.loads(x)["event"] for x in path.read_text().splitlines()[2:]] == ["b", "c"]

@@ -12,10 +12,14 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config, ForecastConfig, GpuConfig, HttpConfig, LogConfig
+from loadwatch.daemon.emitmark import Identity, Mark, identity, written
 from loadwatch.daemon.kimilog import Shape, SyntheticClock, startup
 from tests.daemon.harness import running
 
@@ -33,15 +37,34 @@ def _offsets(lines: list[str]) -> list[int]:
     return out
 
 
-def test_replay_again_and_live_split_at_the_mark(tmp_path: Path) -> None:
-    log = tmp_path / "vllm.log"
-    cfg = Config(
-        log=LogConfig(path=log, poll_interval_s=0.05),
+@dataclass
+class Cut:
+    """A log, its lines, and a mark as a daemon killed mid-write of the run [dd, p) leaves it."""
+
+    cfg: Config
+    lines: list[str]
+    starts: list[int]
+    bars: list[int]  # indexes of the shard-bar lines
+    r: int  # where the first daemon stopped cleanly
+    dd: int
+    p: int
+    end: int
+
+
+def _config(tmp_path: Path, name: str, events_file: Path | None = None) -> Config:
+    return Config(
+        log=LogConfig(path=tmp_path / "vllm.log", poll_interval_s=0.05),
         http=HttpConfig(port=0),
         gpu=GpuConfig(source="none"),
         forecast=ForecastConfig(stall_floor_s=86400),
-        state_dir=tmp_path / "state",
+        state_dir=tmp_path / name,
+        events_file=events_file,
     )
+
+
+def _cut(tmp_path: Path, events_file: Path | None = None) -> Cut:
+    cfg = _config(tmp_path, "state", events_file)
+    log = tmp_path / "vllm.log"
     lines = _lines()
     starts = _offsets(lines)
     bars = [i for i, line in enumerate(lines) if "checkpoint shards:" in line]
@@ -57,7 +80,13 @@ def test_replay_again_and_live_split_at_the_mark(tmp_path: Path) -> None:
     assert cp["offset"] == r
     mark = state / checkpoint_name(log).replace("follower-", "events-")
     mark.write_text(json.dumps({"file_id": cp["file_id"], "done": dd, "pending": p}))
+    return Cut(cfg, lines, starts, bars, r, dd, p, end)
 
+
+def test_replay_again_and_live_split_at_the_mark(tmp_path: Path) -> None:
+    """With no event log file to read back, the cut run's events are all written, marked."""
+    c = _cut(tmp_path)
+    cfg, lines, starts, bars, dd, p, end = c.cfg, c.lines, c.starts, c.bars, c.dd, c.p, c.end
     with running(cfg) as d:
         d.wait(lambda: d.status()["phase"] == "ready", "ready")
         events = d.events()
@@ -76,3 +105,82 @@ def test_replay_again_and_live_split_at_the_mark(tmp_path: Path) -> None:
     assert status["sessions_total"] == 1
     phases = [e for e in events if e["event"] == "transition.phase"]
     assert all(e.get("replay") for e in phases if e["phase_to"] == "loading_weights")
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _unmarked(events: list[dict[str, Any]]) -> Counter[Identity]:
+    return Counter(
+        k for e in events if not e.get("replay") and (k := identity(e["event"], e)) is not None
+    )
+
+
+def test_the_cut_run_is_completed_from_the_event_log(tmp_path: Path) -> None:
+    """The killed daemon wrote the cut run's events up to its first shard bar; a restart writes
+    the rest of them as usual and none of the first again (the event log file is read back)."""
+    events = tmp_path / "events.jsonl"
+    c = _cut(tmp_path, events)
+    first_daemon = _read(events)
+    # What an uninterrupted daemon writes for the whole log; its lines from the start of the
+    # cut run through the first bar's line are what the killed daemon wrote before the kill.
+    ref_file = tmp_path / "events-ref.jsonl"
+    with running(_config(tmp_path, "state-ref", ref_file)) as d:
+        d.wait(lambda: d.status()["phase"] == "ready", "ready (reference)")
+    ref = _read(ref_file)
+    logged = [i for i, e in enumerate(ref) if e["event"].startswith("log.")]
+    begin = 1 + max(i for i in logged if ref[i]["offset"] < c.dd)
+    bar = next(b for b in c.bars if c.dd <= c.starts[b] < c.p)
+    bar_at = c.starts[bar] + c.lines[bar].index("\r") + 1
+    stop = 1 + next(i for i in logged if ref[i]["offset"] == bar_at)
+    assert any(ref[i]["offset"] >= c.p for i in logged), "the log goes on after the cut run"
+    with events.open("a") as f:
+        f.writelines(json.dumps(e) + "\n" for e in ref[begin:stop])
+
+    with running(c.cfg) as d:
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+    got = _read(events)
+    restart = got[len(first_daemon) + stop - begin :]
+    assert not [e for e in restart if e["event"].startswith("log.") and e.get("replay")]
+    # every event from the cut run on once, unmarked, across the kill: those before the bar from
+    # the killed daemon, the rest from the restart
+    want = _unmarked(ref[begin:])
+    have = _unmarked(got[len(first_daemon) :])
+    assert have == want, (sorted(have - want)[:5], sorted(want - have)[:5])
+    assert _unmarked(restart) == _unmarked(ref[stop:])
+
+
+def test_read_back_takes_the_run_from_the_end_and_passes_over_torn_lines(tmp_path: Path) -> None:
+    mark = Mark("1:2:3:0123456789abcdef", done=100, pending=200)
+    t_old = {"event": "transition.phase", "at": 1.0, "phase_from": "a", "phase_to": "b"}
+    t_new = {"event": "transition.phase", "at": 2.0, "phase_from": "b", "phase_to": "c"}
+    lines = [
+        {"event": "log.progress", "offset": 150},  # an earlier session's record (offsets restart)
+        t_old,
+        {"event": "log.milestone", "offset": 90},  # the last record before the run: stop here
+        t_new,
+        {"event": "log.progress", "offset": 100},
+        {"event": "daemon.started"},
+        {"event": "log.progress", "offset": 120, "replay": True},  # a marked copy: not written
+        {"event": "log.progress", "offset": 250},  # past the run: not the run's
+        {"event": "log.milestone", "offset": 130},
+    ]
+    path = tmp_path / "events.jsonl"
+    text = "".join(json.dumps(x) + "\n" for x in lines)
+    data = text + "garbage\n" + '{"event": "log.progress", "off'  # a torn last line
+    path.write_text(data)
+    found = written(path, mark)
+    assert found == {
+        ("log.progress", 100),
+        ("log.milestone", 130),
+        identity("transition.phase", t_new),
+    }
+    # only the last bytes: a line cut at the front is passed over, not misread
+    cut = data.index('{"event": "log.progress", "offset": 100') + 5
+    assert written(path, mark, limit=len(data) - cut) == {("log.milestone", 130)}
+    assert written(path, mark, limit=len(data) - cut + 6) == {
+        ("log.progress", 100),
+        ("log.milestone", 130),
+    }
+    assert written(tmp_path / "absent.jsonl", mark) is None
