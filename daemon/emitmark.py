@@ -7,9 +7,10 @@ identity, `done` (the end of the records whose events are all written) and `pend
 the records being written now): `pending` before writing, `done` after. A restart re-reads the
 records before `done` as a replay (state rebuilt, nothing written), and goes on live after
 `pending`. Between `done` and `pending` lies the run the kill cut short: some of its events may be
-in the event log, the rest not. When the event log is a file, `written()` reads its tail back and
-the restart writes exactly the events it lacks, as usual; without a file to read (stdout only)
-it writes them all again, marked as replays.
+in the event log, the rest not. When the event log is a file, the note also says which file and
+its size when the run began; `written()` reads the lines from there back, and the restart writes
+exactly the events they lack, as usual. Without a file to read back (stdout only, or rotated
+since) it writes them all again, marked as replays.
 
 Each update is one `pwrite` of a fixed-size block over the same bytes, so a killed process leaves
 either the old note or the new one. There is no fsync: the note has to outlive the process, not
@@ -29,7 +30,7 @@ from typing import Any
 from loadwatch.daemon.follower_files import FileIdentity, fingerprint
 
 BLOCK = 512
-READ_BACK = 8 << 20  # how much of the event log's end `written` reads at most
+READ_BACK = 64 << 20  # at most this much of the event log is read back (else: not known)
 
 # What makes a transition the same transition when written twice: not the time of writing, nor
 # the session's number, which counts from where the state was rebuilt.
@@ -59,36 +60,35 @@ def identity(name: str, fields: Mapping[str, Any]) -> Identity | None:
 
 def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identity] | None:
     """The events of the cut-short run [mark.done, mark.pending) that the event log holds
-    (unmarked), read back from its end; None when it cannot be read.
+    (unmarked); None when that cannot be known: the mark does not say where the run's events
+    began, the file there is another one (rotated since) or shorter, or it cannot be read.
 
-    A killed daemon's last lines are that run's events: going back from the end, every log event
-    from `done` on and every transition up to the first log event before `done` (where the run's
-    events begin) count. Lines torn or not JSON are passed over."""
+    The run's events are the lines from `mark.events_at` on (after them, only what restarted
+    daemons wrote). Lines torn or not JSON are passed over."""
+    if mark.events_file is None or mark.events_at is None:
+        return None
     try:
         with events_file.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            start = max(0, size - limit)
-            f.seek(start)
-            tail = f.read(size - start)
+            st = os.fstat(f.fileno())
+            if f"{st.st_dev}:{st.st_ino}" != mark.events_file:
+                return None
+            if not mark.events_at <= st.st_size <= mark.events_at + limit:
+                return None
+            f.seek(mark.events_at)
+            tail = f.read(st.st_size - mark.events_at)
     except OSError:
         return None
-    lines = tail.split(b"\n")
-    if start > 0:
-        lines = lines[1:]  # the first is a part of a line
     found: set[Identity] = set()
-    for raw in reversed(lines):
+    for raw in tail.split(b"\n"):
         try:
             doc = json.loads(raw)
         except ValueError:
             continue
-        if not isinstance(doc, dict) or not isinstance(name := doc.get("event"), str):
+        if not isinstance(doc, dict) or doc.get("replay"):
             continue
-        if name.startswith("log.") and isinstance(offset := doc.get("offset"), int):
-            if offset < mark.done:
-                break
-            if offset >= mark.pending:
-                continue
-        if doc.get("replay") or (key := identity(name, doc)) is None:
+        name = doc.get("event")
+        key = identity(name, doc) if isinstance(name, str) else None
+        if key is None or (key[0].startswith("log.") and not mark.done <= key[1] < mark.pending):
             continue
         found.add(key)
     return found
@@ -118,6 +118,8 @@ class Mark:
     file_id: str
     done: int  # every record before this offset had its events written
     pending: int  # records up to here may have had theirs written (>= done)
+    events_file: str | None = None  # the event log file ("dev:ino") the run's events went to
+    events_at: int | None = None  # its size when the run began: where those events start
 
 
 class EmitMark:
@@ -137,25 +139,36 @@ class EmitMark:
             raw = self.path.read_bytes()
             doc = json.loads(raw.decode("utf-8").strip() or "null")
             mark = Mark(str(doc["file_id"]), int(doc["done"]), int(doc["pending"]))
+            events, at = doc.get("events_file"), doc.get("events_at")
+            if isinstance(events, str) and isinstance(at, int) and at >= 0:
+                mark = Mark(mark.file_id, mark.done, mark.pending, events, at)
         except (OSError, ValueError, KeyError, TypeError):
             return None
         if mark.done < 0 or mark.pending < mark.done:
             return None
         return mark
 
-    def begin(self, file_id: str, start: int, end: int) -> None:
-        """Events of the records in [start, end) of `file_id` are about to be written."""
+    def begin(
+        self, file_id: str, start: int, end: int, events: tuple[str, int] | None = None
+    ) -> None:
+        """Events of the records in [start, end) of `file_id` are about to be written, to the
+        event log file `events` = ("dev:ino", its size now), when there is one."""
         if file_id != self._file_id:
             self._file_id, self._done = file_id, start
-        self._write(Mark(file_id, min(self._done, start), end))
+        ev_file, ev_at = events if events is not None else (None, None)
+        self._write(Mark(file_id, min(self._done, start), end, ev_file, ev_at))
 
-    def end(self, file_id: str, end: int) -> None:
-        """Those events are written."""
+    def end(self, file_id: str, end: int, events: tuple[str, int] | None = None) -> None:
+        """Those events are written (and the event log file is now `events`)."""
         self._file_id, self._done = file_id, end
-        self._write(Mark(file_id, end, end))
+        ev_file, ev_at = events if events is not None else (None, None)
+        self._write(Mark(file_id, end, end, ev_file, ev_at))
 
     def _write(self, mark: Mark) -> None:
-        text = json.dumps({"file_id": mark.file_id, "done": mark.done, "pending": mark.pending})
+        doc: dict[str, Any] = {"file_id": mark.file_id, "done": mark.done, "pending": mark.pending}
+        if mark.events_file is not None:
+            doc |= {"events_file": mark.events_file, "events_at": mark.events_at}
+        text = json.dumps(doc)
         data = text.encode().ljust(BLOCK - 1) + b"\n"
         try:
             if self._fd is None:

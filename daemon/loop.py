@@ -267,13 +267,23 @@ class Daemon:
                 events = self._scanner.feed(data, start, chunk.file_id)
                 marks = self._marks if events and mode != "replay" else None
                 if marks is not None:
-                    marks.begin(chunk.file_id, start, end)
+                    marks.begin(chunk.file_id, start, end, self._events_at(mode))
                 for ev in events:
                     self._event(ev, chunk.file_id, mode)
                 if marks is not None:
-                    marks.end(chunk.file_id, end)
+                    marks.end(chunk.file_id, end, self.eventlog.position())
         if self._follower is not None:
             self._follower.maybe_checkpoint(self._checkpoint_extra())
+
+    def _events_at(self, mode: str) -> tuple[str, int] | None:
+        """Where a run's events begin in the event log file. Going on with the run a kill cut
+        short: where the killed daemon began writing it, so a kill now still finds its lines."""
+        mark = self._mark
+        if mode == "again" and mark is not None:
+            if mark.events_file is None or mark.events_at is None:
+                return None
+            return mark.events_file, mark.events_at
+        return self.eventlog.position()
 
     def _split(self, chunk: Any) -> list[tuple[bytes, int, int]]:
         """The chunk as runs of records, cut where replaying ends: a run is all replay or none."""

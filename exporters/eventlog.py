@@ -88,6 +88,18 @@ class EventLog:
             except (OSError, ValueError):
                 self.write_errors += 1  # stdout closed: nothing more to do about it
 
+    def position(self) -> tuple[str, int] | None:
+        """The event log file ("dev:ino") and its size: where the next line goes; None when
+        there is no file. (Every line is flushed as written, so the size is exact.)"""
+        with self._lock:
+            if self._file is None:
+                return None
+            try:
+                st = os.fstat(self._file.fileno())
+            except OSError:
+                return None
+            return f"{st.st_dev}:{st.st_ino}", st.st_size
+
     def _render_console(self, line: str) -> str:
         data = json.loads(line)
         return str(self._console_renderer(None, "info", data))

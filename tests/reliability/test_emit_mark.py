@@ -9,6 +9,7 @@ after P as usual; everything it read in one chunk, so the chunk is split where r
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import time
@@ -19,8 +20,11 @@ from typing import Any
 
 from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config, ForecastConfig, GpuConfig, HttpConfig, LogConfig
-from loadwatch.daemon.emitmark import Identity, Mark, identity, written
+from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, identity, written
+from loadwatch.daemon.gpu import NullGpuSource
 from loadwatch.daemon.kimilog import Shape, SyntheticClock, startup
+from loadwatch.daemon.loop import Daemon
+from loadwatch.exporters.eventlog import EventLog
 from tests.daemon.harness import running
 
 
@@ -79,7 +83,11 @@ def _cut(tmp_path: Path, events_file: Path | None = None) -> Cut:
     cp = json.loads((state / checkpoint_name(log)).read_text())
     assert cp["offset"] == r
     mark = state / checkpoint_name(log).replace("follower-", "events-")
-    mark.write_text(json.dumps({"file_id": cp["file_id"], "done": dd, "pending": p}))
+    doc = {"file_id": cp["file_id"], "done": dd, "pending": p}
+    if events_file is not None:  # the run's events begin where the event log ends now
+        st = events_file.stat()
+        doc |= {"events_file": f"{st.st_dev}:{st.st_ino}", "events_at": st.st_size}
+    mark.write_text(json.dumps(doc))
     return Cut(cfg, lines, starts, bars, r, dd, p, end)
 
 
@@ -151,36 +159,59 @@ def test_the_cut_run_is_completed_from_the_event_log(tmp_path: Path) -> None:
     assert _unmarked(restart) == _unmarked(ref[stop:])
 
 
-def test_read_back_takes_the_run_from_the_end_and_passes_over_torn_lines(tmp_path: Path) -> None:
-    mark = Mark("1:2:3:0123456789abcdef", done=100, pending=200)
+def test_read_back_takes_the_lines_from_where_the_run_began(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
     t_old = {"event": "transition.phase", "at": 1.0, "phase_from": "a", "phase_to": "b"}
     t_new = {"event": "transition.phase", "at": 2.0, "phase_from": "b", "phase_to": "c"}
-    lines = [
-        {"event": "log.progress", "offset": 150},  # an earlier session's record (offsets restart)
-        t_old,
-        {"event": "log.milestone", "offset": 90},  # the last record before the run: stop here
+    before = [{"event": "log.progress", "offset": 150}, t_old]  # earlier: another file's record
+    run = [
         t_new,
         {"event": "log.progress", "offset": 100},
-        {"event": "daemon.started"},
+        {"event": "daemon.started"},  # a restarted daemon's own lines follow
         {"event": "log.progress", "offset": 120, "replay": True},  # a marked copy: not written
         {"event": "log.progress", "offset": 250},  # past the run: not the run's
         {"event": "log.milestone", "offset": 130},
     ]
-    path = tmp_path / "events.jsonl"
-    text = "".join(json.dumps(x) + "\n" for x in lines)
-    data = text + "garbage\n" + '{"event": "log.progress", "off'  # a torn last line
-    path.write_text(data)
-    found = written(path, mark)
-    assert found == {
+    head = "".join(json.dumps(x) + "\n" for x in before)
+    path.write_text(head + "".join(json.dumps(x) + "\n" for x in run) + "garbage\n" + '{"ev')
+    st = path.stat()
+    ident = f"{st.st_dev}:{st.st_ino}"
+    mark = Mark("1:2:3:0123456789abcdef", 100, 200, ident, len(head))
+    assert written(path, mark) == {
         ("log.progress", 100),
         ("log.milestone", 130),
         identity("transition.phase", t_new),
     }
-    # only the last bytes: a line cut at the front is passed over, not misread
-    cut = data.index('{"event": "log.progress", "offset": 100') + 5
-    assert written(path, mark, limit=len(data) - cut) == {("log.milestone", 130)}
-    assert written(path, mark, limit=len(data) - cut + 6) == {
-        ("log.progress", 100),
-        ("log.milestone", 130),
-    }
+    # not known: no position in the mark, another file there now, or a shorter one
+    assert written(path, Mark(mark.file_id, 100, 200)) is None
+    assert written(path, Mark(mark.file_id, 100, 200, "0:0", len(head))) is None
+    assert written(path, Mark(mark.file_id, 100, 200, ident, st.st_size + 1)) is None
     assert written(tmp_path / "absent.jsonl", mark) is None
+    assert written(path, mark, limit=10) is None
+
+
+def test_the_mark_names_the_event_log_file_and_survives_a_reload(tmp_path: Path) -> None:
+    marks = EmitMark(tmp_path / "mark")
+    marks.begin("1:2:3:0123456789abcdef", 10, 20, ("5:6", 777))
+    assert marks.load() == Mark("1:2:3:0123456789abcdef", 10, 20, "5:6", 777)
+    marks.end("1:2:3:0123456789abcdef", 20)
+    assert marks.load() == Mark("1:2:3:0123456789abcdef", 20, 20)  # no event log file
+    marks.close()
+
+
+def test_the_daemon_notes_the_event_log_position_with_each_run(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    cfg = _config(tmp_path, "state", events)
+    (tmp_path / "vllm.log").write_text("".join(_lines()))
+    eventlog = EventLog(io.StringIO(), events, console=False)
+    daemon = Daemon(cfg, eventlog=eventlog, gpu=NullGpuSource())
+    follower = daemon.open_follower()
+    assert follower is not None
+    daemon.feed_chunks(follower.read())
+    st = events.stat()
+    assert st.st_size > 0
+    name = checkpoint_name(tmp_path / "vllm.log").replace("follower-", "events-")
+    doc = json.loads((tmp_path / "state" / "follower" / name).read_text())
+    assert (doc["events_file"], doc["events_at"]) == (f"{st.st_dev}:{st.st_ino}", st.st_size)
+    follower.close(checkpoint=False)
+    eventlog.close()

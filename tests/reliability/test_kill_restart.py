@@ -171,6 +171,8 @@ def test_fifty_sigkills_leave_the_state_and_the_event_log_exact(tmp_path: Path) 
     startup_s: list[float] = []
     checkpoints: set[bytes] = set()
     cp = tmp_path / "state-killed" / "follower" / checkpoint_name(log)
+    mark = cp.with_name(cp.name.replace("follower-", "events-", 1))
+    cut_runs = 0
     spawned = 0
 
     def spawn() -> DaemonProc:
@@ -192,6 +194,8 @@ def test_fifty_sigkills_leave_the_state_and_the_event_log_exact(tmp_path: Path) 
         cur.kill()
         if cp.exists():
             checkpoints.add(cp.read_bytes())
+        if mark.exists() and (m := json.loads(mark.read_bytes()))["pending"] > m["done"]:
+            cut_runs += 1  # killed while writing a run's events: the restart completes it
         seen = {e.get("event") for e in cur.events()}
         if "daemon.replay" in seen and "daemon.replay_done" not in seen:
             landed["during the session re-read"] += 1
@@ -240,7 +244,7 @@ def test_fifty_sigkills_leave_the_state_and_the_event_log_exact(tmp_path: Path) 
     print(
         f"\nkills={KILLS} landed={dict(landed)} events={sum(want.values())} "
         f"duplicates={sum(dupes.values())} missing={sum(missing.values())} "
-        f"torn_lines={torn} checkpoints_seen={len(checkpoints)} startup_max_s={max(startup_s):.2f} startup_mean_s={sum(startup_s) / len(startup_s):.2f}  replayed={sum(1 for e in got_events if e.get('replay'))}"
+        f"torn_lines={torn} checkpoints_seen={len(checkpoints)} cut_runs={cut_runs} startup_max_s={max(startup_s):.2f} startup_mean_s={sum(startup_s) / len(startup_s):.2f}  replayed={sum(1 for e in got_events if e.get('replay'))}"
     )
     assert ref_torn == 0 and torn == 0
     assert not dupes, f"emitted twice without a replay mark: {sorted(dupes)[:5]}"
