@@ -1,0 +1,117 @@
+"""SIGKILL while the daemon catches up on a long log: the runs a kill cuts short are completed.
+
+Catching up, the daemon writes events almost all the time, so a kill often lands between the
+emit mark's `begin` and `end` of a run of records: some of the run's events are in the event log
+file, the rest not. Before each restart another load is appended (a thousand-odd lines, most
+of them events), so every daemon has a backlog to work through when it is killed. A last daemon
+then catches up, and its event log must hold every parsed event and transition of an
+uninterrupted daemon's exactly once, and no log event marked as a replay: the restarts read the
+cut runs back from the event log file and write only what it lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadwatch.daemon.checkpoint import checkpoint_name
+from loadwatch.daemon.kimilog import Shape, SyntheticClock, startup
+from tests.reliability.proc import DaemonProc, wait_for
+from tests.reliability.test_kill_restart import _identity, _read_events
+
+SEED = 20261201
+KILLS = 20
+
+
+def _args(tmp: Path, log: Path, name: str) -> list[str]:
+    cfg = tmp / "loadwatch.toml"
+    cfg.write_text(
+        "[log]\npoll_interval_s = 0.05\n[forecast]\nstall_floor_s = 86400\n[gpu]\nsource = 'none'\n"
+    )
+    return [
+        "--config",
+        str(cfg),
+        "--log",
+        str(log),
+        "--state-dir",
+        str(tmp / f"state-{name}"),
+        "--listen",
+        "127.0.0.1:0",
+        "--events-file",
+        str(tmp / f"events-{name}.jsonl"),
+    ]
+
+
+def _loads(n: int) -> list[str]:
+    """n Kimi-like loads, one after another, an hour of log time each."""
+    rng = random.Random(SEED)
+    clock = SyntheticClock(time.time() - 3600 * (n + 2))
+    shape = Shape(model="/models/m", shard_s=(2.0, 4.0))
+    out = []
+    for _ in range(n):
+        out.append("".join(startup(rng, clock, shape)))
+        clock.advance(3600)
+    return out
+
+
+def _caught_up(path: Path, last: int) -> bool:
+    events, _ = _read_events(path)
+    return any(e.get("offset") == last for e in events if e["event"].startswith("log."))
+
+
+@pytest.mark.slow  # about a minute
+def test_kills_while_catching_up_leave_every_event_once_and_none_marked(tmp_path: Path) -> None:
+    rng = random.Random(SEED + 1)
+    loads = _loads(KILLS + 1)
+    log = tmp_path / "vllm.log"
+    log.write_text(loads[0])
+    args = _args(tmp_path, log, "killed")
+    mark = tmp_path / "state-killed" / "follower" / checkpoint_name(log)
+    mark = mark.with_name(mark.name.replace("follower-", "events-", 1))
+    cut_runs = 0
+    for i in range(KILLS):
+        d = DaemonProc(args, tmp_path / f"out-{i}.jsonl", prewarm=True)
+        d.go()
+        d.wait_listening()
+        time.sleep(rng.uniform(0.0, 0.5))
+        d.kill()
+        if mark.exists() and (m := json.loads(mark.read_bytes()))["pending"] > m["done"]:
+            cut_runs += 1
+        with log.open("a") as f:
+            f.write(loads[i + 1])
+    last = log.stat().st_size - len(loads[-1].splitlines(keepends=True)[-1].encode())
+
+    got, ref = {}, {}
+    for name, store in (("killed", got), ("ref", ref)):
+        d = DaemonProc(_args(tmp_path, log, name), tmp_path / f"out-{name}.jsonl", prewarm=True)
+        d.go()
+        d.wait_listening()
+        events_file = tmp_path / f"events-{name}.jsonl"
+        try:
+            wait_for(lambda: _caught_up(events_file, last), f"the {name} daemon to catch up", 120)
+        finally:
+            assert d.stop() == 0
+        store["events"], store["torn"] = _read_events(events_file)
+
+    want: Counter[Any] = Counter(
+        k for e in ref["events"] if (k := _identity(e)) is not None and not e.get("replay")
+    )
+    live: Counter[Any] = Counter(
+        k for e in got["events"] if (k := _identity(e)) is not None and not e.get("replay")
+    )
+    marked = [e for e in got["events"] if e["event"].startswith("log.") and e.get("replay")]
+    print(
+        f"\nkills={KILLS} cut_runs={cut_runs} events={sum(want.values())} "
+        f"duplicates={sum((live - want).values())} missing={sum((want - live).values())} "
+        f"marked_log_events={len(marked)} torn_lines={got['torn']}"
+    )
+    assert cut_runs >= 1, "no kill landed while a run's events were being written"
+    assert ref["torn"] == 0 and got["torn"] == 0
+    assert live == want, (sorted(live - want)[:5], sorted(want - live)[:5])
+    assert not marked, marked[:3]
