@@ -94,7 +94,9 @@ def test_kills_while_catching_up_leave_every_event_once_and_none_marked(tmp_path
         d.wait_listening()
         events_file = tmp_path / f"events-{name}.jsonl"
         try:
-            wait_for(lambda: _caught_up(events_file, last), f"the {name} daemon to catch up", 120)
+            wait_for(
+                lambda f=events_file: _caught_up(f, last), f"the {name} daemon to catch up", 120
+            )
         finally:
             assert d.stop() == 0
         store["events"], store["torn"] = _read_events(events_file)
