@@ -255,8 +255,13 @@ class Daemon:
         self._marks = EmitMark(state_dir / name)
         mark = self._marks.load()
         self._mark = mark if mark is not None and still_there(mark, path) else None
-        if self._mark is not None and self._mark.pending > self._mark.done and self.cfg.events_file:
-            self._written = written_events(self.cfg.events_file, self._mark)
+        if self._mark is not None and self._mark.pending > self._mark.done:
+            m = self._mark
+            if self.cfg.events_file is not None:
+                self._written = written_events(self.cfg.events_file, m)
+            found = None if self._written is None else len(self._written)
+            # the last daemon was killed while writing the events of [done, pending)
+            self.eventlog.emit("daemon.cut_run", done=m.done, pending=m.pending, found=found)
         self._follower = follower
         return follower
 
@@ -340,8 +345,8 @@ class Daemon:
         marked as a replay when the event log could not be read back."""
         if self._written is None:
             fields["replay"] = True
-        elif identity(name, fields) in self._written:
-            return
+        elif identity(name, self.eventlog.redactor.value(fields)) in self._written:
+            return  # (compared as written: secrets in a reason are redacted there)
         self.eventlog.emit(name, **fields)
 
     def _checkpoint_extra(self) -> dict[str, Any]:

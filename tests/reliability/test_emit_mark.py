@@ -99,6 +99,8 @@ def test_replay_again_and_live_split_at_the_mark(tmp_path: Path) -> None:
         d.wait(lambda: d.status()["phase"] == "ready", "ready")
         events = d.events()
         status = d.status()
+    cut = [(e["done"], e["pending"], e["found"]) for e in events if e["event"] == "daemon.cut_run"]
+    assert cut == [(dd, p, None)]  # no event log file to read back
     logged = [e for e in events if e["event"].startswith("log.")]
     assert logged and all(e["offset"] >= dd for e in logged), "nothing before D written again"
     again = {e["offset"] for e in logged if e.get("replay")}
@@ -150,6 +152,10 @@ def test_the_cut_run_is_completed_from_the_event_log(tmp_path: Path) -> None:
         d.wait(lambda: d.status()["phase"] == "ready", "ready")
     got = _read(events)
     restart = got[len(first_daemon) + stop - begin :]
+    cut = [e for e in restart if e["event"] == "daemon.cut_run"]
+    assert [(e["done"], e["pending"], e["found"]) for e in cut] == [
+        (c.dd, c.p, len(_unmarked(ref[begin:stop])))
+    ]
     assert not [e for e in restart if e["event"].startswith("log.") and e.get("replay")]
     # every event from the cut run on once, unmarked, across the kill: those before the bar from
     # the killed daemon, the rest from the restart
