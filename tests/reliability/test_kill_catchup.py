@@ -23,29 +23,10 @@ import pytest
 from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.kimilog import Shape, SyntheticClock, startup
 from tests.reliability.proc import DaemonProc, wait_for
-from tests.reliability.test_kill_restart import _identity, _read_events
+from tests.reliability.test_kill_restart import _args, _identity, _read_events
 
 SEED = 20261201
 KILLS = 20
-
-
-def _args(tmp: Path, log: Path, name: str) -> list[str]:
-    cfg = tmp / "loadwatch.toml"
-    cfg.write_text(
-        "[log]\npoll_interval_s = 0.05\n[forecast]\nstall_floor_s = 86400\n[gpu]\nsource = 'none'\n"
-    )
-    return [
-        "--config",
-        str(cfg),
-        "--log",
-        str(log),
-        "--state-dir",
-        str(tmp / f"state-{name}"),
-        "--listen",
-        "127.0.0.1:0",
-        "--events-file",
-        str(tmp / f"events-{name}.jsonl"),
-    ]
 
 
 def _loads(n: int) -> list[str]:
@@ -71,7 +52,7 @@ def test_kills_while_catching_up_leave_every_event_once_and_none_marked(tmp_path
     loads = _loads(KILLS + 1)
     log = tmp_path / "vllm.log"
     log.write_text(loads[0])
-    args = _args(tmp_path, log, "killed")
+    args = _args(tmp_path, log, None, "killed")
     mark = tmp_path / "state-killed" / "follower" / checkpoint_name(log)
     mark = mark.with_name(mark.name.replace("follower-", "events-", 1))
     cut_runs = 0
@@ -89,7 +70,9 @@ def test_kills_while_catching_up_leave_every_event_once_and_none_marked(tmp_path
 
     got, ref = {}, {}
     for name, store in (("killed", got), ("ref", ref)):
-        d = DaemonProc(_args(tmp_path, log, name), tmp_path / f"out-{name}.jsonl", prewarm=True)
+        d = DaemonProc(
+            _args(tmp_path, log, None, name), tmp_path / f"out-{name}.jsonl", prewarm=True
+        )
         d.go()
         d.wait_listening()
         events_file = tmp_path / f"events-{name}.jsonl"

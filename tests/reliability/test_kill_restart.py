@@ -45,7 +45,8 @@ def _config(tmp: Path) -> Path:
     return cfg
 
 
-def _args(tmp: Path, log: Path, model: Path, name: str) -> list[str]:
+def _args(tmp: Path, log: Path, model: Path | None, name: str) -> list[str]:
+    """A daemon's command line: its own state and event log file, named `name`."""
     return [
         "--config",
         str(_config(tmp)),
@@ -57,8 +58,7 @@ def _args(tmp: Path, log: Path, model: Path, name: str) -> list[str]:
         "127.0.0.1:0",
         "--events-file",
         str(tmp / f"events-{name}.jsonl"),
-        "--model-dir",
-        str(model),
+        *(["--model-dir", str(model)] if model is not None else []),
     ]
 
 
