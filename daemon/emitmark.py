@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,10 +68,11 @@ def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identi
     daemons wrote). Lines torn or not JSON are passed over."""
     if mark.events_file is None or mark.events_at is None:
         return None
-    try:
-        with events_file.open("rb") as f:
-            st = os.fstat(f.fileno())
-            if f"{st.st_dev}:{st.st_ino}" != mark.events_file:
+    try:  # (non-blocking: a FIFO or a terminal there must not hang the start)
+        fd = os.open(events_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or f"{st.st_dev}:{st.st_ino}" != mark.events_file:
                 return None
             if not mark.events_at <= st.st_size <= mark.events_at + limit:
                 return None

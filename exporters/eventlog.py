@@ -98,6 +98,8 @@ class EventLog:
                 st = os.fstat(self._file.fileno())
             except OSError:
                 return None
+            if not stat.S_ISREG(st.st_mode):  # a pipe or a terminal: nothing to read back
+                return None
             return f"{st.st_dev}:{st.st_ino}", st.st_size
 
     def _render_console(self, line: str) -> str:

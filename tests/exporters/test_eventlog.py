@@ -104,3 +104,18 @@ def test_a_torn_last_line_stays_apart_from_the_next(tmp_path: Path) -> None:
     log.emit("c")
     log.close()
     assert [json.loads(x)["event"] for x in path.read_text().splitlines()[2:]] == ["b", "c"]
+
+
+def test_position_names_a_regular_file_only(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = EventLog(io.StringIO(), path, console=False)
+    log.emit("a")
+    st = path.stat()
+    assert log.position() == (f"{st.st_dev}:{st.st_ino}", st.st_size)
+    log.close()
+    assert EventLog(io.StringIO(), None, console=False).position() is None
+    fifo = tmp_path / "events.fifo"
+    os.mkfifo(fifo)
+    log = EventLog(io.StringIO(), fifo, console=False)
+    assert log.position() is None  # a pipe: its lines cannot be read back
+    log.close()

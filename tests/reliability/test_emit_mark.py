@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import time
 from collections import Counter
@@ -194,6 +195,9 @@ def test_read_back_takes_the_lines_from_where_the_run_began(tmp_path: Path) -> N
     assert written(path, Mark(mark.file_id, 100, 200, ident, st.st_size + 1)) is None
     assert written(tmp_path / "absent.jsonl", mark) is None
     assert written(path, mark, limit=10) is None
+    fifo = tmp_path / "events.fifo"  # a FIFO there (no writer): not read, and no hang
+    os.mkfifo(fifo)
+    assert written(fifo, mark) is None
 
 
 def test_the_mark_names_the_event_log_file_and_survives_a_reload(tmp_path: Path) -> None:
