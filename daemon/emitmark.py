@@ -102,17 +102,24 @@ def same_file(a: str, b: str) -> bool:
     return a.split(":", 2)[:2] == b.split(":", 2)[:2]
 
 
-def still_there(mark: Mark, path: Path) -> bool:
-    """The file at `path` is the one the mark names: same inode, same first bytes."""
+def still_there(mark: Mark, path: Path, keep: int = 0) -> bool:
+    """The file the mark names is at `path` or, rotated while no daemon ran, at one of
+    PATH.1 ... PATH.<keep> (where the follower resumes too): same inode, same first bytes."""
     try:
         ident = FileIdentity.parse(mark.file_id)
-        with path.open("rb") as f:
-            st = os.fstat(f.fileno())
-            head = f.read(ident.fp_len)
-    except (OSError, ValueError):
+    except ValueError:
         return False
-    same = (st.st_dev, st.st_ino) == (ident.dev, ident.ino)
-    return same and len(head) == ident.fp_len and fingerprint(head) == ident.fp
+    for name in [path, *(Path(f"{path}.{i}") for i in range(1, keep + 1))]:
+        try:
+            with name.open("rb") as f:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino) != (ident.dev, ident.ino):
+                    continue
+                head = f.read(ident.fp_len)
+        except OSError:
+            continue
+        return len(head) == ident.fp_len and fingerprint(head) == ident.fp
+    return False
 
 
 @dataclass(frozen=True, slots=True)

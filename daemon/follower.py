@@ -482,6 +482,11 @@ class LogFollower:
 
     # -- positions --------------------------------------------------------------------------------
 
+    @property
+    def rotated_keep(self) -> int:
+        """How many rotated names (PATH.1 ...) are searched for a file of ours."""
+        return self._gens.keep
+
     def position(self) -> Position | None:
         """Where the next undelivered record starts; None when no file was seen yet."""
         if self._pending is not None:

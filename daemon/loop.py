@@ -254,7 +254,8 @@ class Daemon:
         name = checkpoint_name(path).replace("follower-", "events-", 1)
         self._marks = EmitMark(state_dir / name)
         mark = self._marks.load()
-        self._mark = mark if mark is not None and still_there(mark, path) else None
+        there = mark is not None and still_there(mark, path, follower.rotated_keep)
+        self._mark = mark if there else None
         if self._mark is not None and self._mark.pending > self._mark.done:
             m = self._mark
             if self.cfg.events_file is not None:

@@ -225,3 +225,22 @@ def test_the_daemon_notes_the_event_log_position_with_each_run(tmp_path: Path) -
     assert (doc["events_file"], doc["events_at"]) == (f"{st.st_dev}:{st.st_ino}", st.st_size)
     follower.close(checkpoint=False)
     eventlog.close()
+
+
+def test_the_mark_holds_when_the_log_was_rotated_while_the_daemon_was_down(tmp_path: Path) -> None:
+    """The killed daemon's file is now vllm.log.1 and a new load is in vllm.log: the restart
+    resumes in vllm.log.1 from its checkpoint, and the mark still says what was written there."""
+    c = _cut(tmp_path)
+    log = tmp_path / "vllm.log"
+    log.rename(tmp_path / "vllm.log.1")
+    log.write_text("".join(_lines()))  # the next start of vLLM, in a new file
+    with running(c.cfg) as d:
+        d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+        events = d.events()
+    offsets = [
+        (e["offset"], bool(e.get("replay"))) for e in events if e["event"].startswith("log.")
+    ]
+    old = offsets[: next(i for i in range(1, len(offsets)) if offsets[i][0] < offsets[i - 1][0])]
+    assert old and all(o >= c.dd for o, _ in old), "nothing before D of the old file again"
+    assert {o for o, marked in old if marked} == {o for o, _ in old if o < c.p}
