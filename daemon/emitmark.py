@@ -12,6 +12,11 @@ its size when the run began; `written()` reads the lines from there back, and th
 exactly the events they lack, as usual. Without a file to read back (stdout only, or rotated
 since) it writes them all again, marked as replays.
 
+The mark names its file by inode and first bytes; a restart finds it at the path or at a rotated
+name (PATH.1 ...), as the follower does. A copytruncate rotation while no daemon ran gives the
+records a new inode (the copy's): the mark does not hold there, and records after the
+checkpoint that a killed daemon had already written are written again.
+
 Each update is one `pwrite` of a fixed-size block over the same bytes, so a killed process leaves
 either the old note or the new one. There is no fsync: the note has to outlive the process, not
 the machine, and the event log's own lines are not synced either.
