@@ -210,6 +210,7 @@ class LogFollower:
         self._cp_records = 0
         self._cp_time = clock()
         self._cp_saved: tuple[Position | None, dict[str, Any]] | None = None
+        self._cp_tried = False  # a save was tried with a position (so the first is done)
         self.loaded_checkpoint: Checkpoint | None = None
         if self._store is not None:
             try:
@@ -550,6 +551,7 @@ class LogFollower:
         self._cp_time = self._clock()
         if pos is None:
             return False
+        self._cp_tried = True
         cp = Checkpoint(self._path, pos.file_id, pos.offset, dict(self._extra), self._wall())
         try:
             self._store.save(cp)
@@ -563,15 +565,23 @@ class LogFollower:
         return True
 
     def maybe_checkpoint(self, extra: Mapping[str, Any] | None = None) -> bool:
-        """`checkpoint` once enough records or seconds have passed and something changed.
+        """`checkpoint` once enough records or seconds have passed and something changed, and
+        the first time it is called when there was none to load.
 
-        Never more often than ``checkpoint_min_interval_s``: each save costs two fsyncs.
+        Never more often than ``checkpoint_min_interval_s`` (after the first): each save costs
+        two fsyncs.
         """
         if self._store is None:
             return False
         elapsed = self._clock() - self._cp_time
-        due = elapsed >= self._min_interval_s and (
-            self._records - self._cp_records >= self._every_records or elapsed >= self._every_s
+        # The first one at once: a daemon killed before it saved any would leave its successor
+        # without the file it read, which may have been rotated away by then.
+        first = not self._cp_tried and self.loaded_checkpoint is None
+        due = first or (
+            elapsed >= self._min_interval_s
+            and (
+                self._records - self._cp_records >= self._every_records or elapsed >= self._every_s
+            )
         )
         if not due:
             if extra is not None:

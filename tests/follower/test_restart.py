@@ -180,6 +180,7 @@ def test_session_start_survives_restart_and_rotation(log: Path, state: Path) -> 
     f = LogFollower(log, state_dir=state)
     col = Collector(f)
     col.read()
+    assert f.maybe_checkpoint() is True  # the first one at once
     session_start = Position(col.chunks[-1].file_id, col.chunks[-1].next_offset)
     append(log, expected("s", 0, 30))
     col.read()
@@ -249,26 +250,33 @@ def test_checkpoint_cadence(log: Path, state: Path) -> None:
     )
     log.write_bytes(expected("k", 0, 50))
     f.read()
-    assert not f.maybe_checkpoint()  # 50 records, 0 s
+    assert f.maybe_checkpoint()  # none was there to load: the first one at once
     append(log, expected("k", 50, 50))
     f.read()
-    assert not f.maybe_checkpoint()  # 100 records, but within a second of the start
+    assert not f.maybe_checkpoint()  # 50 records, 0 s
+    append(log, expected("k", 100, 50))
+    f.read()
+    assert not f.maybe_checkpoint()  # 100 records, but within a second of the last
     now[0] = 1.0
     assert f.maybe_checkpoint()  # 100 records
     assert not f.maybe_checkpoint()
     now[0] = 11.0
     assert not f.maybe_checkpoint()  # due by time, but nothing moved
-    append(log, expected("k", 100, 1))
+    append(log, expected("k", 150, 1))
     f.read()
     now[0] = 22.0
     assert f.maybe_checkpoint()  # due by time, and moved
     assert not f.maybe_checkpoint({"a": 1})  # not due: extra kept for later
     now[0] = 33.0
     assert f.maybe_checkpoint()  # only the extra changed
-    assert f.health().checkpoints_total == 3
+    assert f.health().checkpoints_total == 4
     f.close(checkpoint=False)
     cp = CheckpointStore(state, log).load()
-    assert cp is not None and cp.extra == {"a": 1} and cp.offset == len(expected("k", 0, 101))
+    assert cp is not None and cp.extra == {"a": 1} and cp.offset == len(expected("k", 0, 151))
+    g = LogFollower(log, state_dir=state, clock=lambda: now[0], checkpoint_min_interval_s=1.0)
+    g.read()
+    assert not g.maybe_checkpoint()  # resumed from a checkpoint: no first one at once
+    g.close(checkpoint=False)
 
 
 def test_checkpoint_file_is_written_atomically(log: Path, state: Path) -> None:
