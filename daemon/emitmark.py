@@ -13,9 +13,13 @@ exactly the events they lack, as usual. Without a file to read back (stdout only
 since) it writes them all again, marked as replays.
 
 The mark names its file by inode and first bytes; a restart finds it at the path or at a rotated
-name (PATH.1 ...), as the follower does. A copytruncate rotation while no daemon ran gives the
-records a new inode (the copy's): the mark does not hold there, and records after the
-checkpoint that a killed daemon had already written are written again.
+name (PATH.1 ...), as the follower does, and places it against where reading resumes: in the
+checkpoint's file, or in a newer one (the killed daemon followed a rotation after its last
+checkpoint: every record before the mark's file is then re-read as a replay too), or an older
+one (nothing left to skip). With no checkpoint at all (killed before its first), reading starts
+at the beginning of the mark's file, as the killed daemon's did. A copytruncate rotation while
+no daemon ran gives the records a new inode (the copy's): the mark does not hold there, and
+records after the checkpoint that a killed daemon had already written are written again.
 
 Each update is one `pwrite` of a fixed-size block over the same bytes, so a killed process leaves
 either the old note or the new one. There is no fsync: the note has to outlive the process, not
@@ -107,14 +111,15 @@ def same_file(a: str, b: str) -> bool:
     return a.split(":", 2)[:2] == b.split(":", 2)[:2]
 
 
-def still_there(mark: Mark, path: Path, keep: int = 0) -> bool:
-    """The file the mark names is at `path` or, rotated while no daemon ran, at one of
-    PATH.1 ... PATH.<keep> (where the follower resumes too): same inode, same first bytes."""
+def generation(file_id: str, path: Path, keep: int) -> int | None:
+    """Where the file `file_id` names is now: 0 at `path`, i at PATH.i (1 <= i <= keep; higher
+    is older), None when it is at none of them (same inode and the same first bytes)."""
     try:
-        ident = FileIdentity.parse(mark.file_id)
+        ident = FileIdentity.parse(file_id)
     except ValueError:
-        return False
-    for name in [path, *(Path(f"{path}.{i}") for i in range(1, keep + 1))]:
+        return None
+    for i in range(keep + 1):
+        name = path if i == 0 else Path(f"{path}.{i}")
         try:
             with name.open("rb") as f:
                 st = os.fstat(f.fileno())
@@ -123,8 +128,9 @@ def still_there(mark: Mark, path: Path, keep: int = 0) -> bool:
                 head = f.read(ident.fp_len)
         except OSError:
             continue
-        return len(head) == ident.fp_len and fingerprint(head) == ident.fp
-    return False
+        same = len(head) == ident.fp_len and fingerprint(head) == ident.fp
+        return i if same else None
+    return None
 
 
 @dataclass(frozen=True, slots=True)

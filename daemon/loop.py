@@ -33,7 +33,7 @@ from typing import Any
 
 from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config
-from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, identity, same_file, still_there
+from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, generation, identity, same_file
 from loadwatch.daemon.emitmark import written as written_events
 from loadwatch.daemon.follower import FollowerError, LogFollower, Position
 from loadwatch.daemon.gpu import GuardedGpuSource, NullGpuSource
@@ -103,6 +103,7 @@ class Daemon:
         self._marks: EmitMark | None = None
         self._mark: Mark | None = None  # the last run's emit mark, until reading passes it
         self._written: set[Identity] | None = None  # what the event log has of the mark's run
+        self._mark_ahead = False  # the mark's file comes after the one reading resumes in
         self._gpu_ccs: dict[int, tuple[int, int]] = {}
         self._last_reading: GpuReading | None = None
         self._last_status = ""
@@ -253,9 +254,7 @@ class Daemon:
                     self.eventlog.emit("daemon.replay", since=start, until=resume.to_dict())
         name = checkpoint_name(path).replace("follower-", "events-", 1)
         self._marks = EmitMark(state_dir / name)
-        mark = self._marks.load()
-        there = mark is not None and still_there(mark, path, follower.rotated_keep)
-        self._mark = mark if there else None
+        self._mark = self._place_mark(self._marks.load(), follower)
         if self._mark is not None and self._mark.pending > self._mark.done:
             m = self._mark
             if self.cfg.events_file is not None:
@@ -265,6 +264,26 @@ class Daemon:
             self.eventlog.emit("daemon.cut_run", done=m.done, pending=m.pending, found=found)
         self._follower = follower
         return follower
+
+    def _place_mark(self, mark: Mark | None, follower: LogFollower) -> Mark | None:
+        """The emit mark, if it names a file reading will reach (see emitmark.py); when it names
+        a newer file than the checkpoint's, everything before that file is a replay."""
+        if mark is None:
+            return None
+        path, keep = Path(follower.path), follower.rotated_keep
+        at = generation(mark.file_id, path, keep)
+        if at is None:
+            return None
+        cp = follower.loaded_checkpoint
+        if cp is None:  # killed before its first checkpoint: it read the mark's file from 0
+            if at > 0 and not follower.seek(Position(mark.file_id, 0)):
+                return None
+            return mark
+        base = generation(cp.file_id, path, keep)
+        if base is not None and at > base:
+            return None  # in a file older than the checkpoint's: all of it is behind
+        self._mark_ahead = base is not None and at < base
+        return mark
 
     def feed_chunks(self, chunks: Iterable[Any]) -> None:
         for chunk in chunks:
@@ -317,11 +336,14 @@ class Daemon:
             self.eventlog.emit("daemon.replay_done")
         mark = self._mark
         if mark is not None and same_file(mark.file_id, file_id):
+            self._mark_ahead = False
             if end <= mark.done:
                 return "replay"
             if end <= mark.pending:
                 return "again"
             self._mark = self._written = None
+        elif mark is not None and self._mark_ahead:
+            return "replay"  # a file before the mark's: its events were written
         return "live"
 
     def _session_id(self) -> int | None:

@@ -22,6 +22,7 @@ from typing import Any
 from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config, ForecastConfig, GpuConfig, HttpConfig, LogConfig
 from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, identity, written
+from loadwatch.daemon.follower_files import FINGERPRINT_BYTES, FileIdentity, fingerprint
 from loadwatch.daemon.gpu import NullGpuSource
 from loadwatch.daemon.kimilog import Shape, SyntheticClock, startup
 from loadwatch.daemon.loop import Daemon
@@ -244,3 +245,65 @@ def test_the_mark_holds_when_the_log_was_rotated_while_the_daemon_was_down(tmp_p
     old = offsets[: next(i for i in range(1, len(offsets)) if offsets[i][0] < offsets[i - 1][0])]
     assert old and all(o >= c.dd for o, _ in old), "nothing before D of the old file again"
     assert {o for o, marked in old if marked} == {o for o, _ in old if o < c.p}
+
+
+def _ident(path: Path) -> str:
+    """The follower's identity of a file (inode, first bytes)."""
+    st = path.stat()
+    head = path.read_bytes()[:FINGERPRINT_BYTES]
+    return str(FileIdentity(st.st_dev, st.st_ino, len(head), fingerprint(head)))
+
+
+def _logged(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    return [(e["offset"], e["ts"]) for e in events if e["event"].startswith("log.")]
+
+
+def test_no_checkpoint_reading_starts_at_the_marks_file_even_rotated(tmp_path: Path) -> None:
+    """Killed before its first checkpoint, after writing the events of the first D bytes of
+    vllm.log, which was then rotated to vllm.log.1: the restart reads vllm.log.1 from 0 (the
+    state rebuilt), writes its events from D on, then those of the new vllm.log."""
+    lines = _lines()
+    log, old = tmp_path / "vllm.log", tmp_path / "vllm.log.1"
+    log.write_text("".join(lines))
+    starts = _offsets(lines)
+    dd = starts[len(lines) // 2]
+    state = tmp_path / "state" / "follower"
+    state.mkdir(parents=True)
+    mark = state / checkpoint_name(log).replace("follower-", "events-")
+    mark.write_text(json.dumps({"file_id": _ident(log), "done": dd, "pending": dd}))
+    log.rename(old)
+    log.write_text("".join(lines[:20]))  # the next start of vLLM, in a new file
+    with running(_config(tmp_path, "state")) as d:
+        d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
+        events = d.events()
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "ref" / "vllm.log").write_text("".join(lines))
+    with running(_config(tmp_path / "ref", "state")) as ref:
+        ref.wait(lambda: ref.status()["phase"] == "ready", "ready (reference)")
+        want = [o for o, _ in _logged(ref.events())]
+    got = [o for o, _ in _logged(events)]
+    first_new = next(i for i in range(1, len(got)) if got[i] < got[i - 1])
+    new_size = len("".join(lines[:20]).encode())
+    assert got[:first_new] == [o for o in want if o >= dd], "the old file's rest, once"
+    assert got[first_new:] == [o for o in want if o < new_size], "then the new file from 0"
+
+
+def test_a_mark_in_a_newer_file_replays_the_files_before_it(tmp_path: Path) -> None:
+    """The killed daemon followed a rotation after its last checkpoint and wrote events in the
+    new file up to D: the restart resumes in the old file (now vllm.log.1), re-reads the rest of
+    it as a replay, and writes the new file's events from D on."""
+    c = _cut(tmp_path)  # checkpoint at R in vllm.log, which has the whole load
+    log = tmp_path / "vllm.log"
+    log.rename(tmp_path / "vllm.log.1")
+    log.write_text("".join(c.lines))  # the next start of vLLM, in a new file
+    dd = c.starts[len(c.lines) // 2]
+    state = tmp_path / "state" / "follower"
+    mark = state / checkpoint_name(log).replace("follower-", "events-")
+    mark.write_text(json.dumps({"file_id": _ident(log), "done": dd, "pending": dd}))
+    with running(c.cfg) as d:
+        d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+        events = d.events()
+    got = _logged(events)
+    assert got and all(o >= dd for o, _ in got), "nothing of the old file, nor the new before D"
+    assert len(got) == len(set(got))
