@@ -7,8 +7,8 @@ body, binary garbage, a bad method, HTTP/0.9, a huge version), and unknown paths
 process scrapes /metrics every 20 ms as Prometheus would (more often, for a steadier p99): its p99 must stay under 50 ms. Before
 the abuse the same scraper measures the quiet p99, side by side. Afterwards: every abusive
 request got an error status or a closed connection and never a 200 or a 500, the clients that
-never finish were dropped within the request timeout, the daemon serves on with as many
-threads as before, and its stderr holds no traceback.
+never finish were dropped within the request timeout, the daemon serves on from the same HTTP
+server process with as many threads as before, and its stderr holds no traceback.
 """
 
 from __future__ import annotations
@@ -47,6 +47,24 @@ def _p99(xs: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
+def _http_process(pid: int) -> int:
+    """The daemon's HTTP server process (`python -m loadwatch.exporters.httpd`), its child."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if (
+            int(stat.rsplit(")", 1)[1].split()[1]) == pid
+            and b"loadwatch.exporters.httpd" in cmdline
+        ):
+            return int(entry.name)
+    raise AssertionError(f"no HTTP server process under {pid}")
+
+
 def _threads(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Threads:"):
@@ -69,7 +87,8 @@ def test_metrics_stay_quick_under_abuse(tmp_path: Path) -> None:
     host, port = "127.0.0.1", int(d.url.rsplit(":", 1)[1])
     try:
         wait_for(lambda: d.status()["phase"] == "loading_weights", "the load")
-        threads_before = _threads(d.pid)
+        httpd = _http_process(d.pid)  # the handlers' threads are there, not in the daemon
+        threads_before = _threads(httpd)
         quiet = []
         for _ in range(60):
             quiet.append(_scrape(host, port))
@@ -90,7 +109,8 @@ def test_metrics_stay_quick_under_abuse(tmp_path: Path) -> None:
         out, _ = abuser.communicate(timeout=ABUSE_S + 60)
         report = json.loads(out)
         assert d.proc.poll() is None, "the daemon died"
-        wait_for(lambda: _threads(d.pid) <= threads_before + 1, "handler threads to end", 15)
+        assert _http_process(d.pid) == httpd, "the HTTP server process was restarted"
+        wait_for(lambda: _threads(httpd) <= threads_before + 1, "handler threads to end", 15)
         assert d.get("/healthz")[0] == 200
     finally:
         code = d.stop()
