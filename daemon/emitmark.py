@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadwatch.daemon.follower_files import FileIdentity, fingerprint
+from loadwatch.daemon.follower_files import FileIdentity, Generations, open_file, stat_file
 
 BLOCK = 512
 READ_BACK = 64 << 20  # at most this much of the event log is read back (else: not known)
@@ -118,18 +118,21 @@ def generation(file_id: str, path: Path, keep: int) -> int | None:
         ident = FileIdentity.parse(file_id)
     except ValueError:
         return None
+    gens = Generations(str(path), keep)
     for i in range(keep + 1):
-        name = path if i == 0 else Path(f"{path}.{i}")
-        try:
-            with name.open("rb") as f:
-                st = os.fstat(f.fileno())
-                if (st.st_dev, st.st_ino) != (ident.dev, ident.ino):
-                    continue
-                head = f.read(ident.fp_len)
-        except OSError:
+        st = stat_file(gens.name(i))
+        if st is None or (st.st_dev, st.st_ino) != (ident.dev, ident.ino):
             continue
-        same = len(head) == ident.fp_len and fingerprint(head) == ident.fp
-        return i if same else None
+        try:
+            f = open_file(gens.name(i))
+        except OSError:
+            return None
+        if f is None:
+            return None
+        try:
+            return i if f.matches(ident) else None
+        finally:
+            f.close()
     return None
 
 
