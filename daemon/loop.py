@@ -104,6 +104,7 @@ class Daemon:
         self._mark: Mark | None = None  # the last run's emit mark, until reading passes it
         self._written: set[Identity] | None = None  # what the event log has of the mark's run
         self._mark_ahead = False  # the mark's file comes after the one reading resumes in
+        self._until_seen = False  # a record of the checkpoint's file was read in the replay
         self._gpu_ccs: dict[int, tuple[int, int]] = {}
         self._last_reading: GpuReading | None = None
         self._last_status = ""
@@ -330,10 +331,14 @@ class Daemon:
         events a killed daemon may have written in part, so written marked as replays; 'live'."""
         until = self._replay_until
         if until is not None:
-            if file_id != until.file_id or start < until.offset:
-                return "replay"
-            self._replay_until = None
-            self.eventlog.emit("daemon.replay_done")
+            if same_file(file_id, until.file_id):
+                self._until_seen = True
+                if start < until.offset:
+                    return "replay"
+            elif not self._until_seen:
+                return "replay"  # a file before the checkpoint's
+            # at the checkpoint, or in a file after it (that one ended there, rotated since)
+            self._end_replay()
         mark = self._mark
         if mark is not None and same_file(mark.file_id, file_id):
             self._mark_ahead = False
@@ -345,6 +350,10 @@ class Daemon:
         elif mark is not None and self._mark_ahead:
             return "replay"  # a file before the mark's: its events were written
         return "live"
+
+    def _end_replay(self) -> None:
+        self._replay_until = None
+        self.eventlog.emit("daemon.replay_done")
 
     def _session_id(self) -> int | None:
         s = self.state.session
@@ -399,8 +408,11 @@ class Daemon:
                 await asyncio.sleep(0)
                 continue
             if not chunks and h.file_exists:
-                # caught up: whatever the mark names is not coming
+                # caught up: whatever the mark names is not coming, nor a record after the
+                # checkpoint in its file
                 self._mark = self._written = None
+                if self._replay_until is not None:
+                    self._end_replay()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wait_log(follower), timeout=1.0)
 

@@ -307,3 +307,26 @@ def test_a_mark_in_a_newer_file_replays_the_files_before_it(tmp_path: Path) -> N
     got = _logged(events)
     assert got and all(o >= dd for o, _ in got), "nothing of the old file, nor the new before D"
     assert len(got) == len(set(got))
+
+
+def test_replay_ends_when_the_checkpoints_file_ends_and_was_rotated(tmp_path: Path) -> None:
+    """A clean stop at the end of vllm.log (checkpoint there, the session began at 0), which is
+    then rotated, with the next load in a new vllm.log: the restart re-reads the old file as a
+    replay up to the checkpoint, which no record of that file lies after, and the new file is
+    live."""
+    lines = _lines()
+    log = tmp_path / "vllm.log"
+    log.write_text("".join(lines))
+    cfg = _config(tmp_path, "state")
+    with running(cfg) as d:
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+    log.rename(tmp_path / "vllm.log.1")
+    log.write_text("".join(lines[:20]))
+    with running(cfg) as d:
+        d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
+        d.wait(lambda: any(e["event"] == "daemon.replay_done" for e in d.events()), "replay done")
+        events = d.events()
+    got = [o for o, _ in _logged(events)]
+    new_size = len("".join(lines[:20]).encode())
+    assert got and all(o < new_size for o in got), "the new file's events, live"
+    assert len(got) == len(set(got))
