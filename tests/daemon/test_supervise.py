@@ -102,8 +102,9 @@ def test_success_ready_health_and_a_clean_stop(tmp_path: Path) -> None:
         assert m["loadwatch_vllm_health_up"] == 1.0 and m["loadwatch_vllm_starts_total"] == 1.0
         kv = next(w for w in d.status()["session"]["warnings"] if w["code"] == "kv_scale_missing")
         assert kv["verdict"] == "benign", kv["reason"]
+        # the server and its tensor-parallel workers (the tree is scanned every 2 s)
+        d.wait(lambda: len(tree(d)) >= 3, "the workers in the supervisor's tree", 10)
         pids = tree(d)
-        assert len(pids) >= 3  # the server and its tensor-parallel workers
     assert d.code == 0
     assert alive(pids) == set(), "no process of the vLLM tree outlives the daemon"
     stopped = [e for e in d.events() if e["event"] == "vllm.stopped"]
