@@ -12,14 +12,18 @@ its size when the run began; `written()` reads the lines from there back, and th
 exactly the events they lack, as usual. Without a file to read back (stdout only, or rotated
 since) it writes them all again, marked as replays.
 
-The mark names its file by inode and first bytes; a restart finds it at the path or at a rotated
-name (PATH.1 ...), as the follower does, and places it against where reading resumes: in the
-checkpoint's file, or in a newer one (the killed daemon followed a rotation after its last
-checkpoint: every record before the mark's file is then re-read as a replay too), or an older
-one (nothing left to skip). With no checkpoint at all (killed before its first), reading starts
-at the beginning of the mark's file, as the killed daemon's did. A copytruncate rotation while
-no daemon ran gives the records a new inode (the copy's): the mark does not hold there, and
-records after the checkpoint that a killed daemon had already written are written again.
+The mark names its file by the follower's identity string (inode and first bytes), which a
+restart's follower gives the file again (`LogFollower.know`), so identities compare as strings.
+A mark in the checkpoint's file holds wherever the follower finds that file: at the path, at a
+rotated name (PATH.1 ...), or as the copy a copytruncate rotation left there. Otherwise the
+restart looks for the mark's file at the path and the rotated names by inode and first bytes,
+and places it against where reading resumes: in a newer file than the checkpoint's (the killed
+daemon followed a rotation after its last checkpoint: every record before the mark's file is
+then re-read as a replay too), or an older one (nothing left to skip). With no checkpoint at all
+(killed before its first), reading starts at the beginning of the mark's file, as the killed
+daemon's did. Not covered: a mark in a newer file than the checkpoint's that was then rotated by
+copytruncate before the restart (the copy has another inode): the records of that file up to the
+mark are written a second time.
 
 Each update is one `pwrite` of a fixed-size block over the same bytes, so a killed process leaves
 either the old note or the new one. There is no fsync: the note has to outlive the process, not
@@ -103,12 +107,6 @@ def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identi
             continue
         found.add(key)
     return found
-
-
-def same_file(a: str, b: str) -> bool:
-    """Two file identities name one file: device and inode agree. (The fingerprint's length
-    depends on how much of the file there was when it was taken, so it differs between runs.)"""
-    return a.split(":", 2)[:2] == b.split(":", 2)[:2]
 
 
 def generation(file_id: str, path: Path, keep: int) -> int | None:

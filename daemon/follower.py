@@ -184,6 +184,7 @@ class LogFollower:
 
         self._sources: list[OpenFile] = []
         self._pending: tuple[FileIdentity, int] | None = None  # a start position to look up
+        self._known: list[FileIdentity] = []  # identities given before: see `know`
         self._start: StartKind = "fresh"
         self._exists = False
         self._at_path = False
@@ -225,6 +226,7 @@ class LogFollower:
         if start is not None:
             try:
                 self._pending = (FileIdentity.parse(start.file_id), start.offset)
+                self._known.append(self._pending[0])
                 self._start = "pending"
             except ValueError as e:
                 self._fail(e, state=True)
@@ -302,7 +304,7 @@ class LogFollower:
                 end = src.skip_pos + t + 1
                 self._bytes += t + 1
                 budget -= t + 1
-                ident = src.ident or src.fix_identity()
+                ident = src.ident or src.fix_identity(self._known)
                 out.append(Chunk(src.head + b"\n", src.rs, ident, end, True))
                 self._cuts += 1
                 self._records += 1
@@ -332,7 +334,9 @@ class LogFollower:
                 continue
             size = last + 1
             data = buf if size == n else buf[:size]
-            out.append(Chunk(data, rs, src.ident or src.fix_identity(), rs + size, False))
+            out.append(
+                Chunk(data, rs, src.ident or src.fix_identity(self._known), rs + size, False)
+            )
             src.remember(rs, data)
             src.rs = rs + size
             self._bytes += size
@@ -364,7 +368,7 @@ class LogFollower:
         if _first_terminator(tail) >= 0 or len(tail) == self._cap:
             return False  # it grew since the drain: drain again
         if src.skipping or tail:
-            ident = src.ident or src.fix_identity()
+            ident = src.ident or src.fix_identity(self._known)
             end = start + len(tail)
             data = src.head if src.skipping else tail
             out.append(Chunk(data + b"\n", src.rs, ident, end, True))
@@ -499,9 +503,19 @@ class LogFollower:
         if src.ident is not None:
             return Position(src.ident, src.rs)
         try:
-            return Position(src.provisional_identity(), src.rs)
+            return Position(src.provisional_identity(self._known), src.rs)
         except OSError:
             return None
+
+    def know(self, file_id: str) -> None:
+        """A file identity given before (a checkpoint's, a position noted elsewhere): a file it
+        names gets exactly it when read, so identities compare as strings (`OpenFile.adopt`)."""
+        try:
+            ident = FileIdentity.parse(file_id)
+        except ValueError:
+            return
+        if ident not in self._known:
+            self._known.append(ident)
 
     def seek(self, position: Position) -> bool:
         """Re-read from a remembered position if its file is still here (the path or PATH.N).
@@ -510,7 +524,12 @@ class LogFollower:
         """
         try:
             ident = FileIdentity.parse(position.file_id)
+            self.know(position.file_id)
             found = self._gens.locate(ident, position.offset)
+            if found is not None:  # named as before when known (the checkpoint's file: as it)
+                first = found[0][0]
+                name = first.known_as(self._known, os.pread(first.fd, FINGERPRINT_BYTES, 0))
+                first.ident = name or first.ident
         except (ValueError, OSError) as e:
             self._fail(e)
             return False

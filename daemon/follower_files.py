@@ -13,7 +13,7 @@ import hashlib
 import os
 import stat
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -130,20 +130,36 @@ class OpenFile:
         while self.recent_bytes > RECENT_BYTES and len(recent) > 1:
             self.recent_bytes -= len(recent.popleft()[1])
 
-    def fix_identity(self) -> str:
-        """The identity, taken at the first delivery from this file."""
+    def fix_identity(self, known: Iterable[FileIdentity] = ()) -> str:
+        """The identity, taken at the first delivery from this file (see `identity`)."""
         prefix = os.pread(self.fd, FINGERPRINT_BYTES, 0)
         if len(prefix) > len(self.prefix):
             self.prefix = prefix
-        dev, ino = self.key
-        self.ident = str(FileIdentity(dev, ino, len(self.prefix), fingerprint(self.prefix)))
+        self.ident = self.identity(known, self.prefix)
         return self.ident
 
-    def provisional_identity(self) -> str:
+    def provisional_identity(self, known: Iterable[FileIdentity] = ()) -> str:
         """An identity for a file nothing was delivered from yet (offset 0 fits any file)."""
-        prefix = os.pread(self.fd, FINGERPRINT_BYTES, 0)
+        return self.identity(known, os.pread(self.fd, FINGERPRINT_BYTES, 0))
+
+    def identity(self, known: Iterable[FileIdentity], prefix: bytes) -> str:
+        """This file's identity, its first bytes being `prefix`: the one of `known` that names
+        it (`known_as`), else a new one."""
         dev, ino = self.key
-        return str(FileIdentity(dev, ino, len(prefix), fingerprint(prefix)))
+        name = self.known_as(known, prefix)
+        return name or str(FileIdentity(dev, ino, len(prefix), fingerprint(prefix)))
+
+    def known_as(self, known: Iterable[FileIdentity], prefix: bytes) -> str | None:
+        """The first of `known` that names this file, whose first bytes are `prefix`: the same
+        inode and the same first bytes over its length. So a file keeps the identity it was
+        given before, whatever its length was then, and identities compare as strings. A file
+        cut back and written again in place keeps its inode, not its first bytes: no match."""
+        dev, ino = self.key
+        for k in known:
+            same_inode = (k.dev, k.ino) == (dev, ino) and 0 < k.fp_len <= len(prefix)
+            if same_inode and fingerprint(prefix[: k.fp_len]) == k.fp:
+                return str(k)
+        return None
 
     def matches(self, ident: FileIdentity) -> bool:
         prefix = os.pread(self.fd, ident.fp_len, 0)

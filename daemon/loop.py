@@ -33,7 +33,7 @@ from typing import Any
 
 from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config
-from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, generation, identity, same_file
+from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, generation, identity
 from loadwatch.daemon.emitmark import written as written_events
 from loadwatch.daemon.follower import FollowerError, LogFollower, Position
 from loadwatch.daemon.gpu import GuardedGpuSource, NullGpuSource
@@ -249,6 +249,8 @@ class Daemon:
                     at = Position.from_dict(start)
                 except ValueError:
                     at = None
+                if at is not None:
+                    follower.know(at.file_id)
                 if at is not None and at != resume and follower.seek(at):
                     self._replay_until = resume
                     self._session_start = start
@@ -271,11 +273,14 @@ class Daemon:
         a newer file than the checkpoint's, everything before that file is a replay."""
         if mark is None:
             return None
+        cp = follower.loaded_checkpoint
+        if cp is not None and mark.file_id == cp.file_id:
+            return mark  # the checkpoint's file, wherever the follower finds it (even a copy)
         path, keep = Path(follower.path), follower.rotated_keep
         at = generation(mark.file_id, path, keep)
         if at is None:
             return None
-        cp = follower.loaded_checkpoint
+        follower.know(mark.file_id)  # its file's records come with exactly this identity
         if cp is None:  # killed before its first checkpoint: it read the mark's file from 0
             if at > 0 and not follower.seek(Position(mark.file_id, 0)):
                 return None
@@ -317,7 +322,7 @@ class Daemon:
         until, mark = self._replay_until, self._mark
         if until is not None and until.file_id == chunk.file_id:
             cuts.add(until.offset)
-        if mark is not None and same_file(mark.file_id, chunk.file_id):
+        if mark is not None and mark.file_id == chunk.file_id:
             cuts.update((mark.done, mark.pending))
         start, end = chunk.offset, chunk.next_offset
         inner = sorted(c for c in cuts if start < c < end)
@@ -331,7 +336,7 @@ class Daemon:
         events a killed daemon may have written in part, so written marked as replays; 'live'."""
         until = self._replay_until
         if until is not None:
-            if same_file(file_id, until.file_id):
+            if file_id == until.file_id:
                 self._until_seen = True
                 if start < until.offset:
                     return "replay"
@@ -340,7 +345,7 @@ class Daemon:
             # at the checkpoint, or in a file after it (that one ended there, rotated since)
             self._end_replay()
         mark = self._mark
-        if mark is not None and same_file(mark.file_id, file_id):
+        if mark is not None and mark.file_id == file_id:
             self._mark_ahead = False
             if end <= mark.done:
                 return "replay"

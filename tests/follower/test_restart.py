@@ -308,3 +308,85 @@ def test_copy_of_the_log_elsewhere_is_not_confused_with_it(log: Path, state: Pat
     shutil.copyfile(log, f"{log}.bak")  # not a rotated name: ignored
     data, h = second_run(log, state)
     assert data == b"" and h.start == "exact"
+
+
+def test_a_file_keeps_the_identity_it_was_given_before(log: Path, state: Path) -> None:
+    """Identities compare as strings: a file first read when it was short (a fingerprint of
+    fewer bytes) gets that same identity from a later follower that was told it, whether the
+    file is reached by a checkpoint, a seek or as a newer file. A file cut back and written
+    again in place (same inode, other first bytes) gets a new one."""
+    log.write_bytes(b"short\n")
+    f = LogFollower(log)
+    col = Collector(f)
+    col.read()
+    short_id = col.chunks[0].file_id
+    f.close(checkpoint=False)
+    assert short_id.split(":")[2] == "6"  # fingerprint over the 6 bytes there were
+    append(log, expected("k", 0, 50))  # now far past the fingerprint's length
+
+    told = LogFollower(log)
+    told.know(short_id)
+    col = Collector(told)
+    col.read()
+    assert {c.file_id for c in col.chunks} == {short_id}
+    told.close(checkpoint=False)
+    fresh = LogFollower(log)
+    col = Collector(fresh)
+    col.read()
+    assert {c.file_id for c in col.chunks} != {short_id}  # not told: its own, longer one
+    fresh.close(checkpoint=False)
+
+    # a newer file after a seek into the older one: the identity it was told
+    os.rename(log, f"{log}.1")
+    log.write_bytes(b"new\n")
+    g = LogFollower(log)
+    col = Collector(g)
+    col.read()
+    new_id = col.chunks[0].file_id
+    g.close(checkpoint=False)
+    append(log, expected("n", 0, 50))
+    h = LogFollower(log)
+    h.know(new_id)
+    assert h.seek(Position(short_id, 0))
+    col = Collector(h)
+    col.read()
+    assert [c.file_id for c in col.chunks][-1] == new_id
+    assert {c.file_id for c in col.chunks} == {short_id, new_id}
+    h.close(checkpoint=False)
+
+    # cut back and written again in place: the inode is the same, the first bytes are not
+    with open(log, "r+b") as w:
+        w.truncate(0)
+        w.write(b"other\n")
+    k = LogFollower(log)
+    k.know(new_id)
+    col = Collector(k)
+    col.read()
+    (ident,) = {c.file_id for c in col.chunks}
+    assert ident != new_id and ident.split(":")[:2] == new_id.split(":")[:2]
+    k.close(checkpoint=False)
+
+
+def test_a_seek_names_the_checkpoints_file_as_the_checkpoint_does(log: Path, state: Path) -> None:
+    """A position noted with another identity of the checkpoint's file (taken when the file was
+    shorter): after a seek there, the file's records carry the checkpoint's identity."""
+    log.write_bytes(b"short\n")
+    f = LogFollower(log)
+    col = Collector(f)
+    col.read()
+    short_id = col.chunks[0].file_id
+    f.close(checkpoint=False)
+    append(log, expected("c", 0, 50))
+    g = LogFollower(log, state_dir=state)
+    Collector(g).read()
+    g.close()  # the checkpoint, with this follower's identity of the file
+    h = LogFollower(log, state_dir=state)
+    assert h.loaded_checkpoint is not None
+    cp_id = h.loaded_checkpoint.file_id
+    assert cp_id != short_id and cp_id.split(":")[:2] == short_id.split(":")[:2]
+    assert h.seek(Position(short_id, 0))
+    col = Collector(h)
+    col.read()
+    assert {c.file_id for c in col.chunks} == {cp_id}
+    assert bytes(col.data) == b"short\n" + expected("c", 0, 50)
+    h.close(checkpoint=False)

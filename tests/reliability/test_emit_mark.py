@@ -13,6 +13,7 @@ import io
 import json
 import os
 import random
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from loadwatch.daemon.gpu import NullGpuSource
 from loadwatch.daemon.kimilog import Shape, SyntheticClock, startup
 from loadwatch.daemon.loop import Daemon
 from loadwatch.exporters.eventlog import EventLog
+from loadwatch.parsers import ChunkScanner
 from tests.daemon.harness import running
 
 
@@ -247,6 +249,43 @@ def test_the_mark_holds_when_the_log_was_rotated_while_the_daemon_was_down(tmp_p
     assert {o for o, marked in old if marked} == {o for o, _ in old if o < c.p}
 
 
+def _copytruncate(log: Path) -> list[str]:
+    """Rotate `log` as logrotate's copytruncate does (copied to vllm.log.1, a new inode; then
+    cut to nothing in place) and write the next start of vLLM into it (other first bytes)."""
+    shutil.copyfile(log, log.with_name("vllm.log.1"))
+    shape = Shape(model="/models/m", shards=10, workers=2, layers=4)
+    new = list(startup(random.Random(5), SyntheticClock(time.time() - 300), shape))
+    ino = log.stat().st_ino
+    with log.open("r+") as f:
+        f.truncate(0)
+        f.write("".join(new))
+    assert log.stat().st_ino == ino
+    return new
+
+
+def test_the_mark_holds_when_the_log_was_copied_and_truncated_while_the_daemon_was_down(
+    tmp_path: Path,
+) -> None:
+    """As above with a copytruncate rotation: the killed daemon's records are in the copy
+    vllm.log.1 (a new inode), where the restart resumes from its checkpoint, and the mark still
+    says what was written there; the cut-back vllm.log (the old inode) is all new."""
+    c = _cut(tmp_path)
+    new = _copytruncate(tmp_path / "vllm.log")
+    with running(c.cfg) as d:
+        d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+        events = d.events()
+    offsets = [
+        (e["offset"], bool(e.get("replay"))) for e in events if e["event"].startswith("log.")
+    ]
+    split = next(i for i in range(1, len(offsets)) if offsets[i][0] < offsets[i - 1][0])
+    old, fresh = offsets[:split], offsets[split:]
+    assert old and all(o >= c.dd for o, _ in old), "nothing before D of the old file again"
+    assert {o for o, marked in old if marked} == {o for o, _ in old if o < c.p}
+    want = [ev.offset for ev in ChunkScanner().feed("".join(new).encode())]
+    assert fresh == [(o, False) for o in want], "the new file's events, once, live"
+
+
 def _ident(path: Path) -> str:
     """The follower's identity of a file (inode, first bytes)."""
     st = path.stat()
@@ -330,3 +369,28 @@ def test_replay_ends_when_the_checkpoints_file_ends_and_was_rotated(tmp_path: Pa
     new_size = len("".join(lines[:20]).encode())
     assert got and all(o < new_size for o in got), "the new file's events, live"
     assert len(got) == len(set(got))
+
+
+def test_replay_ends_when_the_checkpoints_file_was_copied_and_truncated(tmp_path: Path) -> None:
+    """As above, with a copytruncate rotation while no daemon ran: vllm.log copied to vllm.log.1
+    (a new inode), cut to nothing and the next start of vLLM written into it (the old inode,
+    other first bytes). The restart replays the copy up to the checkpoint. The cut-back file's
+    records are new though its inode is the checkpoint's: they are written, live."""
+    lines = _lines()
+    log = tmp_path / "vllm.log"
+    log.write_text("".join(lines))
+    cfg = _config(tmp_path, "state")
+    with running(cfg) as d:
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+    new = _copytruncate(log)
+    with running(cfg) as d:
+        d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
+        d.wait(lambda: any(e["event"] == "daemon.replay_done" for e in d.events()), "replay done")
+        want = [ev.offset for ev in ChunkScanner().feed("".join(new).encode())]
+        d.wait(lambda: len(_logged(d.events())) >= len(want), "the new file's events")
+        events = d.events()
+    logged = [e for e in events if e["event"].startswith("log.")]
+    assert [e["offset"] for e in logged] == want
+    assert not any(e.get("replay") for e in logged)
+    started = [e for e in events if e["event"] == "transition.session_started"]
+    assert [bool(e.get("replay")) for e in started] == [True, False]
