@@ -185,6 +185,7 @@ class LogFollower:
         self._sources: list[OpenFile] = []
         self._pending: tuple[FileIdentity, int] | None = None  # a start position to look up
         self._known: list[FileIdentity] = []  # identities given before: see `know`
+        self._last_end: Position | None = None  # after the last record delivered
         self._start: StartKind = "fresh"
         self._exists = False
         self._at_path = False
@@ -269,6 +270,8 @@ class LogFollower:
             self._fail(e)
             if e.errno == errno.ESTALE:  # the NFS handle is gone: find our place again by path
                 self._reopen_at_position()
+        if out:
+            self._last_end = Position(out[-1].file_id, out[-1].next_offset)
         found = self._bytes != bytes_before
         if found:
             self._last_read_ts = self._wall()
@@ -502,6 +505,11 @@ class LogFollower:
         src = self._sources[0]
         if src.ident is not None:
             return Position(src.ident, src.rs)
+        if self._last_end is not None:
+            # Nothing delivered from this file yet (new at the path, or cut back in place): after
+            # the last record delivered, which names its file by its first bytes. This file may
+            # be empty, and an identity of no bytes would name whatever its inode holds later.
+            return self._last_end
         try:
             return Position(src.provisional_identity(self._known), src.rs)
         except OSError:
@@ -537,6 +545,7 @@ class LogFollower:
             return False
         self._close_sources()
         self._sources = found[0]
+        self._last_end = None
         self._pending = None
         self._backlog = False
         return True

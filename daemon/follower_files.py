@@ -152,11 +152,13 @@ class OpenFile:
     def known_as(self, known: Iterable[FileIdentity], prefix: bytes) -> str | None:
         """The first of `known` that names this file, whose first bytes are `prefix`: the same
         inode and the same first bytes over its length. So a file keeps the identity it was
-        given before, whatever its length was then, and identities compare as strings. A file
-        cut back and written again in place keeps its inode, not its first bytes: no match."""
+        given before, whatever its length was then, and identities compare as strings (one
+        taken of an empty file names whatever that inode holds now, as for `Generations.locate`).
+        A file cut back and written again in place keeps its inode, not its first bytes: no
+        match."""
         dev, ino = self.key
         for k in known:
-            same_inode = (k.dev, k.ino) == (dev, ino) and 0 < k.fp_len <= len(prefix)
+            same_inode = (k.dev, k.ino) == (dev, ino) and k.fp_len <= len(prefix)
             if same_inode and fingerprint(prefix[: k.fp_len]) == k.fp:
                 return str(k)
         return None

@@ -390,3 +390,31 @@ def test_a_seek_names_the_checkpoints_file_as_the_checkpoint_does(log: Path, sta
     assert {c.file_id for c in col.chunks} == {cp_id}
     assert bytes(col.data) == b"short\n" + expected("c", 0, 50)
     h.close(checkpoint=False)
+
+
+def test_a_checkpoint_after_a_copytruncate_names_the_copy_not_the_empty_file(
+    log: Path, state: Path
+) -> None:
+    """Stopped right after a copytruncate it followed (the path's file cut to nothing), the
+    follower's checkpoint is the end of the records it delivered, in the file it read them from
+    (now the copy), not the empty file: an identity of no bytes would name whatever that inode
+    holds later. Down, the log gets more lines and is rotated the same way again, then again
+    written: the restart reads exactly those two runs of lines."""
+    log.write_bytes(expected("a", 0, 30))
+    f = LogFollower(log, state_dir=state)
+    col = Collector(f)
+    col.read()
+    first_id = col.chunks[0].file_id
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    fd = rotate(str(log), fd, "copytruncate")
+    assert Collector(f).read() == []  # the cut noticed, nothing new
+    f.close()
+    cp = json.loads((state / checkpoint_name(log)).read_text())
+    assert (cp["file_id"], cp["offset"]) == (first_id, len(expected("a", 0, 30)))
+    os.write(fd, expected("b", 0, 20))
+    fd = rotate(str(log), fd, "copytruncate")
+    os.write(fd, expected("c", 0, 10))
+    os.close(fd)
+    data, health = second_run(log, state)
+    assert data == expected("b", 0, 20) + expected("c", 0, 10)
+    assert health.start == "rotated"

@@ -6,11 +6,17 @@ the current file first. An uninterrupted daemon follows the same files all along
 both have read everything, and the killed daemons' event log must hold every event and transition
 of the uninterrupted one's exactly once without a replay mark. Offsets restart in each file, so a
 log event is known by its type, offset and the time of its line (each load is an hour later).
+
+The same with copytruncate rotations (PATH copied to PATH.1, then cut to nothing in place: the
+records move to a new inode, the old inode gets the next ones) and clean stops (SIGTERM) instead
+of kills: a kill after the daemon followed a rotation past its last checkpoint, then such a
+rotation, is the one case where events are written twice (see daemon/emitmark.py).
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,8 +30,11 @@ from tests.reliability.test_kill_catchup import _loads
 from tests.reliability.test_kill_restart import _args, _identity, _read_events
 
 # 20261202: rotations spread out; 7: four of them in the first three restarts (two back to back,
-# so an empty file is rotated too, and the checkpoint's file ends where it was checkpointed)
+# so an empty file is rotated too, and the checkpoint's file ends where it was checkpointed);
+# 11 (copytruncate): a stop just after a rotation while reading, whose checkpoint then named the
+# cut-back, empty file, and a rotation while down after it
 SEEDS = (20261202, 7)
+RUNS = [*((s, "rename") for s in SEEDS), (20261202, "copytruncate"), (11, "copytruncate")]
 KILLS = 16
 ROTATIONS = DEFAULT_ROTATED_KEEP - 1  # more, and a daemon down long enough may lose a file
 
@@ -37,18 +46,23 @@ def _key(e: dict[str, Any]) -> tuple[Any, ...] | None:
     return (*k, e.get("ts")) if e["event"].startswith("log.") else k
 
 
-def _rotate(log: Path) -> None:
+def _rotate(log: Path, how: str) -> None:
     for i in range(DEFAULT_ROTATED_KEEP - 1, 0, -1):
         older = Path(f"{log}.{i}")
         if older.exists():
             older.rename(f"{log}.{i + 1}")
-    log.rename(f"{log}.1")
-    log.write_bytes(b"")
+    if how == "rename":
+        log.rename(f"{log}.1")
+        log.write_bytes(b"")
+    else:
+        shutil.copyfile(log, f"{log}.1")
+        with log.open("r+b") as f:
+            f.truncate(0)
 
 
 @pytest.mark.slow  # about half a minute each
-@pytest.mark.parametrize("seed", SEEDS)
-def test_kills_and_rotations_leave_the_event_log_exact(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "how"), RUNS)
+def test_kills_and_rotations_leave_the_event_log_exact(tmp_path: Path, seed: int, how: str) -> None:
     rng = random.Random(seed)
     loads = _loads(KILLS + 1)
     log = tmp_path / "vllm.log"
@@ -66,12 +80,15 @@ def test_kills_and_rotations_leave_the_event_log_exact(tmp_path: Path, seed: int
             d.wait_listening()
             time.sleep(rng.uniform(0.0, 0.5))
             if rotations < ROTATIONS and rng.random() < 0.25:  # while it reads
-                _rotate(log)
+                _rotate(log, how)
                 rotations, when["reading"] = rotations + 1, when["reading"] + 1
                 time.sleep(rng.uniform(0.0, 0.3))
-            d.kill()
+            if how == "rename":
+                d.kill()
+            else:
+                assert d.stop() == 0
             if rotations < ROTATIONS and rng.random() < 0.25:  # while it is down
-                _rotate(log)
+                _rotate(log, how)
                 rotations, when["down"] = rotations + 1, when["down"] + 1
             with log.open("a") as f:
                 f.write(loads[i + 1])
@@ -103,7 +120,7 @@ def test_kills_and_rotations_leave_the_event_log_exact(tmp_path: Path, seed: int
     want = Counter(k for e in want_events if (k := _key(e)) is not None)
     got = Counter(k for e in got_events if (k := _key(e)) is not None)
     print(
-        f"\nkills={KILLS} rotations={dict(when)} events={sum(want.values())} "
+        f"\n{how}: restarts={KILLS} rotations={dict(when)} events={sum(want.values())} "
         f"duplicates={sum((got - want).values())} missing={sum((want - got).values())} "
         f"marked_log_events={sum(1 for e in got_events if e['event'].startswith('log.') and e.get('replay'))}"
     )
