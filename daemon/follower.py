@@ -25,7 +25,10 @@ once its terminator arrives it is delivered alone as ``head + b"\\n"`` with ``cu
 Files and identity. A file is known by device + inode and a fingerprint of its first bytes (up to
 `FINGERPRINT_BYTES`), written ``"dev:ino:len:hash"`` (`FileIdentity`) and carried by every chunk.
 The fingerprint is taken when the first record of a file is delivered, so a file that is
-truncated and grows again, or a new file that reuses an inode, is told apart.
+truncated and grows again, or a new file that reuses an inode, is told apart. A file that an
+identity given before names (the checkpoint's, or one passed to `know`: same inode, same first
+bytes over that identity's length) gets exactly that identity again, however long the file has
+grown since, so identities from different runs compare as strings.
 
 - rename + create, delete + recreate: the old file stays open and is drained to its end once the
   new file at the path has data (an empty new file means the writer has not moved yet), then the
@@ -43,7 +46,8 @@ truncated and grows again, or a new file that reuses an inode, is told apart.
   and ``cut=True`` (counted as unterminated).
 
 Restart. `checkpoint()` stores `position()` (the identity and offset of the next undelivered
-record) plus an opaque ``extra`` dict atomically in the state directory; `maybe_checkpoint()` does
+record; when nothing of the current file was delivered yet, the end of the last record that was)
+plus an opaque ``extra`` dict atomically in the state directory; `maybe_checkpoint()` does
 so when ``checkpoint_every_records`` records or ``checkpoint_every_s`` seconds have passed since
 the last one, but not within ``checkpoint_min_interval_s`` of it. Checkpoint after the chunks were applied: a crash then re-delivers only what came
 after the last checkpoint. At start, or on `seek(position)`, the position's file is looked for
