@@ -46,6 +46,7 @@ BENCH_QUICK := $(if $(QUICK),--quick,)
 bench: venv
 	@./scripts/ensure-tools.sh
 	$(BIN)/python bench/throughput_vs_mtail.py $(BENCH_QUICK)
+	$(BIN)/python bench/load_breakdown.py $(if $(QUICK),--lines 20000,)
 	$(BIN)/python bench/scaling.py $(BENCH_QUICK)
 	$(BIN)/python bench/daemon_bench.py $(BENCH_QUICK)
 	$(BIN)/python bench/follower_bench.py $(BENCH_QUICK)
