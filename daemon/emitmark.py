@@ -16,14 +16,11 @@ The mark names its file by the follower's identity string (inode and first bytes
 restart's follower gives the file again (`LogFollower.know`), so identities compare as strings.
 A mark in the checkpoint's file holds wherever the follower finds that file: at the path, at a
 rotated name (PATH.1 ...), or as the copy a copytruncate rotation left there. Otherwise the
-restart looks for the mark's file at the path and the rotated names by inode and first bytes,
-and places it against where reading resumes: in a newer file than the checkpoint's (the killed
-daemon followed a rotation after its last checkpoint: every record before the mark's file is
-then re-read as a replay too), or an older one (nothing left to skip). With no checkpoint at all
-(killed before its first), reading starts at the beginning of the mark's file, as the killed
-daemon's did. Not covered: a mark in a newer file than the checkpoint's that was then rotated by
-copytruncate before the restart (the copy has another inode): the records of that file up to the
-mark are written a second time.
+restart looks for the mark's file the same way (`Generations.where`) and places it against
+where reading resumes: in a newer file than the checkpoint's (the killed daemon followed a
+rotation after its last checkpoint: every record before the mark's file is then re-read as a
+replay too), or an older one (nothing left to skip). With no checkpoint at all (killed before its
+first), reading starts at the beginning of the mark's file, as the killed daemon's did.
 
 Each update is one `pwrite` of a fixed-size block over the same bytes, so a killed process leaves
 either the old note or the new one. There is no fsync: the note has to outlive the process, not
@@ -41,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadwatch.daemon.follower_files import FileIdentity, Generations, open_file, stat_file
+from loadwatch.daemon.follower_files import FileIdentity, Generations
 
 BLOCK = 512
 READ_BACK = 64 << 20  # at most this much of the event log is read back (else: not known)
@@ -111,27 +108,13 @@ def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identi
 
 def generation(file_id: str, path: Path, keep: int) -> int | None:
     """Where the file `file_id` names is now: 0 at `path`, i at PATH.i (1 <= i <= keep; higher
-    is older), None when it is at none of them (same inode and the same first bytes)."""
+    is older), None when at none of them (`Generations.where`: by inode and first bytes, or a
+    copytruncate copy)."""
     try:
         ident = FileIdentity.parse(file_id)
-    except ValueError:
+        return Generations(str(path), keep).where(ident)
+    except (ValueError, OSError):
         return None
-    gens = Generations(str(path), keep)
-    for i in range(keep + 1):
-        st = stat_file(gens.name(i))
-        if st is None or (st.st_dev, st.st_ino) != (ident.dev, ident.ino):
-            continue
-        try:
-            f = open_file(gens.name(i))
-        except OSError:
-            return None
-        if f is None:
-            return None
-        try:
-            return i if f.matches(ident) else None
-        finally:
-            f.close()
-    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,9 @@ Files and identity. A file is known by device + inode and a fingerprint of its f
 The fingerprint is taken when the first record of a file is delivered, so a file that is
 truncated and grows again, or a new file that reuses an inode, is told apart. A file that an
 identity given before names (the checkpoint's, or one passed to `know`: same inode, same first
-bytes over that identity's length) gets exactly that identity again, however long the file has
-grown since, so identities from different runs compare as strings.
+bytes over that identity's length; at a rotated name, a copy with those first bytes) gets
+exactly that identity again, however long the file has grown since, so identities from
+different runs compare as strings.
 
 - rename + create, delete + recreate: the old file stays open and is drained to its end once the
   new file at the path has data (an empty new file means the writer has not moved yet), then the
@@ -311,7 +312,7 @@ class LogFollower:
                 end = src.skip_pos + t + 1
                 self._bytes += t + 1
                 budget -= t + 1
-                ident = src.ident or src.fix_identity(self._known)
+                ident = src.ident or self._fix_identity(src)
                 out.append(Chunk(src.head + b"\n", src.rs, ident, end, True))
                 self._cuts += 1
                 self._records += 1
@@ -341,9 +342,7 @@ class LogFollower:
                 continue
             size = last + 1
             data = buf if size == n else buf[:size]
-            out.append(
-                Chunk(data, rs, src.ident or src.fix_identity(self._known), rs + size, False)
-            )
+            out.append(Chunk(data, rs, src.ident or self._fix_identity(src), rs + size, False))
             src.remember(rs, data)
             src.rs = rs + size
             self._bytes += size
@@ -375,7 +374,7 @@ class LogFollower:
         if _first_terminator(tail) >= 0 or len(tail) == self._cap:
             return False  # it grew since the drain: drain again
         if src.skipping or tail:
-            ident = src.ident or src.fix_identity(self._known)
+            ident = src.ident or self._fix_identity(src)
             end = start + len(tail)
             data = src.head if src.skipping else tail
             out.append(Chunk(data + b"\n", src.rs, ident, end, True))
@@ -515,9 +514,12 @@ class LogFollower:
             # be empty, and an identity of no bytes would name whatever its inode holds later.
             return self._last_end
         try:
-            return Position(src.provisional_identity(self._known), src.rs)
+            return Position(src.provisional_identity(self._known, src.name != self._path), src.rs)
         except OSError:
             return None
+
+    def _fix_identity(self, src: OpenFile) -> str:
+        return src.fix_identity(self._known, copy=src.name != self._path)
 
     def know(self, file_id: str) -> None:
         """A file identity given before (a checkpoint's, a position noted elsewhere): a file it

@@ -13,7 +13,7 @@ import hashlib
 import os
 import stat
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -130,37 +130,47 @@ class OpenFile:
         while self.recent_bytes > RECENT_BYTES and len(recent) > 1:
             self.recent_bytes -= len(recent.popleft()[1])
 
-    def fix_identity(self, known: Iterable[FileIdentity] = ()) -> str:
+    def fix_identity(self, known: Sequence[FileIdentity] = (), copy: bool = False) -> str:
         """The identity, taken at the first delivery from this file (see `identity`)."""
         prefix = os.pread(self.fd, FINGERPRINT_BYTES, 0)
         if len(prefix) > len(self.prefix):
             self.prefix = prefix
-        self.ident = self.identity(known, self.prefix)
+        self.ident = self.identity(known, self.prefix, copy)
         return self.ident
 
-    def provisional_identity(self, known: Iterable[FileIdentity] = ()) -> str:
+    def provisional_identity(self, known: Sequence[FileIdentity] = (), copy: bool = False) -> str:
         """An identity for a file nothing was delivered from yet (offset 0 fits any file)."""
-        return self.identity(known, os.pread(self.fd, FINGERPRINT_BYTES, 0))
+        return self.identity(known, os.pread(self.fd, FINGERPRINT_BYTES, 0), copy)
 
-    def identity(self, known: Iterable[FileIdentity], prefix: bytes) -> str:
+    def identity(self, known: Sequence[FileIdentity], prefix: bytes, copy: bool = False) -> str:
         """This file's identity, its first bytes being `prefix`: the one of `known` that names
         it (`known_as`), else a new one."""
         dev, ino = self.key
-        name = self.known_as(known, prefix)
+        name = self.known_as(known, prefix, copy)
         return name or str(FileIdentity(dev, ino, len(prefix), fingerprint(prefix)))
 
-    def known_as(self, known: Iterable[FileIdentity], prefix: bytes) -> str | None:
+    def known_as(
+        self, known: Sequence[FileIdentity], prefix: bytes, copy: bool = False
+    ) -> str | None:
         """The first of `known` that names this file, whose first bytes are `prefix`: the same
-        inode and the same first bytes over its length. So a file keeps the identity it was
+        inode and the same first bytes over its length; with `copy` (the file is at a rotated
+        name), failing that, another inode with those first bytes: the copy a copytruncate
+        rotation made, as `Generations.locate` takes it. So a file keeps the identity it was
         given before, whatever its length was then, and identities compare as strings (one
-        taken of an empty file names whatever that inode holds now, as for `Generations.locate`).
-        A file cut back and written again in place keeps its inode, not its first bytes: no
-        match."""
+        taken of an empty file names whatever its inode holds now, as for `locate`). A file cut
+        back and written again in place keeps its inode, not its first bytes: no match."""
         dev, ino = self.key
+
+        def same_bytes(k: FileIdentity) -> bool:
+            return k.fp_len <= len(prefix) and fingerprint(prefix[: k.fp_len]) == k.fp
+
         for k in known:
-            same_inode = (k.dev, k.ino) == (dev, ino) and k.fp_len <= len(prefix)
-            if same_inode and fingerprint(prefix[: k.fp_len]) == k.fp:
+            if (k.dev, k.ino) == (dev, ino) and same_bytes(k):
                 return str(k)
+        if copy:
+            for k in known:
+                if (k.dev, k.ino) != (dev, ino) and k.fp_len > 0 and same_bytes(k):
+                    return str(k)
         return None
 
     def matches(self, ident: FileIdentity) -> bool:
@@ -249,6 +259,33 @@ class Generations:
                 return i, f
             f.close()
         return None
+
+    def where(self, ident: FileIdentity) -> int | None:
+        """Which name holds the file `ident` names now (0: the path, i: PATH.i): the same inode
+        with the same first bytes, else (as `locate` looks) a copy with those first bytes at a
+        rotated name. None when none does."""
+        for i in range(self.keep + 1):
+            st = stat_file(self.name(i))
+            if st is not None and (st.st_dev, st.st_ino) == (ident.dev, ident.ino):
+                if self._matches(i, ident):
+                    return i
+                break
+        for i in range(1, self.keep + 1):
+            st = stat_file(self.name(i))
+            if st is None or st.st_size < ident.fp_len or ident.fp_len == 0:
+                continue
+            if (st.st_dev, st.st_ino) != (ident.dev, ident.ino) and self._matches(i, ident):
+                return i
+        return None
+
+    def _matches(self, i: int, ident: FileIdentity) -> bool:
+        f = open_file(self.name(i))
+        if f is None:
+            return False
+        try:
+            return f.matches(ident)
+        finally:
+            f.close()
 
     def locate(self, ident: FileIdentity, offset: int) -> tuple[list[OpenFile], Found] | None:
         """Open the file `ident` names, set to read from `offset`, and the files after it.

@@ -249,12 +249,21 @@ def test_the_mark_holds_when_the_log_was_rotated_while_the_daemon_was_down(tmp_p
     assert {o for o, marked in old if marked} == {o for o, _ in old if o < c.p}
 
 
-def _copytruncate(log: Path) -> list[str]:
-    """Rotate `log` as logrotate's copytruncate does (copied to vllm.log.1, a new inode; then
-    cut to nothing in place) and write the next start of vLLM into it (other first bytes)."""
-    shutil.copyfile(log, log.with_name("vllm.log.1"))
+def _load(seed: int) -> list[str]:
+    """The lines of another start of vLLM (its first line differs from `_lines()`'s)."""
     shape = Shape(model="/models/m", shards=10, workers=2, layers=4)
-    new = list(startup(random.Random(5), SyntheticClock(time.time() - 300), shape))
+    return list(startup(random.Random(seed), SyntheticClock(time.time() - 300 / seed), shape))
+
+
+def _copytruncate(log: Path, seed: int = 5) -> list[str]:
+    """Rotate `log` as logrotate's copytruncate does (vllm.log.1 renamed to vllm.log.2, the log
+    copied to vllm.log.1, a new inode; then cut to nothing in place) and write the next start
+    of vLLM into it (other first bytes)."""
+    older = log.with_name("vllm.log.1")
+    if older.exists():
+        older.rename(log.with_name("vllm.log.2"))
+    shutil.copyfile(log, older)
+    new = _load(seed)
     ino = log.stat().st_ino
     with log.open("r+") as f:
         f.truncate(0)
@@ -394,3 +403,29 @@ def test_replay_ends_when_the_checkpoints_file_was_copied_and_truncated(tmp_path
     assert not any(e.get("replay") for e in logged)
     started = [e for e in events if e["event"] == "transition.session_started"]
     assert [bool(e.get("replay")) for e in started] == [True, False]
+
+
+def test_a_mark_in_a_newer_file_holds_in_its_copy(tmp_path: Path) -> None:
+    """As above, and the newer file, in which the killed daemon wrote events up to D, was then
+    rotated by copytruncate before the restart: the restart finds the mark's file in the copy
+    (vllm.log.1, another inode), re-reads the old file (vllm.log.2) and the copy up to D as a
+    replay, and writes the rest of the copy's events and all of the cut-back vllm.log's."""
+    c = _cut(tmp_path)  # checkpoint at R in vllm.log, which has the whole load
+    log = tmp_path / "vllm.log"
+    log.rename(tmp_path / "vllm.log.1")
+    second = _load(6)  # the next start of vLLM, in a new file
+    log.write_text("".join(second))
+    starts = _offsets(second)
+    dd = starts[len(second) // 2]
+    state = tmp_path / "state" / "follower"
+    mark = state / checkpoint_name(log).replace("follower-", "events-")
+    mark.write_text(json.dumps({"file_id": _ident(log), "done": dd, "pending": dd}))
+    third = _copytruncate(log, seed=7)  # while the daemon is down
+    with running(c.cfg) as d:
+        d.wait(lambda: d.status()["sessions_total"] == 3, "the third file's session")
+        want = [ev.offset for ev in ChunkScanner().feed("".join(third).encode())]
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+        events = d.events()
+    got = [o for o, _ in _logged(events)]
+    rest = [ev.offset for ev in ChunkScanner().feed("".join(second).encode()) if ev.offset >= dd]
+    assert got == rest + want, "the copy's events from D on, then the cut-back file's, once"

@@ -8,9 +8,8 @@ of the uninterrupted one's exactly once without a replay mark. Offsets restart i
 log event is known by its type, offset and the time of its line (each load is an hour later).
 
 The same with copytruncate rotations (PATH copied to PATH.1, then cut to nothing in place: the
-records move to a new inode, the old inode gets the next ones) and clean stops (SIGTERM) instead
-of kills: a kill after the daemon followed a rotation past its last checkpoint, then such a
-rotation, is the one case where events are written twice (see daemon/emitmark.py).
+records move to a new inode, the old inode gets the next ones), with kills and with clean stops
+(SIGTERM, whose checkpoint is taken where the daemon stands, maybe in a file just cut back).
 """
 
 from __future__ import annotations
@@ -34,7 +33,11 @@ from tests.reliability.test_kill_restart import _args, _identity, _read_events
 # 11 (copytruncate): a stop just after a rotation while reading, whose checkpoint then named the
 # cut-back, empty file, and a rotation while down after it
 SEEDS = (20261202, 7)
-RUNS = [*((s, "rename") for s in SEEDS), (20261202, "copytruncate"), (11, "copytruncate")]
+RUNS = [
+    *((s, "rename", "kill") for s in SEEDS),
+    *((s, "copytruncate", "kill") for s in (20261202, 11)),
+    (11, "copytruncate", "stop"),
+]
 KILLS = 16
 ROTATIONS = DEFAULT_ROTATED_KEEP - 1  # more, and a daemon down long enough may lose a file
 
@@ -61,8 +64,10 @@ def _rotate(log: Path, how: str) -> None:
 
 
 @pytest.mark.slow  # about half a minute each
-@pytest.mark.parametrize(("seed", "how"), RUNS)
-def test_kills_and_rotations_leave_the_event_log_exact(tmp_path: Path, seed: int, how: str) -> None:
+@pytest.mark.parametrize(("seed", "how", "end"), RUNS)
+def test_kills_and_rotations_leave_the_event_log_exact(
+    tmp_path: Path, seed: int, how: str, end: str
+) -> None:
     rng = random.Random(seed)
     loads = _loads(KILLS + 1)
     log = tmp_path / "vllm.log"
@@ -83,7 +88,7 @@ def test_kills_and_rotations_leave_the_event_log_exact(tmp_path: Path, seed: int
                 _rotate(log, how)
                 rotations, when["reading"] = rotations + 1, when["reading"] + 1
                 time.sleep(rng.uniform(0.0, 0.3))
-            if how == "rename":
+            if end == "kill":
                 d.kill()
             else:
                 assert d.stop() == 0
@@ -120,7 +125,7 @@ def test_kills_and_rotations_leave_the_event_log_exact(tmp_path: Path, seed: int
     want = Counter(k for e in want_events if (k := _key(e)) is not None)
     got = Counter(k for e in got_events if (k := _key(e)) is not None)
     print(
-        f"\n{how}: restarts={KILLS} rotations={dict(when)} events={sum(want.values())} "
+        f"\n{how} {end}: restarts={KILLS} rotations={dict(when)} events={sum(want.values())} "
         f"duplicates={sum((got - want).values())} missing={sum((want - got).values())} "
         f"marked_log_events={sum(1 for e in got_events if e['event'].startswith('log.') and e.get('replay'))}"
     )
