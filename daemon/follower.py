@@ -523,7 +523,7 @@ class LogFollower:
 
     def know(self, file_id: str) -> None:
         """A file identity given before (a checkpoint's, a position noted elsewhere): a file it
-        names gets exactly it when read, so identities compare as strings (`OpenFile.adopt`)."""
+        names gets exactly it when read, so identities compare as strings (`OpenFile.known_as`)."""
         try:
             ident = FileIdentity.parse(file_id)
         except ValueError:

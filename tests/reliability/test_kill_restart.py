@@ -116,12 +116,27 @@ def _identity(e: dict[str, Any]) -> tuple[Any, ...] | None:
 
 
 def _read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
-    good, torn = [], 0
+    """The event log's lines, and how many are not JSON although no kill explains them.
+
+    A kill explains one: the line just before a restarted daemon's first (`daemon.listening`).
+    A write that a SIGKILL interrupts may end between two pages of the file (the kernel checks
+    for a fatal signal between them); the restarted daemon starts on a fresh line and, the emit
+    mark saying that event was not written whole, writes it again.
+    """
+    good: list[dict[str, Any]] = []
+    torn = 0
+    bad_last = False
     for line in path.read_bytes().splitlines():
         try:
-            good.append(json.loads(line))
+            doc = json.loads(line)
         except ValueError:
             torn += 1
+            bad_last = True
+            continue
+        if bad_last and isinstance(doc, dict) and doc.get("event") == "daemon.listening":
+            torn -= 1  # cut short by the kill before this restart
+        bad_last = False
+        good.append(doc)
     return good, torn
 
 
