@@ -310,17 +310,22 @@ def test_copy_of_the_log_elsewhere_is_not_confused_with_it(log: Path, state: Pat
     assert data == b"" and h.start == "exact"
 
 
+def _first_identity(log: Path) -> str:
+    """The identity a follower told nothing gives the log's file (its first chunk's)."""
+    f = LogFollower(log)
+    col = Collector(f)
+    col.read()
+    f.close(checkpoint=False)
+    return col.chunks[0].file_id
+
+
 def test_a_file_keeps_the_identity_it_was_given_before(log: Path, state: Path) -> None:
     """Identities compare as strings: a file first read when it was short (a fingerprint of
     fewer bytes) gets that same identity from a later follower that was told it, whether the
     file is reached by a checkpoint, a seek or as a newer file. A file cut back and written
     again in place (same inode, other first bytes) gets a new one."""
     log.write_bytes(b"short\n")
-    f = LogFollower(log)
-    col = Collector(f)
-    col.read()
-    short_id = col.chunks[0].file_id
-    f.close(checkpoint=False)
+    short_id = _first_identity(log)
     assert short_id.split(":")[2] == "6"  # fingerprint over the 6 bytes there were
     append(log, expected("k", 0, 50))  # now far past the fingerprint's length
 
@@ -330,20 +335,12 @@ def test_a_file_keeps_the_identity_it_was_given_before(log: Path, state: Path) -
     col.read()
     assert {c.file_id for c in col.chunks} == {short_id}
     told.close(checkpoint=False)
-    fresh = LogFollower(log)
-    col = Collector(fresh)
-    col.read()
-    assert {c.file_id for c in col.chunks} != {short_id}  # not told: its own, longer one
-    fresh.close(checkpoint=False)
+    assert _first_identity(log) != short_id  # not told: its own, longer one
 
     # a newer file after a seek into the older one: the identity it was told
     os.rename(log, f"{log}.1")
     log.write_bytes(b"new\n")
-    g = LogFollower(log)
-    col = Collector(g)
-    col.read()
-    new_id = col.chunks[0].file_id
-    g.close(checkpoint=False)
+    new_id = _first_identity(log)
     append(log, expected("n", 0, 50))
     h = LogFollower(log)
     h.know(new_id)
@@ -371,11 +368,7 @@ def test_a_seek_names_the_checkpoints_file_as_the_checkpoint_does(log: Path, sta
     """A position noted with another identity of the checkpoint's file (taken when the file was
     shorter): after a seek there, the file's records carry the checkpoint's identity."""
     log.write_bytes(b"short\n")
-    f = LogFollower(log)
-    col = Collector(f)
-    col.read()
-    short_id = col.chunks[0].file_id
-    f.close(checkpoint=False)
+    short_id = _first_identity(log)
     append(log, expected("c", 0, 50))
     g = LogFollower(log, state_dir=state)
     Collector(g).read()

@@ -237,6 +237,14 @@ def test_the_mark_holds_when_the_log_was_rotated_while_the_daemon_was_down(tmp_p
     log = tmp_path / "vllm.log"
     log.rename(tmp_path / "vllm.log.1")
     log.write_text("".join(_lines()))  # the next start of vLLM, in a new file
+    old, _new = _restart_split(c)
+    assert old and all(o >= c.dd for o, _ in old), "nothing before D of the old file again"
+    assert {o for o, marked in old if marked} == {o for o, _ in old if o < c.p}
+
+
+def _restart_split(c: Cut) -> tuple[list[tuple[int, bool]], list[tuple[int, bool]]]:
+    """Restart on the cut log with a new start of vLLM in the new file; the log events written
+    as (offset, marked), split where the offsets start again: the old file's, the new one's."""
     with running(c.cfg) as d:
         d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
         d.wait(lambda: d.status()["phase"] == "ready", "ready")
@@ -244,9 +252,8 @@ def test_the_mark_holds_when_the_log_was_rotated_while_the_daemon_was_down(tmp_p
     offsets = [
         (e["offset"], bool(e.get("replay"))) for e in events if e["event"].startswith("log.")
     ]
-    old = offsets[: next(i for i in range(1, len(offsets)) if offsets[i][0] < offsets[i - 1][0])]
-    assert old and all(o >= c.dd for o, _ in old), "nothing before D of the old file again"
-    assert {o for o, marked in old if marked} == {o for o, _ in old if o < c.p}
+    split = next(i for i in range(1, len(offsets)) if offsets[i][0] < offsets[i - 1][0])
+    return offsets[:split], offsets[split:]
 
 
 def _load(seed: int) -> list[str]:
@@ -280,15 +287,7 @@ def test_the_mark_holds_when_the_log_was_copied_and_truncated_while_the_daemon_w
     says what was written there; the cut-back vllm.log (the old inode) is all new."""
     c = _cut(tmp_path)
     new = _copytruncate(tmp_path / "vllm.log")
-    with running(c.cfg) as d:
-        d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
-        d.wait(lambda: d.status()["phase"] == "ready", "ready")
-        events = d.events()
-    offsets = [
-        (e["offset"], bool(e.get("replay"))) for e in events if e["event"].startswith("log.")
-    ]
-    split = next(i for i in range(1, len(offsets)) if offsets[i][0] < offsets[i - 1][0])
-    old, fresh = offsets[:split], offsets[split:]
+    old, fresh = _restart_split(c)
     assert old and all(o >= c.dd for o, _ in old), "nothing before D of the old file again"
     assert {o for o, marked in old if marked} == {o for o, _ in old if o < c.p}
     want = [ev.offset for ev in ChunkScanner().feed("".join(new).encode())]
@@ -357,17 +356,24 @@ def test_a_mark_in_a_newer_file_replays_the_files_before_it(tmp_path: Path) -> N
     assert len(got) == len(set(got))
 
 
-def test_replay_ends_when_the_checkpoints_file_ends_and_was_rotated(tmp_path: Path) -> None:
-    """A clean stop at the end of vllm.log (checkpoint there, the session began at 0), which is
-    then rotated, with the next load in a new vllm.log: the restart re-reads the old file as a
-    replay up to the checkpoint, which no record of that file lies after, and the new file is
-    live."""
+def _stopped_at_the_end(tmp_path: Path) -> tuple[list[str], Path, Config]:
+    """A load in vllm.log, read to the end by a daemon that then stopped cleanly (checkpoint at
+    the end, the session began at 0)."""
     lines = _lines()
     log = tmp_path / "vllm.log"
     log.write_text("".join(lines))
     cfg = _config(tmp_path, "state")
     with running(cfg) as d:
         d.wait(lambda: d.status()["phase"] == "ready", "ready")
+    return lines, log, cfg
+
+
+def test_replay_ends_when_the_checkpoints_file_ends_and_was_rotated(tmp_path: Path) -> None:
+    """A clean stop at the end of vllm.log (checkpoint there, the session began at 0), which is
+    then rotated, with the next load in a new vllm.log: the restart re-reads the old file as a
+    replay up to the checkpoint, which no record of that file lies after, and the new file is
+    live."""
+    lines, log, cfg = _stopped_at_the_end(tmp_path)
     log.rename(tmp_path / "vllm.log.1")
     log.write_text("".join(lines[:20]))
     with running(cfg) as d:
@@ -385,12 +391,7 @@ def test_replay_ends_when_the_checkpoints_file_was_copied_and_truncated(tmp_path
     (a new inode), cut to nothing and the next start of vLLM written into it (the old inode,
     other first bytes). The restart replays the copy up to the checkpoint. The cut-back file's
     records are new though its inode is the checkpoint's: they are written, live."""
-    lines = _lines()
-    log = tmp_path / "vllm.log"
-    log.write_text("".join(lines))
-    cfg = _config(tmp_path, "state")
-    with running(cfg) as d:
-        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+    _, log, cfg = _stopped_at_the_end(tmp_path)
     new = _copytruncate(log)
     with running(cfg) as d:
         d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
