@@ -10,26 +10,39 @@ two floors for the per-layer k/v scale warnings, which are most of the lines: on
 matching the whole warning record over the file (`finditer`, nothing per match), and a bare
 Python loop over the lines. The last line is key=value pairs.
 
-This says what limits loadwatch on this log (issue 10's goal: 3x mtail, about 0.9 s for the
-file here): one Python event per record, parsed and folded into an immutable state, is several
-microseconds per record however the per-record code is trimmed.
+And the budget: mtail on the same file in the same run (when installed; wall time less its
+wall time on an empty file, as bench/throughput_vs_mtail.py measures it), a third of which is
+the time loadwatch would have for the whole file at 3x mtail; beside it the cost of building the
+events the file yields, alone: every event made again from its own field values, the cheapest way
+Python has (`object.__new__` and `object.__setattr__`, as the stream's recipes make them), with no
+parsing and no folding, and the least a fold can do per k/v warning. The design gives one event
+per parsed record (the event log writes each): what reading the file, building its events and
+that least fold leave of the budget is all that parsing ~200,000 records and every other fold
+could take.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import re
+import shutil
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
+from itertools import repeat
 from pathlib import Path
 
 from loggen import load_log
+from throughput_vs_mtail import MTAIL_PROGRAM, measured, mtail_counts, tools
 
 from loadwatch.daemon.follower import LogFollower
 from loadwatch.daemon.state import LoadState
 from loadwatch.parsers import ChunkScanner, EventStream
+from loadwatch.parsers.events import Event, KvScaleWarning
 
 # One k/v scale warning record, whole (its layer and scale captured): the cheapest regex pass
 KV_RECORD = re.compile(
@@ -39,6 +52,77 @@ KV_RECORD = re.compile(
     rb"but not found the expected name in the model \(e\.g\. [^()\s]*\)[^\n\r]*$",
     re.M,
 )
+
+
+def rebuild_s(events: list[Event], repeat_n: int = 3) -> float:
+    """Seconds to make every event again from its field values, nothing else done: the best of
+    `repeat_n` runs with the collector off (a floor, not what the pipeline meets)."""
+    new, setattr_ = object.__new__, object.__setattr__
+    rows = [
+        (type(ev), names, tuple(getattr(ev, n) for n in names))
+        for ev in events
+        for names in (tuple(f.name for f in dataclasses.fields(ev)),)
+    ]
+
+    def build() -> list[Event]:
+        out = []
+        for cls, names, values in rows:
+            ev = new(cls)
+            any(map(setattr_, repeat(ev), names, values))
+            out.append(ev)
+        return out
+
+    return _floor(build, repeat_n)
+
+
+def tally_s(events: list[Event], repeat_n: int = 3) -> float:
+    """Seconds for the least a fold does per k/v warning, in plain locals: count it, set its
+    layer's bit, note its process and scale, keep its time (best of `repeat_n`, collector off)."""
+    kv = [ev for ev in events if isinstance(ev, KvScaleWarning)]
+
+    def fold() -> None:
+        count, mask, procs, scales, last = 0, 0, set(), set(), None
+        for ev in kv:
+            count += 1
+            if ev.layer is not None:
+                mask |= 1 << ev.layer
+            procs.add(ev.process)
+            scales.add(ev.scale)
+            last = ev.ts
+        assert count == len(kv) and (last is not None or not kv)
+
+    return _floor(fold, repeat_n)
+
+
+def _floor(work: Callable[[], object], repeat_n: int) -> float:
+    best = float("inf")
+    clock = time.perf_counter
+    gc.disable()
+    try:
+        for _ in range(repeat_n):
+            a = clock()
+            work()
+            best = min(best, clock() - a)
+    finally:
+        gc.enable()
+    return best
+
+
+def mtail_s(path: Path, tmp: Path, runs: int = 3) -> tuple[float, int] | None:
+    """mtail's median wall time on `path` less that on an empty file, and the k/v warnings it
+    counted; None when mtail is not installed."""
+    if shutil.which("mtail") is None or shutil.which("/usr/bin/time") is None:
+        return None
+    progs = tmp / "progs"
+    progs.mkdir(exist_ok=True)
+    shutil.copy(MTAIL_PROGRAM, progs / MTAIL_PROGRAM.name)
+    empty = tmp / "empty.log"
+    empty.write_bytes(b"")
+    tool = next(t for t in tools(progs) if t.name == "mtail")
+    for _ in range(runs):
+        tool.runs.append(measured(tool.argv(path)))
+        tool.empty.append(measured(tool.argv(empty)))
+    return tool.net(), mtail_counts(tool.runs[-1].stdout)["kv_scale_warnings"] or 0
 
 
 def main() -> int:
@@ -84,6 +168,10 @@ def main() -> int:
             for _line in f:
                 pass
         loop_s = clock() - a
+        build_s = rebuild_s(events)
+        kv_build_s = rebuild_s([ev for ev in events if ev.type == "kv_scale_warning"])
+        kv_fold_s = tally_s(events)
+        mtail = mtail_s(path, Path(tmp))
 
     read_s, parse_s, fold_s = t1 - t0, t2 - t1, t3 - t2
     total = read_s + parse_s + fold_s
@@ -103,12 +191,41 @@ def main() -> int:
         f"{regex_s:.2f} s ({kv_regex:,} records, {regex_s / max(kv_regex, 1) * 1e6:.1f} us "
         f"each, nothing done per match); a bare Python line loop: {loop_s:.2f} s"
     )
+    print(
+        f"building the {len(events):,} events alone, from their field values: {build_s:.2f} s "
+        f"({build_s / len(events) * 1e6:.1f} us each; the k/v warnings' {kv_build_s:.2f} s); "
+        f"the least fold of the k/v warnings, in plain locals: {kv_fold_s:.2f} s"
+    )
     if kv_regex != truth.kv_scale_warnings:
         print(f"regex counted {kv_regex}, the generator wrote {truth.kv_scale_warnings}")
         return 1
+    budget = ""
+    if mtail is None:
+        print("mtail not installed: no budget (./scripts/ensure-tools.sh installs it)")
+    else:
+        mtail_net, mtail_kv = mtail
+        if mtail_kv != truth.kv_scale_warnings:
+            print(
+                f"mtail counted {mtail_kv} k/v warnings, the generator wrote "
+                f"{truth.kv_scale_warnings}"
+            )
+            return 1
+        third = mtail_net / 3
+        least = read_s + build_s + kv_fold_s
+        print(
+            f"mtail, same file, same run: {mtail_net:.2f} s; at 3x mtail loadwatch would have "
+            f"{third:.2f} s for the whole file. Reading it, building the events and the least "
+            f"fold of the k/v warnings take {least:.2f} s of that ({least / third:.0%}), before "
+            f"any parsing and any other fold; loadwatch now: {mtail_net / total:.2f}x mtail"
+        )
+        budget = (
+            f" mtail_s={mtail_net:.2f} budget_3x_s={third:.2f}"
+            f" ratio_vs_mtail={mtail_net / total:.2f}"
+        )
     print(
         f"records_per_s={lines / total:.0f} read_s={read_s:.2f} parse_s={parse_s:.2f} "
-        f"fold_s={fold_s:.2f} kv_regex_s={regex_s:.2f} line_loop_s={loop_s:.2f}"
+        f"fold_s={fold_s:.2f} kv_regex_s={regex_s:.2f} line_loop_s={loop_s:.2f} "
+        f"build_events_s={build_s:.2f} kv_least_fold_s={kv_fold_s:.2f}{budget}"
     )
     return 0
 
