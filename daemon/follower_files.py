@@ -261,39 +261,21 @@ class Generations:
         return None
 
     def where(self, ident: FileIdentity) -> int | None:
-        """Which name holds the file `ident` names now (0: the path, i: PATH.i): the same inode
-        with the same first bytes, else (as `locate` looks) a copy with those first bytes at a
-        rotated name. None when none does."""
-        for i in range(self.keep + 1):
-            st = stat_file(self.name(i))
-            if st is not None and (st.st_dev, st.st_ino) == (ident.dev, ident.ino):
-                if self._matches(i, ident):
-                    return i
-                break
-        for i in range(1, self.keep + 1):
-            st = stat_file(self.name(i))
-            if st is None or st.st_size < ident.fp_len or ident.fp_len == 0:
-                continue
-            if (st.st_dev, st.st_ino) != (ident.dev, ident.ino) and self._matches(i, ident):
-                return i
-        return None
+        """Which name holds the file `ident` names now (0: the path, i: PATH.i), found as
+        `locate` finds it; None when none does."""
+        hit, shrunk = self._find(ident, 0)
+        for found in (hit, shrunk):
+            if found is not None:
+                found[1].close()
+        return hit[0] if hit is not None else None
 
-    def _matches(self, i: int, ident: FileIdentity) -> bool:
-        f = open_file(self.name(i))
-        if f is None:
-            return False
-        try:
-            return f.matches(ident)
-        finally:
-            f.close()
-
-    def locate(self, ident: FileIdentity, offset: int) -> tuple[list[OpenFile], Found] | None:
-        """Open the file `ident` names, set to read from `offset`, and the files after it.
-
-        Looked for at the path and the rotated names by inode (with the same first bytes), then
-        among the rotated names by first bytes alone (a copy). A file still ours but shorter than
-        `offset` was cut back while we were away: read from 0 ("changed"). None when gone.
-        """
+    def _find(
+        self, ident: FileIdentity, offset: int
+    ) -> tuple[tuple[int, OpenFile] | None, tuple[int, OpenFile] | None]:
+        """(hit, shrunk), each a name's index and the file open there: the file with the inode
+        and first bytes `ident` names, or else a copy with those bytes at a rotated name
+        (copytruncate), reaching `offset`; `shrunk`, that inode with those bytes but shorter
+        than `offset` (cut back), when no hit."""
         stats = [stat_file(self.name(i)) for i in range(self.keep + 1)]
         hit: tuple[int, OpenFile] | None = None
         shrunk: tuple[int, OpenFile] | None = None
@@ -309,7 +291,7 @@ class Generations:
             elif f is not None:
                 f.close()
             break
-        if hit is None:  # a copy with our first bytes (copytruncate while we were away)
+        if hit is None and ident.fp_len > 0:  # a copy (no bytes name no copy)
             for i in range(1, len(stats)):
                 st = stats[i]
                 if st is None or st.st_size < max(offset, ident.fp_len):
@@ -322,6 +304,16 @@ class Generations:
                     break
                 if f is not None:
                     f.close()
+        return hit, shrunk
+
+    def locate(self, ident: FileIdentity, offset: int) -> tuple[list[OpenFile], Found] | None:
+        """Open the file `ident` names, set to read from `offset`, and the files after it.
+
+        Looked for at the path and the rotated names by inode (with the same first bytes), then
+        among the rotated names by first bytes alone (a copy). A file still ours but shorter than
+        `offset` was cut back while we were away: read from 0 ("changed"). None when gone.
+        """
+        hit, shrunk = self._find(ident, offset)
         found: Found = "exact"
         if hit is None and shrunk is not None:
             hit, offset, found = shrunk, 0, "changed"
