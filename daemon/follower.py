@@ -48,14 +48,16 @@ different runs compare as strings.
 
 Restart. `checkpoint()` stores `position()` (the identity and offset of the next undelivered
 record; when nothing of the current file was delivered yet, the end of the last record that was)
-plus an opaque ``extra`` dict atomically in the state directory; `maybe_checkpoint()` does
-so when ``checkpoint_every_records`` records or ``checkpoint_every_s`` seconds have passed since
-the last one, but not within ``checkpoint_min_interval_s`` of it. Checkpoint after the chunks were applied: a crash then re-delivers only what came
-after the last checkpoint. At start, or on `seek(position)`, the position's file is looked for
-at the path, then among ``PATH.1`` ... ``PATH.<rotated_keep>`` (renamed, or a copy); reading
-resumes there and continues through the newer files. When it is gone, or was cut back while we
-were away, the path is read from 0. Only ``PATH.N`` names are searched (not dateext names or
-compressed files), so files rotated past ``rotated_keep`` while we were away are not read.
+plus an opaque ``extra`` dict atomically in the state directory; `maybe_checkpoint()` does so
+when ``checkpoint_every_records`` records or ``checkpoint_every_s`` seconds have passed since the
+last one, but not within ``checkpoint_min_interval_s`` of it. Checkpoint after the chunks were
+applied: a crash then re-delivers only what came after the last checkpoint. At start, or on
+`seek(position)`, the position's file is looked for at the path, then among ``PATH.1`` ...
+``PATH.<rotated_keep>`` (renamed, or a copy); reading resumes there and continues through the
+newer files. When it is gone, or was cut back while we were away, the path is read from 0
+(`health().start` says which: "gone", "changed"). Only ``PATH.N`` names are searched (not
+dateext names or compressed files), so files rotated past ``rotated_keep`` while we were away
+are not read.
 
 Waking. `wait(timeout_s)` blocks until a file-system event (watchdog/inotify on the directory) or
 the poll interval (with inotify, a one-second safety net); `wait_async` does the same in an
@@ -102,7 +104,7 @@ DEFAULT_MAX_READ_BYTES = 4 * 1024 * 1024
 DEFAULT_POLL_INTERVAL_S = 0.25
 DEFAULT_ROTATED_KEEP = 5
 
-StartKind = Literal["fresh", "pending", "exact", "rotated", "changed"]
+StartKind = Literal["fresh", "pending", "exact", "rotated", "changed", "gone"]
 _LF, _CR = 10, 13
 
 
@@ -130,7 +132,9 @@ class FollowerHealth:
     file_id: str | None  # the file being read, once a record of it was delivered
     offset: int | None  # next undelivered byte in that file
     backlog: bool  # the last read() stopped at its size bound; call again without waiting
-    start: StartKind  # how this follower began: no checkpoint, at it, after rotations, anew
+    # how this follower began: no checkpoint yet, at it, at it in a rotated file, the path from 0
+    # because the checkpoint's file was cut back below it ("changed") or is not found ("gone")
+    start: StartKind
 
 
 def _first_terminator(buf: bytes) -> int:
@@ -531,6 +535,14 @@ class LogFollower:
         if ident not in self._known:
             self._known.append(ident)
 
+    def holds(self, position: Position) -> bool:
+        """Whether the position's file is still here (the path or PATH.N, renamed or a copy)
+        and reaches its offset. An OSError counts as not."""
+        try:
+            return self._gens.holds(FileIdentity.parse(position.file_id), position.offset)
+        except (ValueError, OSError):
+            return False
+
     def seek(self, position: Position) -> bool:
         """Re-read from a remembered position if its file is still here (the path or PATH.N).
 
@@ -560,7 +572,7 @@ class LogFollower:
         found = self._gens.locate(ident, offset)  # an OSError leaves it pending, to retry
         self._pending = None
         if found is None:
-            self._start = "changed"
+            self._start = "gone"
         else:
             self._sources, self._start = found
             if self._start == "changed":

@@ -269,6 +269,15 @@ class Generations:
                 found[1].close()
         return hit[0] if hit is not None else None
 
+    def holds(self, ident: FileIdentity, offset: int) -> bool:
+        """Whether the file `ident` names is here, found as `locate` finds it, and reaches
+        `offset` (not cut back below it)."""
+        hit, shrunk = self._find(ident, offset)
+        for found in (hit, shrunk):
+            if found is not None:
+                found[1].close()
+        return hit is not None
+
     def _find(
         self, ident: FileIdentity, offset: int
     ) -> tuple[tuple[int, OpenFile] | None, tuple[int, OpenFile] | None]:

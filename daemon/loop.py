@@ -105,6 +105,7 @@ class Daemon:
         self._written: set[Identity] | None = None  # what the event log has of the mark's run
         self._mark_ahead = False  # the mark's file comes after the one reading resumes in
         self._until_seen = False  # a record of the checkpoint's file was read in the replay
+        self._start_told = False  # a restart that could not resume where it stopped was reported
         self._gpu_ccs: dict[int, tuple[int, int]] = {}
         self._last_reading: GpuReading | None = None
         self._last_status = ""
@@ -251,10 +252,19 @@ class Daemon:
                     at = None
                 if at is not None:
                     follower.know(at.file_id)
-                if at is not None and at != resume and follower.seek(at):
-                    self._replay_until = resume
-                    self._session_start = start
-                    self.eventlog.emit("daemon.replay", since=start, until=resume.to_dict())
+                # With the checkpoint's file gone or cut back there is no end to replay to:
+                # what is there is read from its start, as new (`_tell_start` says so).
+                if at is not None and at != resume and follower.holds(resume):
+                    if follower.seek(at):
+                        self._replay_until = resume
+                        self._session_start = start
+                        self.eventlog.emit("daemon.replay", since=start, until=resume.to_dict())
+                    elif follower.health().last_error is None:  # (an error is told as one)
+                        self._log_problem(
+                            f"log {path}: the file the current vLLM session began in (at byte "
+                            f"{at.offset}) is gone: the session's state is rebuilt without "
+                            "what was logged before the checkpoint"
+                        )
         name = checkpoint_name(path).replace("follower-", "events-", 1)
         self._marks = EmitMark(state_dir / name)
         self._mark = self._place_mark(self._marks.load(), follower)
@@ -271,8 +281,8 @@ class Daemon:
     def _place_mark(self, mark: Mark | None, follower: LogFollower) -> Mark | None:
         """The emit mark, if it names a file reading will reach (see emitmark.py); when it names
         a newer file than the checkpoint's, everything before that file is a replay."""
-        if mark is None:
-            return None
+        if mark is None or not follower.holds(Position(mark.file_id, mark.done)):
+            return None  # its file is gone, or cut back below what it says was written
         cp = follower.loaded_checkpoint
         if cp is not None and mark.file_id == cp.file_id:
             return mark  # the checkpoint's file, wherever the follower finds it (even a copy)
@@ -409,6 +419,9 @@ class Daemon:
             elif h.last_error is None and self._log_error_logged is not None:
                 self.eventlog.emit("daemon.recovered", source="log")
             self._log_error_logged = h.last_error
+            if not self._start_told and h.start != "pending":
+                self._start_told = True
+                self._tell_start(follower, h.start)
             if follower.backlog:
                 await asyncio.sleep(0)
                 continue
@@ -420,6 +433,23 @@ class Daemon:
                     self._end_replay()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wait_log(follower), timeout=1.0)
+
+    def _tell_start(self, follower: LogFollower, start: str) -> None:
+        """One line when a restart could not resume where the last daemon stopped reading."""
+        cp = follower.loaded_checkpoint
+        if cp is None or start not in ("gone", "changed"):
+            return
+        path, keep = follower.path, follower.rotated_keep
+        if start == "gone":
+            names = f"{path}" if keep == 0 else f"{path} nor at {path}.1 ... {path}.{keep}"
+            why = f"is no longer at {names} (deleted, rotated further, or compressed)"
+        else:
+            why = "was cut back below that byte while the daemon was down"
+        self._log_problem(
+            f"log {path}: the file the checkpoint names (at byte {cp.offset}) {why}: reading "
+            f"{path} from its start; what that file held after byte {cp.offset}, if anything, "
+            "is not read"
+        )
 
     async def _wait_log(self, follower: LogFollower) -> None:
         stop = asyncio.ensure_future(self.stop_event.wait())

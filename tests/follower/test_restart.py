@@ -106,7 +106,7 @@ def test_deleted_and_recreated_while_down(log: Path, state: Path) -> None:
     WriterProcess(log, plan).finish()
     data, h = second_run(log, state)
     assert data == expected("q", 0, 50)  # the old file is gone: the new one from its start
-    assert h.start == "changed"
+    assert h.start == "gone"
 
 
 def test_truncated_and_regrown_while_down(log: Path, state: Path) -> None:
@@ -118,7 +118,7 @@ def test_truncated_and_regrown_while_down(log: Path, state: Path) -> None:
     assert os.stat(log).st_ino == ino
     data, h = second_run(log, state)
     assert data == expected("q", 0, 300)
-    assert h.start == "changed"
+    assert h.start == "gone"
 
 
 def test_truncated_to_zero_while_down(log: Path, state: Path) -> None:
@@ -127,7 +127,18 @@ def test_truncated_to_zero_while_down(log: Path, state: Path) -> None:
     append(log, expected("q", 0, 5))
     data, h = second_run(log, state)
     assert data == expected("q", 0, 5)
+    assert h.start == "gone"
+
+
+def test_cut_back_below_the_checkpoint_while_down(log: Path, state: Path) -> None:
+    """The same inode with the same first bytes, now shorter than the checkpoint's offset: cut
+    back while we were away, so it is read from 0 (and said to have "changed", not "gone")."""
+    first_run(log, state, lines=200)
+    os.truncate(log, len(expected("p", 0, 50)))
+    data, h = second_run(log, state)
+    assert data == expected("p", 0, 50)
     assert h.start == "changed"
+    assert h.truncations_total == 1
 
 
 def test_inode_reuse_is_caught(log: Path, state: Path) -> None:
@@ -138,7 +149,7 @@ def test_inode_reuse_is_caught(log: Path, state: Path) -> None:
     log.write_bytes(expected("z", 0, 300))
     data, h = second_run(log, state)
     assert data == expected("z", 0, 300)
-    assert h.start == "changed"
+    assert h.start == "gone"
     assert h.file_id is not None
     assert h.file_id.split(":")[1] == str(os.stat(log).st_ino)
     assert old_ino > 0

@@ -1,0 +1,105 @@
+"""A restart that cannot resume where the last daemon stopped reading says so in one line, and
+reads what is there now from its start, writing every event of it once.
+
+The checkpoint names a file and an offset; the current vLLM session may have begun in an older
+file (the restart re-reads it as a replay to rebuild the state). When the checkpoint's file is
+gone (deleted, rotated further, compressed; or its inode now holds other bytes: vLLM restarted
+by a script whose `>` cut the log) or was cut back below the offset, that replay has no end to
+run to: the files there now are read as new, and the line names the offset not read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from loadwatch.parsers import ChunkScanner
+from tests.daemon.harness import running
+from tests.reliability.test_emit_mark import _config, _lines, _load, _logged
+
+
+def _problems(events: list[dict[str, Any]]) -> list[str]:
+    return [str(e["error"]) for e in events if e["event"] == "daemon.problem"]
+
+
+def _offsets(text: str) -> list[int]:
+    return [ev.offset for ev in ChunkScanner().feed(text.encode())]
+
+
+def test_the_checkpoints_file_cut_by_a_restart_of_vllm_while_the_session_began_in_an_older_one(
+    tmp_path: Path,
+) -> None:
+    lines = _lines()
+    log = tmp_path / "vllm.log"
+    half = len(lines) // 2
+    log.write_text("".join(lines[:half]))
+    cfg = _config(tmp_path, "state")
+    with running(cfg) as d:
+        d.wait(lambda: len(_logged(d.events())) == len(_offsets("".join(lines[:half]))), "A")
+        log.rename(tmp_path / "vllm.log.1")  # rotated: the session goes on in a new file
+        log.write_text("".join(lines[half:]))
+        d.wait(lambda: d.status()["phase"] == "ready", "the rest of the load")
+    ino = log.stat().st_ino
+    new = _load(7)
+    with log.open("r+") as f:  # vLLM started again by `vllm serve ... > vllm.log`
+        f.truncate(0)
+        f.write("".join(new))
+    assert log.stat().st_ino == ino
+    with running(cfg) as d:
+        d.wait(lambda: len(_logged(d.events())) >= len(_offsets("".join(new))), "the new load")
+        d.wait(lambda: d.status()["sessions_total"] >= 1, "a session")
+        events = d.events()
+    logged = [e for e in events if e["event"].startswith("log.")]
+    assert [e["offset"] for e in logged] == _offsets("".join(new)), "the new load, once"
+    assert not any(e.get("replay") for e in logged)
+    problems = _problems(events)
+    assert len(problems) == 1, problems
+    assert "the file the checkpoint names" in problems[0] and "is no longer at" in problems[0]
+    assert "from its start" in problems[0]
+
+
+def test_the_checkpoints_file_deleted_and_the_sessions_too(tmp_path: Path) -> None:
+    lines = _lines()
+    log = tmp_path / "vllm.log"
+    log.write_text("".join(lines))
+    cfg = _config(tmp_path, "state")
+    with running(cfg) as d:
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+    size = log.stat().st_size
+    log.unlink()
+    new = _load(7)
+    log.write_text("".join(new))
+    with running(cfg) as d:
+        d.wait(lambda: len(_logged(d.events())) >= len(_offsets("".join(new))), "the new load")
+        events = d.events()
+    assert [o for o, _ in _logged(events)] == _offsets("".join(new))
+    problems = _problems(events)
+    assert len(problems) == 1, problems
+    assert f"(at byte {size})" in problems[0] and "is no longer at" in problems[0]
+
+
+def test_the_checkpoints_file_cut_back_below_it(tmp_path: Path) -> None:
+    """Cut back to part of itself (the same first bytes, less than the checkpoint's offset) and
+    grown again: read from 0, every event of it written again, and said."""
+    lines = _lines()
+    log = tmp_path / "vllm.log"
+    log.write_text("".join(lines))
+    cfg = _config(tmp_path, "state")
+    with running(cfg) as d:
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+    size = log.stat().st_size
+    keep = "".join(lines[:10])
+    os.truncate(log, len(keep.encode()))
+    more = "".join(_load(7)[:10])
+    with log.open("a") as f:
+        f.write(more)
+    assert log.stat().st_size < size
+    with running(cfg) as d:
+        want = _offsets(keep + more)
+        d.wait(lambda: len(_logged(d.events())) >= len(want), "the file again")
+        events = d.events()
+    assert [o for o, _ in _logged(events)] == want
+    problems = _problems(events)
+    assert len(problems) == 1, problems
+    assert f"(at byte {size}) was cut back below that byte" in problems[0]
