@@ -16,7 +16,13 @@ from typing import Any
 
 from loadwatch.parsers import ChunkScanner
 from tests.daemon.harness import running
-from tests.reliability.test_emit_mark import _config, _lines, _load, _logged
+from tests.reliability.test_emit_mark import (
+    _config,
+    _lines,
+    _load,
+    _logged,
+    _stopped_at_the_end,
+)
 
 
 def _problems(events: list[dict[str, Any]]) -> list[str]:
@@ -60,12 +66,7 @@ def test_the_checkpoints_file_cut_by_a_restart_of_vllm_while_the_session_began_i
 
 
 def test_the_checkpoints_file_deleted_and_the_sessions_too(tmp_path: Path) -> None:
-    lines = _lines()
-    log = tmp_path / "vllm.log"
-    log.write_text("".join(lines))
-    cfg = _config(tmp_path, "state")
-    with running(cfg) as d:
-        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+    _, log, cfg = _stopped_at_the_end(tmp_path)
     size = log.stat().st_size
     log.unlink()
     new = _load(7)
@@ -82,12 +83,7 @@ def test_the_checkpoints_file_deleted_and_the_sessions_too(tmp_path: Path) -> No
 def test_the_checkpoints_file_cut_back_below_it(tmp_path: Path) -> None:
     """Cut back to part of itself (the same first bytes, less than the checkpoint's offset) and
     grown again: read from 0, every event of it written again, and said."""
-    lines = _lines()
-    log = tmp_path / "vllm.log"
-    log.write_text("".join(lines))
-    cfg = _config(tmp_path, "state")
-    with running(cfg) as d:
-        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+    lines, log, cfg = _stopped_at_the_end(tmp_path)
     size = log.stat().st_size
     keep = "".join(lines[:10])
     os.truncate(log, len(keep.encode()))
