@@ -244,6 +244,11 @@ class LogFollower:
     # -- reading ------------------------------------------------------------------------------
 
     @property
+    def start(self) -> StartKind:
+        """How this follower began (`FollowerHealth.start`); "pending" until the first read."""
+        return self._start
+
+    @property
     def backlog(self) -> bool:
         """The last `read()` stopped at ``max_read_bytes``: more is there now."""
         return self._backlog

@@ -409,6 +409,9 @@ class Daemon:
             except FollowerError as exc:
                 self._log_problem(f"log {follower.path}: {exc}")
                 chunks = []
+            if not self._start_told and follower.start != "pending":
+                self._start_told = True  # (before the events the line explains)
+                self._tell_start(follower, follower.start)
             if chunks:
                 self.feed_chunks(chunks)
                 self.publish_soon()
@@ -419,9 +422,6 @@ class Daemon:
             elif h.last_error is None and self._log_error_logged is not None:
                 self.eventlog.emit("daemon.recovered", source="log")
             self._log_error_logged = h.last_error
-            if not self._start_told and h.start != "pending":
-                self._start_told = True
-                self._tell_start(follower, h.start)
             if follower.backlog:
                 await asyncio.sleep(0)
                 continue

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from loadwatch.daemon.config import Config
 from loadwatch.parsers import ChunkScanner
 from tests.daemon.harness import running
 from tests.reliability.test_emit_mark import (
@@ -26,6 +27,10 @@ from tests.reliability.test_emit_mark import (
 
 
 def _problems(events: list[dict[str, Any]]) -> list[str]:
+    """The problem lines; each must come before the first log event (what it explains)."""
+    names = [e["event"] for e in events]
+    first_log = next((i for i, n in enumerate(names) if n.startswith("log.")), len(names))
+    assert all(i < first_log for i, n in enumerate(names) if n == "daemon.problem"), names
     return [str(e["error"]) for e in events if e["event"] == "daemon.problem"]
 
 
@@ -33,9 +38,10 @@ def _offsets(text: str) -> list[int]:
     return [ev.offset for ev in ChunkScanner().feed(text.encode())]
 
 
-def test_the_checkpoints_file_cut_by_a_restart_of_vllm_while_the_session_began_in_an_older_one(
-    tmp_path: Path,
-) -> None:
+def _rotated_mid_session(tmp_path: Path) -> tuple[list[str], int, Path, Config]:
+    """A load whose first half is in vllm.log.1 (rotated while a daemon read it) and the rest in
+    vllm.log, read to the end by that daemon, which then stopped cleanly: the session began in
+    vllm.log.1, the checkpoint is at the end of vllm.log."""
     lines = _lines()
     log = tmp_path / "vllm.log"
     half = len(lines) // 2
@@ -46,6 +52,13 @@ def test_the_checkpoints_file_cut_by_a_restart_of_vllm_while_the_session_began_i
         log.rename(tmp_path / "vllm.log.1")  # rotated: the session goes on in a new file
         log.write_text("".join(lines[half:]))
         d.wait(lambda: d.status()["phase"] == "ready", "the rest of the load")
+    return lines, half, log, cfg
+
+
+def test_the_checkpoints_file_cut_by_a_restart_of_vllm_while_the_session_began_in_an_older_one(
+    tmp_path: Path,
+) -> None:
+    _, _, log, cfg = _rotated_mid_session(tmp_path)
     ino = log.stat().st_ino
     new = _load(7)
     with log.open("r+") as f:  # vLLM started again by `vllm serve ... > vllm.log`
@@ -99,3 +112,24 @@ def test_the_checkpoints_file_cut_back_below_it(tmp_path: Path) -> None:
     problems = _problems(events)
     assert len(problems) == 1, problems
     assert f"(at byte {size}) was cut back below that byte" in problems[0]
+
+
+def test_the_sessions_first_file_gone_while_the_checkpoints_is_there(tmp_path: Path) -> None:
+    """The file the session began in is deleted while the daemon is down, the checkpoint's is
+    still there, and more is appended to it: the restart says the session's state lacks what
+    was logged before the checkpoint, and writes only what came after it."""
+    lines, half, log, cfg = _rotated_mid_session(tmp_path)
+    (tmp_path / "vllm.log.1").unlink()
+    end = log.stat().st_size
+    more = "".join(_load(7))
+    with log.open("a") as f:
+        f.write(more)
+    want = [end + o for o in _offsets(more)]
+    with running(cfg) as d:
+        d.wait(lambda: len(_logged(d.events())) >= len(want), "what came after the checkpoint")
+        events = d.events()
+    assert [o for o, _ in _logged(events)] == want
+    problems = _problems(events)
+    assert len(problems) == 1, problems
+    assert "the file the current vLLM session began in" in problems[0] and "is gone" in problems[0]
+    assert lines[half:]  # (the checkpoint's file held the second half)
