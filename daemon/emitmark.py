@@ -14,13 +14,15 @@ since) it writes them all again, marked as replays.
 
 The mark names its file by the follower's identity string (inode and first bytes), which a
 restart's follower gives the file again (`LogFollower.know`), so identities compare as strings.
-A mark in the checkpoint's file holds wherever the follower finds that file: at the path, at a
-rotated name (PATH.1 ...), or as the copy a copytruncate rotation left there. Otherwise the
-restart looks for the mark's file the same way (`Generations.where`) and places it against
-where reading resumes: in a newer file than the checkpoint's (the killed daemon followed a
-rotation after its last checkpoint: every record before the mark's file is then re-read as a
-replay too), or an older one (nothing left to skip). With no checkpoint at all (killed before its
-first), reading starts at the beginning of the mark's file, as the killed daemon's did.
+A mark holds only where its file still reaches what it says was written (not deleted, not cut
+back below it). A mark in the checkpoint's file holds wherever the follower finds that file: at
+the path, at a rotated name (PATH.1 ...), or as the copy a copytruncate rotation left there.
+Otherwise the restart looks for the mark's file the same way (`LogFollower.where`) and places
+it against where reading resumes: in a newer file than the checkpoint's (the killed daemon
+followed a rotation after its last checkpoint: every record before the mark's file is then
+re-read as a replay too), or an older one (nothing left to skip). With no checkpoint at all
+(killed before its first), reading starts at the beginning of the mark's file, as the killed
+daemon's did.
 
 Each update is one `pwrite` of a fixed-size block over the same bytes, so a killed process leaves
 either the old note or the new one. There is no fsync: the note has to outlive the process, not
@@ -37,8 +39,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from loadwatch.daemon.follower_files import FileIdentity, Generations
 
 BLOCK = 512
 READ_BACK = 64 << 20  # at most this much of the event log is read back (else: not known)
@@ -104,17 +104,6 @@ def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identi
             continue
         found.add(key)
     return found
-
-
-def generation(file_id: str, path: Path, keep: int) -> int | None:
-    """Where the file `file_id` names is now: 0 at `path`, i at PATH.i (1 <= i <= keep; higher
-    is older), None when at none of them (`Generations.where`: by inode and first bytes, or a
-    copytruncate copy)."""
-    try:
-        ident = FileIdentity.parse(file_id)
-        return Generations(str(path), keep).where(ident)
-    except (ValueError, OSError):
-        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -540,13 +540,14 @@ class LogFollower:
         if ident not in self._known:
             self._known.append(ident)
 
-    def holds(self, position: Position) -> bool:
-        """Whether the position's file is still here (the path or PATH.N, renamed or a copy)
-        and reaches its offset. An OSError counts as not."""
+    def where(self, position: Position) -> int | None:
+        """Which name holds the position's file and reaches its offset, found as `seek` finds
+        it: 0 the path, i PATH.i (renamed, or a copy); None when none does (gone or cut back
+        below the offset, or an OSError)."""
         try:
-            return self._gens.holds(FileIdentity.parse(position.file_id), position.offset)
+            return self._gens.where(FileIdentity.parse(position.file_id), position.offset)
         except (ValueError, OSError):
-            return False
+            return None
 
     def seek(self, position: Position) -> bool:
         """Re-read from a remembered position if its file is still here (the path or PATH.N).

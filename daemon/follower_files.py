@@ -260,23 +260,14 @@ class Generations:
             f.close()
         return None
 
-    def where(self, ident: FileIdentity) -> int | None:
+    def where(self, ident: FileIdentity, offset: int = 0) -> int | None:
         """Which name holds the file `ident` names now (0: the path, i: PATH.i), found as
-        `locate` finds it; None when none does."""
-        hit, shrunk = self._find(ident, 0)
-        for found in (hit, shrunk):
-            if found is not None:
-                found[1].close()
-        return hit[0] if hit is not None else None
-
-    def holds(self, ident: FileIdentity, offset: int) -> bool:
-        """Whether the file `ident` names is here, found as `locate` finds it, and reaches
-        `offset` (not cut back below it)."""
+        `locate` finds it and reaching `offset` (not cut back below it); None when none does."""
         hit, shrunk = self._find(ident, offset)
         for found in (hit, shrunk):
             if found is not None:
                 found[1].close()
-        return hit is not None
+        return hit[0] if hit is not None else None
 
     def _find(
         self, ident: FileIdentity, offset: int

@@ -33,7 +33,7 @@ from typing import Any
 
 from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config
-from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, generation, identity
+from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, identity
 from loadwatch.daemon.emitmark import written as written_events
 from loadwatch.daemon.follower import FollowerError, LogFollower, Position
 from loadwatch.daemon.gpu import GuardedGpuSource, NullGpuSource
@@ -254,7 +254,7 @@ class Daemon:
                     follower.know(at.file_id)
                 # With the checkpoint's file gone or cut back there is no end to replay to:
                 # what is there is read from its start, as new (`_tell_start` says so).
-                if at is not None and at != resume and follower.holds(resume):
+                if at is not None and at != resume and follower.where(resume) is not None:
                     if follower.seek(at):
                         self._replay_until = resume
                         self._session_start = start
@@ -281,21 +281,20 @@ class Daemon:
     def _place_mark(self, mark: Mark | None, follower: LogFollower) -> Mark | None:
         """The emit mark, if it names a file reading will reach (see emitmark.py); when it names
         a newer file than the checkpoint's, everything before that file is a replay."""
-        if mark is None or not follower.holds(Position(mark.file_id, mark.done)):
+        if mark is None:
+            return None
+        at = follower.where(Position(mark.file_id, mark.done))
+        if at is None:
             return None  # its file is gone, or cut back below what it says was written
         cp = follower.loaded_checkpoint
         if cp is not None and mark.file_id == cp.file_id:
             return mark  # the checkpoint's file, wherever the follower finds it (even a copy)
-        path, keep = Path(follower.path), follower.rotated_keep
-        at = generation(mark.file_id, path, keep)
-        if at is None:
-            return None
         follower.know(mark.file_id)  # its file's records come with exactly this identity
         if cp is None:  # killed before its first checkpoint: it read the mark's file from 0
             if at > 0 and not follower.seek(Position(mark.file_id, 0)):
                 return None
             return mark
-        base = generation(cp.file_id, path, keep)
+        base = follower.where(Position(cp.file_id, 0))
         if base is not None and at > base:
             return None  # in a file older than the checkpoint's: all of it is behind
         self._mark_ahead = base is not None and at < base
@@ -411,7 +410,7 @@ class Daemon:
                 chunks = []
             if not self._start_told and follower.start != "pending":
                 self._start_told = True  # (before the events the line explains)
-                self._tell_start(follower, follower.start)
+                self._tell_start(follower)
             if chunks:
                 self.feed_chunks(chunks)
                 self.publish_soon()
@@ -434,9 +433,9 @@ class Daemon:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wait_log(follower), timeout=1.0)
 
-    def _tell_start(self, follower: LogFollower, start: str) -> None:
+    def _tell_start(self, follower: LogFollower) -> None:
         """One line when a restart could not resume where the last daemon stopped reading."""
-        cp = follower.loaded_checkpoint
+        cp, start = follower.loaded_checkpoint, follower.start
         if cp is None or start not in ("gone", "changed"):
             return
         path, keep = follower.path, follower.rotated_keep
