@@ -211,7 +211,9 @@ static int record_bounds(const char *d, Py_ssize_t n, Py_ssize_t i, Py_ssize_t l
 }
 
 /* The record [s, e) holds group gr's anchor: note it when it holds one of the group's needles.
- * `stamp` caches the record's quiet_stamp (-3: not computed yet). */
+ * `stamp` caches the record's quiet_stamp (-3: not computed yet). Returns 1 when the record is
+ * now a candidate whatever else it holds (nothing more in it can change the result), 0 when
+ * not yet, -1 when out of memory. */
 static int check(const char *d, Py_ssize_t s, Py_ssize_t e, const Group *gr, Py_ssize_t *stamp,
                  Hits *hits) {
     int hit = gr->needles == NULL;
@@ -219,9 +221,10 @@ static int check(const char *d, Py_ssize_t s, Py_ssize_t e, const Group *gr, Py_
         hit = find(d, s, e, gr->needles[k], gr->lens[k]) != NULL;
     if (!hit) return 0;
     if (!gr->level) /* -2: a non-level needle hit it, so it is a candidate whatever else does */
-        return hits_push(hits, s, e, -2);
+        return hits_push(hits, s, e, -2) < 0 ? -1 : 1;
     if (*stamp == -3) *stamp = quiet_stamp((const unsigned char *)d, s, e);
-    return hits_push(hits, s, e, *stamp);
+    if (hits_push(hits, s, e, *stamp) < 0) return -1;
+    return *stamp < 0; /* not quiet: a candidate whatever else it holds */
 }
 
 static inline uint32_t hash_bits(uint32_t x) { return (x * 0x9E3779B1u) >> 16; }
@@ -238,6 +241,7 @@ typedef struct {
     uint32_t first[64];
     Py_ssize_t rs, re, stamp;
     uint64_t done;
+    Py_ssize_t skip; /* a candidate whatever else it holds ends before here: look on from it */
 } Pass;
 
 /* Does an anchor start at `st`? Each group that has one there is checked once per record. */
@@ -257,7 +261,12 @@ static int at(Pass *p, Py_ssize_t st) {
         }
         if (p->done & (1ull << g)) continue;
         p->done |= 1ull << g;
-        if (check(p->d, p->rs, p->re, gr, &p->stamp, p->hits) < 0) return -1;
+        int decided = check(p->d, p->rs, p->re, gr, &p->stamp, p->hits);
+        if (decided < 0) return -1;
+        if (decided) {
+            p->skip = p->re + 1;
+            return 0;
+        }
     }
     return 0;
 }
@@ -282,11 +291,14 @@ static int one_pass_takes(Py_ssize_t ngroups) {
  * With many (a start's 36) grams would match too often: the table holds first four bytes and
  * every position is looked at. Eight bytes are loaded at a time and one branch tests several
  * positions. On the benchmarks' logs this is two to three times faster than one memmem pass
- * per anchor. */
+ * per anchor. Once a record is a candidate whatever else it holds (a needle other than a level
+ * word, or a level word in a record that is not quiet), the rest of it is not looked at: in a
+ * log where nearly every record is a candidate (a load's per-layer warnings) that is most of
+ * the bytes. */
 static int one_pass(const char *d, Py_ssize_t n, Py_ssize_t pos, int cr, const Group *groups,
                     Py_ssize_t ngroups, Hits *hits) {
     if (!one_pass_takes(ngroups)) return 0;
-    Pass p = {d, n, pos, cr, groups, ngroups, hits, {0}, -1, -1, -3, 0};
+    Pass p = {d, n, pos, cr, groups, ngroups, hits, {0}, -1, -1, -3, 0, 0};
     uint64_t bits[1024];
     memset(bits, 0, sizeof bits);
     Py_ssize_t anchors = 0;
@@ -307,30 +319,45 @@ static int one_pass(const char *d, Py_ssize_t n, Py_ssize_t pos, int cr, const G
     Py_ssize_t i = pos;
     if (stride2) {
         /* the gram at i stands for an anchor at i (its first gram) or at i - 1 (its second) */
-        for (i = pos + 1; i + 8 <= n; i += 6) {
+        for (i = pos + 1; i + 8 <= n;) {
             uint64_t x;
             memcpy(&x, d + i, 8);
             const uint32_t m = 0xFFFFFF;
+            Py_ssize_t next = i + 6;
             if (!(BIT(bits, (uint32_t)x & m) | BIT(bits, (uint32_t)(x >> 16) & m) |
-                  BIT(bits, (uint32_t)(x >> 32) & m)))
+                  BIT(bits, (uint32_t)(x >> 32) & m))) {
+                i = next;
                 continue;
+            }
             for (int q = 0; q < 6; q += 2) {
                 if (!BIT(bits, (uint32_t)(x >> (8 * q)) & m)) continue;
                 if (at(&p, i + q - 1) < 0 || at(&p, i + q) < 0) return -1;
+                if (p.skip > i + q) { /* the gram at skip + 1 stands for an anchor at skip */
+                    next = p.skip + 1;
+                    break;
+                }
             }
+            i = next;
         }
         for (i = i - 1; i < n; i++) /* the rest, every position */
             if (at(&p, i) < 0) return -1;
         return 0;
     }
-    for (; i + 8 <= n; i += 4) {
+    for (; i + 8 <= n;) {
         uint64_t x;
         memcpy(&x, d + i, 8);
-        if (!(BIT(bits, (uint32_t)x) | BIT(bits, (uint32_t)(x >> 8)) |
-              BIT(bits, (uint32_t)(x >> 16)) | BIT(bits, (uint32_t)(x >> 24))))
-            continue;
-        for (int q = 0; q < 4; q++)
-            if (BIT(bits, (uint32_t)(x >> (8 * q))) && at(&p, i + q) < 0) return -1;
+        Py_ssize_t next = i + 4;
+        if (BIT(bits, (uint32_t)x) | BIT(bits, (uint32_t)(x >> 8)) |
+            BIT(bits, (uint32_t)(x >> 16)) | BIT(bits, (uint32_t)(x >> 24))) {
+            for (int q = 0; q < 4; q++) {
+                if (BIT(bits, (uint32_t)(x >> (8 * q))) && at(&p, i + q) < 0) return -1;
+                if (p.skip > i + q) {
+                    next = p.skip;
+                    break;
+                }
+            }
+        }
+        i = next;
     }
     for (; i < n; i++)
         if (at(&p, i) < 0) return -1;
