@@ -24,9 +24,9 @@ def test_load_breakdown_runs_and_its_counts_equal_the_truth() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = dict(kv.split("=") for kv in proc.stdout.strip().splitlines()[-1].split())
-    keys = {"records_per_s", "parse_s", "fold_s", "build_events_s", "kv_least_fold_s"}
+    keys = {"records_per_s", "parse_s", "fold_s", "build_events_s", "kv_least_fold_s", "bar_eta_s"}
     if shutil.which("mtail") is not None:
-        keys |= {"mtail_s", "budget_3x_s", "ratio_vs_mtail"}
+        keys |= {"floors_s", "mtail_s", "budget_3x_s", "ratio_vs_mtail"}
     assert keys <= figures.keys(), proc.stdout
     assert all(float(figures[k]) >= 0 for k in keys)
     assert float(figures["records_per_s"]) > 0
