@@ -16,7 +16,8 @@ The mark names its file by the follower's identity string (inode and first bytes
 restart's follower gives the file again (`LogFollower.know`), so identities compare as strings.
 A mark holds only where its file still reaches what it says was written (not deleted, not cut
 back below it). A mark in the checkpoint's file holds wherever the follower finds that file: at
-the path, at a rotated name (PATH.1 ...), or as the copy a copytruncate rotation left there.
+the path, at a rotated name (PATH.1 ..., PATH-<date>), or as the copy a copytruncate rotation left
+there.
 Otherwise the restart looks for the mark's file the same way (`LogFollower.where`) and places
 it against where reading resumes: in a newer file than the checkpoint's (the killed daemon
 followed a rotation after its last checkpoint: every record before the mark's file is then

@@ -53,11 +53,11 @@ when ``checkpoint_every_records`` records or ``checkpoint_every_s`` seconds have
 last one, but not within ``checkpoint_min_interval_s`` of it. Checkpoint after the chunks were
 applied: a crash then re-delivers only what came after the last checkpoint. At start, or on
 `seek(position)`, the position's file is looked for at the path, then among ``PATH.1`` ...
-``PATH.<rotated_keep>`` (renamed, or a copy); reading resumes there and continues through the
+``PATH.<rotated_keep>`` and the newest ``rotated_keep`` of logrotate's ``dateext`` names
+(``PATH-20261130``; renamed, or a copy); reading resumes there and continues through the
 newer files. When it is gone, or was cut back while we were away, the path is read from 0
-(`health().start` says which: "gone", "changed"). Only ``PATH.N`` names are searched (not
-dateext names or compressed files), so files rotated past ``rotated_keep`` while we were away
-are not read.
+(`health().start` says which: "gone", "changed"). Compressed files (``PATH.2.gz``) are not
+read, so files compressed or rotated past ``rotated_keep`` while we were away are not read.
 
 Waking. `wait(timeout_s)` blocks until a file-system event (watchdog/inotify on the directory) or
 the poll interval (with inotify, a one-second safety net); `wait_async` does the same in an
@@ -440,7 +440,8 @@ class LogFollower:
     def _truncated(self, src: OpenFile, size: int) -> None:
         self._truncations += 1
         if src.prefix:  # we saw its first bytes, so a copy of it can be recognised
-            found = self._gens.find_copy(src.prefix, src.rs, {s.key for s in self._sources})
+            names = self._gens.names()
+            found = self._gens.find_copy(names, src.prefix, src.rs, {s.key for s in self._sources})
             if found is not None:
                 j, copy = found
                 copy.rs, copy.ident, copy.prefix, copy.cr_end = (
@@ -449,7 +450,8 @@ class LogFollower:
                     src.prefix,
                     src.cr_end,
                 )
-                newer = self._gens.open_newer(j - 1, {s.key for s in self._sources} | {copy.key})
+                known = {s.key for s in self._sources} | {copy.key}
+                newer = self._gens.open_newer(names, j - 1, known)
                 i = self._sources.index(src)
                 self._sources[i:i] = [copy, *newer]
                 self._rotations += 1 + len(newer)
@@ -491,7 +493,8 @@ class LogFollower:
     def _rotate(self, newest: OpenFile) -> None:
         """The path holds another file with data: queue the files newer than `newest`."""
         known = {s.key for s in self._sources}
-        newer = self._gens.open_newer(self._gens.index_of(newest.key) - 1, known)
+        names = self._gens.names()
+        newer = self._gens.open_newer(names, self._gens.index_of(names, newest.key) - 1, known)
         current = open_file(self._path)
         if current is not None and current.key not in known:
             newer.append(current)
@@ -504,7 +507,8 @@ class LogFollower:
 
     @property
     def rotated_keep(self) -> int:
-        """How many rotated names (PATH.1 ...) are searched for a file of ours."""
+        """How many rotated names (PATH.1 ..., and as many dated ones) are searched for a file
+        of ours."""
         return self._gens.keep
 
     def position(self) -> Position | None:

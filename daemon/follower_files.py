@@ -1,9 +1,10 @@
 """The files behind a followed path: who a file is, and where it went after a rotation.
 
 A file is known by device + inode and a fingerprint of its first bytes (`FileIdentity`). The
-path's rotated names are ``PATH.1`` (newest) to ``PATH.<keep>``; `Generations` looks among them
-for a file by identity (renamed: same inode) or by first bytes (a copytruncate copy), and opens
-the files that came after it.
+path's rotated names are ``PATH.1`` (newest) to ``PATH.<keep>``, then logrotate's ``dateext``
+names (``PATH-20261130``, ``PATH-2026-11-30-1764460800``: a dash and a date, uncompressed),
+newest first; `Generations` looks among them for a file by identity (renamed: same inode) or by
+first bytes (a copytruncate copy), and opens the files that came after it.
 """
 
 from __future__ import annotations
@@ -187,6 +188,14 @@ class OpenFile:
             pass
 
 
+_DIGITS = "0123456789"
+
+
+def _date_suffix(rest: str) -> bool:
+    """`rest` reads as a logrotate dateformat's output: a digit first, then digits and `-_.`."""
+    return rest != "" and rest[0] in _DIGITS and all(c in _DIGITS or c in "-_." for c in rest)
+
+
 def stat_file(path: str) -> os.stat_result | None:
     """The path's stat when it is a regular file, else None."""
     try:
@@ -210,29 +219,57 @@ def open_file(path: str) -> OpenFile | None:
 
 
 class Generations:
-    """The path and its rotated names, newest first: PATH, PATH.1, ..., PATH.<keep>."""
+    """The path and its rotated names, newest first: PATH, PATH.1, ..., PATH.<keep>, then the
+    newest <keep> dateext names by modification time. An index names a place in one `names()`
+    list; a method that takes an index takes the list it came from."""
 
     def __init__(self, path: str, keep: int) -> None:
         self.path = path
         self.keep = keep
+        self._dir, self._base = os.path.split(path)
 
-    def name(self, i: int) -> str:
-        return self.path if i == 0 else f"{self.path}.{i}"
+    def names(self) -> list[str]:
+        out = [self.path, *(f"{self.path}.{i}" for i in range(1, self.keep + 1))]
+        return out + self._dated() if self.keep > 0 else out
 
-    def index_of(self, key: tuple[int, int]) -> int:
+    def _dated(self) -> list[str]:
+        """The newest <keep> names ``PATH-<date>``: digits first, then digits, `-`, `_`, `.`
+        (logrotate's dateformat); a compressed one (``.gz``) is left out."""
+        lead = self._base + "-"
+        found: list[tuple[int, str]] = []
+        try:
+            with os.scandir(self._dir or ".") as it:
+                for entry in it:
+                    rest = entry.name[len(lead) :]
+                    if not entry.name.startswith(lead) or not _date_suffix(rest):
+                        continue
+                    try:
+                        st = entry.stat()
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        found.append((st.st_mtime_ns, entry.path))
+        except OSError:
+            return []
+        found.sort(reverse=True)  # newest first; at one mtime, the later date first
+        return [path for _, path in found[: self.keep]]
+
+    def index_of(self, names: Sequence[str], key: tuple[int, int]) -> int:
         """Which rotated name holds the file with this (dev, inode) now; 0 when none."""
-        for i in range(1, self.keep + 1):
-            st = stat_file(self.name(i))
+        for i in range(1, len(names)):
+            st = stat_file(names[i])
             if st is not None and (st.st_dev, st.st_ino) == key:
                 return i
         return 0
 
-    def open_newer(self, index: int, known: set[tuple[int, int]]) -> list[OpenFile]:
-        """Open PATH.<index> down to PATH.1 (oldest first), leaving out files in `known`."""
+    def open_newer(
+        self, names: Sequence[str], index: int, known: set[tuple[int, int]]
+    ) -> list[OpenFile]:
+        """Open names[index] down to names[1] (oldest first), leaving out files in `known`."""
         known = set(known)
         out: list[OpenFile] = []
         for i in range(index, 0, -1):
-            f = open_file(self.name(i))
+            f = open_file(names[i])
             if f is None:
                 continue
             if f.key in known:
@@ -243,16 +280,16 @@ class Generations:
         return out
 
     def find_copy(
-        self, prefix: bytes, min_size: int, known: set[tuple[int, int]]
+        self, names: Sequence[str], prefix: bytes, min_size: int, known: set[tuple[int, int]]
     ) -> tuple[int, OpenFile] | None:
         """A rotated file that begins with `prefix` and reaches `min_size`: a copytruncate copy."""
-        for i in range(1, self.keep + 1):
-            st = stat_file(self.name(i))
+        for i in range(1, len(names)):
+            st = stat_file(names[i])
             if st is None or (st.st_dev, st.st_ino) in known:
                 continue
             if st.st_size < max(min_size, len(prefix)):
                 continue
-            f = open_file(self.name(i))
+            f = open_file(names[i])
             if f is None:
                 continue
             if os.pread(f.fd, len(prefix), 0) == prefix:
@@ -261,9 +298,10 @@ class Generations:
         return None
 
     def where(self, ident: FileIdentity, offset: int = 0) -> int | None:
-        """Which name holds the file `ident` names now (0: the path, i: PATH.i), found as
-        `locate` finds it and reaching `offset` (not cut back below it); None when none does."""
-        hit, shrunk = self._find(ident, offset)
+        """Which name holds the file `ident` names now (its index in `names()`: 0 the path, a
+        higher one an older file), found as `locate` finds it and reaching `offset` (not cut
+        back below it); None when none does."""
+        _, hit, shrunk = self._find(ident, offset)
         for found in (hit, shrunk):
             if found is not None:
                 found[1].close()
@@ -271,18 +309,19 @@ class Generations:
 
     def _find(
         self, ident: FileIdentity, offset: int
-    ) -> tuple[tuple[int, OpenFile] | None, tuple[int, OpenFile] | None]:
-        """(hit, shrunk), each a name's index and the file open there: the file with the inode
-        and first bytes `ident` names, or else a copy with those bytes at a rotated name
-        (copytruncate), reaching `offset`; `shrunk`, that inode with those bytes but shorter
-        than `offset` (cut back), when no hit."""
-        stats = [stat_file(self.name(i)) for i in range(self.keep + 1)]
+    ) -> tuple[list[str], tuple[int, OpenFile] | None, tuple[int, OpenFile] | None]:
+        """(names, hit, shrunk), hit and shrunk each an index in `names` and the file open
+        there: the file with the inode and first bytes `ident` names, or else a copy with those
+        bytes at a rotated name (copytruncate), reaching `offset`; `shrunk`, that inode with
+        those bytes but shorter than `offset` (cut back), when no hit."""
+        names = self.names()
+        stats = [stat_file(name) for name in names]
         hit: tuple[int, OpenFile] | None = None
         shrunk: tuple[int, OpenFile] | None = None
         for i, st in enumerate(stats):  # the same inode, still with our first bytes
             if st is None or (st.st_dev, st.st_ino) != (ident.dev, ident.ino):
                 continue
-            f = open_file(self.name(i))
+            f = open_file(names[i])
             if f is not None and f.matches(ident):
                 if f.last_size >= offset:
                     hit = (i, f)
@@ -298,13 +337,13 @@ class Generations:
                     continue
                 if (st.st_dev, st.st_ino) == (ident.dev, ident.ino):
                     continue
-                f = open_file(self.name(i))
+                f = open_file(names[i])
                 if f is not None and f.matches(ident):
                     hit = (i, f)
                     break
                 if f is not None:
                     f.close()
-        return hit, shrunk
+        return names, hit, shrunk
 
     def locate(self, ident: FileIdentity, offset: int) -> tuple[list[OpenFile], Found] | None:
         """Open the file `ident` names, set to read from `offset`, and the files after it.
@@ -313,7 +352,7 @@ class Generations:
         among the rotated names by first bytes alone (a copy). A file still ours but shorter than
         `offset` was cut back while we were away: read from 0 ("changed"). None when gone.
         """
-        hit, shrunk = self._find(ident, offset)
+        names, hit, shrunk = self._find(ident, offset)
         found: Found = "exact"
         if hit is None and shrunk is not None:
             hit, offset, found = shrunk, 0, "changed"
@@ -326,7 +365,7 @@ class Generations:
         files = [first]
         known = {first.key}
         for j in range(i - 1, -1, -1):
-            f = open_file(self.name(j))
+            f = open_file(names[j])
             if f is None or f.key in known:
                 if f is not None:
                     f.close()

@@ -440,7 +440,11 @@ class Daemon:
             return
         path, keep = follower.path, follower.rotated_keep
         if start == "gone":
-            names = f"{path}" if keep == 0 else f"{path} nor at {path}.1 ... {path}.{keep}"
+            names = (
+                f"{path}"
+                if keep == 0
+                else f"{path} nor at {path}.1 ... {path}.{keep} nor at a dated {path}-<date>"
+            )
             why = f"is no longer at {names} (deleted, rotated further, or compressed)"
         else:
             why = "was cut back below that byte while the daemon was down"

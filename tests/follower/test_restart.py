@@ -69,7 +69,7 @@ def test_nothing_changed_while_down(log: Path, state: Path) -> None:
     assert data == b"" and h.start == "exact"
 
 
-@pytest.mark.parametrize("kind", ["rename", "copytruncate"])
+@pytest.mark.parametrize("kind", ["rename", "copytruncate", "dateext", "dateext_copytruncate"])
 def test_rotated_while_down(log: Path, state: Path, kind: str) -> None:
     first_run(log, state)
     plan: list[list[object]] = [
@@ -97,6 +97,26 @@ def test_rotated_twice_while_down(log: Path, state: Path) -> None:
     WriterProcess(log, plan).finish()
     data, h = second_run(log, state)
     assert data == expected("p", 100, 40)
+    assert h.start == "rotated"
+
+
+def test_rotated_to_dated_names_twice_while_down(log: Path, state: Path) -> None:
+    """logrotate `dateext`: the checkpoint's file is two dated names back; of the dated names
+    only the newest `rotated_keep` are looked at, newest first."""
+    for day in range(20261101, 20261111):  # older dated files of other days, not ours
+        Path(f"{log}-{day}").write_bytes(expected("old", 0, 3))
+        os.utime(f"{log}-{day}", (1_700_000_000 + day % 100, 1_700_000_000 + day % 100))
+    first_run(log, state)
+    plan: list[list[object]] = [
+        ["lines", "p", 100, 10, 5],
+        ["rotate", "dateext"],
+        ["lines", "p", 110, 10, 5],
+        ["rotate", "dateext"],
+        ["lines", "p", 120, 10, 5],
+    ]
+    WriterProcess(log, plan).finish()
+    data, h = second_run(log, state)
+    assert data == expected("p", 100, 30)
     assert h.start == "rotated"
 
 

@@ -53,7 +53,9 @@ def run_plan(log: Path, f: LogFollower, plan: list[list[object]], total: bytes) 
     return col
 
 
-@pytest.mark.parametrize("kind", ["rename", "copytruncate", "delete"])
+@pytest.mark.parametrize(
+    "kind", ["rename", "copytruncate", "delete", "dateext", "dateext_copytruncate"]
+)
 def test_rotation_while_following(log: Path, follower: LogFollower, kind: str) -> None:
     # 200 lines seen, 200 more written and not yet read when the rotation happens, 200 after.
     plan: list[list[object]] = [
@@ -66,7 +68,7 @@ def test_rotation_while_following(log: Path, follower: LogFollower, kind: str) -
     run_plan(log, follower, plan, expected("r", 0, 600))
     h = follower.health()
     assert h.rotations_total == 1
-    assert h.truncations_total == (1 if kind == "copytruncate" else 0)
+    assert h.truncations_total == (1 if kind.endswith("copytruncate") else 0)
     assert h.file_exists and h.errors_total == 0
     assert h.file_id is not None and os.stat(log).st_ino == int(h.file_id.split(":")[1])
 
@@ -138,6 +140,28 @@ def test_several_rotations_between_two_reads(log: Path) -> None:
     os.rename(f"{log}.1", f"{log}.2")
     os.rename(log, f"{log}.1")
     log.write_bytes(expected("c", 25, 10))
+    col.read()
+    assert bytes(col.data) == expected("c", 0, 35)
+    assert f.health().rotations_total == 2
+
+
+def test_several_dateext_rotations_between_two_reads(log: Path) -> None:
+    """Renamed to dated names (logrotate `dateext`) twice before the next read: ours, then the
+    newer dated file, then the path. Names that are not a date, and compressed ones, are not
+    rotated files of ours."""
+    log.parent.mkdir()
+    f = LogFollower(log)
+    col = Collector(f)
+    log.write_bytes(expected("c", 0, 10))
+    col.read()
+    with open(log, "ab") as w:
+        w.write(expected("c", 10, 5))
+    os.rename(log, f"{log}-20261129")
+    log.write_bytes(expected("c", 15, 10))
+    os.rename(log, f"{log}-20261130")
+    log.write_bytes(expected("c", 25, 10))
+    Path(f"{log}-20261131.gz").write_bytes(expected("z", 0, 3))  # compressed: not ours
+    Path(f"{log}-backup").write_bytes(expected("z", 0, 3))  # not a date
     col.read()
     assert bytes(col.data) == expected("c", 0, 35)
     assert f.health().rotations_total == 2

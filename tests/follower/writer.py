@@ -3,7 +3,9 @@
 Run as ``python writer.py PATH PLAN_JSON``. Steps:
 ``["write", text]`` append text (one write), ``["lines", tag, first, count, batch]`` append
 numbered lines, ``["wait"]`` say "waiting" on stdout and block until a line arrives on stdin, ``["sleep", s]``,
-``["rotate", kind]`` with kind one of rename, copytruncate, delete, ``["truncate", size]``, and
+``["rotate", kind]`` with kind one of rename, copytruncate, delete, and dateext and
+dateext_copytruncate (rename or copy to ``PATH-<date>``, as logrotate's ``dateext`` names them,
+each rotation a later date), ``["truncate", size]``, and
 ``["append_file", path]`` (append a prepared file's bytes in one write).
 The writer keeps one O_APPEND descriptor, as a process whose stdout is the log does, and reopens
 the path after rename/delete, as a logging handler that follows rotation does.
@@ -35,7 +37,22 @@ def shift(path: str) -> None:
             os.replace(f"{path}.{i}", f"{path}.{i + 1}")
 
 
+def dated(path: str) -> str:
+    """`PATH-<date>` for the next dateext rotation: an hour after the last one (`%Y%m%d%H`)."""
+    base = os.path.basename(path) + "-"
+    taken = [n for n in os.listdir(os.path.dirname(path)) if n.startswith(base)]
+    return f"{path}-{2026113000 + len(taken)}"
+
+
 def rotate(path: str, fd: int, kind: str) -> int:
+    if kind == "dateext":
+        os.close(fd)
+        os.rename(path, dated(path))
+        return open_log(path)
+    if kind == "dateext_copytruncate":
+        shutil.copyfile(path, dated(path))
+        os.truncate(path, 0)
+        return fd
     if kind == "rename":
         os.close(fd)
         shift(path)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config, ForecastConfig, GpuConfig, HttpConfig, LogConfig
 from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, identity, written
@@ -368,13 +370,16 @@ def _stopped_at_the_end(tmp_path: Path) -> tuple[list[str], Path, Config]:
     return lines, log, cfg
 
 
-def test_replay_ends_when_the_checkpoints_file_ends_and_was_rotated(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rotated", ["vllm.log.1", "vllm.log-20261130"])
+def test_replay_ends_when_the_checkpoints_file_ends_and_was_rotated(
+    tmp_path: Path, rotated: str
+) -> None:
     """A clean stop at the end of vllm.log (checkpoint there, the session began at 0), which is
-    then rotated, with the next load in a new vllm.log: the restart re-reads the old file as a
-    replay up to the checkpoint, which no record of that file lies after, and the new file is
-    live."""
+    then rotated (to a numbered name, or a dated one as logrotate's `dateext` does), with the
+    next load in a new vllm.log: the restart re-reads the old file as a replay up to the
+    checkpoint, which no record of that file lies after, and the new file is live."""
     lines, log, cfg = _stopped_at_the_end(tmp_path)
-    log.rename(tmp_path / "vllm.log.1")
+    log.rename(tmp_path / rotated)
     log.write_text("".join(lines[:20]))
     with running(cfg) as d:
         d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
@@ -384,6 +389,7 @@ def test_replay_ends_when_the_checkpoints_file_ends_and_was_rotated(tmp_path: Pa
     new_size = len("".join(lines[:20]).encode())
     assert got and all(o < new_size for o in got), "the new file's events, live"
     assert len(got) == len(set(got))
+    assert not [e for e in events if e["event"] == "daemon.problem"], "the old file was found"
 
 
 def test_replay_ends_when_the_checkpoints_file_was_copied_and_truncated(tmp_path: Path) -> None:
