@@ -54,10 +54,11 @@ last one, but not within ``checkpoint_min_interval_s`` of it. Checkpoint after t
 applied: a crash then re-delivers only what came after the last checkpoint. At start, or on
 `seek(position)`, the position's file is looked for at the path, then among ``PATH.1`` ...
 ``PATH.<rotated_keep>`` and the newest ``rotated_keep`` of logrotate's ``dateext`` names
-(``PATH-20261130``; renamed, or a copy); reading resumes there and continues through the
-newer files. When it is gone, or was cut back while we were away, the path is read from 0
-(`health().start` says which: "gone", "changed"). Compressed files (``PATH.2.gz``) are not
-read, so files compressed or rotated past ``rotated_keep`` while we were away are not read.
+(``PATH-20261130``; renamed, a copy, or compressed there: ``PATH.2.gz``, read from a temporary
+file it is inflated into); reading resumes there and continues through the newer files. When
+it is gone, or was cut back while we were away, the path is read from 0 (`health().start` says
+which: "gone", "changed"), so files rotated past ``rotated_keep`` while we were away are not
+read.
 
 Waking. `wait(timeout_s)` blocks until a file-system event (watchdog/inotify on the directory) or
 the poll interval (with inotify, a one-second safety net); `wait_async` does the same in an

@@ -2,17 +2,24 @@
 
 A file is known by device + inode and a fingerprint of its first bytes (`FileIdentity`). The
 path's rotated names are ``PATH.1`` (newest) to ``PATH.<keep>``, then logrotate's ``dateext``
-names (``PATH-20261130``, ``PATH-2026-11-30-1764460800``: a dash and a date, uncompressed),
-newest first; `Generations` looks among them for a file by identity (renamed: same inode) or by
-first bytes (a copytruncate copy), and opens the files that came after it.
+names (``PATH-20261130``, ``PATH-2026-11-30-1764460800``: a dash and a date), newest first;
+`Generations` looks among them for a file by identity (renamed: same inode) or by first bytes (a
+copytruncate copy), and opens the files that came after it. A rotated name may hold its file
+compressed (``PATH.2.gz``, logrotate's ``compress``): found by its first bytes, it is read from a
+temporary file it is inflated into (only its first bytes and what lies after the place to read
+from take disk space).
 """
 
 from __future__ import annotations
 
 import errno
+import gzip
 import hashlib
 import os
+import shutil
 import stat
+import tempfile
+import zlib
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -218,10 +225,72 @@ def open_file(path: str) -> OpenFile | None:
     return OpenFile(fd, (st.st_dev, st.st_ino), path, st.st_size)
 
 
+GZ = ".gz"
+_GZ_ERRORS = (OSError, EOFError, zlib.error)  # not gzip, cut short, corrupt
+_INFLATE_MARGIN = 64 * 1024  # bytes kept before the place to read from
+
+
+def _gz_head(path: str, size: int) -> bytes | None:
+    """The first `size` bytes of a gzip file's content; None when it is not one (or unreadable)."""
+    try:
+        with gzip.open(path, "rb") as z:
+            return z.read(size)
+    except _GZ_ERRORS:
+        return None
+
+
+def _gz_reaches(path: str, offset: int) -> bool:
+    """Whether a gzip file's content is at least `offset` bytes long (inflated, not kept)."""
+    try:
+        with gzip.open(path, "rb") as z:
+            got = 0
+            while got < offset:
+                n = len(z.read(min(1 << 20, offset - got)))
+                if n == 0:
+                    return False
+                got += n
+        return True
+    except _GZ_ERRORS:
+        return False
+
+
+def inflate(path: str, offset: int = 0) -> OpenFile | None:
+    """A gzip file's content in an unlinked temporary file, open as an `OpenFile` named `path`:
+    its first bytes, then what lies from a little before `offset` on (the bytes between are a
+    hole: no disk). None when it is not a readable gzip file."""
+    try:
+        with gzip.open(path, "rb") as z, tempfile.TemporaryFile() as tmp:
+            head = z.read(FINGERPRINT_BYTES)
+            tmp.write(head)
+            pos, skip_to = len(head), offset - _INFLATE_MARGIN
+            while pos < skip_to:
+                n = len(z.read(min(1 << 20, skip_to - pos)))
+                if n == 0:
+                    break
+                pos += n
+            tmp.seek(pos)
+            shutil.copyfileobj(z, tmp, 1 << 20)
+            tmp.flush()
+            fd = os.dup(tmp.fileno())
+    except _GZ_ERRORS:
+        return None
+    st = os.fstat(fd)
+    return OpenFile(fd, (st.st_dev, st.st_ino), path, st.st_size)
+
+
+def open_rotated(name: str) -> OpenFile | None:
+    """The file at a rotated name, or else its compressed form (`name` + ``.gz``) inflated."""
+    f = open_file(name)
+    if f is None and stat_file(name + GZ) is not None:
+        f = inflate(name + GZ)
+    return f
+
+
 class Generations:
     """The path and its rotated names, newest first: PATH, PATH.1, ..., PATH.<keep>, then the
-    newest <keep> dateext names by modification time. An index names a place in one `names()`
-    list; a method that takes an index takes the list it came from."""
+    newest <keep> dateext names by modification time; a rotated name stands for its compressed
+    form too (``.gz``). An index names a place in one `names()` list; a method that takes an
+    index takes the list it came from."""
 
     def __init__(self, path: str, keep: int) -> None:
         self.path = path
@@ -234,25 +303,27 @@ class Generations:
 
     def _dated(self) -> list[str]:
         """The newest <keep> names ``PATH-<date>``: digits first, then digits, `-`, `_`, `.`
-        (logrotate's dateformat); a compressed one (``.gz``) is left out."""
+        (logrotate's dateformat); a compressed one (``.gz``) by the name it stands for."""
         lead = self._base + "-"
-        found: list[tuple[int, str]] = []
+        found: dict[str, int] = {}
         try:
             with os.scandir(self._dir or ".") as it:
                 for entry in it:
-                    rest = entry.name[len(lead) :]
-                    if not entry.name.startswith(lead) or not _date_suffix(rest):
+                    name = entry.name.removesuffix(GZ)
+                    if not name.startswith(lead) or not _date_suffix(name[len(lead) :]):
                         continue
                     try:
                         st = entry.stat()
                     except OSError:
                         continue
                     if stat.S_ISREG(st.st_mode):
-                        found.append((st.st_mtime_ns, entry.path))
+                        path = os.path.join(self._dir, name)
+                        found[path] = max(found.get(path, 0), st.st_mtime_ns)
         except OSError:
             return []
-        found.sort(reverse=True)  # newest first; at one mtime, the later date first
-        return [path for _, path in found[: self.keep]]
+        # newest first; at one mtime, the later date first
+        newest = sorted(((t, path) for path, t in found.items()), reverse=True)
+        return [path for _, path in newest[: self.keep]]
 
     def index_of(self, names: Sequence[str], key: tuple[int, int]) -> int:
         """Which rotated name holds the file with this (dev, inode) now; 0 when none."""
@@ -269,7 +340,7 @@ class Generations:
         known = set(known)
         out: list[OpenFile] = []
         for i in range(index, 0, -1):
-            f = open_file(names[i])
+            f = open_rotated(names[i])
             if f is None:
                 continue
             if f.key in known:
@@ -301,22 +372,23 @@ class Generations:
         """Which name holds the file `ident` names now (its index in `names()`: 0 the path, a
         higher one an older file), found as `locate` finds it and reaching `offset` (not cut
         back below it); None when none does."""
-        _, hit, shrunk = self._find(ident, offset)
+        _, hit, shrunk = self._find(ident, offset, opened=False)
         for found in (hit, shrunk):
-            if found is not None:
+            if found is not None and found[1] is not None:
                 found[1].close()
         return hit[0] if hit is not None else None
 
     def _find(
-        self, ident: FileIdentity, offset: int
-    ) -> tuple[list[str], tuple[int, OpenFile] | None, tuple[int, OpenFile] | None]:
+        self, ident: FileIdentity, offset: int, opened: bool = True
+    ) -> tuple[list[str], tuple[int, OpenFile | None] | None, tuple[int, OpenFile] | None]:
         """(names, hit, shrunk), hit and shrunk each an index in `names` and the file open
         there: the file with the inode and first bytes `ident` names, or else a copy with those
-        bytes at a rotated name (copytruncate), reaching `offset`; `shrunk`, that inode with
-        those bytes but shorter than `offset` (cut back), when no hit."""
+        bytes at a rotated name (copytruncate), or compressed there, reaching `offset`;
+        `shrunk`, that inode with those bytes but shorter than `offset` (cut back), when no
+        hit. A compressed hit is inflated only when `opened` (else its file is None)."""
         names = self.names()
         stats = [stat_file(name) for name in names]
-        hit: tuple[int, OpenFile] | None = None
+        hit: tuple[int, OpenFile | None] | None = None
         shrunk: tuple[int, OpenFile] | None = None
         for i, st in enumerate(stats):  # the same inode, still with our first bytes
             if st is None or (st.st_dev, st.st_ino) != (ident.dev, ident.ino):
@@ -343,14 +415,41 @@ class Generations:
                     break
                 if f is not None:
                     f.close()
+        if hit is None and ident.fp_len > 0:  # as a copy, before a file cut back
+            hit = self._compressed(names, ident, offset, opened)
         return names, hit, shrunk
+
+    @staticmethod
+    def _compressed(
+        names: Sequence[str], ident: FileIdentity, offset: int, opened: bool
+    ) -> tuple[int, OpenFile | None] | None:
+        """The rotated name whose compressed form holds the file `ident` names (its first bytes),
+        reaching `offset`: inflated when `opened`."""
+        for i in range(1, len(names)):
+            gz = names[i] + GZ
+            if stat_file(gz) is None:
+                continue
+            head = _gz_head(gz, ident.fp_len)
+            if head is None or len(head) != ident.fp_len or fingerprint(head) != ident.fp:
+                continue
+            if not opened:
+                if _gz_reaches(gz, offset):
+                    return i, None
+                continue
+            f = inflate(gz, offset)
+            if f is not None and f.last_size >= offset:
+                return i, f
+            if f is not None:
+                f.close()
+        return None
 
     def locate(self, ident: FileIdentity, offset: int) -> tuple[list[OpenFile], Found] | None:
         """Open the file `ident` names, set to read from `offset`, and the files after it.
 
         Looked for at the path and the rotated names by inode (with the same first bytes), then
-        among the rotated names by first bytes alone (a copy). A file still ours but shorter than
-        `offset` was cut back while we were away: read from 0 ("changed"). None when gone.
+        among the rotated names by first bytes alone (a copy), then among their compressed forms
+        (inflated). A file still ours but shorter than `offset` was cut back while we were away:
+        read from 0 ("changed"). None when gone.
         """
         names, hit, shrunk = self._find(ident, offset)
         found: Found = "exact"
@@ -358,14 +457,14 @@ class Generations:
             hit, offset, found = shrunk, 0, "changed"
         elif shrunk is not None:
             shrunk[1].close()
-        if hit is None:
+        if hit is None or hit[1] is None:
             return None
-        i, first = hit
+        i, first = hit[0], hit[1]
         first.rs, first.ident = offset, str(ident)
         files = [first]
         known = {first.key}
         for j in range(i - 1, -1, -1):
-            f = open_file(names[j])
+            f = open_rotated(names[j]) if j > 0 else open_file(names[j])
             if f is None or f.key in known:
                 if f is not None:
                     f.close()

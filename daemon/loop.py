@@ -445,7 +445,7 @@ class Daemon:
                 if keep == 0
                 else f"{path} nor at {path}.1 ... {path}.{keep} nor at a dated {path}-<date>"
             )
-            why = f"is no longer at {names} (deleted, rotated further, or compressed)"
+            why = f"is no longer at {names} (deleted, rotated further, or unreadable)"
         else:
             why = "was cut back below that byte while the daemon was down"
         self._log_problem(

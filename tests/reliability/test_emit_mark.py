@@ -9,6 +9,7 @@ after P as usual; everything it read in one chunk, so the chunk is split where r
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -370,23 +371,32 @@ def _stopped_at_the_end(tmp_path: Path) -> tuple[list[str], Path, Config]:
     return lines, log, cfg
 
 
-@pytest.mark.parametrize("rotated", ["vllm.log.1", "vllm.log-20261130"])
+@pytest.mark.parametrize("rotated", ["vllm.log.1", "vllm.log-20261130", "vllm.log.1.gz"])
 def test_replay_ends_when_the_checkpoints_file_ends_and_was_rotated(
     tmp_path: Path, rotated: str
 ) -> None:
     """A clean stop at the end of vllm.log (checkpoint there, the session began at 0), which is
-    then rotated (to a numbered name, or a dated one as logrotate's `dateext` does), with the
-    next load in a new vllm.log: the restart re-reads the old file as a replay up to the
-    checkpoint, which no record of that file lies after, and the new file is live."""
+    then rotated (to a numbered name, a dated one as logrotate's `dateext` does, or compressed
+    as its `compress` does), with the next load in a new vllm.log: the restart re-reads the old
+    file as a replay up to the checkpoint, which no record of that file lies after, and the new
+    file is live."""
     lines, log, cfg = _stopped_at_the_end(tmp_path)
-    log.rename(tmp_path / rotated)
-    log.write_text("".join(lines[:20]))
+    if rotated.endswith(".gz"):
+        with gzip.open(tmp_path / rotated, "wb") as gz:
+            gz.write(log.read_bytes())
+        log.unlink()  # its inode is free: the new file may well get it
+    else:
+        log.rename(tmp_path / rotated)
+    # the next start of vLLM: its own first line (another start's first bytes differ, as its
+    # time and pid do), then the same load
+    new = "".join(["(APIServer pid=2) INFO 11-30 12:00:00 [cli.py:1] restarted\n", *lines[:20]])
+    log.write_text(new)
     with running(cfg) as d:
         d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
         d.wait(lambda: any(e["event"] == "daemon.replay_done" for e in d.events()), "replay done")
         events = d.events()
     got = [o for o, _ in _logged(events)]
-    new_size = len("".join(lines[:20]).encode())
+    new_size = len(new.encode())
     assert got and all(o < new_size for o in got), "the new file's events, live"
     assert len(got) == len(set(got))
     assert not [e for e in events if e["event"] == "daemon.problem"], "the old file was found"

@@ -1,0 +1,155 @@
+"""Restart after the log was rotated and compressed while the follower was down (logrotate's
+`compress`, with and without `delaycompress`, numbered and dated names): the checkpoint's file
+is found by its first bytes in the `.gz`, and read from the checkpoint on, then the newer files."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from loadwatch.daemon.follower import LogFollower, Position
+from loadwatch.daemon.follower_files import FINGERPRINT_BYTES, inflate
+from tests.follower.helpers import Collector, expected
+from tests.follower.test_restart import append, first_run, second_run
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    p = tmp_path / "logs" / "vllm.log"
+    p.parent.mkdir()
+    return p
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+def compress(name: str) -> None:
+    """`name` -> `name.gz`, as logrotate's compress leaves it (the plain file removed)."""
+    with open(name, "rb") as src, gzip.open(f"{name}.gz", "wb") as dst:
+        dst.write(src.read())
+    os.unlink(name)
+
+
+def test_renamed_and_compressed_while_down(log: Path, state: Path) -> None:
+    first_run(log, state)
+    append(log, expected("p", 100, 20))
+    os.rename(log, f"{log}.1")
+    compress(f"{log}.1")
+    log.write_bytes(expected("p", 120, 80))
+    data, h = second_run(log, state)
+    assert data == expected("p", 100, 100)  # the compressed file's rest, then the new file
+    assert h.start == "rotated"
+
+
+def test_compressed_two_back_with_a_plain_one_between(log: Path, state: Path) -> None:
+    """`delaycompress`: PATH.1 stays plain, PATH.2 (ours) is compressed."""
+    first_run(log, state)
+    append(log, expected("p", 100, 10))
+    os.rename(log, f"{log}.1")
+    log.write_bytes(expected("p", 110, 10))
+    os.rename(f"{log}.1", f"{log}.2")
+    compress(f"{log}.2")
+    os.rename(log, f"{log}.1")
+    log.write_bytes(expected("p", 120, 10))
+    data, h = second_run(log, state)
+    assert data == expected("p", 100, 30)
+    assert h.start == "rotated"
+
+
+def test_ours_and_a_newer_one_compressed(log: Path, state: Path) -> None:
+    """`compress` without `delaycompress`, rotated twice: both rotated files are `.gz`."""
+    first_run(log, state)
+    append(log, expected("p", 100, 10))
+    os.rename(log, f"{log}.1")
+    compress(f"{log}.1")
+    log.write_bytes(expected("p", 110, 10))
+    os.rename(f"{log}.1.gz", f"{log}.2.gz")
+    os.rename(log, f"{log}.1")
+    compress(f"{log}.1")
+    log.write_bytes(expected("p", 120, 10))
+    data, h = second_run(log, state)
+    assert data == expected("p", 100, 30)
+    assert h.start == "rotated"
+
+
+def test_dated_and_compressed_while_down(log: Path, state: Path) -> None:
+    first_run(log, state)
+    append(log, expected("p", 100, 20))
+    os.rename(log, f"{log}-20261130")
+    compress(f"{log}-20261130")
+    log.write_bytes(expected("p", 120, 10))
+    data, h = second_run(log, state)
+    assert data == expected("p", 100, 30)
+    assert h.start == "rotated"
+
+
+def test_a_corrupt_or_foreign_gz_is_not_ours(log: Path, state: Path) -> None:
+    """A `.gz` cut short, or of other content, is not the checkpoint's file: gone, and the path
+    is read from its start."""
+    first_run(log, state)
+    append(log, expected("p", 100, 20))
+    os.rename(log, f"{log}.1")
+    compress(f"{log}.1")
+    gz = Path(f"{log}.1.gz")
+    gz.write_bytes(gz.read_bytes()[:20])  # cut inside the gzip header's stream
+    with gzip.open(f"{log}.2.gz", "wb") as other:
+        other.write(expected("q", 0, 200))
+    log.write_bytes(expected("n", 0, 10))
+    data, h = second_run(log, state)
+    assert data == expected("n", 0, 10)
+    assert h.start == "gone"
+
+
+def test_where_finds_a_compressed_file_by_its_first_bytes(log: Path) -> None:
+    data = expected("p", 0, 100)
+    log.write_bytes(data)
+    f = LogFollower(log)
+    Collector(f).read()
+    pos = f.position()
+    f.close(checkpoint=False)
+    assert pos is not None and pos.offset == len(data)
+    os.rename(log, f"{log}.1")
+    compress(f"{log}.1")
+    log.write_bytes(expected("n", 0, 5))
+    g = LogFollower(log)
+    try:
+        assert g.where(pos) == 1
+        assert g.where(Position(pos.file_id, pos.offset + 1)) is None  # does not reach it
+    finally:
+        g.close(checkpoint=False)
+
+
+def test_inflate_keeps_only_the_head_and_what_lies_after_the_offset(tmp_path: Path) -> None:
+    content = expected("big", 0, 200_000)  # about 4.6 MB
+    gz = tmp_path / "big.gz"
+    with gzip.open(gz, "wb") as w:
+        w.write(content)
+    offset = len(content) - 300_000
+    f = inflate(str(gz), offset)
+    assert f is not None
+    try:
+        assert f.last_size == len(content)
+        assert os.pread(f.fd, FINGERPRINT_BYTES, 0) == content[:FINGERPRINT_BYTES]
+        assert os.pread(f.fd, len(content), offset) == content[offset:]
+        on_disk = os.fstat(f.fd).st_blocks * 512
+        if _holes_supported(tmp_path):
+            assert on_disk < 1_000_000, on_disk  # not the 4.6 MB before the offset
+    finally:
+        f.close()
+    assert inflate(str(tmp_path / "missing.gz")) is None
+    (tmp_path / "plain.gz").write_bytes(b"not gzip at all\n")
+    assert inflate(str(tmp_path / "plain.gz")) is None
+
+
+def _holes_supported(where: Path) -> bool:
+    with tempfile.TemporaryFile(dir=tempfile.gettempdir()) as t:
+        t.seek(8 << 20)
+        t.write(b"x")
+        t.flush()
+        return os.fstat(t.fileno()).st_blocks * 512 < (1 << 20)
