@@ -8,24 +8,34 @@ before a new session replaces the current one, and once at the end; the report (
 built from those snapshots. Memory stays bounded: reads of at most a few MiB, records cut at
 ``max_record_bytes``, and the last `MAX_SESSIONS_KEPT` sessions kept in full.
 
+A gzip file (a rotated log that logrotate compressed) is read through a temporary file it is
+inflated into, deleted at the end; the report gives the log's own size and the compressed one.
+Data that ends early (cut short, or corrupt further on) is read up to there and counted as a read
+error.
+
 Input faults end in one line on stderr: 66 when the path is missing or unreadable, 74 on a read
 error, 65 when it is not a log at all (a directory or other non-regular file, an empty file,
-binary data that holds no vLLM record), 64 for a bad ``--max-record-bytes``.
+binary data that holds no vLLM record, gzip data that inflates to nothing), 64 for a bad
+``--max-record-bytes``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
 import stat
 import sys
+import tempfile
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from loadwatch.daemon.follower import DEFAULT_MAX_READ_BYTES, FollowerError, LogFollower
+from loadwatch.daemon.follower_files import GZIP_MAGIC, inflate_into
 from loadwatch.daemon.inputs import ModelInfo
 from loadwatch.daemon.model_info import read_model_dir
 from loadwatch.daemon.snapshot import Snapshot
@@ -84,6 +94,8 @@ class _Opened:
     size_bytes: int
     mtime: float
     binary: bool
+    gzip: bool = False
+    compressed_bytes: int | None = None  # the gzip file's own size, when it was one
 
 
 def check_input(path: Path) -> _Opened:
@@ -112,7 +124,27 @@ def check_input(path: Path) -> _Opened:
         raise InputError(f"{shown}: read error: {_reason(exc)}", EX_IOERR) from None
     if not sample:
         raise InputError(f"{shown}: empty file, nothing to analyze", EX_DATAERR)
+    if sample.startswith(GZIP_MAGIC):
+        return _Opened(st.st_size, st.st_mtime, False, gzip=True)
     return _Opened(st.st_size, st.st_mtime, _looks_binary(sample))
+
+
+def inflate_log(path: Path) -> tuple[IO[bytes], str | None]:
+    """A gzip file's content in a named temporary file (deleted when closed), and a line when
+    the data ended early: what came before that point is there."""
+    tmp = tempfile.NamedTemporaryFile(prefix="loadwatch-", suffix=".log")  # noqa: SIM115
+    try:
+        why = inflate_into(str(path), tmp)
+    except OSError as exc:
+        tmp.close()
+        raise InputError(f"{path}: read error: {_reason(exc)}", EX_IOERR) from None
+    size = os.fstat(tmp.fileno()).st_size
+    if size == 0:
+        tmp.close()
+        raise InputError(f"{path}: gzip data with no log in it ({why or 'empty'})", EX_DATAERR)
+    if why is None:
+        return tmp, None
+    return tmp, f"{path}: gzip data {why} after {size} bytes of log: read up to there"
 
 
 def check_record_cap(max_record_bytes: int) -> None:
@@ -131,6 +163,20 @@ class LogReader:
         self.path = path
         self.cap = max_record_bytes
         self.opened = check_input(path)
+        self.source = path  # what is read: the path, or the file a gzip file is inflated into
+        self._inflated: IO[bytes] | None = None
+        early: str | None = None
+        if self.opened.gzip:
+            self._inflated, early = inflate_log(path)
+            self.source = Path(self._inflated.name)
+            with open(self.source, "rb") as fh:
+                sample = fh.read(SNIFF_BYTES)
+            self.opened = dataclasses.replace(
+                self.opened,
+                size_bytes=os.fstat(self._inflated.fileno()).st_size,
+                binary=_looks_binary(sample),
+                compressed_bytes=self.opened.size_bytes,
+            )
         self.events_total = 0
         self._end: int | None = None  # where the unterminated last record ends
         self._tail_cut = False
@@ -140,12 +186,19 @@ class LogReader:
         self._health_cuts = 0
         self._errors = 0
         self._last_error: str | None = None
+        self._early = early  # the gzip data ended early: one more read error
+
+    def close(self) -> None:
+        """Delete the inflated copy of a gzip file, if any."""
+        if self._inflated is not None:
+            self._inflated.close()
+            self._inflated = None
 
     def events(self) -> Iterator[Event]:
         scanner = ChunkScanner(EventStream(ref_ts=self.opened.mtime))
         try:
             follower = LogFollower(
-                self.path,
+                self.source,
                 state_dir=None,
                 mode="poll",
                 cap_bytes=self.cap,
@@ -188,7 +241,7 @@ class LogReader:
         if offset is None:
             return None
         try:
-            with open(self.path, "rb") as fh:
+            with open(self.source, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 if size <= offset:
                     return None
@@ -217,8 +270,9 @@ class LogReader:
             cut_records=self._health_cuts + (1 if self._tail_cut else 0),
             unterminated_last_record=self._unterminated,
             max_record_bytes=self.cap,
-            read_errors=self._errors,
-            last_error=self._last_error,
+            read_errors=self._errors + (self._early is not None),
+            last_error=self._last_error or self._early,
+            compressed_bytes=self.opened.compressed_bytes,
         )
 
 
@@ -316,29 +370,32 @@ def analyze_log(
     path: Path, *, model_dir: Path | None = None, max_record_bytes: int = DEFAULT_RECORD_BYTES
 ) -> Report:
     """Read, fold and report; raises InputError for input faults."""
-    reader = LogReader(path, max_record_bytes)
     model = None
     if model_dir is not None:
         if not model_dir.is_dir():
             what = "not a directory" if model_dir.exists() else "no such directory"
             raise InputError(f"--model-dir {model_dir}: {what}", EX_NOINPUT)
         model = read_model_dir(model_dir)
-    folder = SessionFolder(reader.opened.mtime, model)
-    for ev in reader.events():
-        folder.add(ev)
-    folder.finish()
-    facts = reader.facts()
-    if facts.events == 0 and reader.opened.binary:
-        raise InputError(
-            f"{path}: not a vLLM log (binary data, no vLLM record in {facts.bytes_read} bytes)",
-            EX_DATAERR,
-        )
-    offsets: set[int] = set()
-    for cap in folder.kept:
-        if cap.start_offset is not None:
-            offsets.add(cap.start_offset)
-        offsets.update(cap.failure_offsets.values())
-    lines = line_numbers(path, offsets)
+    reader = LogReader(path, max_record_bytes)
+    try:
+        folder = SessionFolder(reader.opened.mtime, model)
+        for ev in reader.events():
+            folder.add(ev)
+        folder.finish()
+        facts = reader.facts()
+        if facts.events == 0 and reader.opened.binary:
+            raise InputError(
+                f"{path}: not a vLLM log (binary data, no vLLM record in {facts.bytes_read} bytes)",
+                EX_DATAERR,
+            )
+        offsets: set[int] = set()
+        for cap in folder.kept:
+            if cap.start_offset is not None:
+                offsets.add(cap.start_offset)
+            offsets.update(cap.failure_offsets.values())
+        lines = line_numbers(reader.source, offsets)
+    finally:
+        reader.close()
     return build_report(
         list(folder.kept),
         facts=facts,
@@ -386,6 +443,9 @@ def events_command(log: Path, *, max_record_bytes: int) -> int:
     """`loadwatch events`: every parsed event as one JSON object a line."""
     try:
         reader = LogReader(log, max_record_bytes)
+    except InputError as exc:
+        return _fail(str(exc), exc.code)
+    try:
         out = sys.stdout
         for ev in reader.events():
             out.write(json.dumps(ev.to_dict(), ensure_ascii=False) + "\n")
@@ -400,6 +460,8 @@ def events_command(log: Path, *, max_record_bytes: int) -> int:
             _quiet_stdout()
             return 0
         return _fail(f"{log}: {_reason(exc)}", EX_IOERR)
+    finally:
+        reader.close()
     if reader.events_total == 0 and reader.opened.binary:
         return _fail(f"{log}: not a vLLM log (binary data, no vLLM record)", EX_DATAERR)
     return 0

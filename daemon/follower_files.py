@@ -16,14 +16,13 @@ import errno
 import gzip
 import hashlib
 import os
-import shutil
 import stat
 import tempfile
 import zlib
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 FINGERPRINT_BYTES = 256
 RECENT_BYTES = 256 * 1024  # delivered bytes kept to find where a file that shrank was cut
@@ -228,6 +227,56 @@ def open_file(path: str) -> OpenFile | None:
 GZ = ".gz"
 _GZ_ERRORS = (OSError, EOFError, zlib.error)  # not gzip, cut short, corrupt
 _INFLATE_MARGIN = 64 * 1024  # bytes kept before the place to read from
+_GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's gzip format
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def inflate_into(path: str, dst: IO[bytes], keep_from: int = 0, head: int = 0) -> str | None:
+    """Write a gzip file's content (every member) into `dst` at its own offsets, leaving out
+    the bytes from `head` to `keep_from` (a hole in `dst`). Returns None when the data ended
+    where it should, else why it ended early ("cut short", "corrupt: ..."): what came before
+    is written all the same. Raises OSError when `path` cannot be read."""
+    pos = 0
+    lo = max(keep_from, head)
+    fed = False  # the current member got data
+    z = zlib.decompressobj(_GZIP_WBITS)
+    why: str | None = None
+    with open(path, "rb") as src:
+        while why is None:
+            raw = src.read(1 << 16)
+            if not raw:
+                break
+            while raw and why is None:
+                try:
+                    out = z.decompress(raw)
+                except zlib.error as exc:
+                    why = f"corrupt: {exc}"
+                    break
+                fed = True
+                end = pos + len(out)
+                if pos < head:
+                    dst.seek(pos)
+                    dst.write(out[: min(end, head) - pos])
+                if end > lo:
+                    at = max(pos, lo)
+                    dst.seek(at)
+                    dst.write(out[at - pos :])
+                pos = end
+                raw = b""
+                if z.eof:  # a member ends: another may follow, or zeros of padding
+                    rest = z.unused_data
+                    z, fed = zlib.decompressobj(_GZIP_WBITS), False
+                    if rest.strip(b"\0") and not rest.startswith(GZIP_MAGIC[: len(rest)]):
+                        why = "corrupt: data after the end of the gzip stream"
+                    elif rest.strip(b"\0"):
+                        raw = rest
+    if why is None and fed:
+        why = "cut short"
+    dst.truncate(pos)  # its size, holes included
+    dst.flush()
+    return why
 
 
 def _gz_head(path: str, size: int) -> bytes | None:
@@ -257,22 +306,13 @@ def _gz_reaches(path: str, offset: int) -> bool:
 def inflate(path: str, offset: int = 0) -> OpenFile | None:
     """A gzip file's content in an unlinked temporary file, open as an `OpenFile` named `path`:
     its first bytes, then what lies from a little before `offset` on (the bytes between are a
-    hole: no disk). None when it is not a readable gzip file."""
+    hole: no disk). None when it is not a whole, readable gzip file."""
     try:
-        with gzip.open(path, "rb") as z, tempfile.TemporaryFile() as tmp:
-            head = z.read(FINGERPRINT_BYTES)
-            tmp.write(head)
-            pos, skip_to = len(head), offset - _INFLATE_MARGIN
-            while pos < skip_to:
-                n = len(z.read(min(1 << 20, skip_to - pos)))
-                if n == 0:
-                    break
-                pos += n
-            tmp.seek(pos)
-            shutil.copyfileobj(z, tmp, 1 << 20)
-            tmp.flush()
+        with tempfile.TemporaryFile() as tmp:
+            if inflate_into(path, tmp, offset - _INFLATE_MARGIN, FINGERPRINT_BYTES) is not None:
+                return None
             fd = os.dup(tmp.fileno())
-    except _GZ_ERRORS:
+    except OSError:
         return None
     st = os.fstat(fd)
     return OpenFile(fd, (st.st_dev, st.st_ino), path, st.st_size)

@@ -55,6 +55,7 @@ class LogFacts:
     max_record_bytes: int
     read_errors: int
     last_error: str | None
+    compressed_bytes: int | None = None  # the gzip file's own size, when the log was one
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,9 @@ def _header(r: Report) -> list[RenderableType]:
     out: list[RenderableType] = [Text.assemble(("loadwatch analyze ", "bold"), (f.path, ""))]
     n = r.sessions_total
     line = (
-        f"{size(f.size_bytes)}, {f.records:,} records, {f.events:,} events, "
+        f"{size(f.size_bytes)}"
+        f"{'' if f.compressed_bytes is None else f' (gzip, {size(f.compressed_bytes)})'}, "
+        f"{f.records:,} records, {f.events:,} events, "
         f"{n} session{'s' if n != 1 else ''}; file modified {clock(f.mtime)}"
     )
     out.append(Text(line, style="dim"))

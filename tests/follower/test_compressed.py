@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.follower import LogFollower, Position
-from loadwatch.daemon.follower_files import FINGERPRINT_BYTES, inflate
+from loadwatch.daemon.follower_files import FINGERPRINT_BYTES, inflate, inflate_into
 from tests.follower.helpers import Collector, expected
 from tests.follower.test_restart import append, first_run, second_run
 
@@ -153,3 +153,26 @@ def _holes_supported(where: Path) -> bool:
         t.write(b"x")
         t.flush()
         return os.fstat(t.fileno()).st_blocks * 512 < (1 << 20)
+
+
+def test_inflate_into_reads_every_member_and_says_why_it_ended_early(tmp_path: Path) -> None:
+    a, b = expected("a", 0, 500), expected("b", 0, 500)
+    gz = tmp_path / "x.gz"
+
+    def inflated(data: bytes, keep_from: int = 0, head: int = 0) -> tuple[bytes, str | None]:
+        gz.write_bytes(data)
+        with tempfile.TemporaryFile() as out:
+            why = inflate_into(str(gz), out, keep_from, head)
+            out.seek(0)
+            return out.read(), why
+
+    two = gzip.compress(a) + gzip.compress(b)  # `cat x.gz y.gz`: one stream of both
+    assert inflated(two) == (a + b, None)
+    assert inflated(two + b"\0" * 64) == (a + b, None)  # zeros after the end: padding
+    got, why = inflated(two + b"not gzip")
+    assert got == a + b and why is not None and why.startswith("corrupt")
+    got, why = inflated(gzip.compress(a)[:-20])  # cut short: all it holds, and why
+    assert why == "cut short" and a.startswith(got) and len(got) > len(a) // 2
+    got, why = inflated(gzip.compress(a), keep_from=3000, head=100)  # a hole between
+    assert why is None and len(got) == len(a)
+    assert got[:100] == a[:100] and got[3000:] == a[3000:] and got[100:3000] == bytes(2900)
