@@ -225,12 +225,10 @@ def open_file(path: str) -> OpenFile | None:
 
 
 GZ = ".gz"
+GZIP_MAGIC = b"\x1f\x8b"
 _GZ_ERRORS = (OSError, EOFError, zlib.error)  # not gzip, cut short, corrupt
 _INFLATE_MARGIN = 64 * 1024  # bytes kept before the place to read from
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's gzip format
-
-
-GZIP_MAGIC = b"\x1f\x8b"
 
 
 def inflate_into(path: str, dst: IO[bytes], keep_from: int = 0, head: int = 0) -> str | None:
@@ -306,10 +304,12 @@ def _gz_reaches(path: str, offset: int) -> bool:
 def inflate(path: str, offset: int = 0) -> OpenFile | None:
     """A gzip file's content in an unlinked temporary file, open as an `OpenFile` named `path`:
     its first bytes, then what lies from a little before `offset` on (the bytes between are a
-    hole: no disk). None when it is not a whole, readable gzip file."""
+    hole: no disk); of data that ends early (cut short, corrupt further on), what it holds.
+    None when it cannot be read or holds nothing."""
     try:
         with tempfile.TemporaryFile() as tmp:
-            if inflate_into(path, tmp, offset - _INFLATE_MARGIN, FINGERPRINT_BYTES) is not None:
+            why = inflate_into(path, tmp, offset - _INFLATE_MARGIN, FINGERPRINT_BYTES)
+            if why is not None and os.fstat(tmp.fileno()).st_size == 0:
                 return None
             fd = os.dup(tmp.fileno())
     except OSError:

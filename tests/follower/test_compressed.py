@@ -89,6 +89,24 @@ def test_dated_and_compressed_while_down(log: Path, state: Path) -> None:
     assert h.start == "rotated"
 
 
+def test_a_gz_cut_short_is_read_up_to_the_cut(log: Path, state: Path) -> None:
+    """A compression that did not finish: what the data holds past the checkpoint is read."""
+    first_run(log, state)
+    append(log, expected("p", 100, 2000))
+    os.rename(log, f"{log}.1")
+    compress(f"{log}.1")
+    gz = Path(f"{log}.1.gz")
+    gz.write_bytes(gz.read_bytes()[:-2000])
+    log.write_bytes(expected("n", 0, 10))
+    data, h = second_run(log, state)
+    assert h.start == "rotated"
+    cut = data.index(expected("n", 0, 1))  # the new file's lines come after the salvage
+    # its last record, cut mid-line, ends with the terminator a file we leave gets
+    assert cut > len(expected("p", 100, 1000)) and data[cut - 1 : cut] == b"\n"
+    assert expected("p", 100, 2000).startswith(data[: cut - 1])
+    assert data[cut:] == expected("n", 0, 10)
+
+
 def test_a_corrupt_or_foreign_gz_is_not_ours(log: Path, state: Path) -> None:
     """A `.gz` cut short, or of other content, is not the checkpoint's file: gone, and the path
     is read from its start."""
