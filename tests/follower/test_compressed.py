@@ -9,24 +9,10 @@ import os
 import tempfile
 from pathlib import Path
 
-import pytest
-
 from loadwatch.daemon.follower import LogFollower, Position
 from loadwatch.daemon.follower_files import FINGERPRINT_BYTES, inflate, inflate_into
 from tests.follower.helpers import Collector, expected
 from tests.follower.test_restart import append, first_run, second_run
-
-
-@pytest.fixture
-def log(tmp_path: Path) -> Path:
-    p = tmp_path / "logs" / "vllm.log"
-    p.parent.mkdir()
-    return p
-
-
-@pytest.fixture
-def state(tmp_path: Path) -> Path:
-    return tmp_path / "state"
 
 
 def compress(name: str) -> None:

@@ -15,18 +15,6 @@ from tests.follower.helpers import Collector, WriterProcess, expected
 from tests.follower.writer import rotate
 
 
-@pytest.fixture
-def log(tmp_path: Path) -> Path:
-    p = tmp_path / "logs" / "vllm.log"
-    p.parent.mkdir()
-    return p
-
-
-@pytest.fixture
-def state(tmp_path: Path) -> Path:
-    return tmp_path / "state"
-
-
 def first_run(log: Path, state: Path, lines: int = 100) -> bytes:
     """Write and read `lines` lines, then shut down cleanly (which saves the checkpoint)."""
     log.write_bytes(expected("p", 0, lines))

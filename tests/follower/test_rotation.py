@@ -126,41 +126,33 @@ def test_file_not_existing_yet_in_existing_directory(log: Path, follower: LogFol
     run_plan(log, follower, plan, expected("m", 0, 100))
 
 
-def test_several_rotations_between_two_reads(log: Path) -> None:
-    """PATH.2 is ours, PATH.1 came and went unseen: read ours, then PATH.1, then PATH."""
+@pytest.mark.parametrize("dated", [False, True])
+def test_several_rotations_between_two_reads(log: Path, dated: bool) -> None:
+    """Ours rotated, then the next file too, before the next read: read ours, then the newer
+    rotated file, then PATH. Numbered (PATH.2 ours, PATH.1) or dated (logrotate's `dateext`:
+    PATH-20261129 ours, PATH-20261130). Names that are not a date, and a `.gz` that is not
+    gzip, are not rotated files of ours."""
     log.parent.mkdir()
     f = LogFollower(log)
     col = Collector(f)
+
+    def rotate(day: int) -> None:
+        if dated:
+            os.rename(log, f"{log}-202611{day}")
+        else:
+            if os.path.exists(f"{log}.1"):
+                os.rename(f"{log}.1", f"{log}.2")
+            os.rename(log, f"{log}.1")
+
     log.write_bytes(expected("c", 0, 10))
     col.read()
     with open(log, "ab") as w:
         w.write(expected("c", 10, 5))
-    os.rename(log, f"{log}.1")
+    rotate(29)
     log.write_bytes(expected("c", 15, 10))
-    os.rename(f"{log}.1", f"{log}.2")
-    os.rename(log, f"{log}.1")
+    rotate(30)
     log.write_bytes(expected("c", 25, 10))
-    col.read()
-    assert bytes(col.data) == expected("c", 0, 35)
-    assert f.health().rotations_total == 2
-
-
-def test_several_dateext_rotations_between_two_reads(log: Path) -> None:
-    """Renamed to dated names (logrotate `dateext`) twice before the next read: ours, then the
-    newer dated file, then the path. Names that are not a date, and compressed ones, are not
-    rotated files of ours."""
-    log.parent.mkdir()
-    f = LogFollower(log)
-    col = Collector(f)
-    log.write_bytes(expected("c", 0, 10))
-    col.read()
-    with open(log, "ab") as w:
-        w.write(expected("c", 10, 5))
-    os.rename(log, f"{log}-20261129")
-    log.write_bytes(expected("c", 15, 10))
-    os.rename(log, f"{log}-20261130")
-    log.write_bytes(expected("c", 25, 10))
-    Path(f"{log}-20261131.gz").write_bytes(expected("z", 0, 3))  # compressed: not ours
+    Path(f"{log}-20261131.gz").write_bytes(expected("z", 0, 3))  # not gzip: nothing in it
     Path(f"{log}-backup").write_bytes(expected("z", 0, 3))  # not a date
     col.read()
     assert bytes(col.data) == expected("c", 0, 35)
