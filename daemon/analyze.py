@@ -15,7 +15,7 @@ error.
 
 Input faults end in one line on stderr: 66 when the path is missing or unreadable, 74 on a read
 error, 65 when it is not a log at all (a directory or other non-regular file, an empty file,
-binary data that holds no vLLM record, gzip data that inflates to nothing), 64 for a bad
+binary data that holds no vLLM record, gzip data with no log in it), 64 for a bad
 ``--max-record-bytes``.
 """
 
