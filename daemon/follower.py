@@ -197,6 +197,8 @@ class LogFollower:
         self._known: list[FileIdentity] = []  # identities given before: see `know`
         self._last_end: Position | None = None  # after the last record delivered
         self._start: StartKind = "fresh"
+        self._since: float | None = None  # when the checkpoint a start comes from was saved
+        self._recovered: tuple[str, ...] = ()  # see `recovered`
         self._exists = False
         self._at_path = False
         self._backlog = False
@@ -234,6 +236,7 @@ class LogFollower:
         start = start_at
         if start is None and self.loaded_checkpoint is not None:
             start = Position(self.loaded_checkpoint.file_id, self.loaded_checkpoint.offset)
+            self._since = self.loaded_checkpoint.saved_at
         if start is not None:
             try:
                 self._pending = (FileIdentity.parse(start.file_id), start.offset)
@@ -248,6 +251,12 @@ class LogFollower:
     def start(self) -> StartKind:
         """How this follower began (`FollowerHealth.start`); "pending" until the first read."""
         return self._start
+
+    @property
+    def recovered(self) -> tuple[str, ...]:
+        """When the checkpoint's file was gone: the rotated files written after the checkpoint
+        was saved, read from their start before the path (oldest first)."""
+        return self._recovered
 
     @property
     def backlog(self) -> bool:
@@ -572,6 +581,7 @@ class LogFollower:
             return False
         if found is None:
             return False
+        self._since = None  # a start of its own: the checkpoint's no longer applies
         self._close_sources()
         self._sources = found[0]
         self._last_end = None
@@ -582,8 +592,12 @@ class LogFollower:
     def _apply_start(self, ident: FileIdentity, offset: int) -> None:
         found = self._gens.locate(ident, offset)  # an OSError leaves it pending, to retry
         self._pending = None
+        since, self._since = self._since, None  # the checkpoint's time: for this start only
         if found is None:
             self._start = "gone"
+            if since is not None:  # what was rotated away since then is newer than ours
+                self._sources = self._gens.written_after(since)
+                self._recovered = tuple(f.name for f in self._sources)
         else:
             self._sources, self._start = found
             if self._start == "changed":

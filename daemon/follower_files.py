@@ -305,8 +305,10 @@ def inflate(path: str, offset: int = 0) -> OpenFile | None:
     """A gzip file's content in an unlinked temporary file, open as an `OpenFile` named `path`:
     its first bytes, then what lies from a little before `offset` on (the bytes between are a
     hole: no disk); of data that ends early (cut short, corrupt further on), what it holds.
-    None when it cannot be read or holds nothing."""
+    None when it cannot be read or holds nothing. It is known by the gzip file's device and
+    inode (its `key`), as a plain rotated file is by its own: inflated again, it is the same."""
     try:
+        gz = os.stat(path)
         with tempfile.TemporaryFile() as tmp:
             why = inflate_into(path, tmp, offset - _INFLATE_MARGIN, FINGERPRINT_BYTES)
             if why is not None and os.fstat(tmp.fileno()).st_size == 0:
@@ -314,8 +316,7 @@ def inflate(path: str, offset: int = 0) -> OpenFile | None:
             fd = os.dup(tmp.fileno())
     except OSError:
         return None
-    st = os.fstat(fd)
-    return OpenFile(fd, (st.st_dev, st.st_ino), path, st.st_size)
+    return OpenFile(fd, (gz.st_dev, gz.st_ino), path, os.fstat(fd).st_size)
 
 
 def open_rotated(name: str) -> OpenFile | None:
@@ -328,9 +329,10 @@ def open_rotated(name: str) -> OpenFile | None:
 
 class Generations:
     """The path and its rotated names, newest first: PATH, PATH.1, ..., PATH.<keep>, then the
-    newest <keep> dateext names by modification time; a rotated name stands for its compressed
-    form too (``.gz``). An index names a place in one `names()` list; a method that takes an
-    index takes the list it came from."""
+    newest <keep> dateext names by modification time (a host uses one scheme or the other; with
+    both, every dated name counts as older than the numbered ones); a rotated name stands for
+    its compressed form too (``.gz``). An index names a place in one `names()` list; a method
+    that takes an index takes the list it came from."""
 
     def __init__(self, path: str, keep: int) -> None:
         self.path = path
@@ -366,9 +368,10 @@ class Generations:
         return [path for _, path in newest[: self.keep]]
 
     def index_of(self, names: Sequence[str], key: tuple[int, int]) -> int:
-        """Which rotated name holds the file with this (dev, inode) now; 0 when none."""
+        """Which rotated name holds the file with this (dev, inode) now (its compressed form
+        counts: see `inflate`); 0 when none."""
         for i in range(1, len(names)):
-            st = stat_file(names[i])
+            st = stat_file(names[i]) or stat_file(names[i] + GZ)
             if st is not None and (st.st_dev, st.st_ino) == key:
                 return i
         return 0
@@ -388,6 +391,22 @@ class Generations:
                 continue
             known.add(f.key)
             out.append(f)
+        return out
+
+    def written_after(self, t: float) -> list[OpenFile]:
+        """The rotated files (plain or compressed) last written after `t`, open, oldest first:
+        when the file a checkpoint saved at `t` names is gone, these came after it."""
+        names = self.names()
+        found: dict[tuple[int, int], tuple[float, str]] = {}
+        for name in names[1:]:
+            st = stat_file(name) or stat_file(name + GZ)
+            if st is not None and st.st_mtime > t:
+                found.setdefault((st.st_dev, st.st_ino), (st.st_mtime, name))
+        out: list[OpenFile] = []
+        for _, name in sorted(found.values()):
+            f = open_rotated(name)
+            if f is not None:
+                out.append(f)
         return out
 
     def find_copy(

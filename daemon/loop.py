@@ -448,10 +448,14 @@ class Daemon:
             why = f"is no longer at {names} (deleted, rotated further, or unreadable)"
         else:
             why = "was cut back below that byte while the daemon was down"
+        if follower.recovered:  # rotated away after the checkpoint: newer than its file
+            files = ", ".join((*follower.recovered, str(path)))
+            reading = f"{files} from their start (rotated files written after the checkpoint)"
+        else:
+            reading = f"{path} from its start"
         self._log_problem(
             f"log {path}: the file the checkpoint names (at byte {cp.offset}) {why}: reading "
-            f"{path} from its start; what that file held after byte {cp.offset}, if anything, "
-            "is not read"
+            f"{reading}; what that file held after byte {cp.offset}, if anything, is not read"
         )
 
     async def _wait_log(self, follower: LogFollower) -> None:

@@ -133,3 +133,29 @@ def test_the_sessions_first_file_gone_while_the_checkpoints_is_there(tmp_path: P
     assert len(problems) == 1, problems
     assert "the file the current vLLM session began in" in problems[0] and "is gone" in problems[0]
     assert lines[half:]  # (the checkpoint's file held the second half)
+
+
+def test_the_checkpoints_file_rotated_past_the_kept_names_the_newer_rotated_one_is_read(
+    tmp_path: Path,
+) -> None:
+    """While the daemon was down the log was rotated so often that the checkpoint's file was
+    deleted; the rotated file written after the checkpoint holds the next load, vllm.log the
+    one after. Both are read from their start, in that order, and their events written once;
+    the line names the rotated file read."""
+    _, log, cfg = _stopped_at_the_end(tmp_path)
+    size = log.stat().st_size
+    log.unlink()
+    first, second = _load(7), _load(8)
+    rotated = tmp_path / "vllm.log.1"
+    rotated.write_text("".join(first))
+    log.write_text("".join(second))
+    want = _offsets("".join(first)) + _offsets("".join(second))
+    with running(cfg) as d:
+        d.wait(lambda: len(_logged(d.events())) >= len(want), "both loads")
+        d.wait(lambda: d.status()["sessions_total"] == 2, "two sessions")
+        events = d.events()
+    assert [o for o, _ in _logged(events)] == want  # each load once, the rotated file first
+    problems = _problems(events)
+    assert len(problems) == 1, problems
+    assert f"(at byte {size})" in problems[0] and "is no longer at" in problems[0]
+    assert f"reading {rotated}, {log} from their start" in problems[0]

@@ -12,14 +12,7 @@ from pathlib import Path
 from loadwatch.daemon.follower import LogFollower, Position
 from loadwatch.daemon.follower_files import FINGERPRINT_BYTES, inflate, inflate_into
 from tests.follower.helpers import Collector, expected
-from tests.follower.test_restart import append, first_run, second_run
-
-
-def compress(name: str) -> None:
-    """`name` -> `name.gz`, as logrotate's compress leaves it (the plain file removed)."""
-    with open(name, "rb") as src, gzip.open(f"{name}.gz", "wb") as dst:
-        dst.write(src.read())
-    os.unlink(name)
+from tests.follower.test_restart import append, compress, first_run, second_run
 
 
 def test_renamed_and_compressed_while_down(log: Path, state: Path) -> None:
@@ -94,16 +87,20 @@ def test_a_gz_cut_short_is_read_up_to_the_cut(log: Path, state: Path) -> None:
 
 
 def test_a_corrupt_or_foreign_gz_is_not_ours(log: Path, state: Path) -> None:
-    """A `.gz` cut short, or of other content, is not the checkpoint's file: gone, and the path
-    is read from its start."""
+    """A `.gz` cut before its first bytes, or of other content, is not the checkpoint's file:
+    gone, and the path is read from its start (both last written before the checkpoint, so not
+    read as rotated away after it either)."""
     first_run(log, state)
     append(log, expected("p", 100, 20))
     os.rename(log, f"{log}.1")
     compress(f"{log}.1")
     gz = Path(f"{log}.1.gz")
     gz.write_bytes(gz.read_bytes()[:20])  # cut inside the gzip header's stream
-    with gzip.open(f"{log}.2.gz", "wb") as other:
-        other.write(expected("q", 0, 200))
+    other = Path(f"{log}.2.gz")
+    with gzip.open(other, "wb") as w:
+        w.write(expected("q", 0, 200))
+    for p in (gz, other):
+        os.utime(p, (1_000_000_000, 1_000_000_000))
     log.write_bytes(expected("n", 0, 10))
     data, h = second_run(log, state)
     assert data == expected("n", 0, 10)

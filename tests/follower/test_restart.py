@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -35,6 +36,13 @@ def second_run(log: Path, state: Path) -> tuple[bytes, FollowerHealth]:
     health = f.health()
     f.close()
     return bytes(col.data), health
+
+
+def compress(name: str) -> None:
+    """`name` -> `name.gz`, as logrotate's compress leaves it (the plain file removed)."""
+    with open(name, "rb") as src, gzip.open(f"{name}.gz", "wb") as dst:
+        dst.write(src.read())
+    os.unlink(name)
 
 
 def append(log: Path | str, data: bytes) -> None:
@@ -430,3 +438,36 @@ def test_a_checkpoint_after_a_copytruncate_names_the_copy_not_the_empty_file(
     data, health = second_run(log, state)
     assert data == expected("b", 0, 20) + expected("c", 0, 10)
     assert health.start == "rotated"
+
+
+def test_gone_while_down_reads_what_was_rotated_away_after_the_checkpoint(
+    log: Path, state: Path
+) -> None:
+    """Ours rotated past the kept names (deleted) while down: the rotated files last written
+    after the checkpoint was saved came after ours, and are read (oldest first) before the
+    path; one last written before it is older than ours, and is not."""
+    first_run(log, state)
+    cp = CheckpointStore(state, log).load()
+    assert cp is not None and cp.saved_at is not None
+    saved_at = cp.saved_at
+    older = Path(f"{log}.4")
+    older.write_bytes(expected("old", 0, 5))
+    os.utime(older, (saved_at - 100, saved_at - 100))
+    append(log, expected("p", 100, 10))
+    os.rename(log, f"{log}.3")  # ours, soon deleted
+    log.write_bytes(expected("p", 110, 10))
+    os.rename(log, f"{log}.2")
+    compress(f"{log}.2")
+    log.write_bytes(expected("p", 120, 10))
+    os.rename(log, f"{log}.1")
+    log.write_bytes(expected("p", 130, 10))
+    os.unlink(f"{log}.3")
+    for n, name in enumerate((f"{log}.2.gz", f"{log}.1"), start=1):
+        os.utime(name, (saved_at + n, saved_at + n))
+    f = LogFollower(log, state_dir=state)
+    col = Collector(f)
+    col.read()
+    assert bytes(col.data) == expected("p", 110, 30)  # 100..109 were in the deleted file
+    assert f.start == "gone"
+    assert f.recovered == (f"{log}.2.gz", f"{log}.1")
+    f.close()
