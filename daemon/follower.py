@@ -56,9 +56,9 @@ applied: a crash then re-delivers only what came after the last checkpoint. At s
 ``PATH.<rotated_keep>`` and the newest ``rotated_keep`` of logrotate's ``dateext`` names
 (``PATH-20261130``; renamed, a copy, or compressed there: ``PATH.2.gz``, read from a temporary
 file it is inflated into); reading resumes there and continues through the newer files. When
-it is gone, or was cut back while we were away, the path is read from 0 (`health().start` says
-which: "gone", "changed"), so files rotated past ``rotated_keep`` while we were away are not
-read.
+it is gone, the rotated files last written after the checkpoint was saved (they came after its
+file; `recovered` names them) and then the path are read from 0; when it was cut back while we
+were away, the path is read from 0 (`health().start` says which: "gone", "changed").
 
 Waking. `wait(timeout_s)` blocks until a file-system event (watchdog/inotify on the directory) or
 the poll interval (with inotify, a one-second safety net); `wait_async` does the same in an
