@@ -31,8 +31,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from loadwatch.parsers import ChunkScanner, EventStream, catalog, lines
-from loadwatch.parsers.catalog import BARE, CATALOG, FAILURE, MESSAGE, WARNING
+from loadwatch.parsers import ChunkScanner, EventStream
+from loadwatch.parsers.vllm import catalog, lines
+from loadwatch.parsers.vllm.catalog import BARE, CATALOG, FAILURE, MESSAGE, WARNING
 
 MB = 1 << 20
 REF_TS = 1796083200.0

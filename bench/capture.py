@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from loadwatch.daemon.logsink import OutputPump, RotatingLog
+from loadwatch.daemon.supervise.logsink import OutputPump, RotatingLog
 
 HERE = Path(__file__).resolve().parent
 

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from loadwatch.daemon.follower import LogFollower
-from loadwatch.daemon.follower_wake import Mode
+from loadwatch.daemon.sources.log.follower import LogFollower
+from loadwatch.daemon.sources.log.wake import Mode
 from loadwatch.parsers import ChunkScanner
 
 WRITER = """

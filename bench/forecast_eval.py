@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import traces
 
-from loadwatch.daemon.state import LoadState
+from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.parsers.events import ShardProgress
 
 ETA_KINDS = ("uniform", "nonuniform", "cold_warm", "warm_cold", "slowdown")

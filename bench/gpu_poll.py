@@ -21,9 +21,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadwatch.daemon.gpu import GuardedGpuSource
-from loadwatch.daemon.gpusim import SimulatedGpuSource
-from loadwatch.daemon.nvml import NvmlSource
+from loadwatch.daemon.sim.gpus import SimulatedGpuSource
+from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource
+from loadwatch.daemon.sources.gpu.nvml import NvmlSource
 
 
 def instant_binding(gpus: int) -> Any:

@@ -40,9 +40,9 @@ from pathlib import Path
 from loggen import load_log
 from throughput_vs_mtail import MTAIL_PROGRAM, measured, mtail_counts, tools
 
-from loadwatch.daemon.follower import LogFollower
-from loadwatch.daemon.forecast import EtaConfig, EtaState
-from loadwatch.daemon.state import LoadState
+from loadwatch.daemon.sources.log.follower import LogFollower
+from loadwatch.daemon.state.forecast import EtaConfig, EtaState
+from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.parsers import ChunkScanner, EventStream
 from loadwatch.parsers.events import Event, KvScaleWarning, ShardProgress
 

@@ -6,7 +6,7 @@ Two shapes, as an inference host sees them:
 - a serving-phase log: one startup, then request and access lines, periodic engine statistics,
   rare warnings, and a few restarts with fresh loads (one of them failing with a CUDA OOM).
 
-The lines come from `loadwatch.daemon.kimilog`, the same script the demo's simulated vLLM prints.
+The lines come from `loadwatch.daemon.sim.kimilog`, the same script the demo's simulated vLLM prints.
 `python bench/loggen.py load|serving PATH [--lines N] [--seed S]` writes one and prints its truth.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from loadwatch.daemon.kimilog import Counts, SyntheticClock, serving, startup
+from loadwatch.daemon.sim.kimilog import Counts, SyntheticClock, serving, startup
 
 
 @dataclass

@@ -114,8 +114,8 @@ def growth(rows: list[dict[str, float]]) -> float:
 def loading_state() -> object:
     """A state loading weights with a byte-weighed bar, so every GPU reading feeds the
     per-GPU memory fit and the OOM forecast."""
-    from loadwatch.daemon.inputs import ModelInfo, ProcessEvent, ShardInfo
-    from loadwatch.daemon.state import LoadState
+    from loadwatch.daemon.sources.inputs import ModelInfo, ProcessEvent, ShardInfo
+    from loadwatch.daemon.state.loadstate import LoadState
     from loadwatch.parsers import Milestone, ShardProgress
 
     shards = tuple(ShardInfo(f"model-{i:05d}.safetensors", 5 * GIB) for i in range(119))
@@ -133,9 +133,9 @@ def loading_state() -> object:
 
 
 def gpu_counts(counts: tuple[int, ...], seconds: float) -> list[dict[str, float]]:
-    from loadwatch.daemon.gpu import GuardedGpuSource
-    from loadwatch.daemon.gpusim import SimulatedGpuSource
-    from loadwatch.daemon.state import LoadState
+    from loadwatch.daemon.sim.gpus import SimulatedGpuSource
+    from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource
+    from loadwatch.daemon.state.loadstate import LoadState
 
     rows = []
     for n in counts:
@@ -194,9 +194,9 @@ def idle_daemon(tmp: Path, seconds: float) -> float:
 
 
 def scrape_costs(shapes: tuple[tuple[int, int], ...], reps: int) -> list[dict[str, float]]:
-    from loadwatch.daemon.gpusim import SimulatedGpuSource
-    from loadwatch.daemon.published import Published, Totals
-    from loadwatch.daemon.state import LoadState
+    from loadwatch.daemon.sim.gpus import SimulatedGpuSource
+    from loadwatch.daemon.state.loadstate import LoadState
+    from loadwatch.daemon.state.published import Published, Totals
     from loadwatch.exporters.prometheus import LoadwatchCollector, registry_for, render
     from loadwatch.parsers import LogWarning
 

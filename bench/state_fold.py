@@ -18,8 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from loadwatch.daemon.forecast import EtaState
-from loadwatch.daemon.inputs import (
+from loadwatch.daemon.sources.inputs import (
     GpuReading,
     GpuSample,
     IoSample,
@@ -28,7 +27,8 @@ from loadwatch.daemon.inputs import (
     ShardInfo,
     Tick,
 )
-from loadwatch.daemon.state import Input, LoadState
+from loadwatch.daemon.state.forecast import EtaState
+from loadwatch.daemon.state.loadstate import Input, LoadState
 from loadwatch.parsers.events import KvScaleWarning, LogError, LogWarning, Milestone, ShardProgress
 
 T0 = 1_763_000_000.0

@@ -74,8 +74,8 @@ NAIVE = {
 
 
 def work_loadwatch(path: str, native: bool = True) -> dict[str, object]:
-    from loadwatch.daemon.follower import LogFollower
-    from loadwatch.daemon.state import LoadState
+    from loadwatch.daemon.sources.log.follower import LogFollower
+    from loadwatch.daemon.state.loadstate import LoadState
     from loadwatch.parsers import ChunkScanner, EventStream, ShardProgress
 
     clock = time.time
@@ -121,7 +121,7 @@ def work_loadwatch(path: str, native: bool = True) -> dict[str, object]:
 
 
 def _retire(before: object, retired: dict[str, int]) -> None:
-    from loadwatch.daemon.state import LoadState
+    from loadwatch.daemon.state.loadstate import LoadState
 
     assert isinstance(before, LoadState)
     s = before.session
@@ -247,7 +247,7 @@ def worker_counts(out: str) -> dict[str, int | None]:
 
 
 def grep_pattern() -> str:
-    from loadwatch.parsers.stream import PREFILTER
+    from loadwatch.parsers.vllm.stream import PREFILTER
 
     def ere(s: str) -> str:
         return re.sub(r"([.[\]()*+?{}|^$\\])", r"\\\1", s)

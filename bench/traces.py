@@ -30,7 +30,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from loadwatch.daemon.inputs import (
+from loadwatch.daemon.sources.inputs import (
     GpuReading,
     GpuSample,
     IoSample,
@@ -38,9 +38,9 @@ from loadwatch.daemon.inputs import (
     ProcessEvent,
     ShardInfo,
 )
-from loadwatch.daemon.state import StateConfig, Tick
+from loadwatch.daemon.state.loadstate import StateConfig, Tick
 from loadwatch.parsers.events import Event, Record
-from loadwatch.parsers.stream import EventStream
+from loadwatch.parsers.vllm.stream import EventStream
 
 KINDS = ("uniform", "nonuniform", "cold_warm", "warm_cold", "slowdown", "stall", "oom")
 GIB = 1024**3

@@ -22,15 +22,15 @@ from typing import Any
 
 from loadwatch.daemon.cli import EX_CANTCREAT, EX_CONFIG, fail
 from loadwatch.daemon.config import Config, ConfigError, VllmConfig, load_config
-from loadwatch.daemon.gpu import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.loop import Daemon
-from loadwatch.daemon.redact import Redactor
 from loadwatch.daemon.sdnotify import SdNotifier
-from loadwatch.daemon.supervisor_config import SupervisorConfigError
+from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
+from loadwatch.daemon.supervise.config import SupervisorConfigError
+from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.eventlog import EventLog
-from loadwatch.exporters.http import ServerError
-from loadwatch.exporters.httpd import HttpProcess
-from loadwatch.exporters.views import BoardMaker
+from loadwatch.exporters.http.process import HttpProcess
+from loadwatch.exporters.http.routes import BoardMaker
+from loadwatch.exporters.http.server import ServerError
 
 EX_UNAVAILABLE = 69
 DEFAULT_STATE_DIR = Path("/var/lib/loadwatch")
@@ -66,11 +66,11 @@ def make_gpu_source(cfg: Config, progress: Callable[[], float]) -> GuardedGpuSou
     if cfg.gpu.source == "none":
         return NullGpuSource()
     if cfg.gpu.source == "simulated":
-        from loadwatch.daemon.gpusim import SimulatedGpuSource
+        from loadwatch.daemon.sim.gpus import SimulatedGpuSource
 
         inner: Any = SimulatedGpuSource(cfg.gpu.simulated_count, progress=progress)
     else:
-        from loadwatch.daemon.nvml import NvmlSource
+        from loadwatch.daemon.sources.gpu.nvml import NvmlSource
 
         inner = NvmlSource(logger=lambda line: print(f"loadwatch: {line}", file=sys.stderr))
     return GuardedGpuSource(inner, deadline_s=cfg.gpu.deadline_s)
@@ -184,8 +184,8 @@ async def _main(
 
 
 def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
-    from loadwatch.daemon.preflight import start_hook_for_argv
-    from loadwatch.daemon.supervisor import Supervisor, supervisor_config
+    from loadwatch.daemon.supervise.supervisor import Supervisor, supervisor_config
+    from loadwatch.daemon.tools.preflight import start_hook_for_argv
 
     assert cfg.vllm is not None and cfg.log.path is not None
     vllm = cfg.vllm

@@ -119,13 +119,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_command(args)
     if args.command == "status":
-        from loadwatch.exporters.tui import status_command
+        from loadwatch.exporters.terminal.watch import status_command
 
         return status_command(
             args.url, watch=args.watch, as_json=args.json, interval_s=args.interval
         )
     if args.command == "analyze":
-        from loadwatch.daemon.analyze import analyze_command
+        from loadwatch.daemon.tools.analyze import analyze_command
 
         return analyze_command(
             args.log,
@@ -134,13 +134,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             max_record_bytes=args.max_record_bytes,
         )
     if args.command == "events":
-        from loadwatch.daemon.analyze import events_command
+        from loadwatch.daemon.tools.analyze import events_command
 
         return events_command(args.log, max_record_bytes=args.max_record_bytes)
     if args.command == "preflight":
         return _preflight(args)
     if args.command == "patch-model":
-        from loadwatch.daemon.patch import patch_model_cli
+        from loadwatch.daemon.tools.patch import patch_model_cli
 
         text, code = patch_model_cli(
             str(args.model_dir),
@@ -151,7 +151,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(text, file=sys.stdout if code == 0 else sys.stderr)
         return code
     if args.command == "demo":
-        from loadwatch.daemon.demo import demo_command
+        from loadwatch.daemon.tools.demo import demo_command
 
         return demo_command(args)
     raise UsageError(f"unknown command {args.command!r}")
@@ -160,7 +160,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _preflight(args: argparse.Namespace) -> int:
     import json
 
-    from loadwatch.daemon.preflight import parse_gpu_cc, preflight_cli
+    from loadwatch.daemon.tools.preflight import parse_gpu_cc, preflight_cli
 
     cc: tuple[int, int] | None = None
     if args.gpu_cc:
@@ -177,7 +177,7 @@ def _preflight(args: argparse.Namespace) -> int:
 
 def _nvml_cc() -> tuple[int, int] | None:
     """The first GPU's compute capability, when NVML answers."""
-    from loadwatch.daemon.nvml import NvmlSource
+    from loadwatch.daemon.sources.gpu.nvml import NvmlSource
 
     src = NvmlSource(xid_events=False, logger=lambda line: None)
     try:

@@ -31,21 +31,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config
-from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, identity
-from loadwatch.daemon.emitmark import written as written_events
-from loadwatch.daemon.follower import FollowerError, LogFollower, Position
-from loadwatch.daemon.gpu import GuardedGpuSource, NullGpuSource
-from loadwatch.daemon.inputs import GpuReading, HealthProbe, IoSample, ModelInfo, ProcessEvent, Tick
-from loadwatch.daemon.model_info import read_model_dir
-from loadwatch.daemon.orphans import check_orphans
-from loadwatch.daemon.published import LogHealth, Published, SupervisorStats, Totals
-from loadwatch.daemon.redact import Redactor
 from loadwatch.daemon.sdnotify import SdNotifier
-from loadwatch.daemon.session import StateConfig
-from loadwatch.daemon.snapshot import Snapshot, Transition
-from loadwatch.daemon.state import LoadState
+from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
+from loadwatch.daemon.sources.inputs import (
+    GpuReading,
+    HealthProbe,
+    IoSample,
+    ModelInfo,
+    ProcessEvent,
+    Tick,
+)
+from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
+from loadwatch.daemon.sources.log.emitmark import EmitMark, Identity, Mark, identity
+from loadwatch.daemon.sources.log.emitmark import written as written_events
+from loadwatch.daemon.sources.log.follower import FollowerError, LogFollower, Position
+from loadwatch.daemon.sources.model.model_info import read_model_dir
+from loadwatch.daemon.state.loadstate import LoadState
+from loadwatch.daemon.state.published import LogHealth, Published, SupervisorStats, Totals
+from loadwatch.daemon.state.session import StateConfig
+from loadwatch.daemon.state.snapshot import Snapshot, Transition
+from loadwatch.daemon.supervise.orphans import check_orphans
+from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner, Event, EventStream
 from loadwatch.parsers.scan import NATIVE
@@ -199,7 +206,7 @@ class Daemon:
         self.publish()
 
     def _load_model(self, argv: Iterable[str] = ()) -> None:
-        from loadwatch.daemon import vllm_argv
+        from loadwatch.daemon.supervise import vllm_argv
 
         model_dir = self.cfg.model.dir
         if model_dir is None and argv:
@@ -540,7 +547,7 @@ class Daemon:
         self.supervisor.note_stall(self.clock() - s.stall.since)
 
     async def sample_io(self, pid_of: Callable[[], int | None]) -> None:
-        from loadwatch.daemon.procio import ProcIoReader
+        from loadwatch.daemon.sources.proc.io_counters import ProcIoReader
 
         reader = ProcIoReader(clock=self.clock)
         while not self.stop_event.is_set():
@@ -553,7 +560,7 @@ class Daemon:
             await self._sleep(IO_SAMPLE_S)
 
     async def probe_health(self, url_of: Callable[[], str | None]) -> None:
-        from loadwatch.daemon.health import HealthProber
+        from loadwatch.daemon.sources.health import HealthProber
 
         probers: dict[str, HealthProber] = {}
         while not self.stop_event.is_set():
@@ -757,7 +764,7 @@ class Daemon:
             await asyncio.sleep(0.02)
 
     def _health_url(self) -> str | None:
-        from loadwatch.daemon.health import health_url_from_argv
+        from loadwatch.daemon.sources.health import health_url_from_argv
 
         vllm = self.cfg.vllm
         if vllm is None:

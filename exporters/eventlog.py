@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 import structlog
 
-from loadwatch.daemon.redact import Redactor
+from loadwatch.daemon.supervise.redact import Redactor
 
 
 class _Sinks:

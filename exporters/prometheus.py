@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from loadwatch.daemon.published import Published
-from loadwatch.daemon.snapshot import GpuView, SessionView, Snapshot
+from loadwatch.daemon.state.published import Published
+from loadwatch.daemon.state.snapshot import GpuView, SessionView, Snapshot
 from loadwatch.parsers.events import FailureKind
 
 PHASES = ("starting", "loading_weights", "post_load", "ready", "failed", "stalled", "stopped")

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from loadwatch.daemon.inputs import ModelInfo
-from loadwatch.daemon.kvdtype import KvDtype, effective_kv_dtype, warning_verdict
-from loadwatch.daemon.snapshot import (
+from loadwatch.daemon.sources.inputs import ModelInfo
+from loadwatch.daemon.state.kvdtype import KvDtype, effective_kv_dtype, warning_verdict
+from loadwatch.daemon.state.snapshot import (
     KvCacheView,
     MilestoneView,
     SessionView,
@@ -22,7 +22,7 @@ from loadwatch.daemon.snapshot import (
     WarningView,
     plain,
 )
-from loadwatch.exporters.fmt import clock, duration
+from loadwatch.exporters.terminal.fmt import clock, duration
 
 SCHEMA = 1
 ORDER = ("starting", "loading_weights", "post_load", "ready")

@@ -14,7 +14,7 @@ from loadwatch.parsers.events import (
     event_from_dict,
 )
 from loadwatch.parsers.scan import ChunkScanner, split_records
-from loadwatch.parsers.stream import EventStream
+from loadwatch.parsers.vllm.stream import EventStream
 
 __all__ = [
     "ChunkScanner",

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 
 from loadwatch.parsers.events import Event, Record
-from loadwatch.parsers.stream import (
+from loadwatch.parsers.vllm.stream import (
     LEVEL_NEEDLES,
     PREFILTER,
     PREFIX_RECORD_MAX,

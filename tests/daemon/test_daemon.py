@@ -21,8 +21,8 @@ from loadwatch.daemon.config import (
     LogConfig,
     ModelConfig,
 )
-from loadwatch.daemon.demo import make_model_dir
-from loadwatch.daemon.kimilog import RealClock, Shape, startup
+from loadwatch.daemon.sim.kimilog import RealClock, Shape, startup
+from loadwatch.daemon.tools.demo import make_model_dir
 from tests.daemon.harness import running
 
 SHARDS = 6

@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from loadwatch.daemon.demo import demo_command, free_port
+from loadwatch.daemon.tools.demo import demo_command, free_port
 
 EXPECT = {
     "success": ("Verdict: ready", None),

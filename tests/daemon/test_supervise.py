@@ -15,10 +15,10 @@ from loadwatch.daemon.config import (
     LogConfig,
     VllmConfig,
 )
-from loadwatch.daemon.demo import free_port, make_model_dir
-from loadwatch.daemon.gpu import GuardedGpuSource
-from loadwatch.daemon.gpusim import SimulatedGpuSource
-from loadwatch.daemon.patch import patch_model_cli
+from loadwatch.daemon.sim.gpus import SimulatedGpuSource
+from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource
+from loadwatch.daemon.tools.demo import free_port, make_model_dir
+from loadwatch.daemon.tools.patch import patch_model_cli
 from tests.daemon.harness import Running, running
 
 GIB = 1 << 30
@@ -38,7 +38,7 @@ def sim_config(
     argv = (
         sys.executable,
         "-m",
-        "loadwatch.daemon.simvllm",
+        "loadwatch.daemon.sim.vllm_server",
         "--model",
         str(model),
         "--scenario",

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from loadwatch.daemon.kimilog import RealClock, Shape, startup
+from loadwatch.daemon.sim.kimilog import RealClock, Shape, startup
 
 
 def _lines(n: int) -> str:

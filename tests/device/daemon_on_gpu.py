@@ -104,7 +104,7 @@ def main() -> int:
     shim = str(Path(loadwatch.__path__[0]).parent)
     import pynvml
 
-    from loadwatch.daemon.demo import free_port, make_model_dir
+    from loadwatch.daemon.tools.demo import free_port, make_model_dir
 
     pynvml.nvmlInit()  # GPU 0 before anything starts: what the stop must get back to
     start_used = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used

@@ -62,7 +62,7 @@ HOT_CALLS = (  # what one NvmlSource poll asks each GPU, for the per-call breakd
 def ensure_loadwatch_importable(repo: Path = REPO) -> None:
     """Import loadwatch as installed, or from a temporary package linking the repo's folders."""
     try:
-        importlib.import_module("loadwatch.daemon.nvml")
+        importlib.import_module("loadwatch.daemon.sources.gpu.nvml")
         return
     except ImportError:
         pass
@@ -75,7 +75,7 @@ def ensure_loadwatch_importable(repo: Path = REPO) -> None:
     for mod in [m for m in sys.modules if m == "loadwatch" or m.startswith("loadwatch.")]:
         del sys.modules[mod]
     importlib.invalidate_caches()
-    importlib.import_module("loadwatch.daemon.nvml")
+    importlib.import_module("loadwatch.daemon.sources.gpu.nvml")
 
 
 def tolerance_bytes(expected_delta: int) -> int:
@@ -383,9 +383,9 @@ def parent_main(args: argparse.Namespace) -> int:
 
 def run_checks(args: argparse.Namespace, child_log: IO[str]) -> int:
     ensure_loadwatch_importable()
-    from loadwatch.daemon.gpu import GuardedGpuSource
-    from loadwatch.daemon.nvml import NvmlSource
-    from loadwatch.daemon.orphans import check_orphans
+    from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource
+    from loadwatch.daemon.sources.gpu.nvml import NvmlSource
+    from loadwatch.daemon.supervise.orphans import check_orphans
 
     checks = Checks()
     steps = [int(float(x) * GIB) for x in args.steps_gib.split(",")]

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from loadwatch.daemon.inputs import HealthProbe, ModelInfo, ProcessEvent, ShardInfo
-from loadwatch.daemon.snapshot import Snapshot
-from loadwatch.daemon.state import Input, LoadState, run
+from loadwatch.daemon.sources.inputs import HealthProbe, ModelInfo, ProcessEvent, ShardInfo
+from loadwatch.daemon.state.loadstate import Input, LoadState, run
+from loadwatch.daemon.state.snapshot import Snapshot
 from loadwatch.parsers import Event, EventStream, Milestone, split_records
 from tests.conftest import FIXTURES
 

@@ -5,7 +5,7 @@ import json
 import os
 from pathlib import Path
 
-from loadwatch.daemon.redact import Redactor
+from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.eventlog import EventLog
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.config import HttpConfig
-from loadwatch.exporters.http import Handler, HttpServer, Response, ServerError
+from loadwatch.exporters.http.server import Handler, HttpServer, Response, ServerError
 
 
 def routes() -> dict[str, Handler]:

@@ -18,9 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loadwatch.daemon.config import HttpConfig
-from loadwatch.exporters.board import Board, decode, encode, read_frame
-from loadwatch.exporters.http import ServerError
-from loadwatch.exporters.httpd import HttpProcess
+from loadwatch.exporters.http.board import Board, decode, encode, read_frame
+from loadwatch.exporters.http.process import HttpProcess
+from loadwatch.exporters.http.server import ServerError
 
 
 @given(
@@ -165,7 +165,7 @@ def test_the_server_never_outlives_a_killed_daemon(tmp_path: Path) -> None:
     script.write_text(
         "import sys, time\n"
         "from loadwatch.daemon.config import HttpConfig\n"
-        "from loadwatch.exporters.httpd import HttpProcess\n"
+        "from loadwatch.exporters.http.process import HttpProcess\n"
         "s = HttpProcess(HttpConfig(port=0)); url = s.start()\n"
         "print(s._proc.pid, url, flush=True); time.sleep(60)\n"
     )

@@ -6,7 +6,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from loadwatch.daemon.snapshot import SessionView, Snapshot
+from loadwatch.daemon.state.snapshot import SessionView, Snapshot
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "status.md"
 

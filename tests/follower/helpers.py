@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from loadwatch.daemon.follower import LogFollower
-from loadwatch.daemon.inputs import Chunk
+from loadwatch.daemon.sources.inputs import Chunk
+from loadwatch.daemon.sources.log.follower import LogFollower
 from tests.follower.writer import line
 
 WRITER = Path(__file__).with_name("writer.py")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from loadwatch.daemon.follower import LogFollower
+from loadwatch.daemon.sources.log.follower import LogFollower
 from tests.follower.helpers import Collector
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.checkpoint import (
+from loadwatch.daemon.sources.log.checkpoint import (
     Checkpoint,
     CheckpointError,
     CheckpointStore,

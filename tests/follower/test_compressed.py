@@ -9,8 +9,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from loadwatch.daemon.follower import LogFollower, Position
-from loadwatch.daemon.follower_files import FINGERPRINT_BYTES, inflate, inflate_into
+from loadwatch.daemon.sources.log.files import FINGERPRINT_BYTES, inflate, inflate_into
+from loadwatch.daemon.sources.log.follower import LogFollower, Position
 from tests.follower.helpers import Collector, expected
 from tests.follower.test_restart import append, compress, first_run, second_run
 

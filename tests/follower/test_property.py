@@ -10,8 +10,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadwatch.daemon.follower import LogFollower
-from loadwatch.daemon.inputs import Chunk
+from loadwatch.daemon.sources.inputs import Chunk
+from loadwatch.daemon.sources.log.follower import LogFollower
 
 Item = tuple[str, int, bytes]  # ("data", 0, bytes) runs merged, or ("cut", offset, data)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.follower import FileIdentity, FollowerError, LogFollower, Position
+from loadwatch.daemon.sources.log.follower import FileIdentity, FollowerError, LogFollower, Position
 from loadwatch.parsers import ChunkScanner, split_records
 from tests.follower.helpers import Collector
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.checkpoint import CheckpointStore, checkpoint_name
-from loadwatch.daemon.follower import FollowerHealth, LogFollower, Position
+from loadwatch.daemon.sources.log.checkpoint import CheckpointStore, checkpoint_name
+from loadwatch.daemon.sources.log.follower import FollowerHealth, LogFollower, Position
 from tests.follower.helpers import Collector, WriterProcess, expected
 from tests.follower.writer import rotate
 

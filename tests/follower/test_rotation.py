@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.follower import LogFollower
+from loadwatch.daemon.sources.log.follower import LogFollower
 from tests.follower.helpers import Collector, WriterProcess, expected, line
 from tests.follower.writer import rotate
 

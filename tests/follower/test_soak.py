@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.checkpoint import CheckpointStore
-from loadwatch.daemon.follower import LogFollower
+from loadwatch.daemon.sources.log.checkpoint import CheckpointStore
+from loadwatch.daemon.sources.log.follower import LogFollower
 from tests.follower.writer import rotate, write_all
 
 LINES = 1_000_000

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.follower import LogFollower
-from loadwatch.daemon.follower_wake import MISSES_TO_FALLBACK, SAFETY_POLL_S, fs_type
+from loadwatch.daemon.sources.log.follower import LogFollower
+from loadwatch.daemon.sources.log.wake import MISSES_TO_FALLBACK, SAFETY_POLL_S, fs_type
 from tests.follower.helpers import Collector, expected, line
 
 

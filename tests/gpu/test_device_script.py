@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.nvml import NvmlSource
+from loadwatch.daemon.sources.gpu.nvml import NvmlSource
 from tests.device import nvml_track as nt
 from tests.gpu import fake_pynvml as fk
 
@@ -125,13 +125,13 @@ def test_script_imports_loadwatch_from_the_repo_when_not_installed(tmp_path: Pat
     # -S: no site-packages, so the installed loadwatch is out of reach; the shim must do it
     code = (
         f"import sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); import nvml_track as t; "
-        "t.ensure_loadwatch_importable(); import loadwatch.daemon.orphans as o; print(o.__file__)"
+        "t.ensure_loadwatch_importable(); import loadwatch.daemon.supervise.orphans as o; print(o.__file__)"
     )
     out = subprocess.run(
         [sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("daemon/orphans.py")
+    assert out.stdout.strip().endswith("daemon/supervise/orphans.py")
 
 
 def test_script_without_a_gpu_says_so_and_exits_2() -> None:

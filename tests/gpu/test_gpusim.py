@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadwatch.daemon.gpusim import (
+from loadwatch.daemon.sim.gpus import (
     GIB,
     H200,
     LIBRARY_MISSING,

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
-from loadwatch.daemon.gpu import GuardedGpuSource, NullGpuSource
-from loadwatch.daemon.gpusim import GIB, SimulatedGpuSource
-from loadwatch.daemon.inputs import GpuReading, GpuSample
-from loadwatch.daemon.nvml import NvmlSource
+from loadwatch.daemon.sim.gpus import GIB, SimulatedGpuSource
+from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
+from loadwatch.daemon.sources.gpu.nvml import NvmlSource
+from loadwatch.daemon.sources.inputs import GpuReading, GpuSample
 from tests.gpu import fake_pynvml as fk
 
 DEADLINE_S = 0.05
@@ -150,7 +150,7 @@ class SlowOnce:
         self.n += 1
         if self.n == 1:
             time.sleep(self.delay_s)
-        from loadwatch.daemon.inputs import XidEvent
+        from loadwatch.daemon.sources.inputs import XidEvent
 
         return GpuReading(
             ts=float(self.n),

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from loadwatch.daemon.inputs import GpuReading
-from loadwatch.daemon.nvml import NvmlSource
+from loadwatch.daemon.sources.gpu.nvml import NvmlSource
+from loadwatch.daemon.sources.inputs import GpuReading
 from tests.gpu import fake_pynvml as fk
 from tests.gpu.fake_pynvml import GIB, MIB, FakeDevice, FakeNvml
 
@@ -580,7 +580,7 @@ def test_a_driver_that_falls_over_right_after_init_keeps_backing_off() -> None:
 
 
 def test_process_list_is_reread_when_memory_moves_or_every_few_polls() -> None:
-    from loadwatch.daemon.nvml import PROCS_EVERY_POLLS
+    from loadwatch.daemon.sources.gpu.nvml import PROCS_EVERY_POLLS
 
     src, fake, _, _ = make(n=1)
     dev = fake.devices[0]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.inputs import GpuProcess, GpuReading, GpuSample
-from loadwatch.daemon.orphans import check_orphans, process_tree_pids, read_process
+from loadwatch.daemon.sources.inputs import GpuProcess, GpuReading, GpuSample
+from loadwatch.daemon.supervise.orphans import check_orphans, process_tree_pids, read_process
 
 GIB = 1 << 30
 

@@ -25,9 +25,9 @@ from loadwatch.daemon.config import (
     LogConfig,
     VllmConfig,
 )
-from loadwatch.daemon.demo import free_port, make_model_dir
-from loadwatch.daemon.gpu import GuardedGpuSource
-from loadwatch.daemon.gpusim import SimulatedGpuSource
+from loadwatch.daemon.sim.gpus import SimulatedGpuSource
+from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource
+from loadwatch.daemon.tools.demo import free_port, make_model_dir
 from loadwatch.exporters.prometheus import EXIT_OUTCOMES
 from tests.daemon.harness import running
 
@@ -54,7 +54,7 @@ def test_alerts_and_dashboard_against_the_real_daemon(tmp_path: Path) -> None:
     argv = (
         sys.executable,
         "-m",
-        "loadwatch.daemon.simvllm",
+        "loadwatch.daemon.sim.vllm_server",
         "--model",
         str(model),
         "--scenario-file",

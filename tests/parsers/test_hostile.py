@@ -115,7 +115,7 @@ def test_records_are_counted_once_for_crlf() -> None:
 def test_yearless_times_follow_the_reference_across_new_year() -> None:
     from datetime import datetime
 
-    from loadwatch.parsers.lines import YearResolver
+    from loadwatch.parsers.vllm.lines import YearResolver
 
     years = YearResolver(datetime(2026, 12, 31, 23, 0).timestamp())
     assert datetime.fromtimestamp(years.stamp("12-31 22:59:00") or 0).year == 2026

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from loadwatch.daemon.kimilog import Counts, Shape, SyntheticClock, serving, startup
+from loadwatch.daemon.sim.kimilog import Counts, Shape, SyntheticClock, serving, startup
 
 SMALL = Shape(shards=12, workers=4, layers=10)
 

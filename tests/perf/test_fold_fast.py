@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loadwatch.daemon.fold import tally_fast
-from loadwatch.daemon.inputs import ProcessEvent, Tick
-from loadwatch.daemon.state import Input, LoadState, apply_general
+from loadwatch.daemon.sources.inputs import ProcessEvent, Tick
+from loadwatch.daemon.state.fold import tally_fast
+from loadwatch.daemon.state.loadstate import Input, LoadState, apply_general
 from loadwatch.parsers import (
     ChunkScanner,
     Event,

@@ -8,15 +8,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from loadwatch.parsers import ChunkScanner, EventStream, Failure, KvScaleWarning, ShardProgress
-from loadwatch.parsers.lines import (
+from loadwatch.parsers.scan import PLANS, address_of, count_records, first, quiet_record
+from loadwatch.parsers.vllm.lines import (
     StandardHeads,
     YearResolver,
     parse_head,
     split_segments,
     strip_ansi,
 )
-from loadwatch.parsers.scan import PLANS, address_of, count_records, first, quiet_record
-from loadwatch.parsers.stream import PREFILTER
+from loadwatch.parsers.vllm.stream import PREFILTER
 from tests.parsers.golden import REF_TS, events_of, scanned
 from tests.perf.logs import coloured, load_log, serving_log
 

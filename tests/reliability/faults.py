@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from loadwatch.daemon.kimilog import RealClock, Shape, startup
+from loadwatch.daemon.sim.kimilog import RealClock, Shape, startup
 
 
 def unprivileged() -> list[str]:

@@ -18,8 +18,8 @@ import os
 import random
 from pathlib import Path
 
-from loadwatch.daemon.follower import LogFollower
-from loadwatch.daemon.inputs import Chunk
+from loadwatch.daemon.sources.inputs import Chunk
+from loadwatch.daemon.sources.log.follower import LogFollower
 from loadwatch.parsers import ChunkScanner, Event, EventStream
 from tests.follower.test_property import canonical, read_all, reference
 from tests.parsers.golden import REF_TS, events_of, scanned

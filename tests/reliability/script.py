@@ -6,7 +6,7 @@ import random
 import time
 from pathlib import Path
 
-from loadwatch.daemon.kimilog import Shape, SyntheticClock, serving, startup
+from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, serving, startup
 
 
 def two_sessions(

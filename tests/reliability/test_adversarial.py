@@ -22,7 +22,7 @@ from bench.adversarial import (
     targets,
 )
 from loadwatch.parsers import ChunkScanner, EventStream, Failure
-from loadwatch.parsers.catalog import CATALOG
+from loadwatch.parsers.vllm.catalog import CATALOG
 
 SIZE = 32 << 10
 RATIO = 25.0

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from loadwatch.daemon.checkpoint import checkpoint_name
 from loadwatch.daemon.config import Config, ForecastConfig, GpuConfig, HttpConfig, LogConfig
-from loadwatch.daemon.emitmark import EmitMark, Identity, Mark, identity, written
-from loadwatch.daemon.follower_files import FINGERPRINT_BYTES, FileIdentity, fingerprint
-from loadwatch.daemon.gpu import NullGpuSource
-from loadwatch.daemon.kimilog import Shape, SyntheticClock, startup
 from loadwatch.daemon.loop import Daemon
+from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, startup
+from loadwatch.daemon.sources.gpu.guard import NullGpuSource
+from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
+from loadwatch.daemon.sources.log.emitmark import EmitMark, Identity, Mark, identity, written
+from loadwatch.daemon.sources.log.files import FINGERPRINT_BYTES, FileIdentity, fingerprint
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner
 from tests.daemon.harness import running

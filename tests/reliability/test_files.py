@@ -29,8 +29,8 @@ from loadwatch.daemon.config import (
     LogConfig,
     VllmConfig,
 )
-from loadwatch.daemon.demo import free_port, make_model_dir
-from loadwatch.daemon.patch import BACKUP_SUFFIX, drop_fp8_kv_cache, revert_model
+from loadwatch.daemon.tools.demo import free_port, make_model_dir
+from loadwatch.daemon.tools.patch import BACKUP_SUFFIX, drop_fp8_kv_cache, revert_model
 from tests.daemon.harness import running
 from tests.reliability.proc import REPO
 from tests.supervisor.modeldirs import copy_model
@@ -53,7 +53,7 @@ def test_state_files_are_private_whatever_the_umask(tmp_path: Path, umask: int) 
     model = make_model_dir(tmp_path / "models", fp8_kv=False, shards=4, total_bytes=4 * 10**9)
     state = tmp_path / "state"
     argv = (
-        sys.executable, "-m", "loadwatch.daemon.simvllm", "--model", str(model),
+        sys.executable, "-m", "loadwatch.daemon.sim.vllm_server", "--model", str(model),
         "--speed", "1000", "--tensor-parallel-size", "2", "--layers", "4", "--port", str(free_port()),
     )  # fmt: skip
     cfg = Config(

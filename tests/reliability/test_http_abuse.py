@@ -48,7 +48,7 @@ def _p99(xs: list[float]) -> float:
 
 
 def _http_process(pid: int) -> int:
-    """The daemon's HTTP server process (`python -m loadwatch.exporters.httpd`), its child."""
+    """The daemon's HTTP server process (`python -m loadwatch.exporters.http.process`), its child."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -59,7 +59,7 @@ def _http_process(pid: int) -> int:
             continue
         if (
             int(stat.rsplit(")", 1)[1].split()[1]) == pid
-            and b"loadwatch.exporters.httpd" in cmdline
+            and b"loadwatch.exporters.http.process" in cmdline
         ):
             return int(entry.name)
     raise AssertionError(f"no HTTP server process under {pid}")

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from loadwatch.daemon.checkpoint import checkpoint_name
-from loadwatch.daemon.kimilog import Shape, SyntheticClock, startup
+from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, startup
+from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
 from tests.reliability.proc import DaemonProc, wait_for
 from tests.reliability.test_kill_restart import _args, _identity, _read_events
 

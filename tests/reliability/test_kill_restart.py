@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from loadwatch.daemon.checkpoint import checkpoint_name
-from loadwatch.daemon.demo import make_model_dir
+from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
+from loadwatch.daemon.tools.demo import make_model_dir
 from tests.reliability.proc import DaemonProc, wait_for
 from tests.reliability.script import two_sessions
 

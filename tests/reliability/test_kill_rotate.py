@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from loadwatch.daemon.follower import DEFAULT_ROTATED_KEEP
+from loadwatch.daemon.sources.log.follower import DEFAULT_ROTATED_KEEP
 from tests.reliability.proc import DaemonProc, wait_for
 from tests.reliability.test_kill_catchup import _loads
 from tests.reliability.test_kill_restart import _args, _identity, _read_events

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.config import Config, ForecastConfig, GpuConfig, HttpConfig, LogConfig
-from loadwatch.daemon.gpu import GuardedGpuSource
-from loadwatch.daemon.nvml import NvmlSource
+from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource
+from loadwatch.daemon.sources.gpu.nvml import NvmlSource
 from tests.daemon.harness import Running, running
 from tests.gpu import fake_pynvml as fk
 from tests.reliability.faults import load_steps

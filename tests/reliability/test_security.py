@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.config import load_config
-from loadwatch.daemon.demo import free_port, make_model_dir
+from loadwatch.daemon.tools.demo import free_port, make_model_dir
 from tests.daemon.harness import running
 from tests.exporters.test_http import make_cert
 from tests.reliability.proc import DaemonProc, wait_for

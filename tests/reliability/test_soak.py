@@ -1,6 +1,6 @@
 """A soak of vLLM start/crash cycles under the real daemon: nothing grows, every count is kept.
 
-The daemon supervises a simulated vLLM (daemon/simvllm.py) that crashes every time, in turn at
+The daemon supervises a simulated vLLM (daemon/sim/vllm_server.py) that crashes every time, in turn at
 start (an NCCL error), at the model load (FP8 KV cache refused) and three quarters into the
 weights (CUDA OOM), restarted at once, for `LOADWATCH_SOAK_S` seconds (60 here; `make soak` runs
 ten minutes). The vLLM log is rotated at 64 KiB meanwhile. The daemon's open file descriptors,
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.demo import free_port, make_model_dir
+from loadwatch.daemon.tools.demo import free_port, make_model_dir
 from tests.reliability.proc import DaemonProc, wait_for
 
 SOAK_S = float(os.environ.get("LOADWATCH_SOAK_S", "60"))
@@ -40,7 +40,7 @@ n = int(counter.read_text() or 0) if counter.exists() else 0
 counter.write_text(str(n + 1))
 scenario = ("crash-loop", "fp8-kv-on-sm120", "oom")[n % 3]
 sys.argv = ["simvllm", "--scenario", scenario, *sys.argv[2:]]
-runpy.run_module("loadwatch.daemon.simvllm", run_name="__main__")
+runpy.run_module("loadwatch.daemon.sim.vllm_server", run_name="__main__")
 """
 
 

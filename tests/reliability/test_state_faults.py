@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.checkpoint import checkpoint_name
+from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
 from tests.reliability.faults import load_steps
 from tests.reliability.proc import DaemonProc, wait_for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadwatch.daemon.inputs import (
+from loadwatch.daemon.sources.inputs import (
     GpuReading,
     GpuSample,
     IoSample,
@@ -12,8 +12,8 @@ from loadwatch.daemon.inputs import (
     ProcessEvent,
     ShardInfo,
 )
-from loadwatch.daemon.snapshot import Transition
-from loadwatch.daemon.state import Input, LoadState, StateConfig, run
+from loadwatch.daemon.state.loadstate import Input, LoadState, StateConfig, run
+from loadwatch.daemon.state.snapshot import Transition
 from loadwatch.parsers.events import Failure, Milestone, ShardProgress
 
 T0 = 1_763_000_000.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadwatch.daemon.state import LoadState
+from loadwatch.daemon.state.loadstate import LoadState
 
 from .helpers import GIB, T0, bar, fold, io, model, ms, phases, started
 

@@ -8,8 +8,8 @@ from datetime import datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadwatch.daemon.inputs import GpuReading, HealthProbe, IoSample, ProcessEvent, Tick
-from loadwatch.daemon.state import Input, LoadState, StateConfig
+from loadwatch.daemon.sources.inputs import GpuReading, HealthProbe, IoSample, ProcessEvent, Tick
+from loadwatch.daemon.state.loadstate import Input, LoadState, StateConfig
 from loadwatch.parsers import EventStream, split_records
 from loadwatch.parsers.events import Event, Failure, Milestone, ShardProgress
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from loadwatch.daemon.inputs import HealthProbe, ProcessEvent, Tick
-from loadwatch.daemon.state import LoadState, StateConfig
+from loadwatch.daemon.sources.inputs import HealthProbe, ProcessEvent, Tick
+from loadwatch.daemon.state.loadstate import LoadState, StateConfig
 
 from .helpers import T0, bar, exited, fail, fold, kinds, ms, phases, started
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.procio import ProcIoReader, io_read_bytes, stat_fields
+from loadwatch.daemon.sources.proc.io_counters import ProcIoReader, io_read_bytes, stat_fields
 
 
 def _proc(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.inputs import HealthProbe, ProcessEvent
-from loadwatch.daemon.state import Input, LoadState, run
+from loadwatch.daemon.sources.inputs import HealthProbe, ProcessEvent
+from loadwatch.daemon.state.loadstate import Input, LoadState, run
 from loadwatch.parsers import EventStream, split_records
 
 from .helpers import model

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from loadwatch.daemon.forecast import EtaState, MemoryFit, Regime, Segment
-from loadwatch.daemon.records import evolve
-from loadwatch.daemon.session import WarningTally
+from loadwatch.daemon.state.forecast import EtaState, MemoryFit, Regime, Segment
+from loadwatch.daemon.state.records import evolve
+from loadwatch.daemon.state.session import WarningTally
 
 
 def test_evolve_changes_the_copy_and_leaves_the_original() -> None:

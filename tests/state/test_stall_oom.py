@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadwatch.daemon.inputs import Tick
-from loadwatch.daemon.state import LoadState
+from loadwatch.daemon.sources.inputs import Tick
+from loadwatch.daemon.state.loadstate import LoadState
 
 from .helpers import GIB, T0, bar, fold, gpu, io, kinds, model, ms, phases, started
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from loadwatch.daemon.inputs import ModelInfo
-from loadwatch.daemon.kvdtype import (
+from loadwatch.daemon.sources.inputs import ModelInfo
+from loadwatch.daemon.state.kvdtype import (
     argv_kv_dtype,
     effective_kv_dtype,
     parse_version,
     warning_verdict,
 )
-from loadwatch.daemon.snapshot import WarningView
-from loadwatch.daemon.state import LoadState
+from loadwatch.daemon.state.loadstate import LoadState
+from loadwatch.daemon.state.snapshot import WarningView
 from loadwatch.parsers.events import KvScaleWarning, LogWarning, ScaleFactorWarning
 
 from .helpers import T0, fold, model, ms, started
@@ -173,7 +173,7 @@ def test_verdict_rules_directly() -> None:
 
 
 def test_shutdown_on_a_signal_makes_the_engine_dead_traceback_harmless() -> None:
-    from loadwatch.daemon.state import LoadState
+    from loadwatch.daemon.state.loadstate import LoadState
     from loadwatch.parsers import EventStream, split_records
     from tests.conftest import FIXTURES
 
@@ -188,7 +188,7 @@ def test_shutdown_on_a_signal_makes_the_engine_dead_traceback_harmless() -> None
 
 
 def test_the_logs_fp8_kv_dtype_line_flags_the_scale_warnings() -> None:
-    from loadwatch.daemon.state import LoadState
+    from loadwatch.daemon.state.loadstate import LoadState
     from loadwatch.parsers import EventStream, split_records
     from tests.conftest import FIXTURES
 

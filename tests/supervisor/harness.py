@@ -10,9 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from loadwatch.daemon.inputs import ProcessEvent
-from loadwatch.daemon.proctree import read_process_table
-from loadwatch.daemon.supervisor import Supervisor, SupervisorConfig
+from loadwatch.daemon.sources.inputs import ProcessEvent
+from loadwatch.daemon.sources.proc.tree import read_process_table
+from loadwatch.daemon.supervise.supervisor import Supervisor, SupervisorConfig
 
 FAKE = Path(__file__).resolve().parent.parent / "fakevllm" / "fake_vllm.py"
 T = TypeVar("T")

@@ -9,7 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from loadwatch.daemon.health import HealthProber, health_url, health_url_from_argv, probe_health
+from loadwatch.daemon.sources.health import (
+    HealthProber,
+    health_url,
+    health_url_from_argv,
+    probe_health,
+)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.logsink import OutputPump, RotatingLog
+from loadwatch.daemon.supervise.logsink import OutputPump, RotatingLog
 
 
 def _files(path: Path) -> list[Path]:

@@ -4,7 +4,7 @@ import json
 import os
 from pathlib import Path
 
-from loadwatch.daemon.model_info import natural_key, read_model_dir
+from loadwatch.daemon.sources.model.model_info import natural_key, read_model_dir
 from tests.supervisor.modeldirs import copy_model
 
 

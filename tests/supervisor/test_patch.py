@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.model_info import read_model_dir
-from loadwatch.daemon.patch import (
+from loadwatch.daemon.sources.model.model_info import read_model_dir
+from loadwatch.daemon.tools.patch import (
     BACKUP_SUFFIX,
     detect_style,
     drop_fp8_kv_cache,

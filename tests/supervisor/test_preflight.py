@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.model_info import read_model_dir
-from loadwatch.daemon.patch import drop_fp8_kv_cache
-from loadwatch.daemon.preflight import (
+from loadwatch.daemon.sources.model.model_info import read_model_dir
+from loadwatch.daemon.tools.patch import drop_fp8_kv_cache
+from loadwatch.daemon.tools.preflight import (
     parse_gpu_cc,
     preflight,
     preflight_cli,

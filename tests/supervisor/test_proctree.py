@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from loadwatch.daemon.proctree import ProcessTree, ProcInfo, parse_stat, read_process_table
+from loadwatch.daemon.sources.proc.tree import ProcessTree, ProcInfo, parse_stat, read_process_table
 
 
 def test_parse_stat_with_hostile_command_name() -> None:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.health import HealthProber, health_url_from_argv
-from loadwatch.daemon.model_info import read_model_dir
-from loadwatch.daemon.patch import drop_fp8_kv_cache, revert_model
-from loadwatch.daemon.preflight import PreflightReport, preflight, start_hook
-from loadwatch.daemon.supervisor import Supervisor, SupervisorConfig
+from loadwatch.daemon.sources.health import HealthProber, health_url_from_argv
+from loadwatch.daemon.sources.model.model_info import read_model_dir
+from loadwatch.daemon.supervise.supervisor import Supervisor, SupervisorConfig
+from loadwatch.daemon.tools.patch import drop_fp8_kv_cache, revert_model
+from loadwatch.daemon.tools.preflight import PreflightReport, preflight, start_hook
 from loadwatch.parsers import ChunkScanner, EventStream, Failure, Milestone
 from tests.realvllm.vllmproc import (
     ServerSpec,

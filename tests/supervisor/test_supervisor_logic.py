@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.config import VllmConfig
-from loadwatch.daemon.inputs import ProcessEvent
-from loadwatch.daemon.proctree import ProcInfo
-from loadwatch.daemon.supervisor import (
+from loadwatch.daemon.sources.inputs import ProcessEvent
+from loadwatch.daemon.sources.proc.tree import ProcInfo
+from loadwatch.daemon.supervise.supervisor import (
     Supervisor,
     SupervisorConfig,
     SupervisorConfigError,

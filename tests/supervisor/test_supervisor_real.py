@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from loadwatch.daemon.supervisor import Supervisor
+from loadwatch.daemon.supervise.supervisor import Supervisor
 from loadwatch.parsers import ChunkScanner, EventStream, Failure
 from tests.supervisor.harness import (
     Recorder,

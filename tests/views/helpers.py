@@ -8,13 +8,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from loadwatch.daemon.gpusim import GIB, SimulatedGpuSource
-from loadwatch.daemon.inputs import ModelInfo, ShardInfo
-from loadwatch.daemon.published import Published
-from loadwatch.daemon.state import Input, LoadState
-from loadwatch.exporters.board import board_routes
-from loadwatch.exporters.http import Handler
-from loadwatch.exporters.views import BoardMaker
+from loadwatch.daemon.sim.gpus import GIB, SimulatedGpuSource
+from loadwatch.daemon.sources.inputs import ModelInfo, ShardInfo
+from loadwatch.daemon.state.loadstate import Input, LoadState
+from loadwatch.daemon.state.published import Published
+from loadwatch.exporters.http.board import board_routes
+from loadwatch.exporters.http.routes import BoardMaker
+from loadwatch.exporters.http.server import Handler
 from loadwatch.parsers import ChunkScanner, EventStream
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.analyze import analyze_log
 from loadwatch.daemon.cli import main
+from loadwatch.daemon.tools.analyze import analyze_log
 from loadwatch.exporters.report import Report
-from loadwatch.exporters.report_text import report_text
+from loadwatch.exporters.terminal.report_text import report_text
 
 from .helpers import (
     FIXTURES,

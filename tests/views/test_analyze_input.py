@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from loadwatch.daemon.analyze import analyze_log
 from loadwatch.daemon.cli import main
+from loadwatch.daemon.tools.analyze import analyze_log
 
 from .helpers import FIXTURES, REF_TS, synth_load_log, write_log
 from .test_analyze import fixture
@@ -133,7 +133,7 @@ def test_binary_bytes_around_real_records_still_give_a_report(tmp_path: Path) ->
 _RSS = """
 import resource, sys
 from pathlib import Path
-from loadwatch.daemon.analyze import analyze_command
+from loadwatch.daemon.tools.analyze import analyze_command
 code = analyze_command(Path(sys.argv[1]), model_dir=None, as_json=True, max_record_bytes=65536)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, code, file=sys.stderr)
 """

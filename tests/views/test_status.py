@@ -19,12 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadwatch.daemon.config import HttpConfig
-from loadwatch.daemon.gpusim import GIB, SimulatedGpuSource
-from loadwatch.daemon.inputs import HealthProbe, ProcessEvent, Tick
-from loadwatch.daemon.published import Published, Totals
-from loadwatch.daemon.state import LoadState
-from loadwatch.exporters.http import Handler, HttpServer, Response
-from loadwatch.exporters.tui import render_status, status_command, status_text
+from loadwatch.daemon.sim.gpus import GIB, SimulatedGpuSource
+from loadwatch.daemon.sources.inputs import HealthProbe, ProcessEvent, Tick
+from loadwatch.daemon.state.loadstate import LoadState
+from loadwatch.daemon.state.published import Published, Totals
+from loadwatch.exporters.http.server import Handler, HttpServer, Response
+from loadwatch.exporters.terminal.watch import render_status, status_command, status_text
 
 from .helpers import FIXTURES, fold_log, linear_progress, model_of, routes, synth_load_log
 

@@ -1,0 +1,1 @@
+"""Simulated vLLM and GPUs, for the demo and the tests."""

@@ -1,0 +1,1 @@
+"""GPU sources: NVML, the deadline guard around any source, and the null source."""

@@ -1,0 +1,1 @@
+"""The model directory: what a checkpoint declares, read once."""

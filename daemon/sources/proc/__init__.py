@@ -1,0 +1,1 @@
+"""/proc sources: the vLLM process tree and the bytes it has read."""

@@ -1,0 +1,161 @@
+"""Bytes read from storage by the vLLM process tree, from `/proc/<pid>/io`.
+
+`read_bytes` counts what a process made the kernel fetch from storage: page-cache hits are not in
+it, so a warm-cache load shows little or nothing while a cold one shows the checkpoint streaming
+in (mmap page faults included). Between two lines of the weights bar this tells a slow shard
+(bytes still arriving) from a stall (nothing), and gives the share of the file in progress.
+
+The tree is walked from a root pid through `/proc/<pid>/task/<tid>/children`; where the kernel
+lacks that file (CONFIG_PROC_CHILDREN off) every `/proc/<n>/stat` is scanned for parent pids
+instead. Processes come and go during a load (workers start, compile helpers exit), and a dead
+child's bytes drop out of the sum, so `ProcIoReader` keeps per-process totals and carries the
+bytes of processes that went away: the sum it reports never goes backwards for the same root.
+Processes are told apart by (pid, start time), so a reused pid is a new process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from loadwatch.daemon.sources.inputs import IoSample
+
+MAX_TREE = 4096  # a runaway tree is cut here rather than walked forever
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii", errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+        return None
+    except OSError:
+        return None
+
+
+def stat_fields(text: str) -> list[str] | None:
+    """Fields of `/proc/<pid>/stat` after the command name (which may hold spaces and
+    parentheses): index 0 is the state, 1 the parent pid, 19 the start time."""
+    end = text.rfind(")")
+    if end < 0:
+        return None
+    return text[end + 1 :].split()
+
+
+def io_read_bytes(text: str) -> int | None:
+    """The `read_bytes:` line of `/proc/<pid>/io`."""
+    for line in text.splitlines():
+        if line.startswith("read_bytes:"):
+            value = line.partition(":")[2].strip()
+            return int(value) if value.isdigit() else None
+    return None
+
+
+class ProcIoReader:
+    """Reads the bytes read by a process tree; one instance per supervised process."""
+
+    def __init__(
+        self,
+        proc_root: str | Path = "/proc",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.proc = Path(proc_root)
+        self.clock = clock
+        self._root: int | None = None
+        self._last: dict[tuple[int, str], int] = {}
+        self._gone_bytes = 0
+        self._children_files: bool | None = None
+
+    # -- the tree ----------------------------------------------------------------------------
+
+    def _start_time(self, pid: int) -> str | None:
+        text = _read(self.proc / str(pid) / "stat")
+        fields = stat_fields(text) if text else None
+        return fields[19] if fields and len(fields) > 19 else None
+
+    def _children(self, pid: int) -> Iterator[int]:
+        task = self.proc / str(pid) / "task"
+        try:
+            tids = [p.name for p in task.iterdir()]
+        except OSError:
+            return
+        for tid in tids:
+            text = _read(task / tid / "children")
+            if text:
+                for word in text.split():
+                    if word.isdigit():
+                        yield int(word)
+
+    def _has_children_files(self, root: int) -> bool:
+        if self._children_files is None:
+            self._children_files = (
+                self.proc / str(root) / "task" / str(root) / "children"
+            ).exists()
+        return self._children_files
+
+    def _by_scan(self, root: int) -> list[int]:
+        kids: dict[int, list[int]] = {}
+        try:
+            entries = [p.name for p in self.proc.iterdir() if p.name.isdigit()]
+        except OSError:
+            return [root]
+        for name in entries:
+            text = _read(self.proc / name / "stat")
+            fields = stat_fields(text) if text else None
+            if fields and len(fields) > 1 and fields[1].isdigit():
+                kids.setdefault(int(fields[1]), []).append(int(name))
+        out: list[int] = []
+        todo = [root]
+        while todo and len(out) < MAX_TREE:
+            pid = todo.pop()
+            out.append(pid)
+            todo.extend(kids.get(pid, ()))
+        return out
+
+    def tree(self, root: int) -> list[int]:
+        """`root` and all its descendants that exist now (root first)."""
+        if not (self.proc / str(root)).exists():
+            return []
+        if not self._has_children_files(root):
+            return self._by_scan(root)
+        out: list[int] = []
+        todo, seen = [root], {root}
+        while todo and len(out) < MAX_TREE:
+            pid = todo.pop()
+            out.append(pid)
+            for child in self._children(pid):
+                if child not in seen:
+                    seen.add(child)
+                    todo.append(child)
+        return out
+
+    # -- the reading -------------------------------------------------------------------------
+
+    def read(self, root_pid: int) -> IoSample:
+        """Bytes read so far by the tree under `root_pid`; `read_bytes` is None when the root is
+        gone or none of its processes could be read (another user's process, no permission)."""
+        now = self.clock()
+        if root_pid != self._root:
+            self._root = root_pid
+            self._last = {}
+            self._gone_bytes = 0
+        current: dict[tuple[int, str], int] = {}
+        for pid in self.tree(root_pid):
+            start = self._start_time(pid)
+            text = _read(self.proc / str(pid) / "io")
+            value = io_read_bytes(text) if text else None
+            if start is None or value is None:
+                continue
+            current[(pid, start)] = value
+        if not current:
+            return IoSample(ts=now, read_bytes=None, pids=0)
+        for key, value in self._last.items():
+            if key not in current:
+                self._gone_bytes += value
+        self._last = current
+        return IoSample(
+            ts=now, read_bytes=self._gone_bytes + sum(current.values()), pids=len(current)
+        )
+
+
+__all__ = ["MAX_TREE", "ProcIoReader", "io_read_bytes", "stat_fields"]

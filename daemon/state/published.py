@@ -1,0 +1,82 @@
+"""What the loop publishes for the exporters: an immutable bundle, swapped in one assignment.
+
+The HTTP threads (/metrics, /status, /readyz) read `Daemon.published` and never touch the live
+loop. `LoadState` is itself immutable, so a snapshot can be built on any thread; the bundle keeps
+the last one for a moment so a burst of scrapes builds it once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadwatch.daemon.sources.gpu.guard import GpuSourceHealth
+from loadwatch.daemon.state.loadstate import LoadState
+from loadwatch.daemon.state.snapshot import Snapshot
+
+SNAPSHOT_REUSE_S = 0.1
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Counts over the daemon's life (a session's own counts are in the snapshot)."""
+
+    warnings: Mapping[str, int] = field(default_factory=dict)  # by warning code
+    failures: Mapping[str, int] = field(default_factory=dict)  # by kind; one crash counts once
+    stalls: int = 0
+    events: Mapping[str, int] = field(default_factory=dict)  # parsed events by type
+    xids: Mapping[tuple[int, str | None, int], int] = field(default_factory=dict)
+    gpu_errors: int = 0
+
+
+@dataclass(frozen=True)
+class LogHealth:
+    up: bool
+    file_exists: bool
+    lines_total: int
+    bytes_total: int
+    cuts_total: int
+    rotations_total: int
+    truncations_total: int
+    errors_total: int
+    last_error: str | None
+    last_success_ts: float | None
+    mode: str | None
+
+
+@dataclass(frozen=True)
+class SupervisorStats:
+    state: str
+    starts_total: int
+    exits: Mapping[str, int]  # by outcome: clean, failed, signal
+    errors_total: int
+    last_success_ts: float | None
+    orphans: int | None  # processes of the last tree still holding GPU memory; None: not checked
+    health_up: bool | None
+
+
+@dataclass(frozen=True)
+class Published:
+    state: LoadState
+    at: float
+    started_at: float
+    version: str
+    totals: Totals
+    log: LogHealth | None
+    gpu: GpuSourceHealth | None
+    supervisor: SupervisorStats | None
+    load_budget_s: float | None
+    gpu_ccs: Mapping[int, tuple[int, int]] = field(default_factory=dict)  # compute capability
+    _cache: list[Any] = field(default_factory=lambda: [None, 0.0], compare=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    def snapshot(self, now: float) -> Snapshot:
+        with self._lock:
+            snap, at = self._cache
+            if snap is None or abs(now - at) > SNAPSHOT_REUSE_S:
+                snap = self.state.snapshot(now)
+                self._cache[0], self._cache[1] = snap, now
+            assert isinstance(snap, Snapshot)
+            return snap

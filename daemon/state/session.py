@@ -1,0 +1,609 @@
+"""The records the load state is made of: its configuration, one session's facts, per-GPU
+tracks, and the small readings of a session that both the fold and the snapshot need.
+
+All frozen; the fold (fold.py) replaces them, never mutates them. Collections are capped by
+`StateConfig` so a long or noisy load keeps bounded memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from loadwatch.daemon.sources.inputs import (
+    GpuReading,
+    GpuSample,
+    HealthProbe,
+    IoSample,
+    ModelInfo,
+    ProcessEvent,
+    Tick,
+)
+from loadwatch.daemon.state.forecast import (
+    EtaConfig,
+    EtaState,
+    MemoryConfig,
+    MemoryFit,
+    MemoryProjection,
+)
+from loadwatch.daemon.state.snapshot import SessionSummary, Transition
+from loadwatch.parsers.events import Event
+from loadwatch.parsers.vllm.catalog import KIND_RANK
+
+Phase = Literal["starting", "loading_weights", "post_load", "ready", "failed", "stalled", "stopped"]
+Input = Event | GpuReading | ProcessEvent | IoSample | ModelInfo | HealthProbe | Tick
+
+ORDER: dict[str, int] = {"starting": 0, "loading_weights": 1, "post_load": 2, "ready": 3}
+TERMINAL = frozenset({"failed", "stopped"})
+EXITED_RANK = 100  # a bad exit with no failure in the log names nothing better
+POST_LOAD_MILESTONES = frozenset(
+    {
+        "model_memory",
+        "torch_compile",
+        "kv_cache",
+        "graph_capture",
+        "engine_init",
+        "api_server_start",
+    }
+)
+LOADING_MILESTONES = frozenset({"model_load_start", "checkpoint_info", "gguf_shards"})
+
+
+@dataclass(frozen=True, slots=True)
+class StateConfig:
+    max_sessions: int = 16  # earlier sessions kept
+    max_bars: int = 32  # per session
+    max_warning_codes: int = 64  # further codes count as "other"
+    max_layer: int = 4096  # layer numbers kept as bits below this
+    max_processes: int = 16  # per warning code / failure
+    max_failures: int = 32  # distinct (kind, message) per session
+    max_phase_history: int = 64
+    stall_k: float = 5.0  # stall: no progress for k x the expected shard time ...
+    stall_floor_s: float = 60.0  # ... and never less than this
+    stall_first_shard_s: float = 600.0  # before any shard finished (model init, first file)
+    quiet_stall_s: float | None = 1800.0  # nothing logged at all outside the weights bar
+    io_progress_bytes: int = 4 * 1024**2  # bytes read that count as progress
+    replay_lag_s: float = 10.0  # a log event older than this is replayed: use its own time
+    adopt_window_s: float = 30.0  # a log-opened session adopts a process start this soon
+    eta: EtaConfig = field(default_factory=EtaConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+
+
+# -- per-session records ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PhaseSpan:
+    phase: str
+    entered_at: float
+    left_at: float
+    failure_kind: str | None
+
+
+@dataclass(frozen=True)
+class BarTrack:
+    key: str
+    process: str | None
+    kind: str
+    desc: str
+    index: int  # nth bar of this process and kind in the session
+    done: int
+    total: int
+    started_at: float
+    last_update_at: float
+    last_progress_at: float | None
+    finished_at: float | None
+    updates: int
+    longest_gap_s: float | None
+    tqdm_remaining_s: float | None
+    eta: EtaState | None  # weights bars only
+
+
+@dataclass(frozen=True)
+class WarningTally:
+    code: str
+    severity: str
+    count: int
+    first_at: float
+    last_at: float
+    layers_mask: int  # bit n set: layer n warned
+    layers_over: int  # layer numbers too large to keep
+    scales: frozenset[str]
+    processes: frozenset[str]
+    sample: str
+
+
+@dataclass(frozen=True)
+class FailureTally:
+    kind: str
+    exc_type: str | None
+    message: str
+    first_line: str
+    count: int
+    fatal: bool
+    first_at: float
+    last_at: float
+    processes: frozenset[str]
+
+
+@dataclass(frozen=True)
+class MilestoneSeen:
+    kind: str
+    detail: str | None
+    count: int
+    first_at: float
+    last_at: float
+    seconds: float | None
+    gib: float | None
+    tokens: int | None
+    blocks: int | None
+    value: str | None
+
+
+@dataclass(frozen=True)
+class IoTrack:
+    last_bytes: int
+    last_at: float
+    mark_bytes: int  # bytes at the last io progress
+    mark_at: float | None  # when bytes last grew by io_progress_bytes
+    line_bytes: int  # bytes when the last weights line came
+
+
+@dataclass(frozen=True)
+class Stall:
+    kind: Literal["progress", "quiet"]
+    since: float
+    raised_at: float
+    threshold_s: float
+    expected_shard_s: float | None
+    reason: str
+    resume_phase: str
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """Who the session is and how it started and ended; changes a few times per session."""
+
+    id: int
+    reason: str
+    started_at: float
+    pid: int | None = None
+    argv: tuple[str, ...] | None = None
+    version: str | None = None
+    load_started_by: frozenset[str] = frozenset()
+    kv_fp8_in_log: bool = False
+    kv_arg: str | None = (
+        None  # --kv-cache-dtype as vLLM logged its own arguments ("auto" if absent)
+    )
+    api_server_at: float | None = None
+    ready_at: float | None = None
+    stop_requested: bool = False
+    ended_at: float | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+
+
+@dataclass(frozen=True)
+class SessionLife:
+    """The phase, its history, the failure kind and the stall; changes on transitions."""
+
+    phase: str = "starting"
+    phase_entered_at: float = 0.0
+    history: tuple[PhaseSpan, ...] = ()
+    failure_kind: str | None = None
+    stall: Stall | None = None
+    stalls_total: int = 0
+
+
+@dataclass(frozen=True)
+class SessionLoad:
+    """Progress bars and bytes read; changes with every bar line and io sample."""
+
+    bars: Mapping[str, BarTrack] = field(default_factory=dict)
+    bar_latest: Mapping[str, str] = field(default_factory=dict)
+    last_progress_at: float | None = None
+    io: IoTrack | None = None
+
+
+@dataclass(frozen=True)
+class SessionLog:
+    """Warnings, failures, milestones; changes with every log event."""
+
+    warnings: Mapping[str, WarningTally] = field(default_factory=dict)
+    warnings_total: int = 0
+    failures: Mapping[tuple[str, str], FailureTally] = field(default_factory=dict)
+    failures_total: int = 0
+    milestones: Mapping[str, MilestoneSeen] = field(default_factory=dict)
+    last_event_at: float = 0.0
+    replaying: bool = False  # the last log event came from re-reading the log
+    stall_hints: int = 0
+    last_hint_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Session:
+    """One vLLM start. Split in four parts so that an input copies only the part it changes
+    (plus this four-field root): the per-input cost stays small however much the session holds.
+    Every field of the parts reads as an attribute of the session; `Fold.upd` routes changes."""
+
+    info: SessionInfo
+    life: SessionLife = field(default_factory=SessionLife)
+    load: SessionLoad = field(default_factory=SessionLoad)
+    log: SessionLog = field(default_factory=SessionLog)
+
+    @property
+    def id(self) -> int:
+        return self.info.id
+
+    @property
+    def reason(self) -> str:
+        return self.info.reason
+
+    @property
+    def started_at(self) -> float:
+        return self.info.started_at
+
+    @property
+    def pid(self) -> int | None:
+        return self.info.pid
+
+    @property
+    def argv(self) -> tuple[str, ...] | None:
+        return self.info.argv
+
+    @property
+    def kv_arg(self) -> str | None:
+        return self.info.kv_arg
+
+    @property
+    def version(self) -> str | None:
+        return self.info.version
+
+    @property
+    def load_started_by(self) -> frozenset[str]:
+        return self.info.load_started_by
+
+    @property
+    def kv_fp8_in_log(self) -> bool:
+        return self.info.kv_fp8_in_log
+
+    @property
+    def api_server_at(self) -> float | None:
+        return self.info.api_server_at
+
+    @property
+    def ready_at(self) -> float | None:
+        return self.info.ready_at
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.info.stop_requested
+
+    @property
+    def ended_at(self) -> float | None:
+        return self.info.ended_at
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.info.exit_code
+
+    @property
+    def exit_signal(self) -> int | None:
+        return self.info.exit_signal
+
+    @property
+    def phase(self) -> str:
+        return self.life.phase
+
+    @property
+    def phase_entered_at(self) -> float:
+        return self.life.phase_entered_at
+
+    @property
+    def history(self) -> tuple[PhaseSpan, ...]:
+        return self.life.history
+
+    @property
+    def failure_kind(self) -> str | None:
+        return self.life.failure_kind
+
+    @property
+    def stall(self) -> Stall | None:
+        return self.life.stall
+
+    @property
+    def stalls_total(self) -> int:
+        return self.life.stalls_total
+
+    @property
+    def bars(self) -> Mapping[str, BarTrack]:
+        return self.load.bars
+
+    @property
+    def bar_latest(self) -> Mapping[str, str]:
+        return self.load.bar_latest
+
+    @property
+    def last_progress_at(self) -> float | None:
+        return self.load.last_progress_at
+
+    @property
+    def io(self) -> IoTrack | None:
+        return self.load.io
+
+    @property
+    def warnings(self) -> Mapping[str, WarningTally]:
+        return self.log.warnings
+
+    @property
+    def warnings_total(self) -> int:
+        return self.log.warnings_total
+
+    @property
+    def failures(self) -> Mapping[tuple[str, str], FailureTally]:
+        return self.log.failures
+
+    @property
+    def failures_total(self) -> int:
+        return self.log.failures_total
+
+    @property
+    def milestones(self) -> Mapping[str, MilestoneSeen]:
+        return self.log.milestones
+
+    @property
+    def last_event_at(self) -> float:
+        return self.log.last_event_at
+
+    @property
+    def replaying(self) -> bool:
+        return self.log.replaying
+
+    @property
+    def stall_hints(self) -> int:
+        return self.log.stall_hints
+
+    @property
+    def last_hint_s(self) -> float | None:
+        return self.log.last_hint_s
+
+
+# Which part of a session holds each field.
+SESSION_PART: dict[str, str] = {
+    "id": "info",
+    "reason": "info",
+    "started_at": "info",
+    "pid": "info",
+    "argv": "info",
+    "version": "info",
+    "load_started_by": "info",
+    "kv_fp8_in_log": "info",
+    "kv_arg": "info",
+    "api_server_at": "info",
+    "ready_at": "info",
+    "stop_requested": "info",
+    "ended_at": "info",
+    "exit_code": "info",
+    "exit_signal": "info",
+    "phase": "life",
+    "phase_entered_at": "life",
+    "history": "life",
+    "failure_kind": "life",
+    "stall": "life",
+    "stalls_total": "life",
+    "bars": "load",
+    "bar_latest": "load",
+    "last_progress_at": "load",
+    "io": "load",
+    "warnings": "log",
+    "warnings_total": "log",
+    "failures": "log",
+    "failures_total": "log",
+    "milestones": "log",
+    "last_event_at": "log",
+    "replaying": "log",
+    "stall_hints": "log",
+    "last_hint_s": "log",
+}
+
+
+@dataclass(frozen=True)
+class GpuTrack:
+    sample: GpuSample
+    fit: MemoryFit | None = None
+    projection: MemoryProjection | None = None
+    oom_since: float | None = None
+    xids_total: int = 0
+    last_xid: int | None = None
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """Sessions before the current one, summarised."""
+
+    past: tuple[SessionSummary, ...] = ()
+    sessions_total: int = 0
+
+
+@dataclass(frozen=True)
+class Surroundings:
+    """What the daemon knows besides the log: the checkpoint, the supervisor, health, GPUs."""
+
+    model: ModelInfo | None = None
+    cum_bytes: tuple[int, ...] | None = None  # bytes of the first n shards, n = 0..N
+    supervisor: ProcessEvent | None = None
+    health: HealthProbe | None = None
+    health_failures: int = 0
+    gpus: Mapping[int, GpuTrack] = field(default_factory=dict)
+    gpu_source_up: bool | None = None
+    gpu_error: str | None = None
+
+
+@dataclass(frozen=True)
+class StateData:
+    """The fields of `LoadState` (state.py adds its behaviour). Parts that change rarely sit in
+    sub-records, so an input copies a small root; their fields read as attributes here."""
+
+    config: StateConfig = field(default_factory=StateConfig)
+    session: Session | None = None
+    transitions: tuple[Transition, ...] = ()
+    inputs_total: int = 0
+    sessions: Sessions = field(default_factory=Sessions)
+    around: Surroundings = field(default_factory=Surroundings)
+
+    @property
+    def past(self) -> tuple[SessionSummary, ...]:
+        return self.sessions.past
+
+    @property
+    def sessions_total(self) -> int:
+        return self.sessions.sessions_total
+
+    @property
+    def model(self) -> ModelInfo | None:
+        return self.around.model
+
+    @property
+    def cum_bytes(self) -> tuple[int, ...] | None:
+        return self.around.cum_bytes
+
+    @property
+    def supervisor(self) -> ProcessEvent | None:
+        return self.around.supervisor
+
+    @property
+    def health(self) -> HealthProbe | None:
+        return self.around.health
+
+    @property
+    def health_failures(self) -> int:
+        return self.around.health_failures
+
+    @property
+    def gpus(self) -> Mapping[int, GpuTrack]:
+        return self.around.gpus
+
+    @property
+    def gpu_source_up(self) -> bool | None:
+        return self.around.gpu_source_up
+
+    @property
+    def gpu_error(self) -> str | None:
+        return self.around.gpu_error
+
+    @property
+    def restarts(self) -> int:
+        return max(self.sessions_total - 1, 0)
+
+
+# Which part of the state holds each field that is not on the root.
+STATE_PART: dict[str, str] = {
+    "past": "sessions",
+    "sessions_total": "sessions",
+    "model": "around",
+    "cum_bytes": "around",
+    "supervisor": "around",
+    "health": "around",
+    "health_failures": "around",
+    "gpus": "around",
+    "gpu_source_up": "around",
+    "gpu_error": "around",
+}
+
+
+def failure_rank(kind: str | None) -> int:
+    if kind is None:
+        return EXITED_RANK + 1
+    return KIND_RANK.get(kind, EXITED_RANK)
+
+
+# -- reading the state --------------------------------------------------------------------------
+
+
+def active_weights_bar(s: Session) -> BarTrack | None:
+    """The unfinished weights bar updated last, if any."""
+    best: BarTrack | None = None
+    for b in s.bars.values():
+        if (
+            b.kind == "weights"
+            and b.finished_at is None
+            and (best is None or b.last_update_at > best.last_update_at)
+        ):
+            best = b
+    return best
+
+
+def stage_bars(s: Session) -> list[BarTrack]:
+    """The weights bars of the latest stage (stage 0: the model; later: a draft model...)."""
+    bars = [b for b in s.bars.values() if b.kind == "weights"]
+    if not bars:
+        return []
+    stage = max(b.index for b in bars)
+    return [b for b in bars if b.index == stage]
+
+
+def io_since_line(s: Session) -> int | None:
+    io = s.io
+    if io is None:
+        return None
+    return max(io.last_bytes - io.line_bytes, 0)
+
+
+def main_fraction(s: Session, now: float) -> tuple[float | None, float, bool]:
+    """Fraction of the model's weights loaded at `now` (the slowest process), the fraction at
+    which the first shard ends, and whether the fraction is by bytes. Counted files are no base
+    for an OOM alarm: with shards of unknown, unequal sizes the count can run far from the
+    bytes."""
+    worst: float | None = None
+    first = 0.0
+    by_bytes = True
+    for b in s.bars.values():
+        if b.kind != "weights" or b.index != 0 or b.eta is None:
+            continue
+        if b.finished_at is not None:
+            continue
+        eta = b.eta
+        total = eta.total
+        if total <= 0:
+            continue
+        frac = eta.position(now, io_since_line(s)) / total
+        first = eta.x(1) / total
+        by_bytes = by_bytes and eta.cum is not None
+        worst = frac if worst is None else min(worst, frac)
+    return worst, first, by_bytes and worst is not None
+
+
+def summarise(s: Session, at: float) -> SessionSummary:
+    bars = [b for b in s.bars.values() if b.kind == "weights" and b.index == 0]
+    done = min((b.done for b in bars), default=None)
+    total = max((b.total for b in bars), default=None)
+    return SessionSummary(
+        id=s.id,
+        reason=s.reason,
+        pid=s.pid,
+        started_at=s.started_at,
+        ended_at=s.ended_at if s.ended_at is not None else at,
+        phase=s.phase,
+        failure_kind=s.failure_kind,
+        stop_requested=s.stop_requested,
+        exit_code=s.exit_code,
+        exit_signal=s.exit_signal,
+        time_to_ready_s=s.ready_at - s.started_at if s.ready_at is not None else None,
+        weights_load_s=weights_load_s(s),
+        shards_done=done,
+        shards_total=total,
+        warnings_total=s.warnings_total,
+        failures_total=s.failures_total,
+        stalls_total=s.stalls_total,
+    )
+
+
+def weights_load_s(s: Session) -> float | None:
+    m = s.milestones.get("weights_loaded")
+    if m is not None and m.seconds is not None:
+        return m.seconds
+    bars = [b for b in s.bars.values() if b.kind == "weights" and b.index == 0]
+    if bars and all(b.finished_at is not None for b in bars):
+        return max(b.finished_at - b.started_at for b in bars if b.finished_at is not None)
+    return None

@@ -1,0 +1,292 @@
+"""The snapshot builder: from a `LoadState` to the immutable `Snapshot` exporters read.
+
+Costs O(size of the state), which is bounded; the daemon's loop takes one at its publishing
+cadence, not per input. ETA and ages are computed for the `now` given.
+"""
+
+from __future__ import annotations
+
+from loadwatch.daemon.state.kvdtype import KvDtype, effective_kv_dtype, warning_verdict
+from loadwatch.daemon.state.session import (
+    BarTrack,
+    GpuTrack,
+    Session,
+    StateData,
+    failure_rank,
+    io_since_line,
+    stage_bars,
+    weights_load_s,
+)
+from loadwatch.daemon.state.snapshot import (
+    SCHEMA,
+    BarView,
+    EtaView,
+    FailureView,
+    GpuView,
+    HealthView,
+    KvCacheView,
+    MilestoneView,
+    ModelView,
+    PhaseSpanView,
+    ProgressView,
+    SessionView,
+    Snapshot,
+    StallView,
+    SupervisorView,
+    WarningView,
+)
+
+
+def _layers(mask: int, cap: int = 512) -> tuple[int, ...]:
+    out: list[int] = []
+    n = 0
+    while mask and len(out) < cap:
+        low = mask & -mask
+        n = low.bit_length() - 1
+        out.append(n)
+        mask ^= low
+    return tuple(out)
+
+
+def _progress_view(state: StateData, s: Session, now: float) -> ProgressView:
+    bars = stage_bars(s)
+    io = s.io
+    read = io.last_bytes if io is not None else None
+    if not bars:
+        return ProgressView(0, None, None, None, None, None, s.last_progress_at, read, None)
+    stage = bars[0].index
+    done = min(b.done for b in bars)
+    total = max(b.total for b in bars)
+    since = io_since_line(s)
+    ratio: float | None = None
+    etas = []
+    bytes_done = bytes_total = None
+    for b in bars:
+        eta = b.eta
+        if eta is None:
+            continue
+        r = 1.0 if b.finished_at is not None else eta.position(now, since) / max(eta.total, 1e-9)
+        ratio = r if ratio is None else min(ratio, r)
+        est = eta.estimate(now, since)
+        if est is not None:
+            etas.append(est)
+        if eta.cum is not None:
+            bd = eta.cum[min(b.done, eta.total_items)]
+            bytes_done = bd if bytes_done is None else min(bytes_done, bd)
+            bytes_total = eta.cum[-1]
+    eta_view = None
+    if etas and len(etas) == len([b for b in bars if b.eta is not None]):
+        e = max(etas, key=lambda x: x.remaining_s)
+        eta_view = EtaView(
+            remaining_s=e.remaining_s,
+            low_s=e.low_s,
+            high_s=e.high_s,
+            finish_at=now + e.remaining_s,
+            finish_low_at=now + e.low_s,
+            finish_high_at=now + e.high_s,
+            rate_per_s=e.rate_per_s,
+            units=e.units,
+        )
+    return ProgressView(
+        stage, done, total, bytes_done, bytes_total, ratio, s.last_progress_at, read, eta_view
+    )
+
+
+def _bar_view(b: BarTrack) -> BarView:
+    rate = None
+    if b.last_progress_at is not None and b.last_progress_at > b.started_at:
+        rate = b.done / (b.last_progress_at - b.started_at)
+    return BarView(
+        key=b.key,
+        process=b.process,
+        kind=b.kind,
+        desc=b.desc,
+        index=b.index,
+        done=b.done,
+        total=b.total,
+        started_at=b.started_at,
+        last_update_at=b.last_update_at,
+        last_progress_at=b.last_progress_at,
+        finished_at=b.finished_at,
+        rate_per_s=rate,
+        longest_gap_s=b.longest_gap_s,
+        updates=b.updates,
+        tqdm_remaining_s=b.tqdm_remaining_s,
+    )
+
+
+def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> SessionView:
+    history = (
+        *(
+            PhaseSpanView(
+                h.phase, h.entered_at, h.left_at, h.left_at - h.entered_at, h.failure_kind
+            )
+            for h in s.history
+        ),
+        PhaseSpanView(
+            s.phase,
+            s.phase_entered_at,
+            None,
+            max(now - s.phase_entered_at, 0.0),
+            s.failure_kind if s.phase == "failed" else None,
+        ),
+    )
+    st = s.stall
+    stall = StallView(
+        active=st is not None,
+        kind=st.kind if st else None,
+        since=st.since if st else None,
+        raised_at=st.raised_at if st else None,
+        silent_s=now - st.since if st else None,
+        threshold_s=st.threshold_s if st else None,
+        expected_shard_s=st.expected_shard_s if st else None,
+        reason=st.reason if st else None,
+        stalls_total=s.stalls_total,
+        hints=s.stall_hints,
+        last_hint_s=s.last_hint_s,
+    )
+    warnings = []
+    for w in sorted(s.warnings.values(), key=lambda w: (-w.count, w.code)):
+        verdict, reason = warning_verdict(w.code, kv)
+        warnings.append(
+            WarningView(
+                code=w.code,
+                severity=w.severity,
+                count=w.count,
+                verdict=verdict,
+                reason=reason,
+                layers=_layers(w.layers_mask),
+                layer_count=w.layers_mask.bit_count(),
+                scales=tuple(sorted(w.scales)),
+                processes=tuple(sorted(w.processes)),
+                first_at=w.first_at,
+                last_at=w.last_at,
+                sample=w.sample,
+            )
+        )
+    failures = tuple(
+        FailureView(
+            kind=x.kind,
+            exc_type=x.exc_type,
+            message=x.message,
+            first_line=x.first_line,
+            count=x.count,
+            fatal=x.fatal,
+            first_at=x.first_at,
+            last_at=x.last_at,
+            processes=tuple(sorted(x.processes)),
+        )
+        for x in sorted(s.failures.values(), key=lambda x: (failure_rank(x.kind), x.first_at))
+    )
+    milestones = tuple(
+        MilestoneView(
+            key=k,
+            kind=m.kind,
+            detail=m.detail,
+            count=m.count,
+            first_at=m.first_at,
+            last_at=m.last_at,
+            seconds=m.seconds,
+            gib=m.gib,
+            tokens=m.tokens,
+            blocks=m.blocks,
+            value=m.value,
+        )
+        for k, m in sorted(s.milestones.items(), key=lambda kv_: kv_[1].first_at)
+    )
+    bars = tuple(_bar_view(b) for b in sorted(s.bars.values(), key=lambda b: b.started_at))
+    return SessionView(
+        id=s.id,
+        reason=s.reason,
+        pid=s.pid,
+        started_at=s.started_at,
+        version=s.version,
+        phase=s.phase,
+        phase_entered_at=s.phase_entered_at,
+        phase_age_s=max(now - s.phase_entered_at, 0.0),
+        failure_kind=s.failure_kind,
+        stop_requested=s.stop_requested,
+        ended_at=s.ended_at,
+        exit_code=s.exit_code,
+        exit_signal=s.exit_signal,
+        ready_at=s.ready_at,
+        time_to_ready_s=s.ready_at - s.started_at if s.ready_at is not None else None,
+        weights_load_s=weights_load_s(s),
+        history=history,
+        progress=_progress_view(state, s, now),
+        bars=bars,
+        stall=stall,
+        warnings=tuple(warnings),
+        warnings_total=s.warnings_total,
+        failures=failures,
+        failures_total=s.failures_total,
+        milestones=milestones,
+    )
+
+
+def _gpu_view(g: GpuTrack) -> GpuView:
+    x = g.sample
+    p = g.projection
+    total = x.memory_total_bytes
+    return GpuView(
+        index=x.index,
+        uuid=x.uuid,
+        name=x.name,
+        health=x.health,
+        memory_used_bytes=x.memory_used_bytes,
+        memory_total_bytes=total,
+        utilization_ratio=x.utilization_ratio,
+        temperature_celsius=x.temperature_celsius,
+        power_watts=x.power_watts,
+        sampled_at=x.sampled_at,
+        error=x.error,
+        xids_total=g.xids_total,
+        last_xid=g.last_xid,
+        projected_final_bytes=p.final_bytes if p else None,
+        projected_low_bytes=p.low_bytes if p else None,
+        projected_high_bytes=p.high_bytes if p else None,
+        oom_predicted=g.oom_since is not None,
+        shortfall_bytes=p.final_bytes - total if p and total and g.oom_since is not None else None,
+        oom_predicted_since=g.oom_since,
+    )
+
+
+def build_snapshot(state: StateData, now: float) -> Snapshot:
+    s = state.session
+    argv = s.argv if s is not None else None
+    if argv is None and s is not None and s.kv_arg is not None:
+        argv = ("--kv-cache-dtype", s.kv_arg)  # watch mode: vLLM logged its own arguments
+    kv = effective_kv_dtype(
+        argv,
+        state.model,
+        s.version if s is not None else None,
+        s.kv_fp8_in_log if s is not None else False,
+    )
+    m = state.model
+    sup = state.supervisor
+    h = state.health
+    return Snapshot(
+        schema=SCHEMA,
+        at=now,
+        phase=s.phase if s is not None else None,
+        ready=s is not None and s.phase == "ready",
+        restarts=state.restarts,
+        sessions_total=state.sessions_total,
+        session=_session_view(state, s, now, kv) if s is not None else None,
+        sessions=state.past,
+        model=ModelView(m.path, len(m.shards), m.total_bytes, m.checkpoint_kv_dtype, m.errors)
+        if m is not None
+        else None,
+        kv_cache=KvCacheView(kv.dtype, kv.quantized, kv.source, kv.reason),
+        gpu_source_up=state.gpu_source_up,
+        gpu_error=state.gpu_error,
+        gpus=tuple(_gpu_view(state.gpus[i]) for i in sorted(state.gpus)),
+        supervisor=SupervisorView(
+            sup.kind, sup.ts, sup.pid, sup.exit_code, sup.signal, sup.reason, sup.backoff_s
+        )
+        if sup is not None
+        else None,
+        health=HealthView(h.ok, h.ts, h.status, h.error, state.health_failures)
+        if h is not None
+        else None,
+    )

@@ -1,0 +1,1 @@
+"""The offline commands: analyze, preflight, patch-model, demo."""

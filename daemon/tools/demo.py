@@ -1,0 +1,387 @@
+"""`loadwatch demo`: the main job on an embedded default, in about a minute.
+
+It builds, in a temporary directory, a Kimi-K2.5-NVFP4-shaped checkpoint (119 shards adding up
+to 540 GB, as sparse files that take no disk), then runs the real daemon supervising the
+simulated vLLM of simvllm.py over eight simulated Blackwell GPUs (SM120, 96 GiB) whose memory
+grows with the load. The status screen updates live; /metrics and /status are served on
+localhost meanwhile. At the end it prints the post-mortem (`loadwatch analyze`) of the log.
+
+Scenarios: success, stall, oom, crash-loop, fp8-kv-on-sm120 (preflight flags the FP8 KV cache,
+the start fails as vLLM does on SM120, the demo applies `patch-model --drop-fp8-kv-cache`, and the
+restart loads). `--real` supervises real vLLM on the CPU with a tiny model instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from loadwatch.daemon.config import (
+    Config,
+    ForecastConfig,
+    GpuConfig,
+    LogConfig,
+    VllmConfig,
+    parse_listen,
+)
+from loadwatch.daemon.config import HttpConfig as _Http
+
+GIB = 1 << 30
+KIMI_SHARDS = 119
+KIMI_TOTAL_BYTES = 540 * 10**9
+SIM_GPU_BYTES = 96 * GIB
+
+KIMI_CONFIG: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "kimi_k2",
+    "hidden_size": 7168,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 64,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "n_routed_experts": 384,
+    "num_experts_per_tok": 8,
+    "torch_dtype": "bfloat16",
+}
+
+
+def make_model_dir(
+    root: Path, *, fp8_kv: bool, shards: int = KIMI_SHARDS, total_bytes: int = KIMI_TOTAL_BYTES
+) -> Path:
+    """A checkpoint directory vLLM's loader would take for Kimi-K2.5-NVFP4 (sparse shards)."""
+    model = root / "Kimi-K2.5-NVFP4"
+    model.mkdir(parents=True, exist_ok=True)
+    quant: dict[str, Any] = {
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "exclude_modules": ["lm_head"],
+    }
+    if fp8_kv:
+        quant["kv_cache_quant_algo"] = "FP8"
+    (model / "hf_quant_config.json").write_text(
+        json.dumps(
+            {"producer": {"name": "modelopt", "version": "0.37.0"}, "quantization": quant}, indent=4
+        )
+        + "\n"
+    )
+    (model / "config.json").write_text(json.dumps(KIMI_CONFIG, indent=2) + "\n")
+    # The first shard holds the embeddings and is larger, the rest are even.
+    first = total_bytes // shards * 3 // 2
+    rest = (total_bytes - first) // (shards - 1)
+    weight_map: dict[str, str] = {}
+    for i in range(1, shards + 1):
+        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        with open(model / name, "wb") as f:
+            f.truncate(first if i == 1 else rest)
+        weight_map[f"model.layers.{i - 1}.mlp.experts.weight"] = name
+    index = {"metadata": {"total_size": first + rest * (shards - 1)}, "weight_map": weight_map}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def demo_config(root: Path, model: Path, scenario: str, speed: float, listen: str) -> Config:
+    host, port = parse_listen(listen)
+    vllm_port = free_port()
+    argv = (
+        sys.executable,
+        "-m",
+        "loadwatch.daemon.sim.vllm_server",
+        "--model",
+        str(model),
+        "--tensor-parallel-size",
+        "8",
+        "--port",
+        str(vllm_port),
+        "--scenario",
+        scenario,
+        "--speed",
+        str(speed),
+    )
+    return Config(
+        log=LogConfig(path=root / "vllm.log", poll_interval_s=0.1),
+        http=_Http(host=host, port=port),
+        gpu=GpuConfig(source="simulated", poll_interval_s=0.5),
+        forecast=ForecastConfig(stall_factor=4.0, stall_floor_s=max(3.0, 60.0 / speed)),
+        vllm=VllmConfig(
+            argv=argv,
+            env={"PYTHONUNBUFFERED": "1"},
+            # an OOM comes back the same way: the demo shows the failure, not a futile restart
+            restart="never" if scenario == "oom" else "on-failure",
+            backoff_initial_s=2.0,
+            backoff_max_s=8.0,
+            crash_loop_starts=3,
+            crash_loop_window_s=120.0,
+            stop_grace_s=5.0,
+            preflight="warn",
+            health_url=f"http://127.0.0.1:{vllm_port}/health",
+        ),
+        state_dir=root / "state",
+        events_file=root / "events.jsonl",
+    )
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    if args.real:
+        return _real(args)
+    root = Path(tempfile.mkdtemp(prefix="loadwatch-demo-"))
+    try:
+        model = make_model_dir(root, fp8_kv=args.scenario == "fp8-kv-on-sm120")
+        cfg = demo_config(root, model, args.scenario, args.speed, args.listen)
+        return run_demo(cfg, model, args.scenario, screen=not args.no_screen)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_demo(
+    cfg: Config, model: Path, scenario: str, *, screen: bool = True, simulated_gpus: bool = True
+) -> int:
+    from rich.console import Console
+
+    from loadwatch.daemon.app import run_daemon
+    from loadwatch.daemon.sim.gpus import SimulatedGpuSource
+    from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource
+
+    console = Console()
+    final = int(SIM_GPU_BYTES * (1.12 if scenario == "oom" else 0.86))
+    end = _Ending(scenario)
+    result: dict[str, Any] = {}
+
+    def gpu_factory(progress: Callable[[], float]) -> GuardedGpuSource:
+        return GuardedGpuSource(
+            SimulatedGpuSource(8, progress=progress, final_used_bytes=final), deadline_s=1.0
+        )
+
+    def on_started(daemon: Any, server: Any) -> None:
+        result["url"] = server.url
+        watcher = threading.Thread(
+            target=_watch, args=(daemon, server, model, end, console, screen), daemon=True
+        )
+        watcher.start()
+
+    # The event log goes to its file; the screen is the output, or without a screen a digest of
+    # the transitions.
+    with open(os.devnull, "w") as devnull:
+        code = run_daemon(
+            cfg,
+            on_started=on_started,
+            stdout=devnull if screen else _Digest(console),
+            gpu_factory=gpu_factory if simulated_gpus else None,
+        )
+    if code != 0:
+        return code
+    console.print()
+    console.rule("post-mortem: loadwatch analyze")
+    from loadwatch.daemon.tools.analyze import analyze_command
+
+    analyze_command(Path(str(cfg.log.path)), model_dir=model, as_json=False, max_record_bytes=65536)
+    console.print(f"\nevent log: {cfg.events_file}  (removed with the demo directory)")
+    return 0 if end.outcome_ok else 1
+
+
+class _Digest:
+    """A stdout for the event log that prints one line per transition and supervisor event."""
+
+    KEEP = ("transition.", "vllm.", "preflight", "gpu.xid", "gpu.orphans", "daemon.problem")
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            event = str(doc.pop("event", ""))
+            if not event.startswith(self.KEEP):
+                continue
+            for noise in ("time", "at", "session", "argv", "report"):
+                doc.pop(noise, None)
+            detail = " ".join(f"{k}={v}" for k, v in doc.items() if v is not None)
+            self.console.print(
+                f"{time.strftime('%H:%M:%S')} {event} {detail}", highlight=False, soft_wrap=True
+            )
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+class _Ending:
+    """When the demo has shown what its scenario is about."""
+
+    def __init__(self, scenario: str) -> None:
+        self.scenario = scenario
+        self.since: float | None = None
+        self.patched = False
+        self.outcome_ok = False
+
+    def done(self, snap: Any, sup_state: str) -> bool:
+        s = snap.session
+        phase = s.phase if s is not None else None
+        hit = False
+        if self.scenario in ("success", "fp8-kv-on-sm120"):
+            hit = phase == "ready"
+        elif self.scenario == "stall":
+            hit = phase == "stalled"
+        elif self.scenario == "oom":
+            hit = phase == "failed"
+        elif self.scenario == "crash-loop":
+            hit = sup_state == "fatal"
+        if hit and self.since is None:
+            self.since = time.monotonic()
+            self.outcome_ok = True
+        return self.since is not None and time.monotonic() - self.since > 4.0
+
+
+def _watch(daemon: Any, server: Any, model: Path, end: _Ending, console: Any, screen: bool) -> None:
+    from rich.console import Group
+    from rich.live import Live
+    from rich.text import Text
+
+    from loadwatch.exporters.terminal.watch import render_status
+
+    header = Text.from_markup(
+        f"[bold]loadwatch demo[/] ({end.scenario})  metrics: {server.url}/metrics  "
+        f"status: {server.url}/status  ready: {server.url}/readyz"
+    )
+    deadline = time.monotonic() + 600
+    with Live(console=console, refresh_per_second=4, transient=False) as live:
+        if not screen:
+            live.stop()
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            pub = daemon.published
+            if pub is None:
+                continue
+            snap = pub.snapshot(time.time())
+            if screen:
+                live.update(Group(header, render_status(snap.to_dict())))
+            sup = daemon.supervisor
+            state = str(sup.state) if sup is not None else ""
+            s = snap.session
+            if (
+                end.scenario == "fp8-kv-on-sm120"
+                and not end.patched
+                and s is not None
+                and s.phase == "failed"
+            ):
+                from loadwatch.daemon.tools.patch import patch_model_cli
+
+                text, _ = patch_model_cli(str(model), drop_fp8=True)
+                end.patched = True
+                console.log(
+                    "vLLM cannot run an FP8 KV cache on SM120: loadwatch patch-model "
+                    "--drop-fp8-kv-cache\n" + text
+                )
+            if end.done(snap, state):
+                break
+    daemon.loop_call(daemon.stop_event.set)
+
+
+def _real(args: argparse.Namespace) -> int:
+    """Real vLLM on the CPU with the tiny DeepSeek-style model of tests/realvllm (from a clone)."""
+    import subprocess
+
+    vllm_python = (
+        Path(
+            os.environ.get("LOADWATCH_VLLM_VENV", str(Path.home() / ".cache/loadwatch/vllm-0.32.0"))
+        )
+        / "bin"
+        / "python"
+    )
+    builder = Path.cwd() / "tests" / "realvllm" / "tinymodel.py"
+    if not vllm_python.exists():
+        print(
+            f"loadwatch: no vLLM environment at {vllm_python.parent.parent}: run `make vllm` first",
+            file=sys.stderr,
+        )
+        return 69
+    if not builder.exists():
+        print(
+            "loadwatch: --real needs a loadwatch clone (tests/realvllm/tinymodel.py); run it from there",
+            file=sys.stderr,
+        )
+        return 66
+    root = Path(tempfile.mkdtemp(prefix="loadwatch-demo-real-"))
+    try:
+        model = root / "tiny-deepseek"
+        subprocess.run(
+            [
+                str(vllm_python),
+                str(builder),
+                str(model),
+                "--shards",
+                "12",
+                "--shard-mb",
+                "100",
+                "--kv-scales",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        host, port = parse_listen(args.listen)
+        vllm_port = free_port()
+        work = root / "work"
+        work.mkdir()
+        argv = (
+            str(vllm_python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--enforce-eager",
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "4",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(vllm_port),
+        )
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_CACHE_ROOT": str(work),
+            "TORCHINDUCTOR_CACHE_DIR": str(work),
+            "TMPDIR": str(work),
+        }
+        cfg = Config(
+            log=LogConfig(path=root / "vllm.log", poll_interval_s=0.1),
+            http=_Http(host=host, port=port),
+            gpu=GpuConfig(source="none"),
+            vllm=VllmConfig(
+                argv=argv,
+                env=env,
+                crash_loop_starts=2,
+                stop_grace_s=20.0,
+                preflight="warn",
+                health_url=f"http://127.0.0.1:{vllm_port}/health",
+            ),
+            state_dir=root / "state",
+            events_file=root / "events.jsonl",
+        )
+        return run_demo(cfg, model, "success", screen=not args.no_screen, simulated_gpus=False)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,162 @@
+"""What the HTTP routes serve, and how it travels to the HTTP server's process.
+
+A `Board` is the exposition, the /status JSON and the ready flag, rendered once per published
+bundle (exporters/http/routes.py renders them). `board_routes` answers requests from the current
+board and nothing else, so it needs no part of the daemon: the HTTP server's process
+(exporters/http/process.py) imports this module, the HTTP server and prometheus_client, no more.
+
+Boards travel over a stream socket as frames: a 4-byte big-endian length, then the body.
+A board's body is a fixed header (ready flag, three lengths) and the three byte strings; no
+pickle, so the server process never executes what it is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from loadwatch.exporters.http.server import Handler, HttpStats, Response
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+JSON = "application/json"
+MAX_FRAME = 256 << 20  # a longer frame means the stream is corrupt
+
+
+@dataclass(frozen=True)
+class Board:
+    """Everything the routes answer, rendered from one published bundle."""
+
+    metrics: bytes
+    status: bytes | None  # compact JSON; None before the first bundle
+    ready: bool
+    not_ready: str  # why /readyz says 503
+
+
+EMPTY = Board(b"", None, False, "not ready: starting")
+
+_HEAD = struct.Struct("!BIII")  # flags (1 ready, 2 has status), three lengths
+_LEN = struct.Struct("!I")
+
+
+def frame(body: bytes) -> bytes:
+    """`body` with its length in front."""
+    return _LEN.pack(len(body)) + body
+
+
+def encode(board: Board) -> bytes:
+    status = board.status or b""
+    reason = board.not_ready.encode()
+    flags = (1 if board.ready else 0) | (2 if board.status is not None else 0)
+    body = b"".join(
+        (
+            _HEAD.pack(flags, len(board.metrics), len(status), len(reason)),
+            board.metrics,
+            status,
+            reason,
+        )
+    )
+    return frame(body)
+
+
+def decode(body: bytes) -> Board:
+    """The inverse of `encode` (without the frame length); ValueError when malformed."""
+    if len(body) < _HEAD.size:
+        raise ValueError("board frame too short")
+    flags, n_metrics, n_status, n_reason = _HEAD.unpack_from(body)
+    if _HEAD.size + n_metrics + n_status + n_reason != len(body):
+        raise ValueError("board frame lengths do not add up")
+    at = _HEAD.size
+    metrics = body[at : at + n_metrics]
+    at += n_metrics
+    status = body[at : at + n_status] if flags & 2 else None
+    at += n_status
+    return Board(metrics, status, bool(flags & 1), body[at:].decode(errors="replace"))
+
+
+def read_frame(sock: socket.socket) -> bytes | None:
+    """The next frame's body; None when the peer closed the stream."""
+    head = _read_exactly(sock, _LEN.size)
+    if head is None:
+        return None
+    (n,) = _LEN.unpack(head)
+    if n > MAX_FRAME:
+        raise ValueError(f"board frame of {n} bytes")
+    return _read_exactly(sock, n)
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def board_routes(
+    board: Callable[[], Board], alive: Callable[[], bool], http: HttpStats | None = None
+) -> dict[str, Handler]:
+    """Handlers that only write what the current board holds. With `http`, /metrics also carries
+    the server's own request counts (when it runs apart from the collector)."""
+
+    registry: CollectorRegistry | None = None
+    if http is not None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Requests(http))
+
+    def metrics(q: Mapping[str, str]) -> Response:
+        body = board().metrics
+        if registry is not None:
+            body += generate_latest(registry)
+        return Response(HTTPStatus.OK, body, CONTENT_TYPE)
+
+    def status(q: Mapping[str, str]) -> Response:
+        body = board().status
+        if body is None:
+            return Response(HTTPStatus.SERVICE_UNAVAILABLE, b'{"error": "starting"}\n', JSON)
+        if q.get("pretty"):
+            body = json.dumps(json.loads(body), indent=1).encode() + b"\n"
+        return Response(HTTPStatus.OK, body, JSON)
+
+    def healthz(q: Mapping[str, str]) -> Response:
+        if alive():
+            return Response(HTTPStatus.OK, b"ok\n")
+        return Response(HTTPStatus.SERVICE_UNAVAILABLE, b"the daemon loop is not ticking\n")
+
+    def readyz(q: Mapping[str, str]) -> Response:
+        b = board()
+        if b.ready:
+            return Response(HTTPStatus.OK, b"ready\n")
+        return Response(HTTPStatus.SERVICE_UNAVAILABLE, b.not_ready.encode() + b"\n")
+
+    return {"/metrics": metrics, "/status": status, "/healthz": healthz, "/readyz": readyz}
+
+
+class _Requests(Collector):
+    """The server's own request counts, as `loadwatch_http_requests_total`."""
+
+    def __init__(self, http: HttpStats) -> None:
+        self.http = http
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        c = CounterMetricFamily(
+            "loadwatch_http_requests", "Requests served.", labels=["route", "code"]
+        )
+        with self.http.lock:
+            items = sorted(self.http.requests.items())
+        for (route, code), n in items:
+            c.add_metric([route, str(code)], n)
+        yield c

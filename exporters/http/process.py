@@ -1,0 +1,257 @@
+"""The HTTP server in a process of its own, serving boards the daemon's loop sends it.
+
+Why a process: in one interpreter the HTTP threads wait for the interpreter lock while the loop
+parses a busy log, and a scrape's latency becomes the parser's. Here the loop renders a `Board`
+(exporters/http/board.py, made by views.BoardMaker) after publishing and hands it over; a sender
+thread writes it down a socket pair to the server process (`python -m
+loadwatch.exporters.http.process`, which imports only exporters/http/board.py, the HTTP server and
+prometheus_client), which only writes bytes. The loop never waits for the socket: a board not
+yet sent is replaced by the next one. The server answers /healthz 503 when no board came for
+`ALIVE_S` (the loop sends one at least every idle tick), and ends when the socket closes, so it
+never outlives the daemon, even one that was killed. A server process that died is started
+again on the same address (at most every `RESTART_S`), and `on_problem` hears of it in one line.
+
+    server = HttpProcess(config, on_problem=print)
+    url = server.start()          # ServerError: one line (port in use, bad certificate, ...)
+    server.send(board)            # after each publish
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from loadwatch.daemon.config import HttpConfig
+from loadwatch.exporters.http.board import (
+    EMPTY,
+    Board,
+    board_routes,
+    decode,
+    encode,
+    frame,
+    read_frame,
+)
+from loadwatch.exporters.http.server import HttpServer, ServerError
+
+ALIVE_S = 20.0  # no board for this long: the loop is stuck
+START_TIMEOUT_S = 30.0
+RESTART_S = 5.0  # a server process that died is started again after this
+SEND_TIMEOUT_S = 10.0
+
+
+class HttpProcess:
+    def __init__(self, config: HttpConfig, on_problem: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.url = ""
+        self.restarts = 0
+        self._on_problem = on_problem or (lambda line: None)
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._cond = threading.Condition()
+        self._pending: Board | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> str:
+        self._sock, self._proc, self.url = _spawn(self.config)
+        # a restart binds the address this one got (port 0 picks one)
+        port = int(self.url.rsplit(":", 1)[1])
+        self.config = dataclasses.replace(self.config, port=port)
+        self._thread = threading.Thread(target=self._send_loop, name="loadwatch-http-send")
+        self._thread.daemon = True
+        self._thread.start()
+        return self.url
+
+    def send(self, board: Board) -> None:
+        """Hand over the newest board; never blocks on the server."""
+        with self._cond:
+            self._pending = board
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        self._close()
+
+    @property
+    def pid(self) -> int | None:
+        """The server process's, while there is one."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    def _send_loop(self) -> None:
+        down_since: float | None = None  # the server process is gone: restart after RESTART_S
+        last: Board | None = None  # sent last: what a restarted server starts with
+        while True:
+            with self._cond:
+                while not self._stopping:
+                    if down_since is not None:
+                        left = down_since + RESTART_S - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                    elif self._pending is not None:
+                        break
+                    else:
+                        self._cond.wait()
+                if self._stopping:
+                    return
+                board, self._pending = self._pending, None
+            if down_since is not None:
+                if not self._restart():
+                    down_since = time.monotonic()
+                    self._keep(board)
+                    continue
+                down_since = None
+                board = board or last
+            if board is None:
+                continue
+            try:
+                assert self._sock is not None
+                self._sock.sendall(encode(board))
+                last = board
+            except (OSError, AssertionError):
+                code = self._proc.poll() if self._proc is not None else None
+                self._on_problem(
+                    f"the HTTP server process ended (exit {code}); starting it again"
+                    if code is not None
+                    else "the HTTP server process stopped reading; starting another"
+                )
+                self._close()
+                self._keep(board)
+                down_since = time.monotonic() - RESTART_S  # at once
+
+    def _keep(self, board: Board | None) -> None:
+        """Put back a board that was not sent, unless a newer one came meanwhile."""
+        with self._cond:
+            if self._pending is None:
+                self._pending = board
+
+    def _restart(self) -> bool:
+        try:
+            self._sock, self._proc, self.url = _spawn(self.config)
+        except ServerError as exc:
+            self._on_problem(f"the HTTP server cannot start again: {exc}")
+            return False
+        self.restarts += 1
+        return True
+
+    def _close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()  # the server sees the socket close and stops
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _end(proc)
+
+
+def _spawn(config: HttpConfig) -> tuple[socket.socket, subprocess.Popen[bytes], str]:
+    ours, theirs = socket.socketpair()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "loadwatch.exporters.http.process", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            # its own process group: a Ctrl-C at a terminal is the daemon's to handle
+            start_new_session=True,
+        )
+    except OSError as exc:
+        ours.close()
+        raise ServerError(f"cannot start the HTTP server process: {exc}") from None
+    finally:
+        theirs.close()
+    ours.settimeout(START_TIMEOUT_S)
+    try:
+        ours.sendall(_config_frame(config))
+        reply = read_frame(ours)
+    except (OSError, ValueError):
+        reply = None
+    kind, _, value = (reply or b"").decode(errors="replace").partition(" ")
+    if kind != "ok":
+        _end(proc)
+        ours.close()
+        raise ServerError(value if kind == "error" else "the HTTP server process did not start")
+    # A server that takes this long to read a board is stuck: it is killed and started again.
+    ours.settimeout(SEND_TIMEOUT_S)
+    return ours, proc, value
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def _config_frame(config: HttpConfig) -> bytes:
+    fields = {
+        f.name: str(v) if isinstance(v, Path) else v
+        for f in dataclasses.fields(config)
+        for v in [getattr(config, f.name)]
+    }
+    return frame(json.dumps(fields).encode())
+
+
+def _config_from(body: bytes) -> HttpConfig:
+    raw: dict[str, Any] = json.loads(body)
+    paths = {"tls_cert", "tls_key", "bearer_token_file", "basic_auth_password_file"}
+    values: dict[str, Any] = {
+        k: Path(v) if k in paths and v is not None else v for k, v in raw.items()
+    }
+    return HttpConfig(**values)
+
+
+def serve(sock: socket.socket) -> None:
+    """The server process: serve the latest board until the socket closes."""
+    # SIGTERM/SIGINT are for the daemon, which then closes the socket: stopping here first
+    # would refuse the last scrapes of a shutdown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    first = read_frame(sock)
+    if first is None:
+        return
+    config = _config_from(first)
+    state: dict[str, Any] = {"board": EMPTY, "at": time.monotonic()}
+    server = HttpServer(config, {})
+    server.routes.update(
+        board_routes(
+            lambda: state["board"],
+            lambda: time.monotonic() - state["at"] < ALIVE_S,
+            server.stats,
+        )
+    )
+    try:
+        server.start()
+    except ServerError as exc:
+        sock.sendall(frame(f"error {exc}".encode()))
+        return
+    sock.sendall(frame(f"ok {server.url}".encode()))
+    try:
+        while (body := read_frame(sock)) is not None:
+            state["board"], state["at"] = decode(body), time.monotonic()
+    except (OSError, ValueError):
+        pass  # a broken stream: the daemon is gone or confused; stop serving stale boards
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    fd = int(sys.argv[1])
+    serve(socket.socket(fileno=fd))
+    os._exit(0)

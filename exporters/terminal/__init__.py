@@ -1,0 +1,1 @@
+"""The terminal: the `loadwatch status` screen and the `analyze` report as text."""

@@ -1,0 +1,457 @@
+"""From records to events: the pure per-record parse, and the little context it needs.
+
+`parse_segment` is pure: one segment of one record in, events out. `EventStream` adds the context
+that spans records and nothing else: tracebacks folded into one `Failure`, the process of a tqdm
+bar whose prefix stood in the record before it, and the time of records that carry none. Records
+that contain no catalog needle are dropped before any other work, unless a traceback is open, so
+the chunk scanner (scan.py) that only hands over candidate records yields the same events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from itertools import repeat
+from typing import Any, Literal
+
+from loadwatch.parsers.events import (
+    Event,
+    Failure,
+    FailureKind,
+    KvScaleWarning,
+    LogError,
+    LogWarning,
+    Milestone,
+    Record,
+    ScaleFactorWarning,
+    ShardProgress,
+    StallHint,
+)
+from loadwatch.parsers.vllm.catalog import (
+    CATALOG,
+    EXCEPTION_LINE,
+    EXCEPTION_LINE_LOOSE,
+    KIND_RANK,
+    MESSAGE,
+    Entry,
+    Level,
+    classify,
+)
+from loadwatch.parsers.vllm.lines import (
+    Head,
+    StandardHeads,
+    YearResolver,
+    parse_head,
+    split_segments,
+    strip_ansi,
+)
+
+TRACEBACK_START = "Traceback (most recent call last):"
+_CHAIN_MARKERS = (
+    "During handling of the above exception",
+    "The above exception was the direct cause",
+)
+_LEVELS: tuple[Level, ...] = (None, "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_LEVEL_NEEDLES = ("WARNING", "ERROR", "CRITICAL", "Traceback")
+
+# Two modes. While vLLM starts, every catalog message matters. Once the API server is up, the log
+# is mostly request lines and only warnings, errors, tracebacks, stalls and the markers of a new
+# start matter: a much smaller needle set keeps the pre-filter cheap on a busy server.
+Mode = Literal["startup", "serving"]
+
+
+def _entries(mode: Mode, level: Level) -> tuple[Entry, ...]:
+    def wanted(e: Entry) -> bool:
+        if level not in e.levels:
+            return False
+        return mode == "startup" or e.serving or level not in MESSAGE
+
+    return tuple(e for e in CATALOG if wanted(e))
+
+
+def _needles(mode: Mode) -> tuple[str, ...]:
+    entries = CATALOG if mode == "startup" else tuple(e for e in CATALOG if e.serving)
+    return tuple(sorted({n for e in entries for n in e.needles} | set(_LEVEL_NEEDLES)))
+
+
+DISPATCH: dict[tuple[Mode, Level], tuple[Entry, ...]] = {
+    (mode, level): _entries(mode, level) for mode in ("startup", "serving") for level in _LEVELS
+}
+# Every substring that can make a record worth parsing, per mode.
+PREFILTER: dict[Mode, tuple[str, ...]] = {
+    "startup": _needles("startup"),
+    "serving": _needles("serving"),
+}
+PREFILTER_NEEDLES = PREFILTER["startup"]
+MAX_TRACEBACK_RECORDS = 2000
+PREFIX_RECORD_MAX = 256  # a record holding only a process prefix (colour codes included)
+MAX_MESSAGE_CHARS = 2000
+MAX_PARSE_CHARS = 16384  # a record is parsed up to here (the follower's cap is 64 KiB)
+LEVEL_NEEDLES: frozenset[str] = frozenset(_LEVEL_NEEDLES)
+
+# Messages repeat: every tensor-parallel worker prints the same per-layer warning, a noisy
+# server the same warning again and again. Their events are built once per distinct message and
+# copied after that. Only these types: what they hold besides the record's offset, time and
+# process comes from the message alone (a Failure also carries its own offset).
+_CACHED_TYPES = (KvScaleWarning, ScaleFactorWarning, LogWarning, LogError, StallHint)
+_CONTEXT = ("offset", "ts", "process", "pid")
+_PARSE_CACHE_MAX = 4096
+_TRACEBACK_LEVELS = (None, "ERROR", "CRITICAL")  # the record levels a traceback opens at
+# (class, field names with the context fields last, values of the others)
+Recipe = tuple[tuple[type[Event], tuple[str, ...], tuple[Any, ...]], ...]
+_new = object.__new__
+_setattr = object.__setattr__
+
+
+def _recipe(events: list[Event]) -> Recipe | None:
+    if not all(type(e) in _CACHED_TYPES for e in events):
+        return None
+    out = []
+    for e in events:
+        names = tuple(f.name for f in fields(e) if f.name not in _CONTEXT)
+        out.append((type(e), (*names, *_CONTEXT), tuple(getattr(e, n) for n in names)))
+    return tuple(out)
+
+
+def _cook(recipe: Recipe, offset: int, ts: float | None, head: Head) -> list[Event]:
+    """The recipe's events for one record. The events are frozen dataclasses: their fields
+    are set as `__init__` would set them, but from C (`map`), without a call per field."""
+    out = []
+    for cls, names, values in recipe:
+        event = _new(cls)
+        any(map(_setattr, repeat(event), names, (*values, offset, ts, head.process, head.pid)))
+        out.append(event)
+    return out
+
+
+def _set(event: Event, **values: Any) -> None:
+    """Fill in a field of an event this module just built and nobody else holds yet."""
+    for name, value in values.items():
+        object.__setattr__(event, name, value)
+
+
+def has_needle(text: str, mode: Mode = "startup") -> bool:
+    for n in PREFILTER[mode]:  # noqa: SIM110 (a plain loop: no generator per record)
+        if n in text:
+            return True
+    return False
+
+
+def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event]:
+    """Catalog lookup for one segment whose head has been peeled off. Pure."""
+    body = head.body
+    out: list[Event] = []
+    for entry in DISPATCH[(mode, head.level)]:
+        for needle in entry.needles:
+            if needle in body:
+                break
+        else:
+            continue
+        m = entry.pattern.search(body)
+        if m is None:
+            continue
+        ctx = {"offset": offset, "ts": head.ts, "process": head.process, "pid": head.pid}
+        event = entry.build(m, head, ctx)
+        if event is not None:
+            out.append(event)
+            if not entry.more:
+                return out
+    if out or head.level not in ("WARNING", "ERROR", "CRITICAL"):
+        return out
+    message = body.strip()[:MAX_MESSAGE_CHARS]
+    if not message:
+        return out  # a header with nothing after it
+    cls = LogWarning if head.level == "WARNING" else LogError
+    return [
+        cls(
+            source=head.source,
+            message=message,
+            offset=offset,
+            ts=head.ts,
+            process=head.process,
+            pid=head.pid,
+        )
+    ]
+
+
+@dataclass(slots=True)
+class _Traceback:
+    offset: int
+    ts: float | None
+    process: str | None
+    pid: int | None
+    first_line: str
+    records: int = 1
+    last_offset: int = 0
+    exc_type: str | None = None
+    message: str = ""
+    kind: FailureKind | None = None
+
+
+@dataclass(slots=True)
+class _BarAnchor:
+    start_ts: float
+    last_done: int
+
+
+@dataclass
+class StreamStats:
+    records: int = 0
+    candidates: int = 0
+    events: int = 0
+    tracebacks: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+    truncated: int = 0  # records parsed only up to MAX_PARSE_CHARS
+
+
+class EventStream:
+    """Feeds records in order, returns events. One instance per followed log."""
+
+    def __init__(self, ref_ts: float | None = None) -> None:
+        self.years = YearResolver(ref_ts)
+        self.stats = StreamStats()
+        self._tracebacks: dict[tuple[str | None, int | None], _Traceback] = {}
+        self.in_traceback = False  # kept with `_tracebacks`: read for every record
+        self._pending_prefix: tuple[str, int | None] | None = None
+        self._last_ts: float | None = None
+        self._bars: dict[tuple[str | None, str], _BarAnchor] = {}
+        self._bar_owner: dict[str, tuple[str, int | None]] = {}
+        self._heads = StandardHeads(self.years)
+        self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
+        self.mode: Mode = "startup"
+
+    def forget_pending(self) -> None:
+        """Records were skipped unseen: a prefix seen before them names nothing now."""
+        self._pending_prefix = None
+
+    def feed(self, record: Record, candidate: bool = False) -> list[Event]:
+        """Events of one record. `candidate=True`: the caller knows it holds a needle of the
+        current mode (the chunk scanner does), so the pre-filter test is skipped."""
+        return self.feed_text(record.text, record.offset, candidate)
+
+    def feed_text(self, text: str, offset: int, candidate: bool = False) -> list[Event]:
+        """`feed` of a record given as its text and offset."""
+        stats = self.stats
+        stats.records += 1
+        if len(text) > MAX_PARSE_CHARS:
+            # Every message the catalog knows is far shorter; a longer record is a dump whose
+            # start tells what it is. Parsing only the start bounds a record's cost, however long.
+            text = text[:MAX_PARSE_CHARS]
+            stats.truncated += 1
+        pending = self._pending_prefix
+        self._pending_prefix = None
+        if not candidate and not self.in_traceback and not has_needle(text, self.mode):
+            self._note_prefix(text)
+            return []
+        stats.candidates += 1
+        head = self._heads.head(text)
+        if head is None:
+            out = self._general(text, offset, pending)
+        else:
+            if head.process is None and pending is not None:
+                head = head._replace(process=pending[0], pid=pending[1])
+            ts = head.ts
+            level = head.level
+            if (
+                self.in_traceback
+                or ts is None
+                or (level in _TRACEBACK_LEVELS and head.body.rstrip().endswith(TRACEBACK_START))
+            ):
+                out = self._segment(head, offset)
+            else:  # `_segment` for the common case: no traceback to join, none to open
+                self._last_ts = ts
+                recipe = self._recipes.get((self.mode, level, head.source, head.body))
+                if recipe is not None and len(recipe) == 1:  # `_cook` inlined
+                    cls, names, values = recipe[0]
+                    event = _new(cls)
+                    any(map(_setattr, repeat(event), names, (*values, offset, ts, *head[:2])))
+                    out = [event]
+                elif recipe is not None:
+                    out = _cook(recipe, offset, ts, head)
+                else:
+                    out = self._parse(head, offset)
+        if out:
+            stats.events += len(out)
+            by_type = stats.by_type
+            for event in out:
+                by_type[event.type] = by_type.get(event.type, 0) + 1
+                if type(event) is Milestone:
+                    if event.kind == "app_startup_complete":
+                        self.mode = "serving"
+                    elif event.kind in ("version", "model_load_start"):
+                        self.mode = "startup"
+        return out
+
+    def _general(
+        self, text: str, offset: int, pending: tuple[str, int | None] | None
+    ) -> list[Event]:
+        """Any record: colour codes, several processes' lines in one, no or another header."""
+        out: list[Event] = []
+        for i, segment in enumerate(split_segments(strip_ansi(text))):
+            head = parse_head(segment, self.years)
+            if head.prefix_only:
+                if head.process is not None:
+                    self._pending_prefix = (head.process, head.pid)
+                continue
+            if i == 0 and head.process is None and pending is not None:
+                head = head._replace(process=pending[0], pid=pending[1])
+            out.extend(self._segment(head, offset))
+        return out
+
+    def plain(self, text: str) -> None:
+        """`feed_text` of a record the caller knows holds no needle of the current mode, while
+        no traceback is open: only a process prefix in it matters."""
+        self.stats.records += 1
+        self._pending_prefix = None
+        self._note_prefix(text)
+
+    def _note_prefix(self, text: str) -> None:
+        # A prefix alone in its record names the process of the `\r` bar that follows.
+        if "pid=" in text and len(text) <= PREFIX_RECORD_MAX:
+            lone = self._heads.lone_prefix(text)
+            if lone is not None:
+                self._pending_prefix = lone
+                return
+            head = parse_head(strip_ansi(text), self.years)
+            if head.prefix_only and head.process is not None:
+                self._pending_prefix = (head.process, head.pid)
+
+    def quiet(self, stamp: bytes | str, records: int = 1) -> None:
+        """Candidate records the caller proved to yield nothing (single-segment INFO or DEBUG
+        records with no catalog needle, outside any traceback), `stamp` the header time of the
+        last: what feeding them would leave, at a fraction of the cost."""
+        self.stats.records += records
+        self.stats.candidates += records
+        self._pending_prefix = None
+        ts = self.years.stamp(stamp)
+        if ts is not None:
+            self._last_ts = ts
+
+    def feed_all(self, records: Iterable[Record]) -> list[Event]:
+        out: list[Event] = []
+        for r in records:
+            out.extend(self.feed(r))
+        out.extend(self.flush())
+        return out
+
+    def flush(self) -> list[Event]:
+        """End of input: close any open traceback (a log cut off mid-traceback)."""
+        out: list[Event] = [self._close(tb) for tb in list(self._tracebacks.values())]
+        self._tracebacks.clear()
+        self.in_traceback = False
+        return out
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _segment(self, head: Head, offset: int) -> list[Event]:
+        if head.ts is not None:
+            self._last_ts = head.ts
+        key = (head.process, head.pid)
+        body = head.body
+        tb = self._tracebacks.get(key)
+        if tb is not None:
+            done = self._traceback_line(tb, head, offset)
+            if done is None:
+                return []
+            del self._tracebacks[key]
+            self.in_traceback = bool(self._tracebacks)
+            if done:
+                return [self._close(tb)]
+            # Not part of the traceback after all: close it, then parse the record as usual.
+            return [self._close(tb), *self._parse(head, offset)]
+        # `EngineCore hit an exception: Traceback (most recent call last):` opens one too.
+        if head.level in _TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START):
+            self.stats.tracebacks += 1
+            self.in_traceback = True
+            self._tracebacks[key] = _Traceback(
+                offset=offset,
+                ts=head.ts if head.ts is not None else self._last_ts,
+                process=head.process,
+                pid=head.pid,
+                first_line=body.strip()[:500],
+                last_offset=offset,
+            )
+            return []
+        return self._parse(head, offset)
+
+    def _parse(self, head: Head, offset: int) -> list[Event]:
+        key = (self.mode, head.level, head.source, head.body)
+        recipe = self._recipes.get(key)
+        if recipe is not None:
+            events = _cook(recipe, offset, head.ts, head)
+        else:
+            events = parse_segment(head, offset, self.mode)
+            if events:
+                made = _recipe(events)
+                if made is not None:
+                    if len(self._recipes) >= _PARSE_CACHE_MAX:
+                        self._recipes.clear()
+                    self._recipes[key] = made
+        if events and isinstance(events[0], ShardProgress):
+            events[0] = self._bar_process(events[0])
+        if head.ts is None and self._last_ts is not None:
+            return [self._timed(e) for e in events]
+        return events
+
+    def _bar_process(self, event: ShardProgress) -> ShardProgress:
+        """`\r`-only bars repeat no prefix: an update belongs to whoever drew that bar last."""
+        if event.process is not None:
+            self._bar_owner[event.desc] = (event.process, event.pid)
+            return event
+        owner = self._bar_owner.get(event.desc)
+        if owner is not None:
+            _set(event, process=owner[0], pid=owner[1])
+        return event
+
+    def _timed(self, event: Event) -> Event:
+        """Give a record without a header a time: bars from their own elapsed field."""
+        assert self._last_ts is not None
+        if isinstance(event, ShardProgress) and event.elapsed_s is not None:
+            key = (event.process, event.desc)
+            anchor = self._bars.get(key)
+            if anchor is None or event.done < anchor.last_done or event.done == 0:
+                anchor = _BarAnchor(self._last_ts - event.elapsed_s, event.done)
+                self._bars[key] = anchor
+            anchor.last_done = event.done
+            _set(event, ts=anchor.start_ts + event.elapsed_s)
+        else:
+            _set(event, ts=self._last_ts)
+        return event
+
+    def _traceback_line(self, tb: _Traceback, head: Head, offset: int) -> bool | None:
+        """None: the line belongs to the traceback; True: it ended it; False: not ours."""
+        body = head.body
+        stripped = body.strip()
+        if head.level in ("INFO", "DEBUG", "WARNING") or tb.records >= MAX_TRACEBACK_RECORDS:
+            return False
+        tb.records += 1
+        tb.last_offset = offset
+        if not stripped or body[:1].isspace() or stripped.startswith(TRACEBACK_START):
+            return None
+        if stripped.startswith(_CHAIN_MARKERS) or stripped.startswith("^"):
+            return None
+        m = EXCEPTION_LINE.match(stripped) or EXCEPTION_LINE_LOOSE.match(stripped)
+        if m is None:
+            tb.records -= 1
+            return False
+        exc_type = m["exc"]
+        message = (m["msg"] or "").strip()[:MAX_MESSAGE_CHARS]
+        kind = classify(exc_type, message)
+        if tb.kind is None or KIND_RANK[kind] < KIND_RANK[tb.kind]:
+            tb.kind = kind
+        tb.exc_type, tb.message = exc_type, message
+        return True
+
+    def _close(self, tb: _Traceback) -> Failure:
+        return Failure(
+            kind=tb.kind or "other",
+            message=tb.message or "traceback without an exception line",
+            exc_type=tb.exc_type,
+            first_line=tb.first_line,
+            records=tb.records,
+            last_offset=tb.last_offset,
+            offset=tb.offset,
+            ts=tb.ts,
+            process=tb.process,
+            pid=tb.pid,
+        )
