@@ -11,16 +11,20 @@
     loadwatch demo [--scenario S] [--speed X] [--real]
 
 Expected problems end in one line on stderr and a non-zero exit code, never a traceback:
-64 usage, 65 bad input data, 66 input missing, 73 cannot create output, 74 I/O error,
+64 usage (argparse's errors too), 65 bad input data, 66 input missing, 69 a service is down,
+73 cannot create output, 74 I/O error, 75 the state directory is locked, 77 permission denied,
 78 configuration error.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 EX_USAGE = 64
 EX_DATAERR = 65
@@ -39,62 +43,247 @@ def fail(message: str, code: int) -> int:
     return code
 
 
+EXIT_CODES = """exit codes:
+  0   success (analyze: the load became ready; preflight: it fits)
+  1   analyze: the load failed; preflight: it will fail
+  2   analyze: incomplete; preflight: warnings
+  64  usage error          65  bad input data     66  input missing
+  69  a service is down    73  cannot create output  74  I/O error
+  75  another daemon holds the state directory     77  permission denied
+  78  configuration error  130 interrupted"""
+
+EXAMPLES = """examples:
+  loadwatch run --log /var/log/vllm/vllm.log --model-dir /models/Kimi-K2.5-NVFP4
+  loadwatch run --config /etc/loadwatch/loadwatch.toml
+  loadwatch run --model-dir /models/M -- vllm serve /models/M --tensor-parallel-size 8
+  loadwatch status --watch
+  loadwatch analyze vllm.log --json
+  loadwatch preflight /models/Kimi-K2.5-NVFP4 --gpu-cc 12.0
+  loadwatch patch-model /models/Kimi-K2.5-NVFP4 --drop-fp8-kv-cache --dry-run"""
+
+
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Epilogs keep their lines; every option with a default shows it."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with the conventions of the rest of the command: usage errors exit 64, on
+    stderr, in one line that says what is wrong and where to look."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message} (see '{self.prog} --help')", file=sys.stderr)
+        raise SystemExit(EX_USAGE)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("loadwatch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number above 0")
+    return value
+
+
+def _listen(text: str) -> str:
+    from loadwatch.daemon.config import ConfigError, parse_listen
+
+    try:
+        parse_listen(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
+    return text
+
+
+def _kv_dtype(text: str) -> str:
+    from loadwatch.daemon.supervise.vllm_argv import KV_CACHE_DTYPES
+
+    if text not in KV_CACHE_DTYPES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a KV-cache dtype vLLM accepts ({', '.join(KV_CACHE_DTYPES)})"
+        )
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="loadwatch",
         description="Watch a large model load into vLLM and keep the server alive.",
+        epilog=f"{EXAMPLES}\n\n{EXIT_CODES}",
+        formatter_class=_Help,
     )
-    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    ap.add_argument("--version", action="version", version=f"loadwatch {_version()}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    run = sub.add_parser("run", help="run the daemon (watch a log, or supervise vLLM)")
-    run.add_argument("--config", type=Path, help="TOML configuration file")
-    run.add_argument("--log", type=Path, help="the vLLM log to follow (supervise mode writes it)")
-    run.add_argument("--state-dir", type=Path, help="where checkpoints live")
-    run.add_argument("--listen", help="HOST:PORT for /metrics, /status, /healthz, /readyz")
-    run.add_argument("--gpu", choices=("nvml", "simulated", "none"), help="GPU source")
-    run.add_argument("--events-file", type=Path, help="also write the event log to this file")
-    run.add_argument("--model-dir", type=Path, help="the checkpoint directory (byte progress)")
+    def command(name: str, help: str, epilog: str = "") -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name, help=help, description=help, epilog=epilog or None, formatter_class=_Help
+        )
+
+    run = command(
+        "run",
+        "run the daemon (watch a log, or supervise vLLM)",
+        "examples:\n  loadwatch run --log /var/log/vllm/vllm.log\n"
+        "  loadwatch run --config /etc/loadwatch/loadwatch.toml\n"
+        "  loadwatch run --model-dir /models/M -- vllm serve /models/M\n\n"
+        "Flags override the config file. A bad config exits 78 with one line naming the key.",
+    )
+    run.add_argument("--config", type=Path, metavar="FILE", help="TOML configuration file")
+    run.add_argument(
+        "--log", type=Path, metavar="PATH", help="the vLLM log to follow (supervise mode writes it)"
+    )
+    run.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where checkpoints live (default: $STATE_DIRECTORY, /var/lib/loadwatch as root, "
+        "else ~/.local/state/loadwatch)",
+    )
+    run.add_argument(
+        "--listen",
+        type=_listen,
+        metavar="HOST:PORT",
+        help="address for /metrics, /status, /healthz, /readyz (default: 127.0.0.1:9321)",
+    )
+    run.add_argument(
+        "--gpu", choices=("nvml", "simulated", "none"), help="GPU source (default: nvml)"
+    )
+    run.add_argument(
+        "--events-file", type=Path, metavar="FILE", help="also write the event log to this file"
+    )
+    run.add_argument(
+        "--model-dir",
+        type=Path,
+        metavar="DIR",
+        help="the checkpoint directory (shard sizes for byte progress, KV-cache dtype)",
+    )
     run.add_argument("vllm", nargs=argparse.REMAINDER, help="-- then the vLLM command to supervise")
 
-    st = sub.add_parser("status", help="show a running daemon's status")
-    st.add_argument("--url", default="http://127.0.0.1:9321", help="the daemon's address")
+    st = command(
+        "status",
+        "show a running daemon's status",
+        "examples:\n  loadwatch status\n  loadwatch status --url 10.0.0.5:9321 --watch\n"
+        "  loadwatch status --json | jq .phase\n\n"
+        "With --watch on a terminal the screen redraws in place (q or Ctrl-C quits);\n"
+        "on a pipe it writes one plain frame per interval.",
+    )
+    st.add_argument(
+        "--url",
+        default="http://127.0.0.1:9321",
+        metavar="URL",
+        help="the daemon's address (http:// or https://; HOST:PORT alone means http)",
+    )
     st.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    st.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    st.add_argument(
+        "--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes"
+    )
     st.add_argument("--json", action="store_true", help="print /status as JSON")
 
-    an = sub.add_parser("analyze", help="post-mortem of a vLLM log")
-    an.add_argument("log", type=Path)
-    an.add_argument("--model-dir", type=Path)
-    an.add_argument("--json", action="store_true")
-    an.add_argument("--max-record-bytes", type=int, default=65536)
+    an = command(
+        "analyze",
+        "post-mortem of a vLLM log",
+        "examples:\n  loadwatch analyze /var/log/vllm/vllm.log\n"
+        "  loadwatch analyze vllm.log.2.gz --json\n  kubectl logs POD | loadwatch analyze -\n\n"
+        "exit codes: 0 ready, 1 failed, 2 incomplete, 64 usage, 65 bad data, 66 no such log",
+    )
+    an.add_argument("log", type=Path, metavar="LOG", help="the log (plain or .gz)")
+    an.add_argument(
+        "--model-dir", type=Path, metavar="DIR", help="the checkpoint directory, for the verdicts"
+    )
+    an.add_argument("--json", action="store_true", help="the report as JSON (docs/analyze.md)")
+    an.add_argument(
+        "--max-record-bytes",
+        type=int,
+        default=65536,
+        metavar="N",
+        help="a longer record is cut to this many bytes",
+    )
 
-    ev = sub.add_parser("events", help="print the parsed events of a log as JSON lines")
-    ev.add_argument("log", type=Path)
-    ev.add_argument("--max-record-bytes", type=int, default=65536)
+    ev = command(
+        "events",
+        "print the parsed events of a log as JSON lines",
+        "example:\n  loadwatch events vllm.log | jq -c 'select(.type==\"failure\")'",
+    )
+    ev.add_argument("log", type=Path, metavar="LOG", help="the log (plain or .gz)")
+    ev.add_argument(
+        "--max-record-bytes",
+        type=int,
+        default=65536,
+        metavar="N",
+        help="a longer record is cut to this many bytes",
+    )
 
-    pf = sub.add_parser("preflight", help="check a model directory before starting vLLM")
-    pf.add_argument("model_dir", type=Path)
-    pf.add_argument("--kv-cache-dtype")
-    pf.add_argument("--gpu-cc", help="compute capability, e.g. 12.0 (default: read by NVML)")
-    pf.add_argument("--json", action="store_true")
+    pf = command(
+        "preflight",
+        "check a model directory before starting vLLM",
+        "example:\n  loadwatch preflight /models/Kimi-K2.5-NVFP4 --gpu-cc 12.0\n\n"
+        "exit codes: 0 ok, 1 will fail, 2 warnings, 64 usage, 66 no such directory",
+    )
+    pf.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="the checkpoint directory")
+    pf.add_argument(
+        "--kv-cache-dtype",
+        type=_kv_dtype,
+        metavar="DTYPE",
+        help="the --kv-cache-dtype vLLM will be started with (default: auto)",
+    )
+    pf.add_argument(
+        "--gpu-cc", metavar="X.Y", help="compute capability, e.g. 12.0 (default: read by NVML)"
+    )
+    pf.add_argument("--json", action="store_true", help="the report as JSON")
 
-    pm = sub.add_parser("patch-model", help="drop the FP8 KV-cache declaration, or revert it")
-    pm.add_argument("model_dir", type=Path)
+    pm = command(
+        "patch-model",
+        "drop the FP8 KV-cache declaration, or revert it",
+        "examples:\n  loadwatch patch-model /models/M --drop-fp8-kv-cache --dry-run\n"
+        "  loadwatch patch-model /models/M --drop-fp8-kv-cache\n"
+        "  loadwatch patch-model /models/M --revert\n\n"
+        "Writes are atomic, with byte-exact backups that --revert puts back.",
+    )
+    pm.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="the checkpoint directory")
     what = pm.add_mutually_exclusive_group(required=True)
-    what.add_argument("--drop-fp8-kv-cache", action="store_true")
-    what.add_argument("--revert", action="store_true")
-    pm.add_argument("--dry-run", action="store_true")
+    what.add_argument(
+        "--drop-fp8-kv-cache",
+        action="store_true",
+        help="remove kv_cache_quant_algo / kv_cache_scheme (the KV cache becomes bf16)",
+    )
+    what.add_argument("--revert", action="store_true", help="put the backed-up files back")
+    pm.add_argument("--dry-run", action="store_true", help="print the diff and write nothing")
 
-    demo = sub.add_parser("demo", help="a simulated Kimi-K2.5 load, supervised, in about a minute")
+    demo = command(
+        "demo",
+        "a simulated Kimi-K2.5 load, supervised, in about a minute",
+        "examples:\n  loadwatch demo\n  loadwatch demo --scenario oom --speed 30\n"
+        "  loadwatch demo --real --keep\n\n"
+        "The exit code is the post-mortem's verdict: 0 ready, 1 failed, 2 incomplete.",
+    )
     demo.add_argument(
         "--scenario",
         default="success",
         choices=("success", "stall", "oom", "crash-loop", "fp8-kv-on-sm120"),
+        help="what the simulated load does",
     )
-    demo.add_argument("--speed", type=float, default=15.0, help="how much faster than real time")
+    demo.add_argument(
+        "--speed", type=_positive, default=15.0, metavar="X", help="how much faster than real time"
+    )
     demo.add_argument("--real", action="store_true", help="real vLLM on the CPU with a tiny model")
-    demo.add_argument("--listen", default="127.0.0.1:9321")
+    demo.add_argument(
+        "--listen",
+        type=_listen,
+        default="127.0.0.1:9321",
+        metavar="HOST:PORT",
+        help="where the demo's daemon serves /metrics and /status",
+    )
     demo.add_argument("--no-screen", action="store_true", help="no live screen (logs only)")
+    demo.add_argument(
+        "--keep", action="store_true", help="keep the demo's directory (log, events, model)"
+    )
     return ap
 
 
@@ -112,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command is None:
-        _parser().print_help()
+        _parser().print_help(sys.stderr)
         return EX_USAGE
     if args.command == "run":
         from loadwatch.daemon.app import run_command

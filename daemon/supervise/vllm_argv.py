@@ -29,3 +29,28 @@ def model_path(argv: Sequence[str]) -> str | None:
 
 def kv_cache_dtype(argv: Sequence[str]) -> str | None:
     return option(argv, "--kv-cache-dtype")
+
+
+# What vLLM's `--kv-cache-dtype` accepts: vLLM 0.32's `CacheDType` (vllm/config/cache.py), which
+# holds every earlier release's names too.
+KV_CACHE_DTYPES = (
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4",
+    "nvfp4_ds_mla",
+    "nvfp4_4over6",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "ultraquant_4bit",
+)

@@ -275,7 +275,7 @@ def _watch(daemon: Any, server: Any, model: Path, end: _Ending, console: Any, sc
                 continue
             snap = pub.snapshot(time.time())
             if screen:
-                live.update(Group(header, render_status(snap.to_dict())))
+                live.update(Group(header, render_status(snap.to_dict(), width=console.width)))
             sup = daemon.supervisor
             state = str(sup.state) if sup is not None else ""
             s = snap.session

@@ -44,7 +44,10 @@ def duration(seconds: float | None) -> str:
     if m < 60:
         return f"{m}m{sec:02d}s"
     h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m"
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h}h"
 
 
 def size(n: float | None) -> str:

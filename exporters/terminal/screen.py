@@ -85,7 +85,9 @@ def _bar(ratio: float | None, cells: int = BAR_CELLS, style: str = "cyan") -> Te
     return t
 
 
-def _memory_bar(used: float, total: float, proj: float | None, oom: bool) -> Text:
+def _memory_bar(
+    used: float, total: float, proj: float | None, oom: bool, cells_n: int = MEMORY_CELLS
+) -> Text:
     """Used memory, the growth the projection expects, and a mark where it ends; an arrow past
     the right edge when the projection does not fit."""
     u = min(max(used / total, 0.0), 2.0)
@@ -93,10 +95,10 @@ def _memory_bar(used: float, total: float, proj: float | None, oom: bool) -> Tex
     fill = "red" if u > 0.95 or oom else ("yellow" if u > 0.85 else "green")
     mark = None
     if p is not None:
-        mark = min(max(round(p * MEMORY_CELLS) - 1, 0), MEMORY_CELLS - 1)
+        mark = min(max(round(p * cells_n) - 1, 0), cells_n - 1)
     cells: list[tuple[str, str]] = []
-    for i in range(MEMORY_CELLS):
-        pos = (i + 0.5) / MEMORY_CELLS
+    for i in range(cells_n):
+        pos = (i + 0.5) / cells_n
         if i == mark and p is not None:
             cells.append(("▶", "bold red") if p > 1.0 else ("│", "bold red" if oom else "bold"))
         elif pos <= u:
@@ -201,10 +203,35 @@ def _gib(n: float | None) -> str:
     return f"{n / 2**30:.1f}" if n is not None else "?"
 
 
-def _gpus(doc: Mapping[str, Any]) -> list[RenderableType]:
+def _memory_cells(width: int | None) -> int:
+    """The memory bar takes what the other columns leave (about 64 cells of them), so nothing
+    is cut at 80 columns and a wide terminal gets a finer bar."""
+    if width is None:
+        return MEMORY_CELLS
+    return min(max(width - 65, 8), 48)
+
+
+def _folded(notes: list[tuple[int | None, str, str]]) -> list[Text]:
+    """One line per distinct note: eight GPUs predicting the same OOM read `GPUs 0-7: ...`."""
+    order: dict[tuple[str, str], list[int | None]] = {}
+    for idx, text, style in notes:
+        order.setdefault((text, style), []).append(idx)
+    out = []
+    for (text, style), idxs in order.items():
+        known = sorted(i for i in idxs if i is not None)
+        if len(idxs) == 1:
+            who = f"GPU {idxs[0] if idxs[0] is not None else '?'}"
+        else:
+            who = f"GPUs {ranges(known)}" if len(known) == len(idxs) else f"{len(idxs)} GPUs"
+        out.append(Text(f"{who}: {text}", style))
+    return out
+
+
+def _gpus(doc: Mapping[str, Any], width: int | None = None) -> list[RenderableType]:
     gpus = [g for g in _l(doc.get("gpus")) if isinstance(g, Mapping)]
     if not gpus:
         return []
+    cells = _memory_cells(width)
     names = sorted({n for g in gpus if (n := _s(g.get("name")))})
     title = Text("GPUs", "bold")
     if names:
@@ -212,15 +239,15 @@ def _gpus(doc: Mapping[str, Any]) -> list[RenderableType]:
     t = Table(box=None, pad_edge=False, header_style="dim", padding=(0, 2, 0, 0))
     for name, just in (
         ("#", "right"),
-        ("memory, │ = projected end", "left"),
-        ("used / total GiB", "right"),
+        ("memory, │ = projected end" if cells >= 26 else "memory", "left"),
+        ("used / total GiB" if cells >= 26 else "GiB used/total", "right"),
         ("projected GiB", "left"),
         ("temp", "right"),
         ("power", "right"),
         ("util", "right"),
     ):
         t.add_column(name, justify=just, no_wrap=True)  # type: ignore[arg-type]
-    notes: list[RenderableType] = []
+    notes: list[tuple[int | None, str, str]] = []
     for g in gpus:
         idx = _i(g.get("index"))
         health = _s(g.get("health")) or "unknown"
@@ -229,14 +256,14 @@ def _gpus(doc: Mapping[str, Any]) -> list[RenderableType]:
         xids = _i(g.get("xids_total")) or 0
         if xids:
             notes.append(
-                Text(
-                    f"GPU {idx}: {xids} Xid error(s), last Xid {_i(g.get('last_xid'))}", "bold red"
-                )
+                (idx, f"{xids} Xid error(s), last Xid {_i(g.get('last_xid'))}", "bold red")
             )
         if health != "ok" or used is None or not total:
             err = _s(g.get("error")) or "no reading"
             t.add_row(
-                label, Text(f"{health}: {clip(err, 60)}", "red"), *(Text("") for _ in range(5))
+                label,
+                Text(f"{health}: {clip(err, max(cells + 20, 30))}", "red"),
+                *(Text("") for _ in range(5)),
             )
             continue
         oom = bool(g.get("oom_predicted"))
@@ -252,29 +279,28 @@ def _gpus(doc: Mapping[str, Any]) -> list[RenderableType]:
                 ptext.append(" OOM", "bold red")
                 short = _n(g.get("shortfall_bytes"))
                 since = _n(g.get("oom_predicted_since"))
-                note = Text(
-                    f"GPU {idx}: out of memory predicted: {_gib(proj)} GiB projected at "
-                    f"the end of the load, the GPU has {_gib(total)} GiB",
-                    "bold red",
+                note = (
+                    f"out of memory predicted: {_gib(proj)} GiB projected at "
+                    f"the end of the load, the GPU has {_gib(total)} GiB"
                 )
                 if short is not None:
-                    note.append(f" (short {_gib(short)} GiB)", "red")
+                    note += f" (short {_gib(short)} GiB)"
                 if since is not None:
-                    note.append(f", since {hms(since)}", "dim")
-                notes.append(note)
+                    note += f", since {hms(since)}"
+                notes.append((idx, note, "bold red"))
         temp = _n(g.get("temperature_celsius"))
         power = _n(g.get("power_watts"))
         util = _n(g.get("utilization_ratio"))
         t.add_row(
             label,
-            _memory_bar(used, total, proj, oom),
+            _memory_bar(used, total, proj, oom, cells),
             Text(f"{_gib(used)} / {_gib(total)}"),
             ptext,
             Text(f"{temp:.0f}°C" if temp is not None else "-"),
             Text(f"{power:.0f} W" if power is not None else "-"),
             Text(f"{100 * util:.0f}%" if util is not None else "-"),
         )
-    return [title, t, *notes]
+    return [title, t, *_folded(notes)]
 
 
 def _warnings_line(s: Mapping[str, Any]) -> Text | None:
@@ -401,15 +427,16 @@ def _health_line(doc: Mapping[str, Any]) -> Text | None:
     return t
 
 
-def render_status(doc: Mapping[str, Any]) -> RenderableType:
-    """The whole screen for one `/status` document. Pure: reads nothing but `doc`."""
+def render_status(doc: Mapping[str, Any], width: int | None = None) -> RenderableType:
+    """The whole screen for one `/status` document, laid out for `width` columns when known.
+    Pure: reads nothing but `doc`."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     _progress_rows(doc, grid)
     s = _d(doc.get("session"))
     parts: list[RenderableType] = [_header(doc), grid]
-    gpus = _gpus(doc)
+    gpus = _gpus(doc, width)
     parts.extend(gpus)
     if not gpus and doc.get("gpu_source_up") is False:
         parts.append(Text(f"GPUs: source down: {_s(doc.get('gpu_error')) or '?'}", "red"))
@@ -457,7 +484,7 @@ def render_status(doc: Mapping[str, Any]) -> RenderableType:
 
 def status_text(doc: Mapping[str, Any], width: int = 100) -> str:
     """`render_status` as plain text (tests, logs)."""
-    return plain_text(render_status(doc), width)
+    return plain_text(render_status(doc, width), width)
 
 
 __all__ = ["render_status", "status_text"]

@@ -1,8 +1,9 @@
 """`loadwatch status`: a running daemon's `/status`, drawn in the terminal.
 
 `status_command` fetches `<url>/status` and draws it once, or keeps redrawing with `--watch`
-until Ctrl-C. The drawing is `render_status(doc)` (status_screen.py, re-exported here), a pure
-function of the document that `loadwatch demo` uses for its live screen too.
+until `q` or Ctrl-C (on a pipe: one plain frame per interval). The drawing is
+`render_status(doc)` (screen.py, re-exported here), a pure function of the document that
+`loadwatch demo` uses for its live screen too.
 
 The daemon may ask for credentials: a `user:password@` in the URL is sent as basic auth, and
 `LOADWATCH_TOKEN_FILE` names a file holding a bearer token. Proxies are never used.
@@ -31,7 +32,7 @@ from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from loadwatch.exporters.terminal.fmt import duration, make_console, show, size
+from loadwatch.exporters.terminal.fmt import duration, make_console, pipe_width, show, size
 from loadwatch.exporters.terminal.screen import render_status, status_text
 
 EX_USAGE = 64
@@ -53,9 +54,15 @@ class StatusError(Exception):
 # -- fetching -----------------------------------------------------------------------------------
 
 
+def with_scheme(url: str) -> str:
+    """`HOST:PORT` alone means http, as curl reads it."""
+    url = url.strip()
+    return url if "://" in url else f"http://{url}"
+
+
 def _target(url: str) -> tuple[str, dict[str, str]]:
     """The /status URL without credentials, and the headers that carry them."""
-    parts = urllib.parse.urlsplit(url.strip())
+    parts = urllib.parse.urlsplit(with_scheme(url))
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise StatusError(f"--url {url!r}: expected http://HOST:PORT", EX_USAGE)
     try:
@@ -159,7 +166,7 @@ def _error_screen(message: str, interval_s: float) -> RenderableType:
     return Group(
         Text("loadwatch status", "bold"),
         Text(message, "red"),
-        Text(f"retrying every {duration(interval_s)}; Ctrl-C to quit", "dim"),
+        Text(f"retrying every {duration(interval_s)}; q or Ctrl-C to quit", "dim"),
     )
 
 
@@ -196,7 +203,7 @@ def status_command(
                 sys.stdout.write(body.decode("utf-8", "replace").rstrip("\n") + "\n")
                 sys.stdout.flush()
             else:
-                show(render_status(doc), sys.stdout)
+                show(render_status(doc, width=make_console(sys.stdout).width), sys.stdout)
             return 0
         if as_json:
             return _watch_json(url, interval_s, sleep, timeout_s)
@@ -235,8 +242,10 @@ def _watch_json(
 def _watch_screen(
     url: str, interval_s: float, sleep: Callable[[float], None], timeout_s: float
 ) -> int:
+    if not sys.stdout.isatty():
+        return _watch_plain(url, interval_s, sleep, timeout_s)
     console = make_console(sys.stdout)
-    with Live(console=console, auto_refresh=False, transient=False) as live:
+    with _Keys() as keys, Live(console=console, auto_refresh=False, transient=False) as live:
         while True:
             try:
                 doc, _ = fetch_status(url, timeout_s)
@@ -246,8 +255,74 @@ def _watch_screen(
                     return _fail(str(exc), exc.code)
                 live.update(_error_screen(str(exc), interval_s), refresh=True)
             else:
-                live.update(render_status(doc), refresh=True)
+                live.update(render_status(doc, width=console.width), refresh=True)
+            if keys.quit_within(interval_s, sleep):
+                return 0
+
+
+def _watch_plain(
+    url: str, interval_s: float, sleep: Callable[[float], None], timeout_s: float
+) -> int:
+    """Not a terminal (a pipe, `tee`, a file): one plain frame per interval, each headed by a
+    rule, so `loadwatch status --watch | tee status.log` records the load as it goes."""
+    width = pipe_width()
+    while True:
+        try:
+            doc, _ = fetch_status(url, timeout_s)
+        except StatusError as exc:
+            if _fatal(exc):
+                return _fail(str(exc), exc.code)
+            print(f"loadwatch: {exc}", file=sys.stderr)
+        else:
+            sys.stdout.write("-" * min(width, 100) + "\n" + status_text(doc, width))
+            sys.stdout.flush()
+        sleep(interval_s)
+
+
+class _Keys:
+    """`q` quits the watch: stdin in cbreak mode while the screen runs (when it is a terminal),
+    read between frames. Restores the terminal on exit, whatever ends the watch."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._saved: list[Any] | None = None
+
+    def __enter__(self) -> _Keys:
+        try:
+            fd = sys.stdin.fileno()
+            if os.isatty(fd):
+                import termios
+                import tty
+
+                self._saved = termios.tcgetattr(fd)
+                tty.setcbreak(fd)
+                self._fd = fd
+        except (OSError, ValueError, AttributeError):
+            self._fd = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None and self._saved is not None:
+            import termios
+
+            termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
+
+    def quit_within(self, interval_s: float, sleep: Callable[[float], None]) -> bool:
+        """Wait out the interval; True as soon as `q` (or `Q`) is typed."""
+        if self._fd is None:
             sleep(interval_s)
+            return False
+        import select
+
+        deadline = time.monotonic() + interval_s
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self._fd], [], [], left)
+            if not ready:
+                break
+            data = os.read(self._fd, 64)
+            if not data or b"q" in data.lower():
+                return True
+        return False
 
 
 __all__ = [
