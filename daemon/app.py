@@ -25,6 +25,7 @@ from loadwatch.daemon.config import Config, ConfigError, VllmConfig, load_config
 from loadwatch.daemon.loop import Daemon
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
+from loadwatch.daemon.sources.gpu.scope import ScopedGpuSource, devices_from_env
 from loadwatch.daemon.supervise.config import SupervisorConfigError
 from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.eventlog import EventLog
@@ -73,7 +74,20 @@ def make_gpu_source(cfg: Config, progress: Callable[[], float]) -> GuardedGpuSou
         from loadwatch.daemon.sources.gpu.nvml import NvmlSource
 
         inner = NvmlSource(logger=lambda line: print(f"loadwatch: {line}", file=sys.stderr))
+    devices = gpu_devices(cfg)
+    if devices is not None:
+        inner = ScopedGpuSource(inner, devices)
     return GuardedGpuSource(inner, deadline_s=cfg.gpu.deadline_s)
+
+
+def gpu_devices(cfg: Config) -> tuple[int | str, ...] | None:
+    """`[gpu] devices`; else, supervising, the CUDA_VISIBLE_DEVICES vLLM will start with."""
+    if cfg.gpu.devices is not None:
+        return cfg.gpu.devices
+    if cfg.vllm is None or not cfg.supervise:
+        return None
+    env = {**os.environ, **cfg.vllm.env} if cfg.vllm.inherit_env else dict(cfg.vllm.env)
+    return devices_from_env(env)
 
 
 def prepare_state_dir(path: Path) -> str | None:

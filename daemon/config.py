@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
+from loadwatch.daemon.sources.gpu.scope import parse_selector
+
 EX_CONFIG = 78
 DEFAULT_PORT = 9321
 
@@ -63,6 +65,9 @@ class GpuConfig:
     poll_interval_s: float = 1.0
     deadline_s: float = 2.0
     simulated_count: int = 8
+    # The GPUs to watch (NVML index, GPU-... or MIG-... UUID); None: every GPU NVML sees, or the
+    # supervised vLLM's CUDA_VISIBLE_DEVICES (daemon/sources/gpu/scope.py).
+    devices: tuple[int | str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -251,6 +256,24 @@ class _Table:
 
         return self._get(key, (), check)
 
+    def devices(self, key: str) -> tuple[int | str, ...] | None:
+        def check(v: Any) -> tuple[int | str, ...]:
+            if not isinstance(v, list):
+                raise ValueError("expected a list of GPU indices or UUIDs, e.g. [0, 1]")
+            out: list[int | str] = []
+            for x in v:
+                if isinstance(x, bool) or not isinstance(x, int | str):
+                    raise ValueError(f"expected a GPU index or UUID, got {_show(x)}")
+                if isinstance(x, int):
+                    if x < 0:
+                        raise ValueError(f"a GPU index is 0 or more, got {x}")
+                    out.append(x)
+                else:
+                    out.append(parse_selector(x))
+            return tuple(out)
+
+        return self._get(key, None, check)
+
     def mapping(self, key: str) -> dict[str, str]:
         def check(v: Any) -> dict[str, str]:
             if not isinstance(v, Mapping) or not all(
@@ -323,6 +346,7 @@ def _gpu_fields(t: _Table) -> dict[str, Any]:
         ),
         "deadline_s": t.number("deadline_s", d.deadline_s, minimum=0.01, maximum=60),
         "simulated_count": t.integer("simulated_count", d.simulated_count, minimum=1, maximum=1024),
+        "devices": t.devices("devices"),
     }
 
 

@@ -16,9 +16,10 @@ from .common import ROOT, SYSTEMD, require
 
 WATCH = SYSTEMD / "loadwatch.service"
 SUPERVISE = SYSTEMD / "loadwatch-supervise.service"
+TEMPLATE = SYSTEMD / "loadwatch@.service"
 WATCH_CONFIG = SYSTEMD / "loadwatch.toml.example"
 SUPERVISE_CONFIG = SYSTEMD / "loadwatch-supervise.toml.example"
-INSTALLED_BINARY = "/usr/local/bin/loadwatch"
+INSTALLED_BINARY = "/opt/loadwatch/bin/loadwatch"
 
 Unit = dict[str, dict[str, list[str]]]
 
@@ -66,7 +67,7 @@ def venv_loadwatch() -> Path:
     return script
 
 
-@pytest.mark.parametrize("unit_path", [WATCH, SUPERVISE], ids=lambda p: p.name)
+@pytest.mark.parametrize("unit_path", [WATCH, SUPERVISE, TEMPLATE], ids=lambda p: p.name)
 def test_verify_clean(unit_path: Path, tmp_path: Path) -> None:
     """`systemd-analyze verify` on a copy whose ExecStart names the venv's real loadwatch."""
     text = unit_path.read_text(encoding="utf-8")
@@ -139,6 +140,28 @@ def test_security_scores_and_what_the_docs_claim() -> None:
 @pytest.mark.parametrize("unit_path", [WATCH, SUPERVISE], ids=lambda p: p.name)
 def test_common_settings(unit_path: Path) -> None:
     unit = parse_unit(unit_path)
+    common_with_the_template(unit)
+    assert one(unit, "StateDirectory") == "loadwatch"
+    assert one(unit, "LogsDirectory") == "loadwatch"
+
+
+def test_the_template_keeps_each_instance_apart() -> None:
+    """loadwatch@NAME: its own config (with its own port and GPUs), state and event log."""
+    unit = parse_unit(TEMPLATE)
+    common_with_the_template(unit)
+    assert one(unit, "StateDirectory") == "loadwatch/%i"
+    assert one(unit, "LogsDirectory") == "loadwatch/%i"
+    argv = one(unit, "ExecStart").split()
+    assert argv[argv.index("--config") + 1] == "/etc/loadwatch/%i.toml"
+    assert argv[argv.index("--state-dir") + 1] == "/var/lib/loadwatch/%i"
+    assert argv[argv.index("--events-file") + 1] == "/var/log/loadwatch/%i/events.jsonl"
+    assert unit["Unit"]["Conflicts"] == []  # instances run side by side
+    watch = parse_unit(WATCH)["Service"]
+    same = {"DeviceAllow", "SystemCallFilter", "IPAddressDeny", "RestrictAddressFamilies"}
+    assert {k: watch[k] for k in same} == {k: unit["Service"][k] for k in same}
+
+
+def common_with_the_template(unit: Unit) -> None:
     expected = {
         "Type": "notify",
         "NotifyAccess": "main",
@@ -146,8 +169,6 @@ def test_common_settings(unit_path: Path) -> None:
         "RestartPreventExitStatus": "78",
         "User": "loadwatch",
         "Group": "loadwatch",
-        "StateDirectory": "loadwatch",
-        "LogsDirectory": "loadwatch",
         "ProtectSystem": "strict",
         "ProtectHome": "yes",
         "PrivateTmp": "yes",

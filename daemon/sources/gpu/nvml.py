@@ -275,6 +275,19 @@ class NvmlSource:
             self._xid_pending.clear()
             return events
 
+    def parent_uuid(self, mig_uuid: str) -> str | None:
+        """The UUID of the GPU a MIG device is a slice of; None while NVML does not answer."""
+        with self._lock:
+            if not self._up:
+                return None
+            nv = self._nvml
+            try:
+                mig = nv.nvmlDeviceGetHandleByUUID(mig_uuid)
+                parent = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+                return _text(nv.nvmlDeviceGetUUID(parent))
+            except Exception:
+                return None
+
     def xid_counts(self) -> dict[tuple[int, int], int]:
         """Xid events seen since start, by (GPU index, Xid code); never reset."""
         with self._xid_lock:
