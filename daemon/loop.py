@@ -51,7 +51,7 @@ from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import LogHealth, Published, SupervisorStats, Totals
 from loadwatch.daemon.state.session import StateConfig
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
-from loadwatch.daemon.supervise.orphans import check_orphans
+from loadwatch.daemon.supervise.orphans import ORPHAN_GRACE_S, settle_orphans
 from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner, Event, EventStream
@@ -117,6 +117,8 @@ class Daemon:
         self._last_reading: GpuReading | None = None
         self._last_status = ""
         self._orphans: int | None = None
+        self.orphan_grace_s = ORPHAN_GRACE_S
+        self._orphan_checks: dict[tuple[int, ...], asyncio.Task[None]] = {}  # by tree, in flight
         self._health_up: bool | None = None
         self._log_error_logged: str | None = None
         self._eventlog_error: str | None = None
@@ -202,7 +204,7 @@ class Daemon:
         if ev.kind == "started":
             self._load_model(ev.argv)
         elif ev.kind == "exited" and ev.tree_pids:
-            self._check_orphans(ev.tree_pids)
+            self._start_orphan_check(ev.tree_pids)
         self.publish()
 
     def _load_model(self, argv: Iterable[str] = ()) -> None:
@@ -219,20 +221,38 @@ class Daemon:
             self.eventlog.emit("model.error", path=str(model_dir), error=err)
         self.apply(info)
 
-    def _check_orphans(self, tree_pids: tuple[int, ...]) -> None:
-        reading = self._last_reading
-        if reading is None or not reading.source_up:
-            return
-        report = check_orphans(reading, frozenset(tree_pids))
-        self._orphans = len(report.leaked)
-        if report.leaked or report.unknown:
-            self.eventlog.emit(
-                "gpu.orphans",
-                summary=report.summary(),
-                leaked=len(report.leaked),
-                unknown=len(report.unknown),
-                leaked_bytes=report.leaked_bytes,
+    def _start_orphan_check(self, tree_pids: tuple[int, ...]) -> asyncio.Task[None]:
+        """The check waits out the moment in which the driver still lists the exited tree."""
+        task = self._orphan_checks.get(tree_pids)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(
+                self._check_orphans(tree_pids), name="orphans"
             )
+            self._orphan_checks[tree_pids] = task
+            task.add_done_callback(lambda _: self._orphan_checks.pop(tree_pids, None))
+        return task
+
+    async def _check_orphans(self, tree_pids: tuple[int, ...]) -> None:
+        marker = getattr(self.supervisor, "run_marker", None)
+        report = await settle_orphans(
+            self.gpu.poll_async, tree_pids, grace_s=self.orphan_grace_s, run_marker=marker
+        )
+        if report is None:
+            return
+        self._orphans = len(report.leaked)
+        # Also when clean: how long the exited tree took to give its memory back is worth a line.
+        self.eventlog.emit(
+            "gpu.orphans",
+            summary=report.summary(),
+            leaked=len(report.leaked),
+            unknown=len(report.unknown),
+            exiting=len(report.exiting),
+            leaked_bytes=report.leaked_bytes,
+            gpus=sorted({h.gpu_index for h in report.leaked}),
+            pids=sorted({h.pid for h in report.leaked}),
+            waited_s=round(report.waited_s, 2),
+        )
+        self.publish()
 
     # -- the log ----------------------------------------------------------------------------
 
@@ -775,7 +795,10 @@ class Daemon:
         if self.supervisor is not None:
             result = await self.supervisor.stop("loadwatch is stopping")
             if result.tree_pids:
-                self._check_orphans(result.tree_pids)
+                self._start_orphan_check(result.tree_pids)
+            for check in list(self._orphan_checks.values()):
+                with contextlib.suppress(Exception):
+                    await check
             self.eventlog.emit(
                 "vllm.stopped",
                 remaining=list(result.remaining_pids),

@@ -2,6 +2,8 @@
 
 Memory grows from the CUDA context to each GPU's final figure as ``progress()`` goes 0 -> 1.
 Faults come on demand: lose a GPU, hang the next polls, raise an Xid, make the library missing.
+Real processes can be shown holding memory (``hold``); like NVML, the source goes on listing one
+for ``exit_linger_s`` after it exits (gone from /proc, or a zombie).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from loadwatch.daemon.sources.inputs import GpuProcess, GpuReading, GpuSample, XidEvent
 
@@ -81,6 +84,8 @@ class SimulatedGpuSource:
         context_bytes: int = 500 * MIB,
         pids: int | Sequence[int] | None = None,
         clock: Callable[[], float] = time.time,
+        exit_linger_s: float = 0.0,
+        proc_root: Path = Path("/proc"),
     ) -> None:
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
@@ -107,6 +112,10 @@ class SimulatedGpuSource:
         self._xid_counts: dict[tuple[int, int], int] = {}
         self._released = threading.Event()
         self._released.set()
+        self._linger_s = exit_linger_s
+        self._proc_root = proc_root
+        self._held: dict[tuple[int, int], int] = {}  # (gpu, pid) -> bytes, for hold()
+        self._gone_at: dict[int, float] = {}  # pid -> monotonic time its exit was first seen
         self.polls = 0
 
     @property
@@ -142,6 +151,12 @@ class SimulatedGpuSource:
             key = (index, xid)
             self._xid_counts[key] = self._xid_counts.get(key, 0) + 1
 
+    def hold(self, index: int, pid: int, used_bytes: int) -> None:
+        """Show process ``pid`` holding ``used_bytes`` on GPU ``index`` until it exits."""
+        self._check_index(index)
+        with self._lock:
+            self._held[(index, pid)] = used_bytes
+
     def set_library_missing(self, missing: bool = True) -> None:
         with self._lock:
             self._library_missing = missing
@@ -159,6 +174,7 @@ class SimulatedGpuSource:
             if self._library_missing:
                 return GpuReading(ts=now, source_up=False, error=LIBRARY_MISSING, poll_seconds=0.0)
             p = self._progress_now()
+            self._drop_exited()
             samples = tuple(self._sample(i, p, now) for i in range(self._count))
             xids = tuple(self._pending_xids)
             self._pending_xids.clear()
@@ -191,6 +207,22 @@ class SimulatedGpuSource:
         p = float(self._progress())
         return 0.0 if math.isnan(p) else min(max(p, 0.0), 1.0)
 
+    def _drop_exited(self) -> None:
+        """Holders that exited stop being listed ``exit_linger_s`` after the exit was seen."""
+        now = time.monotonic()
+        for gpu, pid in list(self._held):
+            try:
+                stat = (self._proc_root / str(pid) / "stat").read_text(errors="replace")
+                gone = stat.rpartition(")")[2].split()[:1] == ["Z"]
+            except OSError:
+                gone = True
+            if not gone:
+                continue
+            since = self._gone_at.setdefault(pid, now)
+            if now - since >= self._linger_s:
+                del self._held[(gpu, pid)]
+                self._gone_at.pop(pid, None)
+
     def _check_index(self, index: int) -> None:
         if not 0 <= index < self._count:
             raise IndexError(f"no simulated GPU {index} (have {self._count})")
@@ -214,6 +246,9 @@ class SimulatedGpuSource:
         procs: tuple[GpuProcess, ...] = ()
         if self._pids is not None:
             procs = (GpuProcess(pid=self._pids[i], used_bytes=used),)
+        held = [(pid, b) for (gpu, pid), b in self._held.items() if gpu == i]
+        procs += tuple(GpuProcess(pid=pid, used_bytes=b) for pid, b in held)
+        used = min(self._usable, used + sum(b for _, b in held))
         return dataclasses.replace(
             base,
             health="ok",

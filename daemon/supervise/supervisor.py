@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import secrets
 import signal
 import threading
 from collections.abc import Callable
@@ -58,6 +59,7 @@ from loadwatch.daemon.supervise.config import (
     supervisor_config,
 )
 from loadwatch.daemon.supervise.logsink import OutputPump, RotatingLog
+from loadwatch.daemon.supervise.orphans import RUN_MARKER_ENV
 from loadwatch.daemon.supervise.procops import ChildProcess, PosixOps, ProcessOps
 from loadwatch.parsers.vllm.catalog import KIND_RANK
 
@@ -160,6 +162,8 @@ class Supervisor:
         self.runs: list[RunRecord] = []
         self.last_reason: str | None = None
         self.callback_errors_total = 0
+        # In every run's environment: a worker that escaped the tree still shows it in /proc.
+        self.run_marker = secrets.token_hex(8)
 
     # -- what the daemon reads ------------------------------------------------------------------
 
@@ -356,6 +360,7 @@ class Supervisor:
                 self._fatal(f"cannot open log {cfg.log_path}: {exc.strerror or exc}")
                 return "fatal"
         env = child_environment(os.environ if cfg.env is None else cfg.env)
+        env[RUN_MARKER_ENV] = self.run_marker
         try:
             read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         except OSError as exc:

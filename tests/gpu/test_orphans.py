@@ -1,16 +1,27 @@
-"""The orphan check, on a /proc tree built in tmp_path (and once on the real /proc)."""
+"""The orphan check, on a /proc tree built in tmp_path, and on real processes with the simulated
+GPUs, which (like NVML) list a process for a moment after it exits."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from loadwatch.daemon.sim.gpus import SimulatedGpuSource
 from loadwatch.daemon.sources.inputs import GpuProcess, GpuReading, GpuSample
-from loadwatch.daemon.supervise.orphans import check_orphans, process_tree_pids, read_process
+from loadwatch.daemon.supervise.orphans import (
+    OrphanReport,
+    check_orphans,
+    process_tree_pids,
+    read_process,
+    settle_orphans,
+)
 
 GIB = 1 << 30
 
@@ -77,9 +88,20 @@ def test_leaked_workers_and_unknown_holders_are_told_apart(proc: Path) -> None:
     )
 
 
-def test_a_tree_pid_no_longer_in_the_table_still_counts_as_leaked(proc: Path) -> None:
+def test_a_tree_pid_no_longer_in_the_table_is_exiting_not_leaked(proc: Path) -> None:
+    # NVML lists a process for a moment after it exits: its /proc entry is gone already
     report = check_orphans(reading([(102, GIB)]), {100, 102}, proc_root=proc)
-    assert [(h.pid, h.alive) for h in report.leaked] == [(102, False)]
+    assert report.leaked == () and report.clean and not report.settled
+    assert [(h.pid, h.alive, h.kind) for h in report.exiting] == [(102, False, "exiting")]
+    assert report.summary().endswith("; 1 exited process(es) still listed after 0.0 s")
+
+
+def test_a_zombie_of_the_tree_is_exiting(proc: Path) -> None:
+    add_proc(proc, 104, 101, ["python3"])
+    stat = proc / "104" / "stat"
+    stat.write_text(stat.read_text().replace(" S 101 ", " Z 101 "))
+    report = check_orphans(reading([(104, GIB)]), {101}, proc_root=proc)
+    assert report.leaked == () and [h.pid for h in report.exiting] == [104]
 
 
 def test_nothing_left_is_clean(proc: Path) -> None:
@@ -159,3 +181,133 @@ def _children_of(pid: int) -> set[int]:
             if info is not None and info.ppid == pid:
                 out.add(info.pid)
     return out
+
+
+# -- real processes, simulated GPUs ----------------------------------------------------------------
+
+
+def settle(gpus: SimulatedGpuSource, tree: set[int], grace_s: float, **kw: object) -> OrphanReport:
+    async def poll() -> GpuReading:
+        return gpus.poll()
+
+    report = asyncio.run(settle_orphans(poll, tree, grace_s=grace_s, recheck_s=0.05, **kw))  # type: ignore[arg-type]
+    assert report is not None
+    return report
+
+
+def python(code: str, **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", code], text=True, stdout=subprocess.PIPE, **kw)  # type: ignore[call-overload]
+
+
+def test_an_exited_worker_still_listed_for_a_moment_is_not_leaked() -> None:
+    gpus = SimulatedGpuSource(2, pids=None, exit_linger_s=1.0)
+    workers = [python("import time; time.sleep(60)") for _ in range(2)]
+    for i, w in enumerate(workers):
+        gpus.hold(i, w.pid, 40 * GIB)
+    workers[0].send_signal(signal.SIGTERM)  # a stop
+    workers[1].kill()  # a crash
+    for w in workers:
+        w.wait()
+    tree = {w.pid for w in workers}
+    first = gpus.poll()
+    assert [len(s.processes) for s in first.samples] == [1, 1], "the driver still lists them"
+    assert check_orphans(first, tree).leaked == ()
+    t0 = time.monotonic()
+    report = settle(gpus, tree, grace_s=10.0)
+    assert report.leaked == () and report.exiting == () and report.unknown == ()
+    assert 0.9 <= report.waited_s < 5.0 and time.monotonic() - t0 < 5.0
+    assert report.summary() == "no process holds GPU memory"
+
+
+def test_a_zombie_worker_waits_out_the_grace_and_is_not_leaked() -> None:
+    gpus = SimulatedGpuSource(1, pids=None, exit_linger_s=60.0)
+    worker = python("import time; time.sleep(60)")
+    gpus.hold(0, worker.pid, GIB)
+    worker.kill()
+    deadline = time.monotonic() + 10
+    while (info := read_process(worker.pid)) is not None and info.state != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        report = settle(gpus, {worker.pid}, grace_s=0.5)
+        assert report.leaked == () and [h.pid for h in report.exiting] == [worker.pid]
+        assert report.waited_s >= 0.5 and report.exiting[0].alive  # a zombie is in /proc
+    finally:
+        worker.wait()
+
+
+GRANDCHILD = """
+import os, sys, time
+r, w = os.pipe()
+if os.fork() == 0:  # the grandchild: holds its memory after its parent exited
+    os.close(r)
+    if "--escape" in sys.argv:  # leaves the session and the parent link, as a daemon does
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+    os.write(w, str(os.getpid()).encode())
+    os.close(w)
+    time.sleep(60)
+    os._exit(0)
+os.close(w)
+print(os.read(r, 32).decode(), flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def start_grandchild(
+    *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], int]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", GRANDCHILD, *args], text=True, stdout=subprocess.PIPE, env=env
+    )
+    assert child.stdout is not None
+    return child, int(child.stdout.readline())
+
+
+def test_a_grandchild_keeping_memory_after_its_parent_exited_is_leaked() -> None:
+    gpus = SimulatedGpuSource(3, pids=None, exit_linger_s=0.3)
+    child, grandchild = start_grandchild("0.5")
+    try:
+        tree = process_tree_pids(child.pid)  # the snapshot taken while the run lives
+        assert tree == {child.pid, grandchild}
+        gpus.hold(0, child.pid, 30 * GIB)
+        gpus.hold(2, grandchild, 9 * GIB)
+        child.wait()
+        report = settle(gpus, tree, grace_s=1.0)
+        assert [(h.pid, h.gpu_index, h.used_bytes, h.alive) for h in report.leaked] == [
+            (grandchild, 2, 9 * GIB, True)
+        ]
+        assert report.exiting == () and report.waited_s >= 1.0, "the grace was waited out"
+        assert report.summary().startswith(
+            f"1 leaked process(es) from the vLLM tree hold {9 * GIB}"
+        )
+    finally:
+        os.kill(grandchild, signal.SIGKILL)
+
+
+def test_a_worker_that_left_the_tree_is_known_by_the_run_marker() -> None:
+    gpus = SimulatedGpuSource(1, pids=None)
+    env = {**os.environ, "LOADWATCH_RUN": "5eed"}
+    child, escaped = start_grandchild("--escape", "0", env=env)
+    try:
+        child.wait()
+        tree = {child.pid}  # the tree never saw it: it left the session before a scan
+        gpus.hold(0, escaped, 5 * GIB)
+        assert [h.pid for h in settle(gpus, tree, 0.2, run_marker="5eed").leaked] == [escaped]
+        other = settle(gpus, tree, 0.2, run_marker="0ther")
+        assert other.leaked == () and [h.pid for h in other.unknown] == [escaped]
+        assert settle(gpus, tree, 0.2).leaked == ()
+    finally:
+        os.kill(escaped, signal.SIGKILL)
+
+
+def test_settle_gives_up_on_gpus_that_cannot_be_read() -> None:
+    gpus = SimulatedGpuSource(1)
+    gpus.set_library_missing()
+
+    async def poll() -> GpuReading:
+        return gpus.poll()
+
+    assert asyncio.run(settle_orphans(poll, {1}, grace_s=5.0)) is None
+    assert gpus.polls == 1

@@ -174,10 +174,13 @@ def test_environment_and_cwd_reach_the_child_without_notify_vars(tmp_path: Path)
     ops = VirtualOps([0])
     env = {"PATH": "/bin", "NOTIFY_SOCKET": "/run/n", "WATCHDOG_USEC": "1", "VLLM_X": "1"}
     cfg = _cfg(tmp_path, env=env, cwd=str(tmp_path))
-    asyncio.run(Supervisor(cfg, ops=ops).run())
+    sup = Supervisor(cfg, ops=ops)
+    asyncio.run(sup.run())
     argv, child_env, cwd = ops.spawned[0]
     assert tuple(argv) == ("vllm", "serve", "m")
-    assert child_env == {"PATH": "/bin", "VLLM_X": "1"}
+    # plus the marker by which the orphan check knows a worker that left the tree
+    assert child_env == {"PATH": "/bin", "VLLM_X": "1", "LOADWATCH_RUN": sup.run_marker}
+    assert len(sup.run_marker) == 16 and sup.run_marker != Supervisor(cfg, ops=ops).run_marker
     assert cwd == str(tmp_path)
 
 
