@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import select
+import stat
 import threading
 from collections.abc import Callable
 
@@ -46,10 +47,14 @@ def _first_boundary(data: bytes, start: int) -> int | None:
 class RotatingLog:
     """Append-only byte sink with size-based rotation; thread-safe; never raises on write.
 
-    New files get mode 0640 (before umask): with request logging on, the log holds prompts.
+    The files are mode 0600, an existing one is narrowed to it: the copy is vLLM's output as it
+    wrote it, secrets included (older vLLM builds print `--api-key` and `--hf-token` in their
+    `non-default args:` line; with request logging on, it holds prompts). It is not redacted:
+    the follower, `loadwatch analyze` and whoever debugs vLLM read it as vLLM wrote it, and a
+    secret can be split between two reads of the pipe.
     """
 
-    def __init__(self, path: str, max_bytes: int, backups: int, mode: int = 0o640) -> None:
+    def __init__(self, path: str, max_bytes: int, backups: int, mode: int = 0o600) -> None:
         if max_bytes < 1 or backups < 1:
             raise ValueError("log rotation needs max_bytes >= 1 and backups >= 1")
         self.path = path
@@ -69,7 +74,10 @@ class RotatingLog:
     def _open(self) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, self._mode)
         self._fd = fd
-        self._size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) & ~self._mode:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & self._mode)  # made wider before: narrowed
+        self._size = st.st_size
 
     def write(self, data: bytes) -> None:
         with self._lock:

@@ -3,19 +3,75 @@
 A `Redactor` learns the secret values once (from the flags and variables that carry them) and
 replaces them wherever they would leave the process: /status, the event log, the console, error
 messages.
+
+Which argument is a secret follows vLLM's own parser (FlexibleArgumentParser, vllm/utils/
+argparse_utils.py, on argparse's defaults), so every spelling vLLM accepts is caught:
+- `_` and `-` are the same in a flag's name (`--api_key` is `--api-key`);
+- the value is after `=` or in the next argument(s): `--api-key` takes one or more values
+  (nargs `+`, up to the next option), `--hf-token` an optional one (nargs `?`);
+- argparse takes any unambiguous prefix of a long flag (allow_abbrev is not turned off): in
+  vLLM 0.32 `--api-k` and `--hf-t` are the shortest. Every prefix of two letters or more is
+  taken as the flag here, whatever vLLM's version: a prefix too short to be unambiguous makes vLLM
+  refuse to start, and masking its value costs nothing then.
+
+Values are masked in text only when at least `MIN_SECRET_LEN` long (a shorter one would mask
+ordinary words); in an argv list the value of a secret flag is masked by its place, whatever
+its length.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 MASK = "***"
-# Flags whose value is a secret (`--api-key X` and `--api-key=X`).
-SECRET_FLAGS = ("--api-key", "--hf-token", "--token", "--ssl-keyfile-password", "--password")
+# vLLM's flags whose value is a secret, with how many values each takes (argparse's nargs), as
+# `vllm serve`'s parser has them (0.32: `--api-key` nargs "+", `--hf-token` nargs "?").
+VLLM_SECRET_FLAGS: dict[str, str] = {"--api-key": "+", "--hf-token": "?"}
+# Secret flags of wrappers and other servers, taken as written only (`--ssl-keyfile` is a real
+# vLLM flag, a path, and a prefix of the third).
+OTHER_SECRET_FLAGS = ("--token", "--password", "--ssl-keyfile-password")
+SECRET_FLAGS = (*VLLM_SECRET_FLAGS, *OTHER_SECRET_FLAGS)
 # Environment variables whose value is a secret, by name fragment.
 SECRET_ENV_WORDS = ("TOKEN", "API_KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 MIN_SECRET_LEN = 4  # shorter values would mask ordinary text
+_MIN_ABBREV = 2  # letters after `--`: argparse needs a unique prefix, and no flag is one letter
+
+
+def secret_flag(arg: str) -> tuple[str, str | None] | None:
+    """`(nargs, value after "=")` when `arg` names a secret flag as vLLM's parser reads it."""
+    if not arg.startswith("--"):
+        return None
+    key, eq, value = arg.partition("=")
+    name = "--" + key[2:].split(".", 1)[0].replace("_", "-")
+    if "." in key or len(name) < 2 + _MIN_ABBREV:
+        return None  # `--x.y` is one of vLLM's JSON keys, not a flag of its own
+    for flag, nargs in VLLM_SECRET_FLAGS.items():
+        if flag.startswith(name):
+            return nargs, (value if eq else None)
+    return ("1", value if eq else None) if name in OTHER_SECRET_FLAGS else None
+
+
+def secret_positions(argv: Sequence[str]) -> dict[int, str | None]:
+    """The indexes of `argv` that hold a secret: index -> None for a whole argument, or the
+    flag part to keep for `--flag=SECRET`."""
+    out: dict[int, str | None] = {}
+    i = 0
+    while i < len(argv):
+        found = secret_flag(argv[i])
+        i += 1
+        if found is None:
+            continue
+        nargs, value = found
+        if value is not None:
+            out[i - 1] = argv[i - 1].partition("=")[0]
+            continue
+        while i < len(argv) and not argv[i].startswith("-"):
+            out[i] = None
+            i += 1
+            if nargs != "+":
+                break
+    return out
 
 
 def is_secret_env(name: str) -> bool:
@@ -26,6 +82,7 @@ def is_secret_env(name: str) -> bool:
 class Redactor:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: list[str] = []
+        self._flags = False  # a secret flag was seen: argv lists in data are masked by place
         for s in secrets:
             self.add(s)
 
@@ -36,13 +93,9 @@ class Redactor:
 
     def learn(self, argv: Iterable[str] = (), env: Mapping[str, str] | None = None) -> None:
         args = list(argv)
-        for i, arg in enumerate(args):
-            flag, eq, value = arg.partition("=")
-            if flag in SECRET_FLAGS:
-                if eq:
-                    self.add(value)
-                elif i + 1 < len(args):
-                    self.add(args[i + 1])
+        for i, keep in secret_positions(args).items():
+            self._flags = True
+            self.add(args[i] if keep is None else args[i][len(keep) + 1 :])
         for name, value in (env or {}).items():
             if is_secret_env(name):
                 self.add(value)
@@ -56,19 +109,28 @@ class Redactor:
         return value
 
     def argv(self, argv: Iterable[str]) -> list[str]:
-        return [self.text(a) for a in argv]
+        """Each argument redacted as text, and a secret flag's value masked whatever its length."""
+        args = list(argv)
+        masked = secret_positions(args)
+        return [
+            (MASK if masked[i] is None else f"{masked[i]}={MASK}") if i in masked else self.text(a)
+            for i, a in enumerate(args)
+        ]
 
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
         return {k: MASK if is_secret_env(k) else self.text(v) for k, v in env.items()}
 
     def value(self, value: Any) -> Any:
-        """Redact strings anywhere inside JSON-like data."""
-        if not self._secrets:
+        """Redact strings anywhere inside JSON-like data (an `argv` list as `argv()` does)."""
+        if not self._secrets and not self._flags:
             return value
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, Mapping):
-            return {k: self.value(v) for k, v in value.items()}
+            return {
+                k: self.argv(v) if k == "argv" and _strings(v) else self.value(v)
+                for k, v in value.items()
+            }
         if isinstance(value, list | tuple):
             return [self.value(v) for v in value]
         return value
@@ -86,3 +148,7 @@ def _cut_ends(value: str, secret: str) -> str:
             value = MASK + value[n:]
             break
     return value
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
