@@ -164,7 +164,10 @@ def run_daemon(
         return fail(str(exc), EX_UNAVAILABLE)
     if not cfg.http.loopback:
         eventlog.emit("daemon.warning", warning=f"listening on {cfg.http.host}, not loopback")
-    eventlog.emit("daemon.listening", url=server.url)
+    if server.probe_url is not None:
+        eventlog.emit("daemon.listening", url=server.url, probes=server.probe_url)
+    else:
+        eventlog.emit("daemon.listening", url=server.url)
     # What exists now (modules, config) lives as long as the process: keep it out of every
     # collection, and collect young objects less often (an event burst makes many short-lived ones).
     gc.freeze()

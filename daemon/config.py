@@ -50,6 +50,14 @@ class HttpConfig:
     basic_auth_password_file: Path | None = None
     max_connections: int = 256
     request_timeout_s: float = 10.0
+    # A second listener for /healthz, /readyz and /livez only, without TLS or credentials: the
+    # kubelet's probes carry none. None: the probes are served on the main listener only.
+    probe_host: str | None = None
+    probe_port: int | None = None
+
+    @property
+    def authenticated(self) -> bool:
+        return self.bearer_token_file is not None or self.basic_auth_user is not None
 
     @property
     def loopback(self) -> bool:
@@ -323,6 +331,9 @@ def _http_fields(t: _Table) -> dict[str, Any]:
     listen = t.string("listen", None)
     if listen is not None:
         values["host"], values["port"] = parse_listen(listen, t.key("listen"))
+    probes = t.string("probe_listen", None)
+    if probes is not None:
+        values["probe_host"], values["probe_port"] = parse_listen(probes, t.key("probe_listen"))
     values.update(
         tls_cert=t.path("tls_cert", None),
         tls_key=t.path("tls_key", None),
@@ -415,6 +426,9 @@ def _check_http(http: HttpConfig) -> None:
         raise ConfigError(
             "[http] basic_auth_user", "basic_auth_user and basic_auth_password_file go together"
         )
+    same = (http.probe_host, http.probe_port) == (http.host, http.port)
+    if http.probe_host is not None and same and http.port != 0:
+        raise ConfigError("[http] probe_listen", "must differ from [http] listen")
     if http.bearer_token_file is not None and http.basic_auth_user is not None:
         raise ConfigError(
             "[http] bearer_token_file", "choose a bearer token or basic auth, not both"

@@ -305,6 +305,8 @@ class Snapshot:
     at: float
     phase: str | None
     ready: bool
+    live: bool  # what /livez answers: False once stalled, failed for good, or crash looping
+    not_live: str | None  # why not, one line
     restarts: int
     sessions_total: int
     session: SessionView | None

@@ -251,6 +251,34 @@ def _gpu_view(g: GpuTrack) -> GpuView:
     )
 
 
+CRASH_LOOP_FAILURES = 3  # sessions that failed within the window: vLLM is crash looping...
+CRASH_LOOP_WINDOW_S = 1800.0  # ...as the LoadwatchVllmCrashLooping alert counts (30 minutes)
+
+
+def liveness(state: StateData, now: float) -> tuple[bool, str | None]:
+    """Whether vLLM is worth keeping: what /livez says, so a kubelet never kills a load that
+    progresses and kills one that stopped. Not live: the load stalled (raised by the stall
+    policy, [forecast]), the session failed with no restart of the supervisor's coming, the
+    supervisor gave up, or sessions keep failing (crash loop). Before any session, live."""
+    s = state.session
+    sup = state.supervisor
+    if sup is not None and sup.kind == "fatal":
+        return False, f"the supervisor gave up: {sup.reason or 'fatal'}"
+    failed = [p.ended_at for p in state.past if p.phase == "failed" and p.ended_at is not None]
+    if s is not None and s.phase == "failed":
+        failed.append(s.ended_at if s.ended_at is not None else s.phase_entered_at)
+    recent = [t for t in failed if now - t <= CRASH_LOOP_WINDOW_S]
+    if len(recent) >= CRASH_LOOP_FAILURES:
+        return False, f"crash looping: {len(recent)} sessions failed in {CRASH_LOOP_WINDOW_S:.0f} s"
+    if s is None:
+        return True, None
+    if s.stall is not None:
+        return False, f"stalled for {max(now - s.stall.since, 0.0):.0f} s: {s.stall.reason}"
+    if s.phase == "failed" and not (sup is not None and sup.kind in ("backoff", "started")):
+        return False, f"failed: {s.failure_kind or 'unknown'}"
+    return True, None
+
+
 def build_snapshot(state: StateData, now: float) -> Snapshot:
     s = state.session
     argv = s.argv if s is not None else None
@@ -265,11 +293,14 @@ def build_snapshot(state: StateData, now: float) -> Snapshot:
     m = state.model
     sup = state.supervisor
     h = state.health
+    live, not_live = liveness(state, now)
     return Snapshot(
         schema=SCHEMA,
         at=now,
         phase=s.phase if s is not None else None,
         ready=s is not None and s.phase == "ready",
+        live=live,
+        not_live=not_live,
         restarts=state.restarts,
         sessions_total=state.sessions_total,
         session=_session_view(state, s, now, kv) if s is not None else None,

@@ -6,7 +6,7 @@ board and nothing else, so it needs no part of the daemon: the HTTP server's pro
 (exporters/http/process.py) imports this module, the HTTP server and prometheus_client, no more.
 
 Boards travel over a stream socket as frames: a 4-byte big-endian length, then the body.
-A board's body is a fixed header (ready flag, three lengths) and the three byte strings; no
+A board's body is a fixed header (flags, four lengths) and the four byte strings; no
 pickle, so the server process never executes what it is sent.
 """
 
@@ -39,11 +39,13 @@ class Board:
     status: bytes | None  # compact JSON; None before the first bundle
     ready: bool
     not_ready: str  # why /readyz says 503
+    live: bool = True  # what /livez answers (the snapshot decides: Snapshot.live)
+    not_live: str = ""  # why /livez says 503
 
 
 EMPTY = Board(b"", None, False, "not ready: starting")
 
-_HEAD = struct.Struct("!BIII")  # flags (1 ready, 2 has status), three lengths
+_HEAD = struct.Struct("!BIIII")  # flags (1 ready, 2 has status, 4 live), four lengths
 _LEN = struct.Struct("!I")
 
 
@@ -55,13 +57,19 @@ def frame(body: bytes) -> bytes:
 def encode(board: Board) -> bytes:
     status = board.status or b""
     reason = board.not_ready.encode()
-    flags = (1 if board.ready else 0) | (2 if board.status is not None else 0)
+    dead = board.not_live.encode()
+    flags = (
+        (1 if board.ready else 0)
+        | (2 if board.status is not None else 0)
+        | (4 if board.live else 0)
+    )
     body = b"".join(
         (
-            _HEAD.pack(flags, len(board.metrics), len(status), len(reason)),
+            _HEAD.pack(flags, len(board.metrics), len(status), len(reason), len(dead)),
             board.metrics,
             status,
             reason,
+            dead,
         )
     )
     return frame(body)
@@ -71,15 +79,18 @@ def decode(body: bytes) -> Board:
     """The inverse of `encode` (without the frame length); ValueError when malformed."""
     if len(body) < _HEAD.size:
         raise ValueError("board frame too short")
-    flags, n_metrics, n_status, n_reason = _HEAD.unpack_from(body)
-    if _HEAD.size + n_metrics + n_status + n_reason != len(body):
+    flags, n_metrics, n_status, n_reason, n_dead = _HEAD.unpack_from(body)
+    if _HEAD.size + n_metrics + n_status + n_reason + n_dead != len(body):
         raise ValueError("board frame lengths do not add up")
     at = _HEAD.size
     metrics = body[at : at + n_metrics]
     at += n_metrics
     status = body[at : at + n_status] if flags & 2 else None
     at += n_status
-    return Board(metrics, status, bool(flags & 1), body[at:].decode(errors="replace"))
+    reason = body[at : at + n_reason].decode(errors="replace")
+    at += n_reason
+    dead = body[at:].decode(errors="replace")
+    return Board(metrics, status, bool(flags & 1), reason, bool(flags & 4), dead)
 
 
 def read_frame(sock: socket.socket) -> bytes | None:
@@ -139,7 +150,24 @@ def board_routes(
             return Response(HTTPStatus.OK, b"ready\n")
         return Response(HTTPStatus.SERVICE_UNAVAILABLE, b.not_ready.encode() + b"\n")
 
-    return {"/metrics": metrics, "/status": status, "/healthz": healthz, "/readyz": readyz}
+    def livez(q: Mapping[str, str]) -> Response:
+        # A daemon whose loop stopped ticking cannot say whether vLLM progresses: /livez then
+        # stays 200 (killing vLLM for loadwatch's fault would cost the load); /healthz is 503.
+        b = board()
+        if b.live:
+            return Response(HTTPStatus.OK, b"live\n")
+        return Response(HTTPStatus.SERVICE_UNAVAILABLE, b"not live: " + b.not_live.encode() + b"\n")
+
+    return {
+        "/metrics": metrics,
+        "/status": status,
+        "/healthz": healthz,
+        "/readyz": readyz,
+        "/livez": livez,
+    }
+
+
+PROBES = ("/healthz", "/readyz", "/livez")  # what the probe listener serves, without credentials
 
 
 class _Requests(Collector):

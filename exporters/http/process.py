@@ -28,13 +28,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from loadwatch.daemon.config import HttpConfig
 from loadwatch.exporters.http.board import (
     EMPTY,
+    PROBES,
     Board,
     board_routes,
     decode,
@@ -42,7 +43,7 @@ from loadwatch.exporters.http.board import (
     frame,
     read_frame,
 )
-from loadwatch.exporters.http.server import HttpServer, ServerError
+from loadwatch.exporters.http.server import Handler, HttpServer, ServerError
 
 ALIVE_S = 20.0  # no board for this long: the loop is stuck
 START_TIMEOUT_S = 30.0
@@ -54,6 +55,7 @@ class HttpProcess:
     def __init__(self, config: HttpConfig, on_problem: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.url = ""
+        self.probe_url: str | None = None  # the probe listener's, when [http] probe_listen is set
         self.restarts = 0
         self._on_problem = on_problem or (lambda line: None)
         self._sock: socket.socket | None = None
@@ -64,10 +66,13 @@ class HttpProcess:
         self._thread: threading.Thread | None = None
 
     def start(self) -> str:
-        self._sock, self._proc, self.url = _spawn(self.config)
-        # a restart binds the address this one got (port 0 picks one)
+        self._sock, self._proc, self.url, self.probe_url = _spawn(self.config)
+        # a restart binds the addresses this one got (port 0 picks one)
         port = int(self.url.rsplit(":", 1)[1])
         self.config = dataclasses.replace(self.config, port=port)
+        if self.probe_url is not None:
+            probe_port = int(self.probe_url.rsplit(":", 1)[1])
+            self.config = dataclasses.replace(self.config, probe_port=probe_port)
         self._thread = threading.Thread(target=self._send_loop, name="loadwatch-http-send")
         self._thread.daemon = True
         self._thread.start()
@@ -144,7 +149,7 @@ class HttpProcess:
 
     def _restart(self) -> bool:
         try:
-            self._sock, self._proc, self.url = _spawn(self.config)
+            self._sock, self._proc, self.url, self.probe_url = _spawn(self.config)
         except ServerError as exc:
             self._on_problem(f"the HTTP server cannot start again: {exc}")
             return False
@@ -160,7 +165,7 @@ class HttpProcess:
             _end(proc)
 
 
-def _spawn(config: HttpConfig) -> tuple[socket.socket, subprocess.Popen[bytes], str]:
+def _spawn(config: HttpConfig) -> tuple[socket.socket, subprocess.Popen[bytes], str, str | None]:
     ours, theirs = socket.socketpair()
     try:
         proc = subprocess.Popen(
@@ -188,7 +193,8 @@ def _spawn(config: HttpConfig) -> tuple[socket.socket, subprocess.Popen[bytes], 
         raise ServerError(value if kind == "error" else "the HTTP server process did not start")
     # A server that takes this long to read a board is stuck: it is killed and started again.
     ours.settimeout(SEND_TIMEOUT_S)
-    return ours, proc, value
+    url, _, probe_url = value.partition(" ")
+    return ours, proc, url, probe_url or None
 
 
 def _end(proc: subprocess.Popen[bytes]) -> None:
@@ -236,12 +242,17 @@ def serve(sock: socket.socket) -> None:
             server.stats,
         )
     )
+    probes = _probe_server(config, server.routes)
     try:
         server.start()
+        if probes is not None:
+            probes.start()
     except ServerError as exc:
+        server.stop()
         sock.sendall(frame(f"error {exc}".encode()))
         return
-    sock.sendall(frame(f"ok {server.url}".encode()))
+    urls = server.url if probes is None else f"{server.url} {probes.url}"
+    sock.sendall(frame(f"ok {urls}".encode()))
     try:
         while (body := read_frame(sock)) is not None:
             state["board"], state["at"] = decode(body), time.monotonic()
@@ -249,6 +260,22 @@ def serve(sock: socket.socket) -> None:
         pass  # a broken stream: the daemon is gone or confused; stop serving stale boards
     finally:
         server.stop()
+        if probes is not None:
+            probes.stop()
+
+
+def _probe_server(config: HttpConfig, routes: Mapping[str, Handler]) -> HttpServer | None:
+    """The probe listener: the probe routes only, plain HTTP, no credentials (a kubelet's
+    httpGet carries none). What they tell (ready, live, why not) is no secret."""
+    if config.probe_host is None:
+        return None
+    plain = HttpConfig(
+        host=config.probe_host,
+        port=config.probe_port or 0,
+        max_connections=config.max_connections,
+        request_timeout_s=config.request_timeout_s,
+    )
+    return HttpServer(plain, {path: routes[path] for path in PROBES})
 
 
 if __name__ == "__main__":

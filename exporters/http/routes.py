@@ -1,4 +1,4 @@
-"""What /metrics, /status and /readyz answer, rendered from each published bundle.
+"""What /metrics, /status, /readyz and /livez answer, rendered from each published bundle.
 
 A `Board` (exporters/http/board.py) is what the routes serve: the exposition and the /status JSON
 rendered once per published bundle, and the ready flag. The daemon renders boards in its loop
@@ -37,4 +37,4 @@ class BoardMaker:
         snap = pub.snapshot(self._clock())
         status = json.dumps(self._red.value(snap.to_dict()), sort_keys=False).encode() + b"\n"
         not_ready = f"not ready: {snap.phase or 'no vLLM session yet'}"
-        return Board(metrics, status, snap.ready, not_ready)
+        return Board(metrics, status, snap.ready, not_ready, snap.live, snap.not_live or "")
