@@ -46,7 +46,7 @@ from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
 from loadwatch.daemon.sources.log.emitmark import EmitMark, Identity, Mark, identity
 from loadwatch.daemon.sources.log.emitmark import written as written_events
 from loadwatch.daemon.sources.log.follower import FollowerError, LogFollower, Position
-from loadwatch.daemon.sources.model.model_info import read_model_dir
+from loadwatch.daemon.sources.model.model_info import model_named_in_log, read_model_dir
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import LogHealth, Published, SupervisorStats, Totals
 from loadwatch.daemon.state.session import StateConfig
@@ -119,6 +119,7 @@ class Daemon:
         self._orphans: int | None = None
         self.orphan_grace_s = ORPHAN_GRACE_S
         self._orphan_checks: dict[tuple[int, ...], asyncio.Task[None]] = {}  # by tree, in flight
+        self._model_tried: str | None = None  # the model path of the log last looked for here
         self._health_up: bool | None = None
         self._log_error_logged: str | None = None
         self._eventlog_error: str | None = None
@@ -220,6 +221,18 @@ class Daemon:
         for err in info.errors:
             self.eventlog.emit("model.error", path=str(model_dir), error=err)
         self.apply(info)
+
+    def _read_logged_model(self) -> None:
+        """Without a model directory configured, the one the engine config names, when it is
+        here (analyze reads it the same way: the same verdicts)."""
+        s = self.state.session
+        path = s.kv.model_path if s is not None else None
+        if path is None or path == self._model_tried or self.cfg.model.dir is not None:
+            return
+        self._model_tried = path
+        info = model_named_in_log(path)
+        if info is not None:
+            self.apply(info)
 
     def _start_orphan_check(self, tree_pids: tuple[int, ...]) -> asyncio.Task[None]:
         """The check waits out the moment in which the driver still lists the exited tree."""
@@ -404,6 +417,7 @@ class Daemon:
         self._events[ev.type] += 1
         before = self._session_id()
         self.apply(ev, replay=mode != "live", again=mode == "again")
+        self._read_logged_model()
         if self._session_id() != before:
             self._session_start = {"file_id": file_id, "offset": ev.offset}
         if mode != "replay":

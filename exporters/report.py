@@ -7,15 +7,12 @@ in docs/analyze.md), report_text.py draws it for the terminal.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from loadwatch.daemon.sources.inputs import ModelInfo
-from loadwatch.daemon.state.kvdtype import KvDtype, effective_kv_dtype, warning_verdict
 from loadwatch.daemon.state.snapshot import (
-    KvCacheView,
     MilestoneView,
     SessionView,
     Snapshot,
@@ -82,7 +79,7 @@ class BarReport:
     updates: int
 
 
-# A warning code as the report shows it: the snapshot's view, with the verdict analyze settles.
+# A warning code as the report shows it: the snapshot's view, verdict included (decided there).
 WarningGroup = WarningView
 
 
@@ -200,34 +197,6 @@ class Report:
 # -- building -----------------------------------------------------------------------------------
 
 
-def _kv(view: SessionView, seen: KvCacheView, model: ModelInfo | None) -> KvDtype:
-    """The KV-cache dtype for this session's verdicts. The state knows it from the launch
-    arguments or an FP8 line in the log; a post-mortem has no arguments, but a log that shows
-    the start-up settles it: vLLM logs `Using fp8... data type to store kv cache` while it
-    builds its configuration, before the model loads, whenever the KV cache is FP8."""
-    if seen.quantized is not None:
-        return KvDtype(seen.dtype, seen.quantized, seen.source, seen.reason)  # type: ignore[arg-type]
-    keys = {m.key for m in view.milestones}
-    loaded = "model_load_start" in keys or any(b.kind == "weights" for b in view.bars)
-    if "version" in keys and loaded:
-        return KvDtype(
-            "model dtype",
-            False,
-            "log",
-            "no FP8 KV-cache line at start-up (vLLM logs one when it stores the KV cache in FP8)",
-        )
-    if model is not None and not model.errors:
-        kv = effective_kv_dtype((), model, view.version)
-        if kv.quantized is not None:
-            return KvDtype(
-                kv.dtype,
-                kv.quantized,
-                kv.source,
-                kv.reason + "; the log does not show the start-up, assuming no --kv-cache-dtype",
-            )
-    return KvDtype(seen.dtype, seen.quantized, seen.source, seen.reason)  # type: ignore[arg-type]
-
-
 def _reached(view: SessionView) -> str:
     best = 0
     for p in (*(h.phase for h in view.history), view.phase):
@@ -308,13 +277,11 @@ def session_verdict(view: SessionView) -> Verdict:
     )
 
 
-def _session(
-    cap: SessionCapture, model: ModelInfo | None, lines: Mapping[int, int]
-) -> SessionReport:
+def _session(cap: SessionCapture, lines: Mapping[int, int]) -> SessionReport:
     snap = cap.snapshot
     view = snap.session
     assert view is not None
-    kv = _kv(view, snap.kv_cache, model)
+    kv = snap.kv_cache
     end = max(snap.at, view.started_at)
     phases = tuple(
         PhaseStep(h.phase, h.entered_at, h.duration_s, h.left_at is None, h.failure_kind)
@@ -336,10 +303,6 @@ def _session(
         )
         for b in view.bars
     )
-    warnings = []
-    for w in view.warnings:
-        verdict, reason = warning_verdict(w.code, kv)
-        warnings.append(dataclasses.replace(w, verdict=verdict, reason=reason))
     failures = []
     for f in view.failures:
         off = cap.failure_offsets.get((f.kind, f.message[:300]))
@@ -381,7 +344,7 @@ def _session(
             p.shards_done, p.shards_total, p.bytes_done, p.bytes_total, p.ratio, p.last_progress_at
         ),
         kv_cache=KvReport(kv.dtype, kv.quantized, kv.source, kv.reason),
-        warnings=tuple(warnings),
+        warnings=view.warnings,
         warnings_total=view.warnings_total,
         failures=tuple(failures),
         failures_total=view.failures_total,
@@ -412,7 +375,7 @@ def build_report(
     omitted: int,
     lines: Mapping[int, int],
 ) -> Report:
-    sessions = tuple(_session(c, model, lines) for c in captures)
+    sessions = tuple(_session(c, lines) for c in captures)
     verdict = sessions[-1].verdict if sessions else NO_SESSION
     mr = None
     if model is not None:

@@ -95,6 +95,7 @@ MilestoneKind = Literal[
     "model_init",
     "shutdown",
     "launch_args",
+    "engine_config",  # detail: the config's kv_cache_dtype, value: the model path
 ]
 
 

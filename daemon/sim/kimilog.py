@@ -75,6 +75,7 @@ class Shape:
     version: str = "0.15.1"
     port: int = 8000
     kv_scales: bool = True
+    kv_cache_dtype: str | None = None  # a quantized KV cache ("fp8"): vLLM says so at start-up
 
 
 @dataclass
@@ -129,6 +130,12 @@ def startup(
     yield f"{api}INFO {clock.stamp()} [api_server.py:1272]  \u2584\u2584 \u2584\u2588 \u2588     \u2588     \u2588 \u2580\u2584\u2580 \u2588  version {shape.version}\n"
     yield f"{api}INFO {clock.stamp()} [utils.py:253] non-default args: {{'model_tag': '{shape.model}', 'tensor_parallel_size': {shape.workers}}}\n"
     clock.advance(3)
+    if shape.kv_cache_dtype is not None:  # as in tests/fixtures/v1-2026-sm120.log
+        yield (
+            f"{api}INFO {clock.stamp()} [cache.py:190] Using {shape.kv_cache_dtype} data type to "
+            "store kv cache. It reduces the GPU memory footprint and boosts the performance. "
+            "Meanwhile, it may cause accuracy drop without a proper scaling factor.\n"
+        )
     yield f"{api}INFO {clock.stamp()} [model.py:541] Resolved architecture: KimiK25ForConditionalGeneration\n"
     yield (
         f"{api}WARNING {clock.stamp()} [model.py:1893] Default vLLM sampling parameters have been "

@@ -49,6 +49,14 @@ def _on_term(signum: int, frame: Any) -> None:
     raise _Stop
 
 
+def _kv_cache_dtype(flag: str, model: Path) -> str | None:
+    """The quantized KV-cache dtype this start uses (vLLM >= 0.12: `auto` follows the checkpoint),
+    or None for the model's dtype."""
+    if flag == "auto":
+        return "fp8" if _declares_fp8_kv(model) else None
+    return flag if flag.startswith(("fp8", "nvfp4")) else None
+
+
 def _declares_fp8_kv(model: Path) -> bool:
     for name, keys in (("hf_quant_config.json", ("quantization", "kv_cache_quant_algo")),):
         try:
@@ -143,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.tensor_parallel_size,
         layers=args.layers,
         port=args.port,
+        kv_cache_dtype=_kv_cache_dtype(args.kv_cache_dtype, args.model),
     )
     rng = random.Random(args.seed if args.seed is not None else os.getpid())
     out = sys.stdout

@@ -441,8 +441,8 @@ def _on_kv_scale(f: Fold, ev: KvScaleWarning) -> None:
 
 def _on_scale_factor(f: Fold, ev: ScaleFactorWarning) -> None:
     _tally(f, ev, ev.code, "warning", ev.message)
-    if ev.code == "kv_scale_default":
-        f.upd(kv_fp8_in_log=True)
+    if ev.code == "kv_scale_default" and not f.s.kv.fp8_path:
+        f.upd(kv=replace(f.s.kv, fp8_path=True))
 
 
 def _on_log_warning(f: Fold, ev: LogWarning) -> None:
@@ -479,7 +479,8 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
     s = f.ensure_session(t)
     _activity(f, t)
     s = f.s
-    key = ev.kind if ev.detail is None else f"{ev.kind}.{ev.detail}"
+    # (the engine config's detail is a value, the KV-cache dtype it names: not a sub-kind)
+    key = ev.kind if ev.detail is None or ev.kind == "engine_config" else f"{ev.kind}.{ev.detail}"
     m = s.milestones.get(key)
     if m is None:
         m = MilestoneSeen(ev.kind, ev.detail, 0, t, t, None, None, None, None, None)
@@ -501,9 +502,10 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
     if ev.kind in LOADING_MILESTONES:
         f.advance("loading_weights", t, ev.kind)
     elif ev.kind == "kv_cache" and ev.detail == "dtype":
-        # Printed while vLLM builds its configuration, before the model loads: no phase change.
-        if (ev.value or "").startswith("fp8"):
-            f.upd(kv_fp8_in_log=True)  # vLLM names the KV-cache dtype only when it is FP8
+        # Printed while vLLM builds its configuration, before the model loads (no phase change),
+        # and only when it stores the cache quantized (fp8, fp8_e4m3, nvfp4, nvfp4_ds_mla).
+        if ev.value:
+            f.upd(kv=replace(f.s.kv, stored=ev.value.lower()))
     elif ev.kind in POST_LOAD_MILESTONES:
         if ev.kind == "api_server_start" and f.s.api_server_at is None:
             f.upd(api_server_at=t)
@@ -513,7 +515,10 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
     elif ev.kind == "shutdown":
         _shutdown(f, t, ev.value or "")
     elif ev.kind == "launch_args" and ev.detail == "kv_cache_dtype" and ev.value:
-        f.upd(kv_arg=ev.value)
+        f.upd(kv=replace(f.s.kv, args=ev.value.lower()))
+    elif ev.kind == "engine_config":
+        kv = f.s.kv
+        f.upd(kv=replace(kv, engine=(ev.detail or "").lower() or kv.engine, model_path=ev.value))
 
 
 def _shutdown(f: Fold, t: float, what: str) -> None:

@@ -27,6 +27,7 @@ from loadwatch.daemon.state.forecast import (
     MemoryFit,
     MemoryProjection,
 )
+from loadwatch.daemon.state.kvdtype import KvEvidence
 from loadwatch.daemon.state.snapshot import SessionSummary, Transition
 from loadwatch.parsers.events import Event
 from loadwatch.parsers.vllm.catalog import KIND_RANK
@@ -172,10 +173,7 @@ class SessionInfo:
     argv: tuple[str, ...] | None = None
     version: str | None = None
     load_started_by: frozenset[str] = frozenset()
-    kv_fp8_in_log: bool = False
-    kv_arg: str | None = (
-        None  # --kv-cache-dtype as vLLM logged its own arguments ("auto" if absent)
-    )
+    kv: KvEvidence = field(default_factory=KvEvidence)  # what the log says about the KV-cache dtype
     api_server_at: float | None = None
     ready_at: float | None = None
     stop_requested: bool = False
@@ -253,8 +251,8 @@ class Session:
         return self.info.argv
 
     @property
-    def kv_arg(self) -> str | None:
-        return self.info.kv_arg
+    def kv(self) -> KvEvidence:
+        return self.info.kv
 
     @property
     def version(self) -> str | None:
@@ -263,10 +261,6 @@ class Session:
     @property
     def load_started_by(self) -> frozenset[str]:
         return self.info.load_started_by
-
-    @property
-    def kv_fp8_in_log(self) -> bool:
-        return self.info.kv_fp8_in_log
 
     @property
     def api_server_at(self) -> float | None:
@@ -378,8 +372,7 @@ SESSION_PART: dict[str, str] = {
     "argv": "info",
     "version": "info",
     "load_started_by": "info",
-    "kv_fp8_in_log": "info",
-    "kv_arg": "info",
+    "kv": "info",
     "api_server_at": "info",
     "ready_at": "info",
     "stop_requested": "info",

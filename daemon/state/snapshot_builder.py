@@ -6,7 +6,7 @@ cadence, not per input. ETA and ages are computed for the `now` given.
 
 from __future__ import annotations
 
-from loadwatch.daemon.state.kvdtype import KvDtype, effective_kv_dtype, warning_verdict
+from loadwatch.daemon.state.kvdtype import KvDtype, KvEvidence, decide_kv_dtype, warning_verdict
 from loadwatch.daemon.state.session import (
     BarTrack,
     GpuTrack,
@@ -279,17 +279,19 @@ def liveness(state: StateData, now: float) -> tuple[bool, str | None]:
     return True, None
 
 
+def session_kv_dtype(state: StateData, s: Session | None) -> KvDtype:
+    """The session's KV-cache dtype from everything known (kvdtype.decide_kv_dtype)."""
+    if s is None:
+        return decide_kv_dtype(None, KvEvidence(), state.model, None)
+    passed = "version" in s.milestones and (
+        "model_load_start" in s.milestones or any(b.kind == "weights" for b in s.bars.values())
+    )
+    return decide_kv_dtype(s.argv, s.kv, state.model, s.version, passed)
+
+
 def build_snapshot(state: StateData, now: float) -> Snapshot:
     s = state.session
-    argv = s.argv if s is not None else None
-    if argv is None and s is not None and s.kv_arg is not None:
-        argv = ("--kv-cache-dtype", s.kv_arg)  # watch mode: vLLM logged its own arguments
-    kv = effective_kv_dtype(
-        argv,
-        state.model,
-        s.version if s is not None else None,
-        s.kv_fp8_in_log if s is not None else False,
-    )
+    kv = session_kv_dtype(state, s)
     m = state.model
     sup = state.supervisor
     h = state.health

@@ -37,7 +37,7 @@ from typing import IO
 from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.sources.log.files import GZIP_MAGIC, inflate_into
 from loadwatch.daemon.sources.log.follower import DEFAULT_MAX_READ_BYTES, FollowerError, LogFollower
-from loadwatch.daemon.sources.model.model_info import read_model_dir
+from loadwatch.daemon.sources.model.model_info import model_named_in_log, read_model_dir
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.snapshot import Snapshot
 from loadwatch.exporters.report import (
@@ -288,6 +288,8 @@ class SessionFolder:
         self._held: list[Event] = []
         self._start_offset: int | None = None
         self._failures: dict[tuple[str, str], int] = {}
+        self._model_given = model is not None
+        self._model_tried: str | None = None
         if model is not None:
             self.state = self.state.apply(model, fallback_ts)
 
@@ -320,6 +322,19 @@ class SessionFolder:
         if isinstance(ev, Failure) and len(self._failures) < MAX_FAILURE_OFFSETS:
             self._failures.setdefault((ev.kind, ev.message[:300]), ev.offset)
         self.state = nxt
+        self._read_logged_model(t)
+
+    def _read_logged_model(self, at: float) -> None:
+        """Without --model-dir, the directory the engine config names, when it is here (as the
+        daemon reads it: the same verdicts)."""
+        s = self.state.session
+        path = s.kv.model_path if s is not None else None
+        if self._model_given or path is None or path == self._model_tried:
+            return
+        self._model_tried = path
+        info = model_named_in_log(path)
+        if info is not None:
+            self.state = self.state.apply(info, at)
 
     def _capture(self, st: LoadState) -> None:
         s = st.session

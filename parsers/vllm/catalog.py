@@ -215,6 +215,19 @@ def _launch_args(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return Milestone(kind="launch_args", detail="kv_cache_dtype", value=value, **ctx)
 
 
+_ENGINE_KV = re.compile(r"[ ,]kv_cache_dtype=(?P<v>[A-Za-z0-9_]{1,40}+)")
+
+
+def _engine_config(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    """`Initializing a V1 LLM engine (v0.32.0) with config: model='/models/X', ...,
+    kv_cache_dtype=auto, ...`: the engine's own config. `detail` is its `kv_cache_dtype` (None
+    when the line leaves it out), `value` the model path."""
+    kv = _ENGINE_KV.search(head.body, m.end(), 60000)
+    return Milestone(
+        kind="engine_config", detail=kv["v"] if kv else None, value=m["model"] or None, **ctx
+    )
+
+
 def _shutdown(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return Milestone(kind="shutdown", value=(m["what"] or m["uv"]).strip(), **ctx)
 
@@ -344,6 +357,16 @@ CATALOG: tuple[Entry, ...] = (
         ("non-default args: {", "args: Namespace("),
         _c(r"^(?:non-default args: \{|args: Namespace\()"),
         _launch_args,
+        "info",
+    ),
+    Entry(
+        "ms.engine_config",
+        ("LLM engine (v",),
+        _c(
+            r"^Initializing an? (?:V\d{1,2}+ )?LLM engine \(v?[^)\s]{1,80}+\) with config: "
+            r"(?:model='(?P<model>[^']{1,4000}+)')?"
+        ),
+        _engine_config,
         "info",
     ),
     Entry(

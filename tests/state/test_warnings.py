@@ -59,7 +59,8 @@ ARGV = ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m")
         (ARGV, "fp8", "0.11.2", "benign", "keeps the model's dtype"),
         (ARGV, None, "0.12.0", "benign", "declares no KV dtype"),
         (ARGV, "fp8", None, "flagged", "assuming vLLM 0.12 or later"),
-        ((), "fp8", "0.12.0", "unknown", "launch arguments not known"),
+        # watch mode: no argv, and a log that does not show the start-up
+        ((), "fp8", "0.12.0", "flagged", "assuming no --kv-cache-dtype"),
         ((*ARGV, "--config", "serve.yaml"), "fp8", "0.12.0", "unknown", "--config"),
     ],
 )
@@ -193,11 +194,21 @@ def test_the_logs_fp8_kv_dtype_line_flags_the_scale_warnings() -> None:
     from tests.conftest import FIXTURES
 
     data = (FIXTURES / "real-v0.32-deepseek-fp8kv.log").read_bytes()
-    state = LoadState()
-    for ev in EventStream(ref_ts=1.8e9).feed_all(split_records(data)):
-        state = state.apply(ev, 1.9e9)
-    session = state.snapshot(1.9e9).session
-    assert session is not None
-    kv = next(w for w in session.warnings if w.code == "kv_scale_missing")
-    assert kv.verdict == "flagged" and "FP8" in kv.reason
-    assert session.failure_kind == "fp8_kv_unsupported"
+    events = EventStream(ref_ts=1.8e9).feed_all(split_records(data))
+    # The engine config names the dtype too (stronger): without it, the dtype line decides.
+    for drop_engine_config, source, says in (
+        (True, "log", "the log says vLLM stores the KV cache in fp8_e4m3"),
+        (False, "engine_config", "kv_cache_dtype=fp8_e4m3 in vLLM's engine config"),
+    ):
+        state = LoadState()
+        for ev in events:
+            if drop_engine_config and getattr(ev, "kind", None) == "engine_config":
+                continue
+            state = state.apply(ev, 1.9e9)
+        snap = state.snapshot(1.9e9)
+        session = snap.session
+        assert session is not None
+        kv = next(w for w in session.warnings if w.code == "kv_scale_missing")
+        assert kv.verdict == "flagged" and "fp8_e4m3" in kv.reason and says in kv.reason
+        assert snap.kv_cache.source == source and snap.kv_cache.quantized is True
+        assert session.failure_kind == "fp8_kv_unsupported"

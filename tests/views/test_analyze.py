@@ -109,7 +109,7 @@ def test_sm120_two_sessions_in_full(tmp_path: Path) -> None:
     lines = (FIXTURES / "v1-2026-sm120.log").read_bytes().splitlines()
     assert root.line is not None and b"Traceback" in lines[root.line - 1]
     assert root.offset is not None
-    assert first.kv_cache.quantized is True and first.kv_cache.source == "log"
+    assert first.kv_cache.quantized is True and first.kv_cache.source == "engine_config"
     # the FP8 KV-cache line comes before the model loads: the failure is in loading_weights
     assert [p.phase for p in first.phases] == ["starting", "loading_weights", "failed"]
 

@@ -272,3 +272,17 @@ def read_model_dir(path: str | os.PathLike[str]) -> ModelInfo:
         kv_sources=tuple(kv_sources),
         errors=tuple(acc.errors),
     )
+
+
+def model_named_in_log(path: str | None) -> ModelInfo | None:
+    """The model directory the log names (the engine config's `model=`), read when it is a
+    directory on this host; None otherwise (a hub name, another host's path)."""
+    if not path:
+        return None
+    p = Path(path)
+    try:
+        if not p.is_absolute() or not p.is_dir():
+            return None
+    except OSError:
+        return None
+    return read_model_dir(p)
