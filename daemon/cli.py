@@ -7,6 +7,7 @@
     loadwatch analyze LOG [--model-dir DIR] [--json]
     loadwatch events LOG                         the parsed events, one JSON object per line
     loadwatch preflight MODEL_DIR [--kv-cache-dtype X] [--gpu-cc 12.0] [--json]
+              [--gpu-memory-gib G | --gpu-model NAME] [--tensor-parallel-size N ...]
     loadwatch patch-model MODEL_DIR (--drop-fp8-kv-cache | --revert) [--dry-run]
     loadwatch demo [--scenario S] [--speed X] [--real]
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,6 +112,18 @@ def _kv_dtype(text: str) -> str:
             f"{text!r} is not a KV-cache dtype vLLM accepts ({', '.join(KV_CACHE_DTYPES)})"
         )
     return text
+
+
+# vLLM's own flags that preflight's memory plan reads, spelled as vLLM spells them.
+_PLAN_FLAGS = (
+    "--tensor-parallel-size",
+    "--pipeline-parallel-size",
+    "--data-parallel-size",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--kv-cache-memory-bytes",
+    "--block-size",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -236,6 +250,20 @@ def _parser() -> argparse.ArgumentParser:
     pf.add_argument(
         "--gpu-cc", metavar="X.Y", help="compute capability, e.g. 12.0 (default: read by NVML)"
     )
+    pf.add_argument(
+        "--gpu-memory-gib", type=_positive, metavar="G", help="memory per GPU (default: NVML)"
+    )
+    pf.add_argument(
+        "--gpu-model", metavar="NAME", help="plan for this GPU, e.g. 'RTX PRO 6000', H100, H200"
+    )
+    pf.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="plan for GPUs or the CPU"
+    )
+    for flag in _PLAN_FLAGS:
+        pf.add_argument(flag, metavar="X", help=f"as vLLM's {flag} (default: vLLM's)")
+    pf.add_argument(
+        "--enable-expert-parallel", action="store_true", help="as vLLM's flag of that name"
+    )
     pf.add_argument("--json", action="store_true", help="the report as JSON")
 
     pm = command(
@@ -349,6 +377,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _preflight(args: argparse.Namespace) -> int:
     import json
 
+    from loadwatch.daemon.tools.memplan_inputs import gpu_model_capacity, layout_from_argv
     from loadwatch.daemon.tools.preflight import parse_gpu_cc, preflight_cli
 
     cc: tuple[int, int] | None = None
@@ -357,21 +386,48 @@ def _preflight(args: argparse.Namespace) -> int:
             cc = parse_gpu_cc(args.gpu_cc)
         except ValueError as exc:
             raise UsageError(f"--gpu-cc: {exc}") from None
-    else:
-        cc = _nvml_cc()
-    text, doc, code = preflight_cli(args.model_dir, args.kv_cache_dtype, cc)
+    argv: list[str] = []
+    for flag in _PLAN_FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            argv += [flag, value]
+    if args.enable_expert_parallel:
+        argv.append("--enable-expert-parallel")
+    env = dict(os.environ) if args.device == "cpu" else {}  # VLLM_CPU_KVCACHE_SPACE
+    layout = layout_from_argv(argv, env, device=args.device)
+    planned_elsewhere = args.gpu_memory_gib is not None or bool(args.gpu_model)
+    need_nvml = args.device == "cuda" and (not args.gpu_cc or not planned_elsewhere)
+    nvml_cc, nvml_total = _nvml_gpu() if need_nvml else (None, None)
+    cc = cc or nvml_cc
+    capacity: tuple[int, str] | None = None
+    if args.gpu_memory_gib is not None:
+        if args.gpu_memory_gib <= 0:
+            raise UsageError("--gpu-memory-gib must be positive")
+        capacity = (int(args.gpu_memory_gib * 2**30), f"--gpu-memory-gib {args.gpu_memory_gib:g}")
+    elif args.gpu_model:
+        capacity = gpu_model_capacity(args.gpu_model)
+        if capacity is None:
+            raise UsageError(f"--gpu-model {args.gpu_model!r}: unknown; give --gpu-memory-gib")
+    elif nvml_total is not None:
+        capacity = (nvml_total, "NVML: the first GPU's total memory")
+    text, doc, code = preflight_cli(
+        args.model_dir, args.kv_cache_dtype, cc, layout=layout, capacity=capacity
+    )
     print(json.dumps(doc, indent=2) if args.json else text)
     return code
 
 
-def _nvml_cc() -> tuple[int, int] | None:
-    """The first GPU's compute capability, when NVML answers."""
+def _nvml_gpu() -> tuple[tuple[int, int] | None, int | None]:
+    """The first GPU's compute capability and total memory, when NVML answers."""
     from loadwatch.daemon.sources.gpu.nvml import NvmlSource
 
     src = NvmlSource(xid_events=False, logger=lambda line: None)
     try:
         reading = src.poll()
-        return next((s.compute_capability for s in reading.samples if s.compute_capability), None)
+        first = next((s for s in reading.samples if s.compute_capability), None)
+        if first is None:
+            return None, None
+        return first.compute_capability, first.memory_total_bytes
     finally:
         src.close()
 

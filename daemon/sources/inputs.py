@@ -127,6 +127,34 @@ class ShardInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelGeometry:
+    """The shapes config.json gives that decide memory: attention, KV heads, layers, vocabulary.
+
+    "Not in config.json" is None. ``index_families`` names the weight groups the safetensors
+    index lists whose placement differs from the rest (embeddings, lm_head, MLA's latent
+    projections, the MoE router and experts)."""
+
+    num_layers: int | None = None
+    layer_types: tuple[str, ...] = ()  # "full_attention", "sliding_attention", "linear_attention"
+    num_attention_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    kv_lora_rank: int | None = None  # MLA
+    qk_rope_head_dim: int | None = None  # MLA
+    q_lora_rank: int | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    torch_dtype: str | None = None
+    max_position_embeddings: int | None = None
+    sliding_window: int | None = None
+    n_routed_experts: int | None = None
+    moe_intermediate_size: int | None = None
+    first_k_dense_replace: int | None = None
+    tie_word_embeddings: bool = False
+    index_families: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ModelInfo:
     """What the model directory says, read once (and again if it changes)."""
 
@@ -140,6 +168,7 @@ class ModelInfo:
     quant_algo: str | None = None  # e.g. "NVFP4"
     checkpoint_kv_dtype: str | None = None  # "fp8" when the checkpoint declares an FP8 KV cache
     kv_sources: tuple[str, ...] = ()  # where the KV declaration was found ("hf_quant_config.json")
+    geometry: ModelGeometry | None = None  # None when config.json could not be read
     errors: tuple[str, ...] = field(default_factory=tuple)  # one line each: what could not be read
 
 

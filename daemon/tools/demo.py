@@ -54,6 +54,11 @@ KIMI_CONFIG: dict[str, Any] = {
     "v_head_dim": 128,
     "n_routed_experts": 384,
     "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2048,
+    "first_k_dense_replace": 1,
+    "num_key_value_heads": 64,
+    "vocab_size": 163840,
+    "max_position_embeddings": 262144,
     "torch_dtype": "bfloat16",
 }
 
@@ -81,12 +86,21 @@ def make_model_dir(
     # The first shard holds the embeddings and is larger, the rest are even.
     first = total_bytes // shards * 3 // 2
     rest = (total_bytes - first) // (shards - 1)
-    weight_map: dict[str, str] = {}
-    for i in range(1, shards + 1):
-        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
+    names = [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
+    for i, name in enumerate(names):
         with open(model / name, "wb") as f:
-            f.truncate(first if i == 1 else rest)
-        weight_map[f"model.layers.{i - 1}.mlp.experts.weight"] = name
+            f.truncate(first if i == 0 else rest)
+    # The tensor names the memory plan tells apart (embeddings, lm_head, MLA's latent
+    # projections, the router, the experts), layer by layer across the shards.
+    layers = int(KIMI_CONFIG["num_hidden_layers"])
+    weight_map = {"language_model.model.embed_tokens.weight": names[0]}
+    for layer in range(layers):
+        pre = f"language_model.model.layers.{layer}"
+        for part in ("self_attn.kv_a_proj_with_mqa", "self_attn.q_a_proj", "mlp.gate"):
+            weight_map[f"{pre}.{part}.weight"] = names[layer * shards // layers]
+    for j, name in enumerate(names):  # every shard holds experts of the layer it falls in
+        weight_map[f"language_model.model.layers.{j * layers // shards}.mlp.experts.{j}.w1"] = name
+    weight_map["language_model.lm_head.weight"] = names[-1]
     index = {"metadata": {"total_size": first + rest * (shards - 1)}, "weight_map": weight_map}
     (model / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return model

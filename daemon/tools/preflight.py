@@ -21,6 +21,9 @@ from typing import Any, Literal
 from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.sources.model.model_info import MLA_MODEL_TYPES, read_model_dir
 from loadwatch.daemon.supervise import vllm_argv
+from loadwatch.daemon.tools import memplan
+from loadwatch.daemon.tools.memplan_inputs import weights_per_gpu
+from loadwatch.daemon.tools.memplan_render import memory_check_message, plan_dict, plan_lines
 
 Verdict = Literal["ok", "warnings", "will_fail"]
 CheckStatus = Literal["ok", "info", "warn", "fail"]
@@ -71,6 +74,7 @@ class PreflightReport:
     scale_warnings_benign: bool | None = None
     fix: str | None = None  # the one suggested remedy when it will fail
     model: dict[str, Any] = field(default_factory=dict)
+    memory: memplan.MemoryPlan | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -104,6 +108,7 @@ class PreflightReport:
             "scale_warnings_benign": self.scale_warnings_benign,
             "fix": self.fix,
             "model": self.model,
+            "memory": None if self.memory is None else plan_dict(self.memory),
             "checks": [
                 {"name": c.name, "status": c.status, "message": c.message} for c in self.checks
             ],
@@ -115,6 +120,8 @@ class PreflightReport:
         lines += [f"  {labels[c.status]}  {c.name:<18} {c.message}" for c in self.checks]
         if self.fix:
             lines.append(f"  fix: {self.fix}")
+        if self.memory is not None:
+            lines += plan_lines(self.memory)
         lines.append(f"verdict: {self.verdict.replace('_', ' ')}")
         return "\n".join(lines) + "\n"
 
@@ -167,8 +174,13 @@ def preflight(
     gpu_cc: tuple[int, int] | None = None,
     *,
     vllm_date: dt.date | None = None,
+    layout: memplan.Layout | None = None,
+    capacity: tuple[int, str] | None = None,
 ) -> PreflightReport:
     """Judge ``model_info`` for a start with ``--kv-cache-dtype kv_cache_dtype_arg`` on ``gpu_cc``.
+
+    ``layout`` (from the vLLM argv) and ``capacity`` (bytes per GPU, and where that came from)
+    feed the memory plan; without a layout there is no plan.
 
     ``vllm_date``: the date of the vLLM build, when known; unknown means the older behaviour
     (TRITON_MLA refuses FP8), which is the one that fails.
@@ -235,6 +247,14 @@ def preflight(
 
     benign, scale_check = _scale_warning_check(info, kv_dtype, quantized)
     checks.append(scale_check)
+    plan = _memory_plan(info, kv_dtype, layout, capacity)
+    if plan is not None:
+        status: CheckStatus = {"fits": "ok", "tight": "warn", "will_fail": "fail"}.get(
+            plan.verdict, "info"
+        )  # type: ignore[assignment]
+        checks.append(Check("memory", status, memory_check_message(plan)))
+        if plan.verdict == "will_fail" and fix is None and plan.fixes:
+            fix = "; ".join(plan.fixes)
     return PreflightReport(
         model_path=info.path,
         checks=tuple(checks),
@@ -248,6 +268,30 @@ def preflight(
         scale_warnings_benign=benign,
         fix=fix,
         model=model,
+        memory=plan,
+    )
+
+
+def _memory_plan(
+    info: ModelInfo,
+    kv_dtype: str,
+    layout: memplan.Layout | None,
+    capacity: tuple[int, str] | None,
+) -> memplan.MemoryPlan | None:
+    if layout is None or info.geometry is None:
+        return None
+    weights, how = weights_per_gpu(info, layout)
+    cap, cap_src = capacity if capacity is not None else (None, "unknown")
+    if layout.device == "cpu":
+        cap_src = "the CPU: the KV budget is set outright" if cap is None else cap_src
+    return memplan.plan(
+        info.geometry,
+        kv_dtype,
+        layout,
+        weights_bytes=weights,
+        weights_explain=how,
+        capacity_bytes=cap,
+        capacity_source=cap_src,
     )
 
 
@@ -332,9 +376,18 @@ def preflight_cli(
     gpu_cc: tuple[int, int] | None = None,
     *,
     vllm_date: dt.date | None = None,
+    layout: memplan.Layout | None = None,
+    capacity: tuple[int, str] | None = None,
 ) -> tuple[str, dict[str, Any], int]:
     """``loadwatch preflight``: (text for the terminal, dict for --json, exit code)."""
-    report = preflight(read_model_dir(model_dir), kv_cache_dtype, gpu_cc, vllm_date=vllm_date)
+    report = preflight(
+        read_model_dir(model_dir),
+        kv_cache_dtype,
+        gpu_cc,
+        vllm_date=vllm_date,
+        layout=layout,
+        capacity=capacity,
+    )
     return report.to_text(), report.to_dict(), report.exit_code
 
 

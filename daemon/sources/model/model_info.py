@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from loadwatch.daemon.sources.inputs import ModelInfo, ShardInfo
+from loadwatch.daemon.sources.model.geometry import read_geometry
 
 CONFIG = "config.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -164,8 +165,11 @@ def _quant_from_config(config: dict[str, Any]) -> dict[str, Any] | None:
     return quant if isinstance(quant, dict) else None
 
 
-def select_weight_files(model_dir: Path, acc: _Acc) -> list[str]:
-    """Relative names of the weight files vLLM would load, in its load order."""
+def select_weight_files(
+    model_dir: Path, acc: _Acc, tensor_names: list[str] | None = None
+) -> list[str]:
+    """Relative names of the weight files vLLM would load, in its load order (and, into
+    ``tensor_names`` when given, the tensor names the index lists)."""
     index_path = model_dir / SAFETENSORS_INDEX
     index_names: set[str] | None = None
     if index_path.exists():
@@ -173,6 +177,8 @@ def select_weight_files(model_dir: Path, acc: _Acc) -> list[str]:
         weight_map = index.get("weight_map") if index is not None else None
         if isinstance(weight_map, dict):
             index_names = {str(v) for v in weight_map.values()}
+            if tensor_names is not None:
+                tensor_names.extend(str(k) for k in weight_map)
         elif index is not None:
             acc.errors.append(f"{SAFETENSORS_INDEX}: no weight_map object")
     top = _glob(model_dir, ".safetensors")
@@ -257,7 +263,9 @@ def read_model_dir(path: str | os.PathLike[str]) -> ModelInfo:
     quant_algo = quant_algo_of(effective) if effective is not None else None
     kv_dtype = declared.get(effective_name) if effective is not None else None
 
-    shards = _shards(model_dir, select_weight_files(model_dir, acc), acc)
+    tensor_names: list[str] = []
+    shards = _shards(model_dir, select_weight_files(model_dir, acc, tensor_names), acc)
+    geometry = read_geometry(config, tensor_names) if config is not None else None
     total = sum(s.size_bytes for s in shards) if shards else None
     return ModelInfo(
         path=shown,
@@ -270,6 +278,7 @@ def read_model_dir(path: str | os.PathLike[str]) -> ModelInfo:
         quant_algo=quant_algo,
         checkpoint_kv_dtype=kv_dtype,
         kv_sources=tuple(kv_sources),
+        geometry=geometry,
         errors=tuple(acc.errors),
     )
 

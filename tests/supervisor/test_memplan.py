@@ -1,0 +1,144 @@
+"""The memory plan in preflight: the Kimi-K2.5-NVFP4 demo checkpoint on 8 x RTX PRO 6000, the
+verdicts (fits, tight, will fail) with the vLLM error each predicts, and the CLI's flags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadwatch.daemon.cli import main
+from loadwatch.daemon.sources.model.model_info import read_model_dir
+from loadwatch.daemon.tools import memplan
+from loadwatch.daemon.tools.demo import make_model_dir
+from loadwatch.daemon.tools.memplan_inputs import (
+    gpu_model_capacity,
+    layout_from_argv,
+    weights_per_gpu,
+)
+from loadwatch.daemon.tools.preflight import preflight
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("kimi"), fp8_kv=True)
+
+
+def _plan(model: Path, argv: list[str], kv: str, gpu: str = "RTX PRO 6000") -> memplan.MemoryPlan:
+    info = read_model_dir(model)
+    assert info.geometry is not None
+    layout = layout_from_argv(["vllm", "serve", str(model), *argv])
+    weights, how = weights_per_gpu(info, layout)
+    cap = gpu_model_capacity(gpu)
+    assert cap is not None
+    return memplan.plan(
+        info.geometry,
+        kv,
+        layout,
+        weights_bytes=weights,
+        weights_explain=how,
+        capacity_bytes=cap[0],
+        capacity_source=cap[1],
+    )
+
+
+def test_kimi_on_eight_rtx_pro_6000_fp8_and_bf16(kimi: Path) -> None:
+    fp8 = _plan(kimi, ["--tensor-parallel-size", "8"], "fp8_e4m3")
+    bf16 = _plan(kimi, ["--tensor-parallel-size", "8"], "auto")
+    assert fp8.kv is not None and bf16.kv is not None
+    assert fp8.kv.bytes == 61 * 576 and bf16.kv.bytes == 61 * 1152  # MLA latent, whole per GPU
+    assert fp8.weights_bytes is not None and 60 * GIB < fp8.weights_bytes < 70 * GIB
+    assert fp8.low is not None and bf16.low is not None and fp8.high is not None
+    # Half the bytes per token: twice the tokens, from the same budget (to a block).
+    assert abs(fp8.low.tokens - 2 * bf16.low.tokens) <= 16
+    assert fp8.max_model_len == 262_144 and fp8.verdict == "fits"
+    assert bf16.verdict == "fits"
+
+
+def test_max_model_len_too_long_names_vllms_error(kimi: Path) -> None:
+    p = _plan(kimi, ["-tp", "8", "--max-model-len", "524288"], "auto")
+    assert p.verdict == "will_fail"
+    assert p.predicted_error is not None
+    assert p.predicted_error.startswith(
+        "To serve at least one request with the model's max seq len (524288)"
+    )
+    assert any(f.startswith("--max-model-len ") for f in p.fixes)
+    assert any(f.startswith("--kv-cache-dtype fp8") for f in p.fixes)
+
+
+def test_tight_when_it_fits_only_with_a_small_reserve(kimi: Path) -> None:
+    base = _plan(kimi, ["-tp", "8"], "auto")
+    assert base.low is not None and base.high is not None
+    between = (base.low.max_len_fits + base.high.max_len_fits) // 2
+    p = _plan(kimi, ["-tp", "8", "--max-model-len", str(between)], "auto")
+    assert p.verdict == "tight"
+
+
+def test_weights_that_do_not_fit_predict_oom_or_no_cache_blocks(kimi: Path) -> None:
+    p = _plan(kimi, ["--tensor-parallel-size", "4"], "auto")  # 126 GiB of weights on a 96 GiB GPU
+    assert p.verdict == "will_fail" and p.predicted_error is not None
+    assert "CUDA out of memory" in p.predicted_error
+    p = _plan(kimi, ["--tensor-parallel-size", "8", "--gpu-memory-utilization", "0.6"], "auto")
+    assert p.verdict == "will_fail"
+    assert p.predicted_error == "No available memory for the cache blocks"
+
+
+def test_layout_reads_vllm_flags_and_cpu_space() -> None:
+    lay = layout_from_argv(
+        [
+            "vllm",
+            "serve",
+            "m",
+            "--tensor_parallel_size=4",
+            "-pp",
+            "2",
+            "--data-parallel-size",
+            "2",
+            "--enable-expert-parallel",
+            "--max-model-len",
+            "8192",
+            "--kv-cache-memory-bytes",
+            "4G",
+        ]
+    )
+    assert (lay.tensor_parallel, lay.pipeline_parallel, lay.data_parallel) == (4, 2, 2)
+    assert lay.expert_parallel and lay.max_model_len == 8192
+    assert lay.kv_cache_memory_bytes == 4 * GIB
+    cpu = layout_from_argv(
+        ["x", "--kv-cache-memory-bytes", "1000"], {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    )
+    assert cpu.device == "cpu" and cpu.kv_cache_memory_bytes == 2 * GIB
+
+
+def test_preflight_cli_prints_the_plan_and_exit_codes(
+    kimi: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [str(kimi), "--gpu-cc", "12.0", "--gpu-model", "RTX PRO 6000", "-h"]
+    args = args[:-1]
+    code = main(["preflight", *args, "--kv-cache-dtype", "bfloat16", "--tensor-parallel-size", "8"])
+    out = capsys.readouterr().out
+    assert code == 0 and "memory plan, per GPU:" in out and "KV/token     70,272 B" in out
+    code = main(
+        [
+            "preflight",
+            *args,
+            "--kv-cache-dtype",
+            "bfloat16",
+            "--tensor-parallel-size",
+            "8",
+            "--max-model-len",
+            "2000000",
+            "--json",
+        ]
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and doc["memory"]["verdict"] == "will_fail"
+    assert doc["memory"]["kv_bytes_per_token"] == 70272
+
+
+def test_preflight_without_layout_has_no_plan(kimi: Path) -> None:
+    report = preflight(read_model_dir(kimi), "bfloat16", (12, 0))
+    assert report.memory is None and report.to_dict()["memory"] is None
