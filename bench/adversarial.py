@@ -100,6 +100,7 @@ OTHER: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
                 "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`.",
                 "ValueError: User-specified max_model_len (262144) is greater than the derived max_model_len (max_position_embeddings=131072).",
                 "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, unhandled system error, NCCL version 2.27.3",
+                "TimeoutError: Timed out waiting for engines to send initial message on input socket.",
                 "RuntimeError: Engine core initialization failed. See root cause above.",
                 "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered a fatal error.",
             ),

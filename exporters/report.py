@@ -94,8 +94,21 @@ class FailureReport:
     first_at: float
     last_at: float
     processes: tuple[str, ...]
-    line: int | None  # 1-based line of its first record
+    line: int | None  # 1-based line of its first record (the anchor)
     offset: int | None  # byte offset of its first record
+    echoes: int = 0  # records folded in besides the root's first one
+    evidence: tuple[EchoReport, ...] = ()  # the records, the root's own first (bounded)
+
+
+@dataclass(frozen=True, slots=True)
+class EchoReport:
+    """One record of a root cause: the root, an echo, a wrapper or a re-raise."""
+
+    line: int | None
+    offset: int
+    exc_type: str | None
+    message: str
+    process: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +318,13 @@ def _session(cap: SessionCapture, lines: Mapping[int, int]) -> SessionReport:
     )
     failures = []
     for f in view.failures:
-        off = cap.failure_offsets.get((f.kind, f.message[:300]))
+        off = (
+            f.offset if f.offset is not None else cap.failure_offsets.get((f.kind, f.message[:300]))
+        )
+        evidence = tuple(
+            EchoReport(lines.get(e.offset), e.offset, e.exc_type, e.message, e.process)
+            for e in sorted(f.evidence, key=lambda e: e.offset)
+        )
         failures.append(
             FailureReport(
                 kind=f.kind,
@@ -319,6 +338,8 @@ def _session(cap: SessionCapture, lines: Mapping[int, int]) -> SessionReport:
                 processes=f.processes,
                 line=lines.get(off) if off is not None else None,
                 offset=off,
+                echoes=f.echoes,
+                evidence=evidence,
             )
         )
     p = view.progress

@@ -121,6 +121,7 @@ FailureKind = Literal[
     "engine_init_failed",
     "worker_died",
     "nccl",
+    "startup_timeout",
     "fp8_kv_unsupported",
     "other",
 ]

@@ -18,6 +18,7 @@ from loadwatch.daemon.sources.inputs import (
     ProcessEvent,
     Tick,
 )
+from loadwatch.daemon.state.failures import fold_failure, session_kind, shutdown_noise
 from loadwatch.daemon.state.forecast import EtaState, MemoryFit, stall_threshold_s
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import (
@@ -28,7 +29,6 @@ from loadwatch.daemon.state.session import (
     STATE_PART,
     TERMINAL,
     BarTrack,
-    FailureTally,
     GpuTrack,
     IoTrack,
     MilestoneSeen,
@@ -562,32 +562,12 @@ def _on_failure(f: Fold, ev: Failure) -> None:
     s = f.ensure_session(t)
     _activity(f, t)
     s = f.s
+    if shutdown_noise(ev, s.stop_requested):
+        return  # the shutdown that was asked for, not a failure
     fatal = _fatal(s, ev)
-    key = (ev.kind, ev.message[:300])
-    tally = s.failures.get(key)
-    if tally is None and len(s.failures) >= f.cfg.max_failures:
-        key = ("other", "more failures than kept")
-        tally = s.failures.get(key)
-    procs = frozenset({ev.process}) if ev.process else frozenset()
-    if tally is None:
-        tally = FailureTally(
-            ev.kind, ev.exc_type, ev.message[:2000], ev.first_line, 1, fatal, t, t, procs
-        )
-        new = True
-    else:
-        if ev.process and ev.process not in tally.processes:
-            if len(tally.processes) < f.cfg.max_processes:
-                procs = tally.processes | procs
-            else:
-                procs = tally.processes
-        else:
-            procs = tally.processes
-        tally = evolve(
-            tally, count=tally.count + 1, last_at=t, processes=procs, fatal=tally.fatal or fatal
-        )
-        new = False
-    f.upd(failures={**s.failures, key: tally}, failures_total=s.failures_total + 1)
-    if new:
+    folded = fold_failure(s.failures, ev, t, fatal, f.cfg.max_failures, f.cfg.max_processes)
+    f.upd(failures=folded.failures, failures_total=s.failures_total + 1)
+    if folded.new_root:
         f.emit(
             "failure",
             t,
@@ -597,16 +577,17 @@ def _on_failure(f: Fold, ev: Failure) -> None:
         )
     if not fatal:
         return
+    kind = session_kind(folded.failures) or ev.kind
     s = f.s
     if s.stall is not None:
         f.clear_stall(t, "failed")
     s = f.s
     if s.phase == "failed":
-        if failure_rank(ev.kind) < failure_rank(s.failure_kind):
-            f.upd(failure_kind=ev.kind)
+        if kind != s.failure_kind:
+            f.upd(failure_kind=kind)
         return
     f.clear_forecasts(t, "session failed")
-    f.set_phase("failed", t, f"{ev.kind}: {ev.message[:200]}", failure_kind=ev.kind)
+    f.set_phase("failed", t, f"{kind}: {ev.message[:200]}", failure_kind=kind)
 
 
 def _late_failure(f: Fold, ev: Failure, t: float, past: tuple[SessionSummary, ...]) -> None:

@@ -35,11 +35,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from loadwatch.daemon.sources.inputs import HealthProbe, Tick
+from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.fold import FAST, HANDLERS, Fold
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import (
     BarTrack,
-    FailureTally,
     GpuTrack,
     Input,
     IoTrack,

@@ -20,6 +20,7 @@ from loadwatch.daemon.sources.inputs import (
     ProcessEvent,
     Tick,
 )
+from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.forecast import (
     EtaConfig,
     EtaState,
@@ -113,19 +114,6 @@ class WarningTally:
     scales: frozenset[str]
     processes: frozenset[str]
     sample: str
-
-
-@dataclass(frozen=True)
-class FailureTally:
-    kind: str
-    exc_type: str | None
-    message: str
-    first_line: str
-    count: int
-    fatal: bool
-    first_at: float
-    last_at: float
-    processes: frozenset[str]
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,19 @@ class WarningView:
 
 
 @dataclass(frozen=True, slots=True)
+class EchoView:
+    """One record folded into a root cause: an echo, a wrapper, a re-raise, or the root itself."""
+
+    offset: int
+    exc_type: str | None
+    message: str
+    process: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class FailureView:
+    """One root cause; `count` counts its records, the root's first one and `echoes` more."""
+
     kind: str
     exc_type: str | None
     message: str
@@ -193,6 +205,9 @@ class FailureView:
     first_at: float
     last_at: float
     processes: tuple[str, ...]
+    offset: int | None = None  # the root's first record (the anchor)
+    echoes: int = 0
+    evidence: tuple[EchoView, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +343,7 @@ class Snapshot:
 __all__ = [
     "SCHEMA",
     "BarView",
+    "EchoView",
     "EtaView",
     "FailureView",
     "GpuView",

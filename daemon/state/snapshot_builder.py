@@ -20,6 +20,7 @@ from loadwatch.daemon.state.session import (
 from loadwatch.daemon.state.snapshot import (
     SCHEMA,
     BarView,
+    EchoView,
     EtaView,
     FailureView,
     GpuView,
@@ -175,6 +176,11 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
             first_at=x.first_at,
             last_at=x.last_at,
             processes=tuple(sorted(x.processes)),
+            offset=x.offset,
+            echoes=x.echoes,
+            evidence=tuple(
+                EchoView(e.offset, e.exc_type, e.message, e.process) for e in x.evidence
+            ),
         )
         for x in sorted(s.failures.values(), key=lambda x: (failure_rank(x.kind), x.first_at))
     )

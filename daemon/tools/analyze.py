@@ -408,6 +408,11 @@ def analyze_log(
             if cap.start_offset is not None:
                 offsets.add(cap.start_offset)
             offsets.update(cap.failure_offsets.values())
+            view = cap.snapshot.session
+            for f in view.failures if view is not None else ():
+                offsets.update(e.offset for e in f.evidence)
+                if f.offset is not None:
+                    offsets.add(f.offset)
         lines = line_numbers(reader.source, offsets)
     finally:
         reader.close()

@@ -211,6 +211,11 @@ def _failures(s: SessionReport, limit: int) -> Table:
         first = f.first_line.strip()
         if first and first != f.message.strip() and first != TRACEBACK_HEAD:
             lines.append(Text("first line: " + clip(first, 160), style="dim"))
+        if f.echoes:
+            at = [str(e.line) for e in f.evidence if e.line is not None and e.line != f.line]
+            at_lines = f" (lines {clip(', '.join(at), 60)})" if at else ""
+            noun = "echo" if f.echoes == 1 else "echoes"
+            lines.append(Text(f"{f.echoes} {noun} folded in{at_lines}", style="dim"))
         grid.add_row(mark, Group(*lines))
     if len(s.failures) > limit:
         rest = s.failures[limit:]

@@ -636,12 +636,15 @@ CATALOG: tuple[Entry, ...] = (
             "with FP8 KV cache not yet supported",
             "No valid attention backend",
             "Engine core initialization failed",
+            "Timed out waiting for engine",
+            "Did not receive response from front-end",
         ),
         _c(
             r"CUDA out of memory|out of memory|not enough GPU memory|No available memory for the cache"
             r"|KV cache is needed|stored in KV cache|max_model_len|NCCL error|FP8 Triton MLA"
             r"|FP8 KV cache not yet supported|No valid attention backend"
-            r"|Engine core initialization failed"
+            r"|Engine core initialization failed|Timed out waiting for engines?"
+            r"|Did not receive response from front-end"
         ),
         _failure(None),
         "error",
@@ -682,11 +685,29 @@ _CLASSIFY: tuple[tuple[re.Pattern[str], FailureKind], ...] = (
     ),
     (_c(r"max_model_len|max model len|max_position_embeddings"), "max_model_len"),
     (_c(r"NCCL error|NCCL|DistBackendError"), "nccl"),
+    # the engine did not come up in time (VLLM_ENGINE_READY_TIMEOUT_S), a DP handshake stalled
+    (
+        _c(
+            r"Timed out waiting for engines?(?: core processes)? to (?:start|send)"
+            r"|Did not receive response from front-end process"
+        ),
+        "startup_timeout",
+    ),
     (
         _c(r"Engine core initialization failed|initialization failed|failed to start"),
         "engine_init_failed",
     ),
     (_c(r"EngineDeadError|died unexpectedly|died, exit code|fatal error"), "worker_died"),
+)
+
+CUT_TRACEBACK = "traceback without an exception line"  # a traceback cut before its end
+# Messages that say something failed elsewhere, not what: echoes of a root cause (the state's
+# failure grouping folds them into it).
+CONSEQUENCE_MESSAGES: tuple[str, ...] = (
+    CUT_TRACEBACK,
+    "Error executing method",
+    "got fatal signal from worker processes",
+    "Got fatal signal from worker processes",
 )
 
 # When several failures describe one crash, the most telling one names it.
@@ -696,9 +717,10 @@ KIND_RANK: dict[str, int] = {
     "kv_cache_too_small": 2,
     "max_model_len": 3,
     "nccl": 4,
-    "worker_died": 5,
-    "engine_init_failed": 6,
-    "other": 7,
+    "startup_timeout": 5,
+    "worker_died": 6,
+    "engine_init_failed": 7,
+    "other": 8,
 }
 
 

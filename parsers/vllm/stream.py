@@ -29,6 +29,7 @@ from loadwatch.parsers.events import (
 )
 from loadwatch.parsers.vllm.catalog import (
     CATALOG,
+    CUT_TRACEBACK,
     EXCEPTION_LINE,
     EXCEPTION_LINE_LOOSE,
     KIND_RANK,
@@ -141,7 +142,12 @@ def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event
     """Catalog lookup for one segment whose head has been peeled off. Pure."""
     body = head.body
     out: list[Event] = []
+    # An indented line is a traceback's frame or quoted source (`raise RuntimeError("Engine core
+    # initialization failed. "`): never a failure of its own; exception lines start at column 0.
+    indented = body[:1] in (" ", "\t")
     for entry in DISPATCH[(mode, head.level)]:
+        if indented and entry.severity == "error":
+            continue
         for needle in entry.needles:
             if needle in body:
                 break
@@ -156,8 +162,8 @@ def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event
             out.append(event)
             if not entry.more:
                 return out
-    if out or head.level not in ("WARNING", "ERROR", "CRITICAL"):
-        return out
+    if out or indented or head.level not in ("WARNING", "ERROR", "CRITICAL"):
+        return out  # an indented line is part of a traceback whose head came before
     message = body.strip()[:MAX_MESSAGE_CHARS]
     if not message:
         return out  # a header with nothing after it
@@ -443,9 +449,17 @@ class EventStream:
         return True
 
     def _close(self, tb: _Traceback) -> Failure:
+        kind = tb.kind or "other"
+        if kind == "other" and tb.first_line:
+            # `Exception in worker ... while processing method init_device: NCCL error: ...,
+            # Traceback (most recent call last):` names the error before the frames
+            kind = classify(None, tb.first_line)
+        message = tb.message
+        if not message:
+            message = tb.first_line if kind != "other" else CUT_TRACEBACK
         return Failure(
-            kind=tb.kind or "other",
-            message=tb.message or "traceback without an exception line",
+            kind=kind,
+            message=message,
             exc_type=tb.exc_type,
             first_line=tb.first_line,
             records=tb.records,

@@ -147,11 +147,13 @@ def test_a_supervised_crash_loop_log_holds_two_failed_sessions() -> None:
         assert shards == 12  # the weights were in before the KV cache failed
     # each start logs the same five failure records, and each stays in its own session: the
     # engine core's "failed to start", its ValueError (logged, then re-raised bare), the
-    # worker's death and the API server's RuntimeError
-    assert sorted((f.kind, f.count) for f in s.failures) == [
-        ("engine_init_failed", 1),
-        ("engine_init_failed", 1),
-        ("kv_cache_too_small", 2),
-        ("worker_died", 1),
+    # worker's death and the API server's RuntimeError; one root cause, the rest its echoes
+    assert [(f.kind, f.count, f.echoes) for f in s.failures] == [("kv_cache_too_small", 5, 4)]
+    assert sorted(e.exc_type or "-" for e in s.failures[0].evidence) == [
+        "-",
+        "-",
+        "RuntimeError",
+        "ValueError",
+        "ValueError",
     ]
     assert prev.failures_total == s.failures_total == 5

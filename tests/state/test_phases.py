@@ -124,10 +124,20 @@ def test_one_crash_many_failures_keeps_the_root_cause_and_counts_duplicates() ->
     fails = s.session.failures
     assert next(f.kind for f in fails) == "kv_cache_too_small"
     kv = next(f for f in fails if f.kind == "kv_cache_too_small")
-    assert kv.count == 2 and kv.processes == ("EngineCore_DP0", "EngineCore_DP1")
-    assert s.session.failures_total == 4 and len(fails) == 3
-    # one failure transition per distinct failure, one phase change to failed
-    assert kinds(tr).count("failure") == 3
+    # one root cause: the other workers' copies and the echoes ("failed to start", the API
+    # server's "initialization failed") are folded into it, with their processes
+    assert kv.count == 4 and kv.echoes == 3
+    assert kv.processes == ("APIServer", "EngineCore_DP0", "EngineCore_DP1")
+    assert [e.process for e in kv.evidence] == [
+        "EngineCore_DP0",
+        "EngineCore_DP0",
+        "EngineCore_DP1",
+        "APIServer",
+    ] or len(kv.evidence) == 4
+    assert s.session.failures_total == 4 and len(fails) == 1
+    # a failure transition when the first echo is seen and one for the root cause; one phase
+    # change to failed
+    assert kinds(tr).count("failure") == 2
     assert phases(tr).count("failed") == 1
     assert s.session.exit_code == 0
 
@@ -149,8 +159,26 @@ def test_clean_stop_logs_engine_dead_but_is_stopped_not_failed() -> None:
     st, tr = fold(items)  # type: ignore[arg-type]
     s = st.snapshot(t + 103)
     assert s.phase == "stopped"
-    assert s.session is not None and s.session.failures_total == 1
-    assert s.session.failures[0].fatal is False
+    # the EngineDeadError of a requested stop is the shutdown, not a failure
+    assert s.session is not None and s.session.failures_total == 0
+    assert s.session.failures == ()
+    assert "failed" not in phases(tr) and "failure" not in kinds(tr)
+
+
+def test_a_root_cause_after_a_stop_is_kept_but_not_fatal() -> None:
+    t = T0
+    items: list[tuple[float, object]] = [
+        (t, started(t)),
+        (t + 1, ms("model_load_start")),
+        (t + 100, ProcessEvent(kind="stopping", ts=t + 100, pid=100)),
+        (t + 101, fail("cuda_oom", "CUDA out of memory.", exc_type="torch.OutOfMemoryError")),
+        (t + 101, fail("worker_died", "EngineCore encountered a fatal error.")),
+    ]
+    st, tr = fold(items)  # type: ignore[arg-type]
+    s = st.snapshot(t + 102)
+    assert s.session is not None
+    (f,) = s.session.failures
+    assert f.kind == "cuda_oom" and f.fatal is False and f.echoes == 0
     assert "failed" not in phases(tr)
 
 

@@ -85,8 +85,14 @@ def test_kv_cache_too_small() -> None:
     assert s is not None and snap.phase == "failed"
     assert s.failure_kind == "kv_cache_too_small"
     assert s.exit_code == 1
-    kinds = {f.kind for f in s.failures}
-    assert kinds >= {"kv_cache_too_small", "engine_init_failed"}
+    # one root cause; "EngineCore failed to start", "Engine core initialization failed" and the
+    # dead worker are its echoes
+    (root,) = s.failures
+    assert root.kind == "kv_cache_too_small" and root.echoes >= 2
+    messages = [e.message for e in root.evidence]
+    assert "EngineCore failed to start." in messages
+    assert any(m.startswith("Engine core initialization failed") for m in messages)
+    assert root.offset == root.evidence[0].offset  # the anchor is the root's own record
     assert s.progress.shards_done == 4  # the weights were in before the KV cache failed
 
 
@@ -95,8 +101,8 @@ def test_checkpoint_with_an_unexpected_tensor() -> None:
     snap = st.snapshot(st.session.last_event_at if st.session else 0)
     s = snap.session
     assert s is not None and snap.phase == "failed"
-    # The root cause is a ValueError the catalog classes as "other", which ranks below the
-    # engine_init_failed wrappers; its message is kept among the failures.
-    assert s.failure_kind == "engine_init_failed"
+    # The root cause is a ValueError the catalog classes as "other": the kind is the root
+    # message's, and the engine_init_failed wrappers are its echoes.
+    assert s.failure_kind == "other"
     assert any("no module or parameter named" in f.message for f in s.failures)
     assert s.progress.shards_done == 0 and s.progress.shards_total == 4

@@ -185,7 +185,8 @@ def test_shutdown_on_a_signal_makes_the_engine_dead_traceback_harmless() -> None
     session = state.snapshot(1.9e9).session
     assert session is not None
     assert session.phase == "stopped" and session.failure_kind is None
-    assert [(f.kind, f.fatal) for f in session.failures] == [("worker_died", False)]
+    # the EngineDeadError after `received signal=SIGTERM` is the stop itself: no failure
+    assert session.failures == () and session.failures_total == 0
 
 
 def test_the_logs_fp8_kv_dtype_line_flags_the_scale_warnings() -> None:

@@ -27,6 +27,12 @@ from .helpers import (
 # Every fixture log and what analyze must conclude from it: (sessions, final verdict text,
 # earlier sessions' verdicts).
 EXPECTED: dict[str, tuple[int, str, list[str]]] = {
+    "gh-club3090-60-oom-reraised.log": (1, "failed: cuda_oom", []),
+    "gh-vllm-16707-nccl-ray.log": (1, "failed: nccl", []),
+    "gh-vllm-17939-oom-sampler.log": (1, "failed: cuda_oom", []),
+    "gh-vllm-27508-engine-init-quoted.log": (1, "failed: engine_init_failed", []),
+    "gh-vllm-7800-nccl-init-device.log": (1, "failed: nccl", []),
+    "gh-vllm-pr35616-startup-timeout.log": (1, "failed: startup_timeout", []),
     "ray.log": (1, "failed: nccl", []),
     "real-v0.32-deepseek-fp8kv.log": (1, "failed: fp8_kv_unsupported", []),
     "real-v0.32-deepseek-kvscales.log": (1, "ready", []),
@@ -63,6 +69,39 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     code = main(args)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+# Root causes per real excerpt: (kind, records, echoes) of each failure of the last session.
+ROOTS: dict[str, list[tuple[str, int, int]]] = {
+    # the logged OOM and its bare re-raise (cut): one root
+    "gh-club3090-60-oom-reraised.log": [("cuda_oom", 2, 1)],
+    # rank 1's OOM; rank 0's "WorkerProc hit an exception." and its traceback (cut) echo it
+    "gh-vllm-17939-oom-sampler.log": [("cuda_oom", 3, 2)],
+    # the quoted `raise RuntimeError("Engine core initialization failed. "` is no failure
+    "gh-vllm-27508-engine-init-quoted.log": [("engine_init_failed", 1, 0)],
+    # the error is named on the line that opens the cut traceback
+    "gh-vllm-7800-nccl-init-device.log": [("nccl", 1, 0)],
+    # real vLLM 0.32 runs stopped on request: the EngineDeadError of the SIGTERM is no failure
+    "real-v0.32-deepseek-kvscales.log": [],
+    "real-v0.32-llama.log": [],
+    "real-v0.32-supervised-patched.log": [],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROOTS))
+def test_failures_are_root_causes_with_their_echoes(name: str, tmp_path: Path) -> None:
+    (s,) = _report(tmp_path, name).sessions
+    assert [(f.kind, f.count, f.echoes) for f in s.failures] == ROOTS[name]
+    for f in s.failures:
+        assert f.line is not None and f.line in [e.line for e in f.evidence]  # the anchor
+        assert len(f.evidence) == f.count
+
+
+def test_every_fixture_has_a_source() -> None:
+    """Excerpts of public issues name their source beside them (repo#N and its address)."""
+    for log in FIXTURES.glob("gh-*.log"):
+        text = log.with_suffix(".source").read_text(encoding="utf-8")
+        assert "#" in text and "https://github.com/" in text, log.name
 
 
 def test_every_fixture_has_an_expectation() -> None:
@@ -128,7 +167,10 @@ def test_sm120_two_sessions_in_full(tmp_path: Path) -> None:
 
     text = report_text(r)
     assert "1  01-27 23:59:50  0.15.1  loading_weights" in text
-    assert "✗ fp8_kv_unsupported  line 12" in text
+    # one root cause with its four echoes (the worker's and the engine's "failed to start", the
+    # engine's wrapper, the API server's RuntimeError)
+    assert "✗ fp8_kv_unsupported ×5  line 12" in text
+    assert "4 echoes folded in" in text
     assert "Loading safetensors checkpoint shards" in text and "119/119" in text
     assert "15m14s" in text  # the longest gap
     assert "kv_scale_missing: benign" in text
