@@ -126,7 +126,7 @@ def run_daemon(
         redactor.learn(cfg.vllm.argv, cfg.vllm.env)
         if cfg.vllm.inherit_env:
             redactor.learn((), os.environ)
-    eventlog = EventLog(stdout, cfg.events_file, redactor=redactor)
+    eventlog = EventLog(stdout, cfg.events_file, redactor=redactor, stdout=cfg.events.stdout)
     if eventlog.last_error:
         print(f"loadwatch: {eventlog.last_error}", file=sys.stderr)
     holder: dict[str, Daemon] = {}

@@ -112,6 +112,11 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class EventsConfig:
+    stdout: Literal["transitions", "all", "none"] = "transitions"
+
+
+@dataclass(frozen=True)
 class Config:
     log: LogConfig = field(default_factory=LogConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
@@ -119,6 +124,7 @@ class Config:
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
     vllm: VllmConfig | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
+    events: EventsConfig = field(default_factory=EventsConfig)
     state_dir: Path = Path("/var/lib/loadwatch")
     events_file: Path | None = None
     sessions_kept: int = 20
@@ -169,11 +175,12 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
         forecast=_section(top, "forecast", ForecastConfig, _forecast_fields),
         vllm=_section(top, "vllm", VllmConfig, _vllm_fields) if "vllm" in raw else None,
         model=_section(top, "model", ModelConfig, _model_fields),
+        events=_section(top, "events", EventsConfig, _events_fields),
         state_dir=top.path("state_dir", Config.state_dir) or Config.state_dir,
         events_file=top.path("events_file", None),
         sessions_kept=top.integer("sessions_kept", 20, minimum=1, maximum=1000),
     )
-    top.done({"log", "http", "gpu", "forecast", "vllm", "model"})
+    top.done({"log", "http", "gpu", "forecast", "vllm", "model", "events"})
     _check_http(cfg.http)
     return cfg
 
@@ -401,6 +408,10 @@ def _vllm_fields(t: _Table) -> dict[str, Any]:
         "log_keep": t.integer("log_keep", d.log_keep, minimum=1, maximum=100),
         "health_url": t.string("health_url", None),
     }
+
+
+def _events_fields(t: _Table) -> dict[str, Any]:
+    return {"stdout": t.choice("stdout", "transitions", ("transitions", "all", "none"))}
 
 
 def _model_fields(t: _Table) -> dict[str, Any]:

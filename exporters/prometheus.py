@@ -44,7 +44,7 @@ class LoadwatchCollector(Collector):
             return
         now = self._clock()
         snap = pub.snapshot(now)
-        yield from _build(pub)
+        yield from _build(pub, snap)
         yield from _load(pub, snap)
         yield from _sessions(pub, snap)
         yield from _gpus(pub, snap)
@@ -72,12 +72,25 @@ def _gauge(
     yield g
 
 
-def _build(pub: Published) -> Iterator[Metric]:
+def _build(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     g = GaugeMetricFamily(
         "loadwatch_build_info", "The build that runs; always 1.", labels=["version", "python"]
     )
     g.add_metric([pub.version, platform.python_version()], 1.0)
     yield g
+    # What joins vLLM's own vllm:*{model_name=...} series: vLLM labels them with the served
+    # model name, which is the model as given when no --served-model-name is set.
+    s = snap.session
+    served = getattr(s, "served_model_name", None) if s is not None else None
+    model = served or (snap.model.path if snap.model is not None else None)
+    if s is not None and (s.version or model):
+        info = GaugeMetricFamily(
+            "loadwatch_vllm_info",
+            "The vLLM the current session runs; always 1.",
+            labels=["model_name", "served_model_name", "version"],
+        )
+        info.add_metric([model or "", served or "", s.version or ""], 1.0)
+        yield info
     yield from _gauge("loadwatch_start_time_seconds", "When the daemon started.", pub.started_at)
 
 
@@ -111,6 +124,20 @@ def _load(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     yield from _gauge("loadwatch_load_done_bytes", "Checkpoint bytes loaded so far.", p.bytes_done)
     yield from _gauge("loadwatch_load_total_bytes", "Checkpoint bytes to load.", p.bytes_total)
     yield from _gauge("loadwatch_load_progress_ratio", "Weight loading progress, 0..1.", p.ratio)
+    # Counters, so the rate is PromQL's: rate(loadwatch_load_bytes_total[1m]). They start again
+    # at 0 with each vLLM session, which rate() and increase() read as a counter reset.
+    if p.bytes_done is not None:
+        c = CounterMetricFamily(
+            "loadwatch_load_bytes", "Checkpoint bytes loaded in the current vLLM session."
+        )
+        c.add_metric([], float(p.bytes_done))
+        yield c
+    if p.shards_done is not None:
+        c = CounterMetricFamily(
+            "loadwatch_load_shards_loaded", "Weight shards loaded in the current vLLM session."
+        )
+        c.add_metric([], float(p.shards_done))
+        yield c
     yield from _gauge(
         "loadwatch_load_last_progress_timestamp_seconds",
         "When the load last made progress.",
@@ -128,18 +155,6 @@ def _load(pub: Published, snap: Snapshot) -> Iterator[Metric]:
         yield from _gauge(
             "loadwatch_load_eta_high_seconds", "Pessimistic end of the ETA range.", p.eta.high_s
         )
-        rate = GaugeMetricFamily(
-            "loadwatch_load_rate", "Current loading rate, per second.", labels=["unit"]
-        )
-        if p.eta.units == "bytes":
-            rate.add_metric(["bytes"], p.eta.rate_per_s)
-        bar = next((b for b in s.bars if b.kind == "weights" and b.finished_at is None), None)
-        shards_rate = (
-            p.eta.rate_per_s if p.eta.units != "bytes" else (bar.rate_per_s if bar else None)
-        )
-        if shards_rate is not None:
-            rate.add_metric(["shards"], shards_rate)
-        yield rate
     yield from _gauge(
         "loadwatch_load_stalled", "1 while the load is stalled.", 1.0 if s.stall.active else 0.0
     )
@@ -244,13 +259,13 @@ def _gpus(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     info = GaugeMetricFamily(
         "loadwatch_gpu_info",
         "One per GPU; always 1.",
-        labels=["gpu", "uuid", "name", "compute_capability"],
+        labels=["gpu", "UUID", "name", "compute_capability"],
     )
     up = GaugeMetricFamily(
-        "loadwatch_gpu_up", "1 if the GPU answered its last poll.", labels=["gpu", "uuid"]
+        "loadwatch_gpu_up", "1 if the GPU answered its last poll.", labels=["gpu", "UUID"]
     )
     families = {
-        name: GaugeMetricFamily(name, doc, labels=["gpu", "uuid"]) for name, doc, _ in _GPU_GAUGES
+        name: GaugeMetricFamily(name, doc, labels=["gpu", "UUID"]) for name, doc, _ in _GPU_GAUGES
     }
     ccs = pub.gpu_ccs
     for g in snap.gpus:
@@ -266,7 +281,7 @@ def _gpus(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     yield up
     yield from families.values()
     per_gpu = CounterMetricFamily(
-        "loadwatch_gpu_xid_events", "NVML Xid critical errors, all codes.", labels=["gpu", "uuid"]
+        "loadwatch_gpu_xid_events", "NVML Xid critical errors, all codes.", labels=["gpu", "UUID"]
     )
     for g in snap.gpus:
         n = sum(v for (index, _, _), v in pub.totals.xids.items() if index == g.index)
@@ -275,7 +290,7 @@ def _gpus(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     xid = CounterMetricFamily(
         "loadwatch_gpu_xid_errors",
         "NVML Xid critical errors by code.",
-        labels=["gpu", "uuid", "xid"],
+        labels=["gpu", "UUID", "xid"],
     )
     for (index, uuid, code), n in sorted(
         pub.totals.xids.items(), key=lambda kv: (kv[0][0], kv[0][2])

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -124,6 +124,9 @@ def board_routes(
     if http is not None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Requests(http))
+        # The serving process's own CPU, memory and descriptors; the daemon's are the plain
+        # process_* the board carries.
+        ProcessCollector(namespace="loadwatch_http", registry=registry)
 
     def metrics(q: Mapping[str, str]) -> Response:
         body = board().metrics
@@ -158,7 +161,11 @@ def board_routes(
             return Response(HTTPStatus.OK, b"live\n")
         return Response(HTTPStatus.SERVICE_UNAVAILABLE, b"not live: " + b.not_live.encode() + b"\n")
 
+    def landing(q: Mapping[str, str]) -> Response:
+        return Response(HTTPStatus.OK, LANDING, "text/html; charset=utf-8")
+
     return {
+        "/": landing,
         "/metrics": metrics,
         "/status": status,
         "/healthz": healthz,
@@ -168,6 +175,20 @@ def board_routes(
 
 
 PROBES = ("/healthz", "/readyz", "/livez")  # what the probe listener serves, without credentials
+
+# What an exporter answers at /: where everything is, as node_exporter's page does.
+LANDING = b"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>loadwatch</title></head>
+<body><h1>loadwatch</h1>
+<p>Watches a large model load into vLLM.</p>
+<ul>
+<li><a href="metrics">/metrics</a>: Prometheus metrics</li>
+<li><a href="status?pretty=1">/status</a>: the load state as JSON</li>
+<li><a href="healthz">/healthz</a>: 200 while the daemon is alive</li>
+<li><a href="readyz">/readyz</a>: 200 while vLLM is ready</li>
+<li><a href="livez">/livez</a>: 200 while the load progresses or vLLM is ready</li>
+</ul></body></html>
+"""
 
 
 class _Requests(Collector):

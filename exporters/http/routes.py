@@ -12,6 +12,8 @@ import json
 import threading
 from collections.abc import Callable
 
+from prometheus_client import ProcessCollector
+
 from loadwatch.daemon.state.published import Published
 from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.http.board import EMPTY, Board
@@ -26,6 +28,7 @@ class BoardMaker:
         self._red = redactor or Redactor()
         self._pub: Published | None = None
         self._registry = registry_for(LoadwatchCollector(lambda: self._pub, clock))
+        ProcessCollector(registry=self._registry)  # the daemon's process_*: rendered in it
         self._lock = threading.Lock()
 
     def make(self, pub: Published | None) -> Board:

@@ -119,3 +119,44 @@ def test_position_names_a_regular_file_only(tmp_path: Path) -> None:
     log = EventLog(io.StringIO(), fifo, console=False)
     assert log.position() is None  # a pipe: its lines cannot be read back
     log.close()
+
+
+def test_stdout_level_keeps_the_journal_to_what_matters(tmp_path: Path) -> None:
+    names = [
+        "daemon.started",
+        "log.kv_scale_warning",
+        "log.shard_progress",
+        "transition.phase",
+        "log.failure",
+        "vllm.started",
+        "daemon.problem",
+    ]
+    seen: dict[str, list[str]] = {}
+    for level in ("transitions", "all", "none"):
+        out = io.StringIO()
+        path = tmp_path / f"{level}.jsonl"
+        log = EventLog(out, path, console=False, stdout=level)  # type: ignore[arg-type]
+        for n in names:
+            log.emit(n)
+        log.close()
+        assert [x["event"] for x in lines(path.read_text())] == names  # the file keeps all
+        seen[level] = [str(x["event"]) for x in lines(out.getvalue())]
+    assert seen["all"] == names and seen["none"] == []
+    assert seen["transitions"] == [
+        "daemon.started",
+        "transition.phase",
+        "log.failure",
+        "vllm.started",
+        "daemon.problem",
+    ]
+
+
+def test_events_stdout_is_a_checked_config_key() -> None:
+    import pytest
+
+    from loadwatch.daemon.config import ConfigError, parse_config
+
+    assert parse_config({}).events.stdout == "transitions"
+    assert parse_config({"events": {"stdout": "all"}}).events.stdout == "all"
+    with pytest.raises(ConfigError, match=r"\[events\] stdout: must be one of transitions"):
+        parse_config({"events": {"stdout": "some"}})

@@ -90,7 +90,7 @@ def _number(value: float) -> str:
 
 def _gpus(scene: Scene) -> Iterator[tuple[int, dict[str, str]]]:
     for i in range(scene.gpus):
-        yield i, {"gpu": str(i), "uuid": f"GPU-{i:08x}-0000-4000-8000-{i:012x}"}
+        yield i, {"gpu": str(i), "UUID": f"GPU-{i:08x}-0000-4000-8000-{i:012x}"}
 
 
 def render(scene: Scene) -> str:
@@ -102,6 +102,9 @@ def render(scene: Scene) -> str:
 
     t.family("loadwatch_build_info", "gauge", "The build that runs; always 1.")
     t.sample("loadwatch_build_info", 1, {"version": "0.1.0", "python": "3.11.2"})
+    t.family("loadwatch_vllm_info", "gauge", "The vLLM of the current session; always 1.")
+    labels = {"model_name": "/models/Kimi-K2.5-NVFP4", "served_model_name": "", "version": "0.15.1"}
+    t.sample("loadwatch_vllm_info", 1, labels)
     t.family("loadwatch_start_time_seconds", "gauge", "When the daemon started.")
     t.sample("loadwatch_start_time_seconds", scene.started_s)
 
@@ -131,11 +134,12 @@ def render(scene: Scene) -> str:
         t.sample("loadwatch_load_eta_low_seconds", scene.eta_s * 0.8)
         t.family("loadwatch_load_eta_high_seconds", "gauge", "Pessimistic ETA.")
         t.sample("loadwatch_load_eta_high_seconds", scene.eta_s * 1.3)
-    if loading:
-        elapsed = max(scene.now_s - scene.session_start_s, 1.0)
-        t.family("loadwatch_load_rate", "gauge", "Loading rate per second.")
-        t.sample("loadwatch_load_rate", done_bytes / elapsed, {"unit": "bytes"})
-        t.sample("loadwatch_load_rate", scene.shards_done / elapsed, {"unit": "shards"})
+    t.family("loadwatch_load_bytes_total", "counter", "Checkpoint bytes loaded in the session.")
+    t.sample("loadwatch_load_bytes_total", done_bytes)
+    t.family(
+        "loadwatch_load_shards_loaded_total", "counter", "Weight shards loaded in the session."
+    )
+    t.sample("loadwatch_load_shards_loaded_total", scene.shards_done)
     if scene.last_progress_s is not None:
         t.family("loadwatch_load_last_progress_timestamp_seconds", "gauge", "Last progress.")
         t.sample("loadwatch_load_last_progress_timestamp_seconds", scene.last_progress_s)
@@ -261,6 +265,16 @@ def render(scene: Scene) -> str:
     t.sample("loadwatch_vllm_orphans", scene.orphans)
     t.family("loadwatch_http_requests_total", "counter", "Requests served.")
     t.sample("loadwatch_http_requests_total", scene.scrapes, {"route": "/metrics", "code": "200"})
+    for name, kind, value in (
+        ("cpu_seconds_total", "counter", 0.5),
+        ("resident_memory_bytes", "gauge", 30e6),
+        ("virtual_memory_bytes", "gauge", 200e6),
+        ("start_time_seconds", "gauge", scene.started_s),
+        ("open_fds", "gauge", 12),
+        ("max_fds", "gauge", 1024),
+    ):
+        t.family(f"loadwatch_http_process_{name}", kind, "The HTTP process's own.")
+        t.sample(f"loadwatch_http_process_{name}", value)
     return "\n".join(t.lines) + "\n"
 
 

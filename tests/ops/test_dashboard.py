@@ -91,7 +91,7 @@ def titles() -> dict[str, dict[str, Any]]:
         ("Phase over time", "state-timeline", ["loadwatch_load_phase"]),
         ("Load progress", "timeseries", ["loadwatch_load_progress_ratio"]),
         ("ETA and budget", "timeseries", ["loadwatch_load_eta_seconds", "loadwatch_load_budget"]),
-        ("Shard rate", "timeseries", ['loadwatch_load_rate{job=~"$job", instance=~"$instance", unit="shards"}']),
+        ("Shard rate", "timeseries", ['rate(loadwatch_load_shards_loaded_total{job=~"$job", instance=~"$instance"}[$__rate_interval])']),
         (
             "GPU memory: used, capacity, projected",
             "timeseries",

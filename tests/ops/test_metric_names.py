@@ -53,7 +53,7 @@ def test_the_doc_parses() -> None:
     assert doc["loadwatch_load_phase"].values["phase"] >= {"loading_weights", "stalled", "ready"}
     assert doc["loadwatch_vllm_state"].values["state"] >= {"fatal", "backoff"}
     assert doc["loadwatch_source_up"].values["source"] == {"log", "gpu", "vllm"}
-    assert doc["loadwatch_gpu_up"].labels == {"gpu", "uuid"}
+    assert doc["loadwatch_gpu_up"].labels == {"gpu", "UUID"}
     assert doc["loadwatch_failures_total"].kind == "counter"
     assert doc["loadwatch_session_warnings"].values["verdict"] == {
         "benign",
@@ -147,7 +147,8 @@ def test_dashboard_uses_documented_metrics_labels_and_values() -> None:
         "loadwatch_load_total_bytes",
         "loadwatch_gpu_info",  # used by the gpu variable's label_values()
         "loadwatch_gpu_xid_events_total",  # the alert's; the dashboard shows the per-code series
-    }
+        "loadwatch_vllm_info",  # for joining vLLM's own vllm:* series on model_name
+    } | {m for m in documented() if m.startswith("loadwatch_http_process_")}  # self-metrics
 
 
 def test_the_checker_catches_mistakes() -> None:
