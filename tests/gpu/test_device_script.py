@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,29 @@ def test_script_without_a_gpu_says_so_and_exits_2() -> None:
     assert out.returncode == 2, out.stdout + out.stderr
     assert "FAIL nvml-init: NVML init failed: " in out.stdout
     assert "Traceback" not in out.stderr
+
+
+def test_multi_gpu_loader_prints_the_weights_bar_as_vllm_does() -> None:
+    """Every bar line of a real vLLM 0.32 load, from its n, total and rate."""
+    from tests.device import multi_gpu as mg
+
+    fixture = REPO / "tests" / "fixtures" / "real-v0.32-deepseek-kvscales.log"
+    lines = [
+        rec + "\n"
+        for raw in fixture.read_text(encoding="utf-8").split("\n")
+        for rec in raw.split("\r")
+        if rec.startswith("Loading safetensors checkpoint shards:")
+    ]
+    assert len(lines) >= 13
+    pattern = re.compile(r"\| (\d+)/(\d+) \[[^,]*, +([0-9.]+|\?)(it/s|s/it)\]")
+    for line in lines:
+        m = pattern.search(line)
+        assert m is not None, line
+        n, total = int(m[1]), int(m[2])
+        if n == 0:
+            assert mg.bar(0, total, 0.0) == line
+            continue
+        rate = float(m[3]) if m[4] == "it/s" else 1 / float(m[3])
+        assert mg.bar(n, total, n / rate) == line
+    assert mg.bar(3, 100, 6.0).endswith("3/100 [00:06<03:14,  2.00s/it]\n")
+    compile(mg.SERVER, "server.py", "exec")  # the functions are spliced into the loader
