@@ -21,11 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from loadwatch.daemon.cli import EX_CANTCREAT, EX_CONFIG, fail
-from loadwatch.daemon.config import Config, ConfigError, VllmConfig, load_config
+from loadwatch.daemon.config import (
+    Config,
+    ConfigError,
+    VllmConfig,
+    http_files_problem,
+    load_config,
+)
 from loadwatch.daemon.loop import Daemon
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.gpu.scope import ScopedGpuSource, devices_from_env
+from loadwatch.daemon.statelock import StateDirBusy, lock_state_dir
 from loadwatch.daemon.supervise.config import SupervisorConfigError
 from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.eventlog import EventLog
@@ -34,6 +41,7 @@ from loadwatch.exporters.http.routes import BoardMaker
 from loadwatch.exporters.http.server import ServerError
 
 EX_UNAVAILABLE = 69
+EX_TEMPFAIL = 75  # another daemon holds the state directory: try again later
 DEFAULT_STATE_DIR = Path("/var/lib/loadwatch")
 
 
@@ -118,9 +126,33 @@ def run_daemon(
     stdout: Any = None,
     gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None = None,
 ) -> int:
+    problem = http_files_problem(cfg.http)
+    if problem:
+        return fail(f"config error: {problem}", EX_CONFIG)
     problem = prepare_state_dir(cfg.state_dir)
     if problem:
         return fail(problem, EX_CANTCREAT)
+    try:
+        lock = lock_state_dir(cfg.state_dir)
+    except StateDirBusy as exc:
+        return fail(str(exc), EX_TEMPFAIL)
+    except OSError as exc:
+        return fail(
+            f"cannot lock the state directory {cfg.state_dir}: {exc.strerror}", EX_CANTCREAT
+        )
+    try:
+        return _run_locked(cfg, supervisor_factory, on_started, stdout, gpu_factory)
+    finally:
+        os.close(lock)
+
+
+def _run_locked(
+    cfg: Config,
+    supervisor_factory: Callable[[Daemon], Any] | None,
+    on_started: Callable[[Daemon, HttpProcess], None] | None,
+    stdout: Any,
+    gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None,
+) -> int:
     redactor = Redactor()
     if cfg.vllm is not None:
         redactor.learn(cfg.vllm.argv, cfg.vllm.env)

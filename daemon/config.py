@@ -8,6 +8,7 @@ never silently falls back to a default.
 from __future__ import annotations
 
 import ipaddress
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -261,6 +262,9 @@ class _Table:
 
     def path(self, key: str, default: Path | None) -> Path | None:
         value = self.string(key, None)
+        if value is not None and "\0" in value:
+            # No system call takes one: a path with it names nothing (and open() raises).
+            raise ConfigError(self.key(key), f"a path cannot hold a NUL byte: {_show(value)}")
         return default if value is None else Path(value).expanduser()
 
     def strings(self, key: str) -> tuple[str, ...]:
@@ -427,6 +431,11 @@ def parse_listen(text: str, key: str = "--listen") -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ConfigError(key, f"port must be 0..65535, got {port}")
     host = host.strip("[]") or "127.0.0.1"
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ConfigError(key, f"not an IP address (nor localhost): {host!r}") from None
     return host, port
 
 
@@ -444,6 +453,34 @@ def _check_http(http: HttpConfig) -> None:
         raise ConfigError(
             "[http] bearer_token_file", "choose a bearer token or basic auth, not both"
         )
+
+
+def http_files_problem(http: HttpConfig) -> str | None:
+    """A certificate, key or secret file the HTTP server could not use, in one line: checked
+    before anything starts, as a configuration error (a restart would not mend it)."""
+    files = (
+        ("tls_cert", http.tls_cert, False),
+        ("tls_key", http.tls_key, False),
+        ("bearer_token_file", http.bearer_token_file, True),
+        ("basic_auth_password_file", http.basic_auth_password_file, True),
+    )
+    for name, path, secret in files:
+        if path is None:
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            return f"[http] {name}: cannot read {path}: {exc.strerror or exc}"
+        if secret and not data.strip():
+            return f"[http] {name}: {path} is empty"
+        if not secret and not data:
+            return f"[http] {name}: {path} is empty"
+    if http.tls_cert is not None and http.tls_key is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(http.tls_cert, http.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            return f"[http] tls_cert: {http.tls_cert} and {http.tls_key} are no certificate and key: {exc}"
+    return None
 
 
 def with_overrides(cfg: Config, **sections: Any) -> Config:

@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import logging
 import os
+import stat
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -121,6 +122,7 @@ class Daemon:
         self._orphan_checks: dict[tuple[int, ...], asyncio.Task[None]] = {}  # by tree, in flight
         self._model_tried: str | None = None  # the model path of the log last looked for here
         self._health_up: bool | None = None
+        self._model_dir_said: str | None = None  # the configured model dir's problem, said once
         self._log_error_logged: str | None = None
         self._eventlog_error: str | None = None
         self._vllm_exits: Counter[str] = Counter()  # vLLM runs ended, by outcome
@@ -215,7 +217,22 @@ class Daemon:
         if model_dir is None and argv:
             found = vllm_argv.model_path(list(argv))
             model_dir = Path(found) if found else None
-        if model_dir is None or not model_dir.is_dir():
+        if model_dir is None:
+            return
+        try:
+            is_dir = stat.S_ISDIR(os.stat(model_dir).st_mode)
+            why = "is not a directory"
+        except OSError as exc:
+            is_dir, why = False, f"cannot be read: {exc.strerror or exc}"
+        if not is_dir:
+            if self.cfg.model.dir is not None and why != self._model_dir_said:
+                # configured, so meant: say what is off without it (a path from argv may be a
+                # Hugging Face model id, no directory at all)
+                self._model_dir_said = why
+                self._log_problem(
+                    f"[model] dir {model_dir} {why}: no byte progress and no memory forecast "
+                    "from the checkpoint's size"
+                )
             return
         info: ModelInfo = read_model_dir(model_dir)
         for err in info.errors:
