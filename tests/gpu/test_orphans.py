@@ -251,7 +251,8 @@ if os.fork() == 0:  # the grandchild: holds its memory after its parent exited
     os._exit(0)
 os.close(w)
 print(os.read(r, 32).decode(), flush=True)
-time.sleep(float(sys.argv[1]))
+if "--escape" not in sys.argv:
+    sys.stdin.readline()  # exits when the test closes its stdin
 """
 
 
@@ -259,7 +260,11 @@ def start_grandchild(
     *args: str, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[str], int]:
     child = subprocess.Popen(
-        [sys.executable, "-c", GRANDCHILD, *args], text=True, stdout=subprocess.PIPE, env=env
+        [sys.executable, "-c", GRANDCHILD, *args],
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
     )
     assert child.stdout is not None
     return child, int(child.stdout.readline())
@@ -267,12 +272,14 @@ def start_grandchild(
 
 def test_a_grandchild_keeping_memory_after_its_parent_exited_is_leaked() -> None:
     gpus = SimulatedGpuSource(3, pids=None, exit_linger_s=0.3)
-    child, grandchild = start_grandchild("0.5")
+    child, grandchild = start_grandchild()
     try:
         tree = process_tree_pids(child.pid)  # the snapshot taken while the run lives
         assert tree == {child.pid, grandchild}
         gpus.hold(0, child.pid, 30 * GIB)
         gpus.hold(2, grandchild, 9 * GIB)
+        assert child.stdin is not None
+        child.stdin.close()
         child.wait()
         report = settle(gpus, tree, grace_s=1.0)
         assert [(h.pid, h.gpu_index, h.used_bytes, h.alive) for h in report.leaked] == [
@@ -289,7 +296,7 @@ def test_a_grandchild_keeping_memory_after_its_parent_exited_is_leaked() -> None
 def test_a_worker_that_left_the_tree_is_known_by_the_run_marker() -> None:
     gpus = SimulatedGpuSource(1, pids=None)
     env = {**os.environ, "LOADWATCH_RUN": "5eed"}
-    child, escaped = start_grandchild("--escape", "0", env=env)
+    child, escaped = start_grandchild("--escape", env=env)
     try:
         child.wait()
         tree = {child.pid}  # the tree never saw it: it left the session before a scan
