@@ -38,6 +38,9 @@ class LogConfig:
     mode: Literal["auto", "inotify", "poll"] = "auto"
     poll_interval_s: float = 0.25
     max_record_bytes: int = 65536
+    # How the file wraps vLLM's output: as written, or a container runtime's log lines (the
+    # kubelet's CRI format, docker's json-file); auto: by the path, else by the first line.
+    format: Literal["auto", "plain", "cri", "docker"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,7 @@ def _log_fields(t: _Table) -> dict[str, Any]:
         "max_record_bytes": t.integer(
             "max_record_bytes", d.max_record_bytes, minimum=1024, maximum=1 << 26
         ),
+        "format": t.choice("format", d.format, ("auto", "plain", "cri", "docker")),
     }
 
 

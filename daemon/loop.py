@@ -44,6 +44,7 @@ from loadwatch.daemon.sources.inputs import (
     Tick,
 )
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
+from loadwatch.daemon.sources.log.container import ContainerLogDecoder, resolve_format
 from loadwatch.daemon.sources.log.emitmark import EmitMark, Identity, Mark, identity
 from loadwatch.daemon.sources.log.emitmark import written as written_events
 from loadwatch.daemon.sources.log.follower import FollowerError, LogFollower, Position
@@ -102,6 +103,7 @@ class Daemon:
         self.supervisor: Any = None
         self._supervisor_factory = supervisor_factory
         self._follower: LogFollower | None = None
+        self._decoder: ContainerLogDecoder | None = None
         self._scanner = ChunkScanner(EventStream(ref_ts=clock()))
         self._events: Counter[str] = Counter()
         self._xids: Counter[tuple[int, str | None, int]] = Counter()
@@ -291,12 +293,15 @@ class Daemon:
         if path is None:
             return None
         state_dir = self.cfg.state_dir / "follower"
+        fmt = "plain" if self.cfg.supervise else resolve_format(self.cfg.log.format, path)
+        self._decoder = ContainerLogDecoder(fmt) if fmt != "plain" else None
         follower = LogFollower(
             path,
             state_dir=state_dir,
             cap_bytes=self.cfg.log.max_record_bytes,
             poll_interval_s=self.cfg.log.poll_interval_s,
             mode=self.cfg.log.mode,
+            split_cr=self._decoder is None,
         )
         cp = follower.loaded_checkpoint
         if cp is not None:
@@ -463,6 +468,8 @@ class Daemon:
         while not self.stop_event.is_set():
             try:
                 chunks = follower.read()
+                if self._decoder is not None:  # a container runtime's lines: their content
+                    chunks = self._decoder.decode(chunks)
             except FollowerError as exc:
                 self._log_problem(f"log {follower.path}: {exc}")
                 chunks = []

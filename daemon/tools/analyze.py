@@ -11,7 +11,8 @@ built from those snapshots. Memory stays bounded: reads of at most a few MiB, re
 A gzip file (a rotated log that logrotate compressed) is read through a temporary file it is
 inflated into, deleted at the end; the report gives the log's own size and the compressed one.
 Data that ends early (cut short, or corrupt further on) is read up to there and counted as a read
-error.
+error. A container log (the kubelet's CRI format, docker's json-file; daemon/sources/log/
+container.py) and stdin (`-`) are read the same way, through a temporary file of their content.
 
 Input faults end in one line on stderr: 66 when the path is missing or unreadable, 74 on a read
 error, 65 when it is not a log at all (a directory or other non-regular file, an empty file,
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import IO
 
 from loadwatch.daemon.sources.inputs import ModelInfo
+from loadwatch.daemon.sources.log.container import spool, spool_if_container
 from loadwatch.daemon.sources.log.files import GZIP_MAGIC, inflate_into
 from loadwatch.daemon.sources.log.follower import DEFAULT_MAX_READ_BYTES, FollowerError, LogFollower
 from loadwatch.daemon.sources.model.model_info import model_named_in_log, read_model_dir
@@ -162,9 +164,13 @@ class LogReader:
         check_record_cap(max_record_bytes)
         self.path = path
         self.cap = max_record_bytes
+        self._inflated: IO[bytes] | None = None  # stdin, an inflated gzip file, or a decoded
+        self._decoded: IO[bytes] | None = None  # container log: a temporary file read instead
+        if str(path) == "-":  # stdin (`kubectl logs POD | loadwatch analyze -`)
+            self._inflated = spool(sys.stdin.buffer, path)
+            path = Path(self._inflated.name)
         self.opened = check_input(path)
         self.source = path  # what is read: the path, or the file a gzip file is inflated into
-        self._inflated: IO[bytes] | None = None
         early: str | None = None
         if self.opened.gzip:
             self._inflated, early = inflate_log(path)
@@ -177,6 +183,10 @@ class LogReader:
                 binary=_looks_binary(sample),
                 compressed_bytes=self.opened.size_bytes,
             )
+        if not self.opened.binary and str(self.path) != "-":  # CRI or docker json-file
+            self._decoded = spool_if_container(self.source, self.path)
+            if self._decoded is not None:
+                self.source = Path(self._decoded.name)
         self.events_total = 0
         self._end: int | None = None  # where the unterminated last record ends
         self._tail_cut = False
@@ -189,10 +199,11 @@ class LogReader:
         self._early = early  # the gzip data ended early: one more read error
 
     def close(self) -> None:
-        """Delete the inflated copy of a gzip file, if any."""
-        if self._inflated is not None:
-            self._inflated.close()
-            self._inflated = None
+        """Delete the temporary files read instead of the input, if any."""
+        for tmp in (self._inflated, self._decoded):
+            if tmp is not None:
+                tmp.close()
+        self._inflated = self._decoded = None
 
     def events(self) -> Iterator[Event]:
         scanner = ChunkScanner(EventStream(ref_ts=self.opened.mtime))

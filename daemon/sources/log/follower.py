@@ -171,6 +171,7 @@ class LogFollower:
         checkpoint_every_s: float = 5.0,
         checkpoint_min_interval_s: float = 1.0,
         mountinfo: str = "/proc/self/mountinfo",
+        split_cr: bool = True,
     ) -> None:
         if cap_bytes < 1 or max_read_bytes < cap_bytes:
             raise FollowerError("need 1 <= cap_bytes <= max_read_bytes")
@@ -185,6 +186,8 @@ class LogFollower:
         self._poll = poll_interval_s
         self._mode: Mode = mode
         self._mountinfo = mountinfo
+        # A container runtime's log (container.py) ends its lines with \n only; a \r is content.
+        self._split_cr = split_cr
         self._clock = clock
         self._wall = wall_clock
         self._gens = Generations(self._path, rotated_keep)
@@ -320,7 +323,7 @@ class LogFollower:
                     if self._replaced_while_reading(src):
                         return budget
                     continue
-                t = _first_terminator(buf)
+                t = _first_terminator(buf) if self._split_cr else buf.find(b"\n")
                 if t < 0:
                     src.skip_pos += len(buf)
                     self._bytes += len(buf)
@@ -349,7 +352,7 @@ class LogFollower:
                     return budget
                 continue
             last = buf.rfind(b"\n")
-            cr = buf.rfind(b"\r", last + 1)
+            cr = buf.rfind(b"\r", last + 1) if self._split_cr else -1
             if cr > last:
                 last = cr
             if last < 0:
