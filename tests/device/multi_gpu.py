@@ -316,7 +316,13 @@ class Daemon:
         self.proc = subprocess.Popen(
             [*cmd, "--gpu", "nvml"], env=daemon_env(), stdout=self.out, stderr=subprocess.STDOUT
         )
-        wait_for("daemon /metrics", lambda: metrics(self.base), 60)
+        wait_for("daemon /metrics", self._up, 60)
+
+    def _up(self) -> dict[str, float]:
+        if self.proc.poll() is not None:
+            self.out.flush()
+            raise RuntimeError(f"the daemon exited {self.proc.returncode}:\n{self.tail(15)}")
+        return metrics(self.base)
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
         docs = read_events(self.events_path)
@@ -723,18 +729,21 @@ def main() -> int:
     c = Checks()
     only = set(args.only.split(","))
     t_start = time.monotonic()
-    if "stop" in only:
-        scenario_exit(c, work, "stop", n, pynvml, base)
-    if "crash" in only:
-        scenario_exit(c, work, "crash", n, pynvml, base)
-    if "orphan" in only:
-        scenario_orphan(c, work, n, pynvml, base)
-    if "oom" in only:
-        scenario_oom(c, work, n, pynvml, base)
-    if "poll" in only:
-        poll_cost(c, n, args.polls)
-    if "cpu" in only:
-        daemon_cpu(c, work, n, args.cpu_window_s)
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("stop", lambda: scenario_exit(c, work, "stop", n, pynvml, base)),
+        ("crash", lambda: scenario_exit(c, work, "crash", n, pynvml, base)),
+        ("orphan", lambda: scenario_orphan(c, work, n, pynvml, base)),
+        ("oom", lambda: scenario_oom(c, work, n, pynvml, base)),
+        ("poll", lambda: poll_cost(c, n, args.polls)),
+        ("cpu", lambda: daemon_cpu(c, work, n, args.cpu_window_s)),
+    ]
+    for name, step in steps:
+        if name not in only:
+            continue
+        try:
+            step()
+        except Exception as exc:  # one scenario's breakage is its FAIL line; the others still run
+            c.add(f"{name}-run", False, f"{type(exc).__name__}: {exc}")
     if n < 2:
         print("not run for lack of a second GPU: OOM on one GPU alone, the other GPUs' projections")
         print("and an orphan on one GPU with nothing on the others (run again with N >= 2)")
