@@ -53,6 +53,7 @@ class LogFacts:
     read_errors: int
     last_error: str | None
     compressed_bytes: int | None = None  # the gzip file's own size, when the log was one
+    processes: tuple[str, ...] = ()  # every distinct process prefix, in order of first appearance
 
 
 @dataclass(frozen=True, slots=True)

@@ -510,6 +510,9 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
         if ev.kind == "api_server_start" and f.s.api_server_at is None:
             f.upd(api_server_at=t)
         f.advance("post_load", t, ev.kind)
+        if ev.kind == "api_server_start" and ev.detail == "routes":
+            # vLLM lists its routes once the engine is up, as uvicorn starts serving them
+            _ready(f, t, "API routes listed")
     elif ev.kind == "app_startup_complete":
         _ready(f, t, "application startup complete")
     elif ev.kind == "shutdown":

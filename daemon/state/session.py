@@ -41,6 +41,7 @@ TERMINAL = frozenset({"failed", "stopped"})
 EXITED_RANK = 100  # a bad exit with no failure in the log names nothing better
 POST_LOAD_MILESTONES = frozenset(
     {
+        "weights_loaded",  # `Loading weights took`: the weights are in
         "model_memory",
         "torch_compile",
         "kv_cache",

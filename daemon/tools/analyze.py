@@ -50,6 +50,7 @@ from loadwatch.exporters.report import (
 )
 from loadwatch.exporters.terminal.report_text import print_report
 from loadwatch.parsers import ChunkScanner, Event, EventStream, Failure
+from loadwatch.parsers.vllm.lines import ProcessNames
 
 EX_DATAERR = 65
 EX_NOINPUT = 66
@@ -191,6 +192,7 @@ class LogReader:
         self._end: int | None = None  # where the unterminated last record ends
         self._tail_cut = False
         self._unterminated = False
+        self.processes = ProcessNames()
         self._health_records = 0
         self._health_bytes = 0
         self._health_cuts = 0
@@ -207,6 +209,7 @@ class LogReader:
 
     def events(self) -> Iterator[Event]:
         scanner = ChunkScanner(EventStream(ref_ts=self.opened.mtime))
+        names = self.processes
         try:
             follower = LogFollower(
                 self.source,
@@ -220,6 +223,7 @@ class LogReader:
         try:
             while True:
                 for chunk in follower.read():
+                    names.feed(chunk.data)
                     for ev in scanner.feed(chunk.data, chunk.offset, chunk.file_id):
                         self.events_total += 1
                         yield ev
@@ -239,6 +243,7 @@ class LogReader:
             follower.close(checkpoint=False)
         if tail is not None:
             data, offset = tail
+            names.feed(data)
             for ev in scanner.feed(data, offset):
                 self.events_total += 1
                 yield ev
@@ -284,6 +289,7 @@ class LogReader:
             read_errors=self._errors + (self._early is not None),
             last_error=self._last_error or self._early,
             compressed_bytes=self.opened.compressed_bytes,
+            processes=tuple(self.processes.names),
         )
 
 

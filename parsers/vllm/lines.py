@@ -41,6 +41,75 @@ _DATED = re.compile(
     r"(?P<Y>\d{4})-(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)[.,]\d{1,6}+"
     r" - (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - "
 )
+# What a launcher or log collector writes before vLLM's own line, stripped before the grammar
+# reads it (repeatedly: a CI stamp before a compose prefix). Anchored, bounded, no backtracking.
+_WRAPPER = re.compile(
+    r"(?:"
+    # torch.distributed's rank prefix: `[rank0]: `
+    r"\[rank\d{1,6}+\]: ?"
+    # CI and collectors: `[2025-08-12T08:42:32Z] `, `2025-08-12T08:42:32.1234567Z `
+    r"|\[?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9}+)?(?:Z|[+-]\d\d:?\d\d)?\]? "
+    # journald / syslog: `Mon DD HH:MM:SS host unit[pid]: `, the month in any locale's spelling
+    r"|[^\s\d\[(][^\s]{0,11}+ {1,2}\d{1,2}+ \d\d:\d\d:\d\d \S{1,255}+ [^\s\[:]{1,128}+(?:\[\d{1,10}+\])?: "
+    # an ISO-stamped journal (`--output=short-iso`): `host unit[pid]: ` after the stamp above
+    r"|(?=[^\s(\[]{1,255}+ [^\s\[:]{1,128}+\[\d{1,10}+\]: )\S{1,255}+ [^\s\[:]{1,128}+\[\d{1,10}+\]: "
+    # docker compose: `vllm-1  | `, `name | `
+    r"|[A-Za-z0-9][A-Za-z0-9_.-]{0,63}+ {1,40}+\| ?"
+    # a launcher's tag: `[vllm]: `
+    r"|\[[A-Za-z][A-Za-z0-9_.-]{0,39}+\]: "
+    r")"
+)
+_WRAPPER_START = frozenset("[0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+MAX_WRAPPERS = 4
+
+
+def strip_wrapper(text: str) -> str:
+    """The record without what a launcher or collector wrote before it (nothing when none)."""
+    if text[:1] not in _WRAPPER_START:
+        return text
+    for _ in range(MAX_WRAPPERS):
+        m = _WRAPPER.match(text)
+        if m is None or m.end() == 0:
+            break
+        text = text[m.end() :]
+    return text
+
+
+def has_wrapper(text: str) -> bool:
+    return text[:1] in _WRAPPER_START and _WRAPPER.match(text) is not None
+
+
+# Every `(NAME ... pid=N)` in a chunk of the log, for the list of the processes a log shows
+# (a post-mortem's; the live path never runs it).
+_PREFIX_BYTES = re.compile(
+    rb"\((?P<name>[A-Za-z][A-Za-z0-9_-]{0,63}+)(?: rank=(?P<rank>[0-9]{1,6}+))?"
+    rb"(?: (?P<ranks>[A-Z]{1,8}+[0-9]{1,6}+(?:_[A-Z]{1,8}+[0-9]{1,6}+){0,7}+))?"
+    rb" pid=[0-9]{1,10}+(?:, ip=[0-9A-Fa-f.:]{1,64}+)?\)"
+)
+MAX_PROCESS_NAMES = 256
+
+
+class ProcessNames:
+    """The distinct process prefixes of a log, in order of first appearance (bounded)."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, None] = {}
+
+    def feed(self, data: bytes) -> None:
+        if b" pid=" not in data:
+            return
+        names = self.names
+        for m in _PREFIX_BYTES.finditer(data):
+            if len(names) >= MAX_PROCESS_NAMES:
+                return
+            name = m["name"].decode()
+            if m["ranks"]:
+                name = f"{name}_{m['ranks'].decode()}"
+            elif m["rank"]:
+                name = f"{name}_rank{m['rank'].decode()}"
+            names.setdefault(name, None)
+
+
 _MISSING = object()
 _HEADER_WINDOW = 256  # a VLLM_LOGGING_PREFIX may stand before the header; nothing longer
 
@@ -232,7 +301,7 @@ class StandardHeads:
         """A record without prefix or header (a bar, stderr): no level word in reach of
         `parse_head`'s header search, nothing that starts a prefix."""
         c = text[:1]
-        if not c or c == "(" or c.isspace() or " pid=" in text:
+        if not c or c == "(" or c.isspace() or " pid=" in text or has_wrapper(text):
             return None
         window = text[: _HEADER_WINDOW + 16]
         for word in _LEVEL_WORDS:
@@ -250,6 +319,7 @@ def parse_head(segment: str, years: YearResolver) -> Head:
     process: str | None = None
     pid: int | None = None
     pos = 0
+    segment = strip_wrapper(segment)
     # Prefixes may nest or repeat (before 2026-03): the innermost (last) names the process.
     if segment.startswith("(") or segment[:1].isspace():
         m = _PREFIX.match(segment)

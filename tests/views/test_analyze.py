@@ -27,7 +27,12 @@ from .helpers import (
 # Every fixture log and what analyze must conclude from it: (sessions, final verdict text,
 # earlier sessions' verdicts).
 EXPECTED: dict[str, tuple[int, str, list[str]]] = {
+    "gh-1cat-237-journald-ru.log": (0, "incomplete: no vLLM start in the log", []),
+    "gh-akash-543-launcher.log": (0, "incomplete: no vLLM start in the log", []),
     "gh-club3090-60-oom-reraised.log": (1, "failed: cuda_oom", []),
+    "gh-dynamo-4087-ready.log": (1, "ready", []),
+    "gh-proxmoxved-2047-journald.log": (1, "incomplete: no vLLM start in the log", []),
+    "gh-vllm-12474-journald-traceback.log": (0, "incomplete: no vLLM start in the log", []),
     "gh-vllm-16707-nccl-ray.log": (1, "failed: nccl", []),
     "gh-vllm-17939-oom-sampler.log": (1, "failed: cuda_oom", []),
     "gh-vllm-27508-engine-init-quoted.log": (1, "failed: engine_init_failed", []),
@@ -81,6 +86,9 @@ ROOTS: dict[str, list[tuple[str, int, int]]] = {
     "gh-vllm-27508-engine-init-quoted.log": [("engine_init_failed", 1, 0)],
     # the error is named on the line that opens the cut traceback
     "gh-vllm-7800-nccl-init-device.log": [("nccl", 1, 0)],
+    # torch.distributed's `[rank0]: ` taken off: the NCCL RuntimeError is the root, the Ray
+    # workers' "Error executing method" and their traceback (cut) its echoes
+    "gh-vllm-16707-nccl-ray.log": [("nccl", 3, 2)],
     # real vLLM 0.32 runs stopped on request: the EngineDeadError of the SIGTERM is no failure
     "real-v0.32-deepseek-kvscales.log": [],
     "real-v0.32-llama.log": [],
@@ -95,6 +103,21 @@ def test_failures_are_root_causes_with_their_echoes(name: str, tmp_path: Path) -
     for f in s.failures:
         assert f.line is not None and f.line in [e.line for e in f.evidence]  # the anchor
         assert len(f.evidence) == f.count
+
+
+# The processes a log shows, behind whatever wrapper (journald in any locale, a launcher's tag).
+PROCESSES: dict[str, list[str]] = {
+    "gh-1cat-237-journald-ru.log": ["EngineCore", "APIServer"],
+    "gh-proxmoxved-2047-journald.log": ["APIServer"],
+    "gh-akash-543-launcher.log": ["VllmWorkerProcess"],
+    "gh-vllm-17939-oom-sampler.log": ["VllmWorker_rank1", "VllmWorker_rank0"],
+    "ray.log": ["RayWorkerWrapper"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROCESSES))
+def test_processes_in_order_of_first_appearance(name: str, tmp_path: Path) -> None:
+    assert list(_report(tmp_path, name).log.processes) == PROCESSES[name]
 
 
 def test_every_fixture_has_a_source() -> None:
@@ -155,7 +178,8 @@ def test_sm120_two_sessions_in_full(tmp_path: Path) -> None:
     assert second.verdict.status == "ready"
     assert second.time_to_ready_s == pytest.approx(1025.0)
     assert [p.phase for p in second.phases] == ["starting", "loading_weights", "post_load", "ready"]
-    assert [p.duration_s for p in second.phases[:3]] == [40.0, 933.0, 52.0]
+    # `Loading weights took` after the finished bar ends loading_weights
+    assert [p.duration_s for p in second.phases[:3]] == [40.0, 932.0, 53.0]
     weights = next(b for b in second.bars if b.kind == "weights")
     assert (weights.done, weights.total) == (119, 119)
     assert weights.longest_gap_s == pytest.approx(914.0)
