@@ -9,7 +9,8 @@
     loadwatch preflight MODEL_DIR [--kv-cache-dtype X] [--gpu-cc 12.0] [--json]
               [--gpu-memory-gib G | --gpu-model NAME] [--tensor-parallel-size N ...]
     loadwatch patch-model MODEL_DIR (--drop-fp8-kv-cache | --revert) [--dry-run]
-    loadwatch demo [--scenario S] [--speed X] [--real]
+    loadwatch alerts --runbook-base-url URL [--rules FILE] [--output FILE]
+    loadwatch demo [--scenario S] [--speed X] [--real] [--keep]
 
 Expected problems end in one line on stderr and a non-zero exit code, never a traceback:
 64 usage (argparse's errors too), 65 bad input data, 66 input missing, 69 a service is down,
@@ -284,6 +285,31 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--revert", action="store_true", help="put the backed-up files back")
     pm.add_argument("--dry-run", action="store_true", help="print the diff and write nothing")
 
+    al = command(
+        "alerts",
+        "print the Prometheus alert rules with the runbooks' base URL set",
+        "examples:\n"
+        "  loadwatch alerts --runbook-base-url https://wiki.example.com/loadwatch \\\n"
+        "      --output /etc/prometheus/rules/loadwatch.yml\n"
+        "  loadwatch alerts --runbook-base-url file:///opt/loadwatch/share/docs\n\n"
+        "Each alert's runbook_url becomes URL/runbook.md#<alert>.",
+    )
+    al.add_argument(
+        "--runbook-base-url",
+        required=True,
+        metavar="URL",
+        help="where docs/runbook.md is published (http, https or file URL)",
+    )
+    al.add_argument(
+        "--rules",
+        type=Path,
+        metavar="FILE",
+        help="the alert rules to fill in (default: the installed prometheus/alerts.yml)",
+    )
+    al.add_argument(
+        "--output", type=Path, metavar="FILE", help="write here, atomically (default: stdout)"
+    )
+
     demo = command(
         "demo",
         "a simulated Kimi-K2.5 load, supervised, in about a minute",
@@ -367,6 +393,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
         print(text, file=sys.stdout if code == 0 else sys.stderr)
         return code
+    if args.command == "alerts":
+        from loadwatch.daemon.tools.alerts import alerts_command
+
+        return alerts_command(args.runbook_base_url, args.rules, args.output)
     if args.command == "demo":
         from loadwatch.daemon.tools.demo import demo_command
 

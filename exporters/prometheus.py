@@ -24,6 +24,7 @@ SUPERVISOR_STATES = ("idle", "starting", "running", "backoff", "stopping", "exit
 # "exited" is a bad exit with no failure in the log.
 FAILURE_KINDS = (*get_args(FailureKind), "exited")
 EXIT_OUTCOMES = ("clean", "failed", "signal")
+LOG_STATES = ("ok", "missing", "unreadable")
 
 Metric = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
 
@@ -328,6 +329,12 @@ def _sources(pub: Published) -> Iterator[Metric]:
     yield errors
     yield last
     if pub.log is not None:
+        state = GaugeMetricFamily(
+            "loadwatch_log_state", "1 for the log file's state.", labels=["state"]
+        )
+        for name in LOG_STATES:
+            state.add_metric([name], 1.0 if pub.log.state == name else 0.0)
+        yield state
         for name, doc, value in (
             ("loadwatch_log_lines", "Log lines (records) read.", pub.log.lines_total),
             ("loadwatch_log_read_bytes", "Log bytes read.", pub.log.bytes_total),

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Debian packages the tests use for real: prometheus (server + promtool), mtail.
+# Debian packages the tests use for real: prometheus (server + promtool), alertmanager (the
+# inhibit rules), mtail.
 # Installs what is missing when run as root; otherwise says what is missing and fails.
 set -euo pipefail
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v mtail >/dev/null 2>&1 || need+=(mtail)
+command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 [ ${#need[@]} -eq 0 ] && exit 0
 mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)

@@ -45,6 +45,14 @@ class LogHealth:
     last_success_ts: float | None
     mode: str | None
 
+    @property
+    def state(self) -> str:
+        """`ok`; `missing` (no file at the path, no error: vLLM has not written it yet, or the path
+        is wrong); `unreadable` (it cannot be read: permissions, a directory, an I/O error)."""
+        if self.up:
+            return "ok"
+        return "missing" if not self.file_exists and self.last_error is None else "unreadable"
+
 
 @dataclass(frozen=True)
 class SupervisorStats:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import threading
@@ -13,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from loadwatch.daemon.app import run_daemon
-from loadwatch.daemon.config import Config
+from loadwatch.daemon.config import Config, EventsConfig
 from loadwatch.daemon.loop import Daemon
 from tests.client import DaemonClient
 
@@ -54,6 +55,11 @@ def running(cfg: Config, **kw: Any) -> Iterator[Running]:
         r.daemon = daemon
         r.url = server.url
         r.started.set()
+
+    # The captured stdout is where these tests read the event log: ask for all of it there
+    # (the daemon's default keeps parsed log events to the events file).
+    if cfg.events == EventsConfig():
+        cfg = dataclasses.replace(cfg, events=EventsConfig(stdout="all"))
 
     def target() -> None:
         r.code = run_daemon(cfg, on_started=on_started, stdout=r.out, **kw)

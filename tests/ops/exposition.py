@@ -21,6 +21,7 @@ FAILURE_KINDS = (
     "kv_cache_too_small",
     "max_model_len",
     "engine_init_failed",
+    "startup_timeout",
     "worker_died",
     "nccl",
     "fp8_kv_unsupported",
@@ -233,6 +234,9 @@ def render(scene: Scene) -> str:
         when = scene.now_s if up else scene.started_s
         t.sample("loadwatch_source_last_success_timestamp_seconds", when, {"source": source})
 
+    t.family("loadwatch_log_state", "gauge", "1 for the log file's state.")
+    for state in ("ok", "missing", "unreadable"):
+        t.sample("loadwatch_log_state", 1 if state == "ok" else 0, {"state": state})
     t.family("loadwatch_log_lines_total", "counter", "Log records read.")
     t.sample("loadwatch_log_lines_total", scene.log_lines)
     t.family("loadwatch_log_read_bytes_total", "counter", "Log bytes read.")

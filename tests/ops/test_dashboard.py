@@ -32,7 +32,11 @@ def test_schema_and_variables() -> None:
     assert b["schemaVersion"] >= 39
     assert b["uid"] and b["title"] and b["id"] is None  # importable anywhere
     variables = {v["name"]: v for v in b["templating"]["list"]}
-    assert list(variables) == ["datasource", "job", "instance", "gpu"]
+    assert list(variables) == ["datasource", "job", "instance", "gpu", "runbook_base_url"]
+    runbook = variables["runbook_base_url"]  # one place for the runbooks' base, as the alerts'
+    assert runbook["type"] == "constant" and runbook["hide"] == 2
+    links = [link["url"] for link in b["links"]]
+    assert "${runbook_base_url}/runbook.md" in links
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     for name in ("job", "instance", "gpu"):

@@ -148,6 +148,7 @@ def test_dashboard_uses_documented_metrics_labels_and_values() -> None:
         "loadwatch_gpu_info",  # used by the gpu variable's label_values()
         "loadwatch_gpu_xid_events_total",  # the alert's; the dashboard shows the per-code series
         "loadwatch_vllm_info",  # for joining vLLM's own vllm:* series on model_name
+        "loadwatch_log_state",  # the log alerts'; the dashboard shows loadwatch_source_up
     } | {m for m in documented() if m.startswith("loadwatch_http_process_")}  # self-metrics
 
 

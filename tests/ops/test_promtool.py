@@ -12,7 +12,7 @@ import pytest
 from .common import ALERTS, PROMETHEUS, RUNBOOK, require
 
 RULE_TESTS = sorted((PROMETHEUS / "tests").glob("*.yml"))
-RUNBOOK_BASE = "https://github.com/loadwatch/loadwatch/blob/main/docs/runbook.md"
+RUNBOOK_BASE = "RUNBOOK_BASE_URL/runbook.md"  # filled in by `loadwatch alerts --runbook-base-url`
 
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
