@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -382,6 +383,56 @@ def wait_released(pynvml: Any, n: int, baseline: list[int], timeout_s: float = 6
     return time.monotonic() - t0
 
 
+class ListingLag:
+    """Watches NVML's process lists (every 10 ms, on a thread): for how long, after a process
+    was gone from /proc (or a zombie), did NVML still list it? The moment the orphan check waits
+    out."""
+
+    def __init__(self, pynvml: Any, n: int) -> None:
+        self._nv, self._n = pynvml, n
+        self._stop = threading.Event()
+        self.gone_at: dict[int, float] = {}  # pid -> first moment seen listed but gone
+        self.longest_s = 0.0
+        self.pids: set[int] = set()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        nv = self._nv
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(self._n)]
+        while not self._stop.is_set():
+            now = time.monotonic()
+            for h in handles:
+                try:
+                    procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+                except Exception:
+                    continue
+                for proc in procs:
+                    pid = int(proc.pid)
+                    if _alive(pid):
+                        continue
+                    since = self.gone_at.setdefault(pid, now)
+                    self.pids.add(pid)
+                    self.longest_s = max(self.longest_s, now - since)
+            time.sleep(0.01)
+
+    def stop(self) -> str:
+        self._stop.set()
+        self._thread.join(5)
+        return (
+            f"NVML listed {len(self.pids)} exited process(es) for up to {self.longest_s:.2f} s "
+            "after they were gone from /proc"
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def server_argv(
     work: Path, model: Path, mode: str, n: int, shards: int, gib: float, pace: float, orphan: int
 ) -> list[str]:
@@ -419,12 +470,15 @@ def scenario_exit(c: Checks, work: Path, mode: str, n: int, pynvml: Any, base: l
         wait_for("ready", lambda: d.metrics().get("loadwatch_load_ready") == 1.0, 180)
         used = nvml_used(pynvml, n)
         print(f"{mode}: loaded, GPU used GiB {[round(u / GIB, 1) for u in used]}", flush=True)
+        lag = ListingLag(pynvml, n)
         if mode == "stop":
             code = d.stop()
             ev = orphan_event(d)
+            print(f"figure {mode}: {lag.stop()}", flush=True)
             c.add("stop-exit", code == 0, f"daemon exit {code}")
         else:
             ev = orphan_event(d)
+            print(f"figure {mode}: {lag.stop()}", flush=True)
             m = d.metrics()
             c.add(
                 "crash-metric",
@@ -655,11 +709,11 @@ def daemon_cpu(c: Checks, work: Path, n: int, window_s: float) -> None:
     d.mkdir()
     log = d / "vllm.log"
     p = "(Worker_TP0 pid=4242) "
+    t = time.strftime("%m-%d %H:%M:%S")  # a live log: stamped now, in local time as vLLM does
     log.write_text(
-        "(APIServer pid=4200) INFO 12-01 10:00:00 [api_server.py:1] vLLM API server version 0.32.0\n"
-        f"{p}INFO 12-01 10:00:05 [gpu_model_runner.py:4114] Starting to load model /models/m...\n"
-        f"{p}\rLoading safetensors checkpoint shards:   0% Completed | 0/100 [00:00<?, ?it/s]\n"
-        f"{p}\rLoading safetensors checkpoint shards:   1% Completed | 1/100 [00:02<03:18,  1.98s/it]\n"
+        f"(APIServer pid=4200) INFO {t} [api_server.py:1] vLLM API server version 0.32.0\n"
+        f"{p}INFO {t} [gpu_model_runner.py:4114] Starting to load model /models/m...\n"
+        f"{p}\r{bar(0, 100, 0.0)}{p}\r{bar(1, 100, 2.0)}"
     )
     port = free_port()
     cmd = [sys.executable, "-m", "loadwatch.daemon.cli", "run", "--log", str(log), "--gpu", "nvml"]
