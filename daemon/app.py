@@ -32,6 +32,7 @@ from loadwatch.daemon.loop import Daemon
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.gpu.scope import ScopedGpuSource, devices_from_env
+from loadwatch.daemon.sources.log.journal import JournalError, JournalPump, JournalSource
 from loadwatch.daemon.statelock import StateDirBusy, lock_state_dir
 from loadwatch.daemon.supervise.config import SupervisorConfigError
 from loadwatch.daemon.supervise.redact import Redactor
@@ -64,7 +65,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
         cfg = replace(cfg, state_dir=Path.home() / ".local" / "state" / "loadwatch")
     if cfg.supervise and cfg.log.path is None:
         cfg = replace(cfg, log=replace(cfg.log, path=cfg.state_dir / "vllm.log"))
-    if cfg.log.path is None and not cfg.supervise:
+    if cfg.log.journal_unit is not None and cfg.supervise:
+        raise ConfigError("[log] journal_unit", "supervise mode writes vLLM's log itself")
+    if cfg.log.path is None and not cfg.supervise and cfg.log.journal_unit is None:
         raise ConfigError(
             "[log] path", "nothing to watch: give --log PATH, a config, or -- VLLM COMMAND"
         )
@@ -132,6 +135,39 @@ def run_daemon(
     problem = prepare_state_dir(cfg.state_dir)
     if problem:
         return fail(problem, EX_CANTCREAT)
+    journal = None
+    if cfg.log.journal_unit is not None:
+        journal, cfg = _journal(cfg)
+        try:
+            journal.start()
+        except (JournalError, OSError) as exc:
+            return fail(f"[log] journal_unit: {exc}", EX_UNAVAILABLE)
+    try:
+        return _run_daemon(cfg, supervisor_factory, on_started, stdout, gpu_factory)
+    finally:
+        if journal is not None:
+            journal.stop()
+
+
+def _journal(cfg: Config) -> tuple[JournalPump, Config]:
+    """The pump that copies the unit's journal into a spool, and a config that follows it."""
+    assert cfg.log.journal_unit is not None
+    source = JournalSource(cfg.log.journal_unit, cfg.log.journal_file, cfg.log.journal_directory)
+    pump = JournalPump(
+        source,
+        cfg.state_dir,
+        on_problem=lambda line: print(f"loadwatch: journal: {line}", file=sys.stderr),
+    )
+    return pump, replace(cfg, log=replace(cfg.log, path=pump.spool_path, format="plain"))
+
+
+def _run_daemon(
+    cfg: Config,
+    supervisor_factory: Callable[[Daemon], Any] | None,
+    on_started: Callable[[Daemon, HttpProcess], None] | None,
+    stdout: Any,
+    gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None,
+) -> int:
     try:
         lock = lock_state_dir(cfg.state_dir)
     except StateDirBusy as exc:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the tests use for real: prometheus (server + promtool), alertmanager (the
-# inhibit rules), mtail.
+# inhibit rules), mtail, systemd (systemd-analyze, journalctl), systemd-journal-remote (it writes
+# the journal files the journald tests read).
 # Installs what is missing when run as root; otherwise says what is missing and fails.
 set -euo pipefail
 need=()
@@ -9,6 +10,7 @@ command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v mtail >/dev/null 2>&1 || need+=(mtail)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+[ -x /usr/lib/systemd/systemd-journal-remote ] || [ -x /lib/systemd/systemd-journal-remote ] || need+=(systemd-journal-remote)
 [ ${#need[@]} -eq 0 ] && exit 0
 mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
 if [ "$(id -u)" -ne 0 ]; then

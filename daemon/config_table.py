@@ -1,0 +1,149 @@
+"""The typed reading of one TOML table, for daemon/config.py: getters that name the key
+(`[section] key`) in the one-line `ConfigError` they raise, and unknown keys as errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from loadwatch.daemon.sources.gpu.scope import parse_selector
+
+T = TypeVar("T")
+
+
+class ConfigError(Exception):
+    """A configuration problem: `key` is `[section] name`, `problem` one line."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+class Table:
+    """One TOML table being read: typed getters that name the key in their errors."""
+
+    def __init__(self, name: str, data: Any) -> None:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"[{name}]", "must be a table")
+        self.name = name
+        self.data = data
+        self.seen: set[str] = set()
+
+    def key(self, key: str) -> str:
+        return f"[{self.name}] {key}" if self.name else key
+
+    def _get(self, key: str, default: T, check: Callable[[Any], T]) -> T:
+        self.seen.add(key)
+        if key not in self.data:
+            return default
+        try:
+            return check(self.data[key])
+        except ValueError as exc:
+            raise ConfigError(self.key(key), str(exc)) from None
+
+    def number(
+        self, key: str, default: float, *, minimum: float = 0.0, maximum: float = 1e9
+    ) -> float:
+        def check(v: Any) -> float:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ValueError(f"expected a number, got {_show(v)}")
+            if not minimum <= v <= maximum:
+                raise ValueError(f"must be between {minimum:g} and {maximum:g}, got {v:g}")
+            return float(v)
+
+        return self._get(key, default, check)
+
+    def opt_number(self, key: str, *, minimum: float = 0.0) -> float | None:
+        if key not in self.data:
+            self.seen.add(key)
+            return None
+        return self.number(key, 0.0, minimum=minimum)
+
+    def integer(self, key: str, default: int, *, minimum: int = 0, maximum: int = 2**62) -> int:
+        def check(v: Any) -> int:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"expected an integer, got {_show(v)}")
+            if not minimum <= v <= maximum:
+                raise ValueError(f"must be between {minimum} and {maximum}, got {v}")
+            return v
+
+        return self._get(key, default, check)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        def check(v: Any) -> bool:
+            if not isinstance(v, bool):
+                raise ValueError(f"expected true or false, got {_show(v)}")
+            return v
+
+        return self._get(key, default, check)
+
+    def string(self, key: str, default: str | None) -> str | None:
+        def check(v: Any) -> str:
+            if not isinstance(v, str) or not v:
+                raise ValueError(f"expected a non-empty string, got {_show(v)}")
+            return v
+
+        return self._get(key, default, check)
+
+    def choice(self, key: str, default: str, options: tuple[str, ...]) -> str:
+        def check(v: Any) -> str:
+            if v not in options:
+                raise ValueError(f"must be one of {', '.join(options)}; got {_show(v)}")
+            return cast(str, v)
+
+        return self._get(key, default, check)
+
+    def path(self, key: str, default: Path | None) -> Path | None:
+        value = self.string(key, None)
+        if value is not None and "\0" in value:
+            # No system call takes one: a path with it names nothing (and open() raises).
+            raise ConfigError(self.key(key), f"a path cannot hold a NUL byte: {_show(value)}")
+        return default if value is None else Path(value).expanduser()
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        def check(v: Any) -> tuple[str, ...]:
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ValueError("expected a list of strings (an argv list, never a shell line)")
+            return tuple(v)
+
+        return self._get(key, (), check)
+
+    def devices(self, key: str) -> tuple[int | str, ...] | None:
+        def check(v: Any) -> tuple[int | str, ...]:
+            if not isinstance(v, list):
+                raise ValueError("expected a list of GPU indices or UUIDs, e.g. [0, 1]")
+            out: list[int | str] = []
+            for x in v:
+                if isinstance(x, bool) or not isinstance(x, int | str):
+                    raise ValueError(f"expected a GPU index or UUID, got {_show(x)}")
+                if isinstance(x, int):
+                    if x < 0:
+                        raise ValueError(f"a GPU index is 0 or more, got {x}")
+                    out.append(x)
+                else:
+                    out.append(parse_selector(x))
+            return tuple(out)
+
+        return self._get(key, None, check)
+
+    def mapping(self, key: str) -> dict[str, str]:
+        def check(v: Any) -> dict[str, str]:
+            if not isinstance(v, Mapping) or not all(
+                isinstance(k, str) and isinstance(x, str) for k, x in v.items()
+            ):
+                raise ValueError("expected a table of string values")
+            return dict(v)
+
+        return self._get(key, {}, check)
+
+    def done(self, tables: frozenset[str] | set[str] = frozenset()) -> None:
+        unknown = sorted(set(self.data) - self.seen - tables)
+        if unknown:
+            raise ConfigError(self.key(unknown[0]), "unknown key")
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,137 @@
+"""`[log] journal_unit`: a real journalctl reads a real journal file; each event once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadwatch.daemon.config import ConfigError, parse_config
+from loadwatch.daemon.sources.log.journal import JournalPump, JournalSource, render
+from tests.e2e.realdaemon import DaemonProc, write_config
+from tests.logformats.journal import append, export, vllm_lines
+from tests.logformats.test_container_logs import FIXTURES, _log_events, _status, events_of
+from tests.ops.common import require
+
+LOG = "real-v0.32-llama.log"
+
+
+def _journal(tmp_path: Path, lines: list[bytes]) -> Path:
+    journal = tmp_path / "host.journal"
+    append(journal, export(lines, "vllm.service") + export([b"INFO other unit"], "other.service"))
+    return journal
+
+
+def _spooled(pump: JournalPump, want: int, timeout_s: float = 30) -> None:
+    end = time.monotonic() + timeout_s
+    while pump.entries < want and time.monotonic() < end:
+        time.sleep(0.05)
+    assert pump.entries >= want, pump.entries
+
+
+def test_the_spool_holds_each_entry_once_after_a_kill_between_append_and_record(
+    tmp_path: Path,
+) -> None:
+    lines = vllm_lines((FIXTURES / LOG).read_bytes())
+    journal = _journal(tmp_path, lines)
+    full = b"".join(line + b"\n" for line in lines)
+    source = JournalSource("vllm.service", file=journal, journalctl=require("journalctl"))
+    pump = JournalPump(source, tmp_path / "state")
+    pump.start()
+    try:
+        _spooled(pump, len(lines))
+    finally:
+        pump.stop()
+    assert pump.spool_path.read_bytes() == full  # the other unit's entry is not there
+    # The record as it stood 40 entries before the end: a kill after the append and before
+    # the record leaves the spool longer than the record says.
+    docs = [
+        json.loads(x)
+        for x in subprocess.run(
+            [require("journalctl"), "--file", str(journal), "-o", "json", "--all"],
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout.splitlines()
+    ]
+    docs = [d for d in docs if d.get("_SYSTEMD_UNIT") == "vllm.service"]
+    k = len(docs) - 40
+    size = sum(len(render(d) or b"") for d in docs[:k])
+    state = tmp_path / "state" / "journal" / "journal.json"
+    state.write_text(json.dumps({"cursor": docs[k - 1]["__CURSOR"], "size": size}))
+    again = JournalPump(source, tmp_path / "state")
+    again.start()
+    try:
+        _spooled(again, 40)
+        time.sleep(0.5)  # nothing more may come
+    finally:
+        again.stop()
+    assert again.spool_path.read_bytes() == full
+    assert json.loads(state.read_text())["cursor"] == docs[-1]["__CURSOR"]
+
+
+def test_the_daemon_reads_the_units_journal_killed_half_way_each_event_once(
+    tmp_path: Path,
+) -> None:
+    raw = (FIXTURES / LOG).read_bytes()
+    lines = vllm_lines(raw)
+    half = len(lines) // 2
+    journal = _journal(tmp_path, lines[:half])
+    cfg = write_config(
+        tmp_path / "loadwatch.toml",
+        {"state_dir": tmp_path / "state", "events_file": tmp_path / "events.jsonl"},
+        log={"journal_unit": "vllm.service", "journal_file": journal, "poll_interval_s": 0.1},
+        http={"listen": "127.0.0.1:0"},
+        gpu={"source": "none"},
+    )
+    first = DaemonProc(cfg, tmp_path)
+    try:
+        first.start()
+        first.wait(lambda: len(first.named("log.milestone")) >= 3, "the first half read", 30)
+    finally:
+        first.kill()  # SIGKILL: the journalctl it ran sees its pipe close and ends
+    append(journal, export(lines[half:], "vllm.service", first=half))
+    second = DaemonProc(cfg, tmp_path)
+    try:
+        second.start()
+        second.wait(lambda: _status(second)["session"]["stop_requested"], "the shutdown", 30)
+    finally:
+        second.kill()
+    plain = tmp_path / "plain.log"
+    plain.write_bytes(raw)
+    want = [
+        {"event": f"log.{e.pop('type')}", **{k: v for k, v in e.items() if v is not None}}
+        for e in events_of(str(plain))
+    ]
+    got: list[dict[str, Any]] = _log_events(second.events())
+    assert got == _log_events(want)
+
+
+@pytest.mark.parametrize(
+    ("log", "problem"),
+    [
+        ({"journal_unit": "vllm.service", "path": "/x.log"}, "not both"),
+        ({"journal_file": "/x.journal"}, "goes with journal_unit"),
+        (
+            {"journal_unit": "v", "journal_file": "/a", "journal_directory": "/b"},
+            "journal_file or journal_directory",
+        ),
+    ],
+)
+def test_journal_keys_are_checked(log: dict[str, str], problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        parse_config({"log": log})
+
+
+def test_journalctl_is_run_as_an_argv_list_after_the_cursor() -> None:
+    src = JournalSource("vllm.service")
+    assert src.argv(None)[:8] == [
+        "journalctl", "-o", "json", "--all", "--follow", "--no-pager", "-u", "vllm.service",
+    ]  # fmt: skip
+    assert "-b" in src.argv(None) and "--no-tail" in src.argv(None)
+    resumed = src.argv("s=1;i=2")
+    assert resumed[resumed.index("--after-cursor") + 1] == "s=1;i=2" and "-b" not in resumed
