@@ -304,6 +304,10 @@ class Daemon:
             split_cr=self._decoder is None,
         )
         cp = follower.loaded_checkpoint
+        error = follower.health().last_error
+        if cp is None and error is not None:  # said now: the first checkpoint saved clears it
+            self._log_problem(f"log {path}: {error}: no position to resume from")
+            self._log_error_logged = error
         if cp is not None:
             start = cp.extra.get("session_start") if isinstance(cp.extra, dict) else None
             resume = follower.position()

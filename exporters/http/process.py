@@ -252,8 +252,8 @@ def serve(sock: socket.socket) -> None:
         sock.sendall(frame(f"error {exc}".encode()))
         return
     urls = server.url if probes is None else f"{server.url} {probes.url}"
-    sock.sendall(frame(f"ok {urls}".encode()))
     try:
+        sock.sendall(frame(f"ok {urls}".encode()))
         while (body := read_frame(sock)) is not None:
             state["board"], state["at"] = decode(body), time.monotonic()
     except (OSError, ValueError):
@@ -280,5 +280,8 @@ def _probe_server(config: HttpConfig, routes: Mapping[str, Handler]) -> HttpServ
 
 if __name__ == "__main__":
     fd = int(sys.argv[1])
-    serve(socket.socket(fileno=fd))
+    try:
+        serve(socket.socket(fileno=fd))
+    except OSError:
+        pass  # the daemon went away during the start (killed): there is nobody left to tell
     os._exit(0)

@@ -9,6 +9,7 @@ the chunk scanner (scan.py) that only hands over candidate records yields the sa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from itertools import repeat
@@ -131,6 +132,15 @@ def _set(event: Event, **values: Any) -> None:
         object.__setattr__(event, name, value)
 
 
+# vLLM's request logging (vllm/entrypoints/serve/utils/request_logger.py; 0.6's logger.py):
+# `Received request ID: prompt: '...'` (0.6) or `...: params: ...` (stop strings are the user's),
+# `Request ID details: prompt: ...` and `... JSON body: ...`, `Generated response ID: output: ...`.
+_ECHOES = ("Received request ", "Request ", "Generated response ")
+_ECHO = re.compile(
+    r"(?:Received request |Generated response |Request \S{1,200} (?:details|JSON body): )"
+)
+
+
 def has_needle(text: str, mode: Mode = "startup") -> bool:
     for n in PREFILTER[mode]:  # noqa: SIM110 (a plain loop: no generator per record)
         if n in text:
@@ -141,6 +151,8 @@ def has_needle(text: str, mode: Mode = "startup") -> bool:
 def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event]:
     """Catalog lookup for one segment whose head has been peeled off. Pure."""
     body = head.body
+    if head.level in MESSAGE and body.startswith(_ECHOES) and _ECHO.match(body):
+        return []  # request logging echoes what a user sent or the model said: never an event
     out: list[Event] = []
     # An indented line is a traceback's frame or quoted source (`raise RuntimeError("Engine core
     # initialization failed. "`): never a failure of its own; exception lines start at column 0.

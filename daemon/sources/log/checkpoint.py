@@ -19,6 +19,16 @@ from typing import Any
 FORMAT_VERSION = 1
 
 
+MAX_CHECKPOINT_BYTES = 1 << 20  # a checkpoint is a few hundred bytes; past this it is not one
+
+
+def read_bounded(path: Path, limit: int) -> bytes | None:
+    """The file's bytes, or None when it holds more than `limit` (never read past it)."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    return data if len(data) <= limit else None
+
+
 class CheckpointError(Exception):
     """A checkpoint could not be read or written; the message is one line for the user."""
 
@@ -50,11 +60,15 @@ class CheckpointStore:
     def load(self) -> Checkpoint | None:
         """The saved checkpoint, or ``None`` when there is none. Raises `CheckpointError`."""
         try:
-            raw = self.file.read_bytes()
+            raw = read_bounded(self.file, MAX_CHECKPOINT_BYTES)
         except FileNotFoundError:
             return None
         except OSError as e:
             raise CheckpointError(f"cannot read checkpoint {self.file}: {e.strerror}") from None
+        if raw is None:
+            raise CheckpointError(
+                f"checkpoint {self.file} is over {MAX_CHECKPOINT_BYTES} bytes: not one of ours"
+            )
         try:
             doc = json.loads(raw)
             if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:

@@ -41,7 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadwatch.daemon.sources.log.checkpoint import read_bounded
+
 BLOCK = 512
+MAX_MARK_BYTES = 1 << 16  # a note is a block or two: past this, not one (never read whole)
 READ_BACK = 64 << 20  # at most this much of the event log is read back (else: not known)
 
 # What makes a transition the same transition when written twice: not the time of writing, nor
@@ -130,7 +133,10 @@ class EmitMark:
     def load(self) -> Mark | None:
         """The note the last run left, or None (none, or unreadable: then nothing is skipped)."""
         try:
-            raw = self.path.read_bytes()
+            raw = read_bounded(self.path, MAX_MARK_BYTES)
+            if raw is None:
+                self.last_error = f"the emit mark {self.path} is over {MAX_MARK_BYTES} bytes"
+                return None
             doc = json.loads(raw.decode("utf-8").strip() or "null")
             mark = Mark(str(doc["file_id"]), int(doc["done"]), int(doc["pending"]))
             events, at = doc.get("events_file"), doc.get("events_at")
