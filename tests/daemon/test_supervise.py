@@ -199,3 +199,29 @@ def test_preflight_refuses_fp8_kv_on_sm120_until_patched(tmp_path: Path) -> None
         kv = next(w for w in d.status()["session"]["warnings"] if w["code"] == "kv_scale_missing")
         assert kv["verdict"] == "benign"
     assert os.path.exists(model / "hf_quant_config.json")
+
+
+def test_a_stopped_tree_still_listed_for_a_moment_is_no_orphan(tmp_path: Path) -> None:
+    # NVML lists a process for a moment after it exits: the check must read the GPUs again
+    # after the exit (not reuse the last poll, taken while the tree ran) and wait that out
+    cfg = sim_config(tmp_path, "success")
+    sims: list[SimulatedGpuSource] = []
+
+    def gpus(progress):  # type: ignore[no-untyped-def]
+        sims.append(SimulatedGpuSource(2, progress=progress, exit_linger_s=1.0))
+        return GuardedGpuSource(sims[-1], deadline_s=1.0)
+
+    with running(cfg, gpu_factory=gpus) as d:
+        d.wait(lambda: d.get("/readyz")[0] == 200, "ready", 30)
+        d.wait(lambda: len(tree(d)) >= 3, "the workers in the supervisor's tree", 10)
+        pids = sorted(tree(d))
+        for i, pid in enumerate(pids):
+            sims[0].hold(i % 2, pid, 40 * GIB)
+        polls = sims[0].polls
+        d.wait(lambda: sims[0].polls >= polls + 2, "GPU polls listing the tree", 10)
+    assert alive(set(pids)) == set()
+    checks = [e for e in d.events() if e["event"] == "gpu.orphans"]
+    assert len(checks) == 1, checks
+    assert checks[0]["leaked"] == 0 and checks[0]["unknown"] == 0, checks[0]
+    assert checks[0]["waited_s"] >= 0.9, "the exited tree stayed listed for the linger"
+    assert checks[0]["summary"] == "no process holds GPU memory"
