@@ -73,6 +73,8 @@ ENTRY_BODIES: dict[str, str] = {
     "ms.kv_concurrency": "Maximum concurrency for 262,144 tokens per request: 0.83x",
     "ms.graph_capture": "Graph capturing finished in 7 secs, took 0.55 GiB",
     "ms.engine_init": "init engine (profile, create kv cache, warmup model) took 49.57 s (compilation: 14.31 s)",
+    "ms.runai_stream": "[RunAI Streamer] Overall time to stream 3.3 GiB of all files: 0.94s, 3.5 GiB/s",
+    "ms.engine_config": "Initializing a V1 LLM engine (v0.10.1.1) with config: model='/models/DeepSeek-V3'",
     "ms.api_server": "Starting vLLM server on http://127.0.0.1:8321",
     "ms.uvicorn_running": "Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)",
     "ms.routes": "Available routes are:",

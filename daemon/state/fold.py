@@ -290,12 +290,29 @@ def stall_due(
 # -- handlers -----------------------------------------------------------------------------------
 
 
+def _bar_slot(s: Session, ev: ShardProgress) -> tuple[str, str | None, str | None]:
+    """(the bar's slot, the key of the bar it continues, the slot it adopts a bar from).
+
+    A slot is a process's bar of one kind and desc (two graph-capture bars with their own descs
+    are two bars). A bar whose first updates carried no process (the prefix came in a record of
+    its own later) is adopted by the first update that names one and continues it."""
+    base = f"{ev.process or '-'}|{ev.bar}|{ev.desc}"
+    key = s.bar_latest.get(base)
+    if key is not None or ev.process is None:
+        return base, key, None
+    anon = f"-|{ev.bar}|{ev.desc}"
+    anon_key = s.bar_latest.get(anon)
+    b = s.bars.get(anon_key) if anon_key is not None else None
+    if b is not None and b.finished_at is None and b.total == ev.total and ev.done >= b.done:
+        return base, anon_key, anon
+    return base, None, None
+
+
 def _on_progress(f: Fold, ev: ShardProgress) -> None:
     t = f.when(ev.ts)
     s = f.ensure_session(t)
     changes: dict[str, Any]
-    base = f"{ev.process or '-'}|{ev.bar}"
-    cur_key = s.bar_latest.get(base)
+    base, cur_key, adopted = _bar_slot(s, ev)
     cur = s.bars.get(cur_key) if cur_key is not None else None
     if cur is None or ev.done < cur.done or ev.total != cur.total:
         index = 0 if cur_key is None else int(cur_key.rsplit("|", 1)[1]) + 1
@@ -351,6 +368,10 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
             eta=cur.eta.update(t, ev.done) if cur.eta is not None and advanced else cur.eta,
         )
         changes = {"bars": {**s.bars, cur.key: bar}}
+        if adopted is not None:  # the bar drawn before its process was known is this one
+            bar = evolve(bar, process=ev.process)
+            latest = {k: v for k, v in s.bar_latest.items() if k != adopted}
+            changes = {"bars": {**s.bars, cur.key: bar}, "bar_latest": {**latest, base: cur.key}}
     weights = ev.bar in ("weights", "prefetch")
     if weights and advanced:
         io = s.io

@@ -270,7 +270,7 @@ CATALOG: tuple[Entry, ...] = (
             # The description starts where a run of its characters starts: a search then tries
             # the run once, not again from each of its characters (linear on a long run).
             r"(?<![^\r\n:|])(?P<desc>[^\r\n:|]{1,200}+):\s{0,8}+(?P<pct>\d{1,3}+)%"
-            r"(?: Completed \| ?|\|[^|\r\n]{0,400}+\| ?)"
+            r"(?: Completed \| ?|\|[^|\r\n]{0,400}+\| ?| )"  # tqdm's compact form has no bar
             r"(?P<n>\d{1,9}+)/(?P<total>\d{1,9}+) ?"
             r"\[(?P<el>[\d:]{1,12}+)<(?P<rem>[\d:?]{1,12}+),\s{0,8}+"
             r"(?P<rate>\?it/s|\d{1,9}+(?:\.\d{1,9}+)?(?:it/s|s/it))\]"
@@ -418,6 +418,14 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"Loading weights took " + _SEC + r" s"),
         _milestone("weights_loaded", seconds="sec"),
         "info",
+    ),
+    Entry(
+        "ms.runai_stream",
+        ("Overall time to stream",),
+        _c(r"Overall time to stream " + _GIB + r" ?GiB of all files(?: to cpu)?: " + _SEC + r" ?s"),
+        _milestone("weights_loaded", detail="runai_stream", gib="gib", seconds="sec"),
+        "info",
+        levels=frozenset({None, "INFO", "DEBUG"}),  # the streamer prints it without a header
     ),
     Entry(
         "ms.model_memory",

@@ -193,3 +193,33 @@ def test_model_information_arriving_mid_bar_switches_to_bytes() -> None:
     st2, _ = fold([(t, bar(0, 4)), (t + 2, bar(1, 4)), (t + 3, model([GIB] * 7))])  # type: ignore[list-item]
     s2 = st2.snapshot(t + 3).session
     assert s2 is not None and s2.progress.eta is not None and s2.progress.eta.units == "items"
+
+
+def test_two_graph_capture_bars_with_their_own_descs_are_two_bars() -> None:
+    t = T0
+    piecewise = "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"
+    full = "Capturing CUDA graphs (decode, FULL)"
+    items: list[tuple[float, object]] = [
+        (t, started(t)),
+        (t + 1, bar(51, 51, process=None, kind="graph_capture", desc=piecewise)),
+        (t + 2, bar(51, 51, process=None, kind="graph_capture", desc=full)),
+    ]
+    st, _ = fold(items)  # type: ignore[arg-type]
+    snap = st.snapshot(t + 3)
+    assert snap.session is not None
+    assert [(b.desc, b.done) for b in snap.session.bars] == [(piecewise, 51), (full, 51)]
+
+
+def test_a_bar_first_seen_without_its_process_is_adopted_by_the_prefixed_updates() -> None:
+    t = T0
+    items: list[tuple[float, object]] = [
+        (t, started(t)),
+        (t + 1, bar(6, 37, process=None)),
+        (t + 2, bar(7, 37, process="VllmWorker_rank0")),
+        (t + 3, bar(8, 37, process="VllmWorker_rank0")),
+    ]
+    st, _ = fold(items)  # type: ignore[arg-type]
+    snap = st.snapshot(t + 4)
+    assert snap.session is not None
+    (b,) = snap.session.bars
+    assert (b.process, b.done, b.total, b.updates) == ("VllmWorker_rank0", 8, 37, 3)

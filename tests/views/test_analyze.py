@@ -31,8 +31,33 @@ EXPECTED: dict[str, tuple[int, str, list[str]]] = {
     "gh-akash-543-launcher.log": (0, "incomplete: no vLLM start in the log", []),
     "gh-club3090-60-oom-reraised.log": (1, "failed: cuda_oom", []),
     "gh-dynamo-4087-ready.log": (1, "ready", []),
+    "gh-glmv-204-two-graph-bars.log": (
+        1,
+        "incomplete: post_load, last progress 67/67 at 10-21 09:11:57",
+        [],
+    ),
+    "gh-runai-67-compact-bar.log": (
+        1,
+        "incomplete: post_load, last progress 1/1 at 06-04 13:12:34",
+        [],
+    ),
     "gh-proxmoxved-2047-journald.log": (1, "incomplete: no vLLM start in the log", []),
     "gh-vllm-12474-journald-traceback.log": (0, "incomplete: no vLLM start in the log", []),
+    "gh-vllm-19483-bar-prefix-after.log": (
+        1,
+        "incomplete: loading_weights, last progress 15/37 at 12-01 00:00:00",
+        [],
+    ),
+    "gh-vllm-omni-2590-two-loaders.log": (
+        1,
+        "incomplete: loading_weights, last progress 24/32 at 12-01 00:00:00",
+        [],
+    ),
+    "gh-vllm-pr38476-bar-prefix-only.log": (
+        1,
+        "incomplete: loading_weights, last progress 7/85 at 12-01 00:00:00",
+        [],
+    ),
     "gh-vllm-16707-nccl-ray.log": (1, "failed: nccl", []),
     "gh-vllm-17939-oom-sampler.log": (1, "failed: cuda_oom", []),
     "gh-vllm-27508-engine-init-quoted.log": (1, "failed: engine_init_failed", []),
@@ -118,6 +143,37 @@ PROCESSES: dict[str, list[str]] = {
 @pytest.mark.parametrize("name", sorted(PROCESSES))
 def test_processes_in_order_of_first_appearance(name: str, tmp_path: Path) -> None:
     assert list(_report(tmp_path, name).log.processes) == PROCESSES[name]
+
+
+# Bars as analyze reports them: (process, desc, done, total, updates).
+BARS: dict[str, list[tuple[str | None, str, int, int, int]]] = {
+    # one bar: its first update had no prefix, the later ones follow a prefix-only record
+    "gh-vllm-19483-bar-prefix-after.log": [
+        ("VllmWorker_rank0", "Loading safetensors checkpoint shards", 15, 37, 10)
+    ],
+    "gh-vllm-pr38476-bar-prefix-only.log": [
+        ("Worker_PP0_TP0_EP0", "Loading safetensors checkpoint shards", 7, 85, 6)
+    ],
+    # two weights bars at once, interleaved: two bars, neither restarted by the other
+    "gh-vllm-omni-2590-two-loaders.log": [
+        (None, "Multi-thread loading shards", 24, 32, 10),
+        (None, "Loading safetensors checkpoint shards", 13, 32, 6),
+    ],
+    "gh-glmv-204-two-graph-bars.log": [
+        (None, "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", 67, 67, 1),
+        (None, "Capturing CUDA graphs (decode, FULL)", 35, 35, 1),
+    ],
+    # tqdm's compact form (`0% 0/1 [...]`, no bar), a message on the bar's own line
+    "gh-runai-67-compact-bar.log": [
+        (None, "Loading safetensors using Runai Model Streamer", 1, 1, 2)
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(BARS))
+def test_bars_by_process_and_desc(name: str, tmp_path: Path) -> None:
+    (s,) = _report(tmp_path, name).sessions
+    assert [(b.process, b.desc, b.done, b.total, b.updates) for b in s.bars] == BARS[name]
 
 
 def test_every_fixture_has_a_source() -> None:
