@@ -425,7 +425,7 @@ CATALOG: tuple[Entry, ...] = (
         _c(r"Overall time to stream " + _GIB + r" ?GiB of all files(?: to cpu)?: " + _SEC + r" ?s"),
         _milestone("weights_loaded", detail="runai_stream", gib="gib", seconds="sec"),
         "info",
-        levels=frozenset({None, "INFO", "DEBUG"}),  # the streamer prints it without a header
+        levels=WARNING,  # the streamer prints it without a header; vLLM may log it
     ),
     Entry(
         "ms.model_memory",
