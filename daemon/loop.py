@@ -116,6 +116,9 @@ class Daemon:
         self._mark_ahead = False  # the mark's file comes after the one reading resumes in
         self._until_seen = False  # a record of the checkpoint's file was read in the replay
         self._start_told = False  # a restart that could not resume where it stopped was reported
+        # Until the log is read up to its end once, records are a backlog: not read as they
+        # were written, so placed at their own stamps (the state's replay timing).
+        self._caught_up = False
         self._gpu_ccs: dict[int, tuple[int, int]] = {}
         self._last_reading: GpuReading | None = None
         self._last_status = ""
@@ -147,9 +150,11 @@ class Daemon:
 
     # -- applying inputs --------------------------------------------------------------------
 
-    def apply(self, item: Any, *, replay: bool = False, again: bool = False) -> None:
+    def apply(
+        self, item: Any, *, replay: bool = False, again: bool = False, backlog: bool = False
+    ) -> None:
         before = self.state
-        self.state = before.apply(item, self.clock())
+        self.state = before.apply(item, self.clock(), replay=replay or backlog)
         transitions = self.state.transitions
         if not transitions:
             return
@@ -442,7 +447,7 @@ class Daemon:
     def _event(self, ev: Event, file_id: str, mode: str) -> None:
         self._events[ev.type] += 1
         before = self._session_id()
-        self.apply(ev, replay=mode != "live", again=mode == "again")
+        self.apply(ev, replay=mode != "live", again=mode == "again", backlog=not self._caught_up)
         self._read_logged_model()
         if self._session_id() != before:
             self._session_start = {"file_id": file_id, "offset": ev.offset}
@@ -493,6 +498,8 @@ class Daemon:
             if follower.backlog:
                 await asyncio.sleep(0)
                 continue
+            if not chunks:
+                self._caught_up = True  # (a log not there yet has no backlog either)
             if not chunks and h.file_exists:
                 # caught up: whatever the mark names is not coming, nor a record after the
                 # checkpoint in its file

@@ -65,17 +65,20 @@ from loadwatch.parsers.events import (
 class Fold:
     """The work of one `apply`: the session being rebuilt, state changes, transitions out."""
 
-    __slots__ = ("cfg", "changes", "live", "now", "old", "out", "replayed", "sess")
+    __slots__ = ("cfg", "changes", "now", "offset", "old", "out", "record", "replay", "sess")
 
-    def __init__(self, state: StateData, now: float) -> None:
+    def __init__(
+        self, state: StateData, now: float, replay: bool = False, offset: float = 0.0
+    ) -> None:
         self.old = state
         self.now = now
         self.cfg = state.config
         self.sess = state.session
         self.changes: dict[str, Any] = {}
         self.out: list[Transition] = []
-        self.live = True
-        self.replayed = False
+        self.replay = replay
+        self.offset = offset
+        self.record: int | None = None  # the offset of the log record being folded
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -112,27 +115,24 @@ class Fold:
 
     def emit(self, kind: TransitionKind, at: float, **kw: Any) -> None:
         sid = kw.pop("session", self.sess.id if self.sess is not None else None)
-        self.out.append(Transition(kind=kind, at=at, session=sid, **kw))
+        self.out.append(Transition(kind=kind, at=at, session=sid, offset=self.record, **kw))
 
-    def when(self, ts: float | None) -> float:
-        """A log event's time: `now`, unless the event is a replayed one (re-reading the log
-        after a restart) with its own time. A line without a time of its own (uvicorn's) that
-        follows replayed lines takes the time of the line before it."""
-        if ts is None:
-            s = self.sess
-            if s is not None and s.replaying:
-                self.live = False
-                return s.last_event_at
+    def at(self, ts: float | None) -> float:
+        """A log event's time. Live, every event happens `now` (the daemon's clock): its own
+        stamp is in vLLM's local time, of no known zone, and is never compared with the clock.
+        Replayed (re-read after a restart), an event happens at its stamp moved by the offset
+        the log source gives, kept in order and never after `now`; one without a stamp, at the
+        time of the event before it."""
+        if not self.replay:
             return self.now
-        replayed = ts < self.now - self.cfg.replay_lag_s
-        self.replayed = replayed
         s = self.sess
-        if s is not None and s.replaying != replayed:
-            self.upd(replaying=replayed)
-        if not replayed:
-            return self.now
-        self.live = False
-        return ts
+        prev = s.last_event_at if s is not None else None
+        if ts is None:
+            return prev if prev is not None else self.now
+        t = ts + self.offset
+        if prev is not None and t < prev:
+            t = prev
+        return t if t < self.now else self.now
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -155,7 +155,7 @@ class Fold:
         self.sess = Session(
             info=SessionInfo(id=total, reason=reason, started_at=at, pid=pid, argv=argv),
             life=SessionLife(phase_entered_at=at),
-            log=SessionLog(last_event_at=at, replaying=self.replayed),
+            log=SessionLog(last_event_at=at),
         )
         gpus = self.get("gpus")
         if any(g.fit is not None for g in gpus.values()):
@@ -309,7 +309,7 @@ def _bar_slot(s: Session, ev: ShardProgress) -> tuple[str, str | None, str | Non
 
 
 def _on_progress(f: Fold, ev: ShardProgress) -> None:
-    t = f.when(ev.ts)
+    t = f.at(ev.ts)
     s = f.ensure_session(t)
     changes: dict[str, Any]
     base, cur_key, adopted = _bar_slot(s, ev)
@@ -377,7 +377,7 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
         io = s.io
         changes["last_progress_at"] = t
         changes["io"] = evolve(io, line_bytes=io.last_bytes) if io is not None else None
-    f.upd(last_event_at=t, **changes)  # one copy of the session for all of it
+    f.upd(last_event_at=t, log_seen=True, **changes)  # one copy of the session for all of it
     if advanced and f.s.stall is not None:
         f.progressed(t, f"{ev.desc}: {ev.done}/{ev.total}")
     if weights:
@@ -414,7 +414,7 @@ def _tally(
     layer: int | None = None,
     scale: str | None = None,
 ) -> None:
-    t = f.when(ev.ts)
+    t = f.at(ev.ts)
     s = f.ensure_session(t)
     if s.stall is not None and s.stall.kind == "quiet":
         _activity(f, t)
@@ -446,11 +446,11 @@ def _tally(
     )
     warnings = dict(s.warnings)
     warnings[code] = w
-    f.upd(warnings=warnings, warnings_total=s.warnings_total + 1, last_event_at=t)
+    f.upd(warnings=warnings, warnings_total=s.warnings_total + 1, last_event_at=t, log_seen=True)
 
 
 def _activity(f: Fold, t: float) -> None:
-    f.upd(last_event_at=t)
+    f.upd(last_event_at=t, log_seen=True)
     st = f.s.stall
     if st is not None and st.kind == "quiet":
         f.clear_stall(t, "log activity")
@@ -475,14 +475,14 @@ def _on_log_error(f: Fold, ev: LogError) -> None:
 
 
 def _on_stall_hint(f: Fold, ev: StallHint) -> None:
-    t = f.when(ev.ts)
+    t = f.at(ev.ts)
     f.ensure_session(t)
     _activity(f, t)
     f.upd(stall_hints=f.s.stall_hints + 1, last_hint_s=ev.seconds)
 
 
 def _on_milestone(f: Fold, ev: Milestone) -> None:
-    t = f.when(ev.ts)
+    t = f.at(ev.ts)
     s = f.sess
     if ev.kind == "version":
         seen = s.milestones.get("version") if s is not None else None
@@ -571,15 +571,18 @@ def _fatal(s: Session, ev: Failure) -> bool:
 
 
 def _on_failure(f: Fold, ev: Failure) -> None:
-    t = f.when(ev.ts)
+    t = f.at(ev.ts)
     s = f.sess
     past = f.get("past")
+    # A failure the previous process logged, read after the next one started: the new
+    # process has logged nothing yet (live, the record's stamp says nothing about the clock),
+    # or, replayed, its time is before the start.
     if (
         s is not None
-        and ev.ts is not None
         and s.reason == "process_start"
-        and ev.ts < s.started_at - 1.0
         and past
+        and not s.log_seen
+        and (not f.replay or t < s.started_at - 1.0)
     ):
         _late_failure(f, ev, t, past)
         return
@@ -800,7 +803,9 @@ def _on_tick(f: Fold, ev: Tick) -> None:
 _new = object.__new__
 
 
-def tally_fast(st: StateData, ev: Event, now: float) -> Session | None:
+def tally_fast(
+    st: StateData, ev: Event, now: float, replay: bool = False, offset: float = 0.0
+) -> Session | None:
     """The session after one more warning of a code it counts already, when nothing else
     changes: no new scale or process to note, no stall, the same replay state, no stall to
     raise. Exactly what `_tally` gives then, without the general machinery; None otherwise."""
@@ -822,15 +827,17 @@ def tally_fast(st: StateData, ev: Event, now: float) -> Session | None:
         return None
     log = s.log
     cfg = st.config
-    ts = ev.ts
-    if ts is None:
-        live = not log.replaying
-        t = now if live else log.last_event_at
-    else:
-        live = ts >= now - cfg.replay_lag_s
-        if live == log.replaying:
-            return None  # the replay state flips: `Fold.when` notes it
-        t = now if live else ts
+    live = not replay
+    if live:
+        t = now
+    else:  # as `Fold.at`
+        t = log.last_event_at
+        ts = ev.ts
+        if ts is not None:
+            if ts + offset > t:
+                t = ts + offset
+            if t > now:
+                t = now
     life = s.life
     if life.stall is not None:
         return None

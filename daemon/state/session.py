@@ -67,7 +67,6 @@ class StateConfig:
     stall_first_shard_s: float = 600.0  # before any shard finished (model init, first file)
     quiet_stall_s: float | None = 1800.0  # nothing logged at all outside the weights bar
     io_progress_bytes: int = 4 * 1024**2  # bytes read that count as progress
-    replay_lag_s: float = 10.0  # a log event older than this is replayed: use its own time
     adopt_window_s: float = 30.0  # a log-opened session adopts a process start this soon
     eta: EtaConfig = field(default_factory=EtaConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
@@ -203,7 +202,7 @@ class SessionLog:
     failures_total: int = 0
     milestones: Mapping[str, MilestoneSeen] = field(default_factory=dict)
     last_event_at: float = 0.0
-    replaying: bool = False  # the last log event came from re-reading the log
+    log_seen: bool = False  # a log event came in this session
     stall_hints: int = 0
     last_hint_s: float | None = None
 
@@ -340,8 +339,8 @@ class Session:
         return self.log.last_event_at
 
     @property
-    def replaying(self) -> bool:
-        return self.log.replaying
+    def log_seen(self) -> bool:
+        return self.log.log_seen
 
     @property
     def stall_hints(self) -> int:
@@ -384,7 +383,7 @@ SESSION_PART: dict[str, str] = {
     "failures_total": "log",
     "milestones": "log",
     "last_event_at": "log",
-    "replaying": "log",
+    "log_seen": "log",
     "stall_hints": "log",
     "last_hint_s": "log",
 }

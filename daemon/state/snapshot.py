@@ -65,6 +65,7 @@ class Transition:
     since: float | None = None
     threshold_s: float | None = None
     duration_s: float | None = None
+    offset: int | None = None  # where the log record that made it starts (None: not a record)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"transition": self.kind}

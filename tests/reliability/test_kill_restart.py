@@ -104,9 +104,12 @@ def _identity(e: dict[str, Any]) -> tuple[Any, ...] | None:
     if name.startswith("log."):
         return (name, e.get("offset"))
     if name.startswith("transition."):
+        # One a log record made is that record's: its `at` is the clock of whichever daemon
+        # read the record live. Others (a process event, a tick) by their time.
+        offset = e.get("offset")
         return (
             name,
-            e.get("at"),
+            ("offset", offset) if offset is not None else e.get("at"),
             e.get("phase_from"),
             e.get("phase_to"),
             e.get("failure_kind"),

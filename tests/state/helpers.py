@@ -87,10 +87,14 @@ def io(t: float, read_bytes: int) -> IoSample:
 
 
 def fold(
-    items: list[tuple[float, Input]], state: LoadState | None = None, **cfg: Any
+    items: list[tuple[float, Input]],
+    state: LoadState | None = None,
+    *,
+    replay: bool = False,
+    **cfg: Any,
 ) -> tuple[LoadState, list[Transition]]:
     st = state if state is not None else LoadState(config=StateConfig(**cfg))
-    return run(items, st)
+    return run(items, st, replay=replay)
 
 
 def kinds(transitions: list[Transition]) -> list[str]:

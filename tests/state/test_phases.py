@@ -352,7 +352,7 @@ def test_replayed_log_uses_the_lines_own_times() -> None:
         (now, ms("model_load_start", ts=T0 + 2)),
         (now, ms("app_startup_complete", ts=T0 + 40)),
     ]
-    st, tr = fold(items)  # type: ignore[arg-type]
+    st, tr = fold(items, replay=True)  # type: ignore[arg-type]
     s = st.snapshot(now)
     assert s.session is not None
     assert s.session.started_at == T0
@@ -367,7 +367,7 @@ def test_replayed_line_without_a_time_takes_the_time_of_the_line_before() -> Non
         (now, ms("api_server_start", value="http://127.0.0.1:8000", ts=T0 + 30)),
         (now, ms("app_startup_complete")),  # uvicorn's line has no time of its own
     ]
-    st, _ = fold(items)  # type: ignore[arg-type]
+    st, _ = fold(items, replay=True)  # type: ignore[arg-type]
     assert st.session is not None and st.session.ready_at == T0 + 30
     # live again: a line without a time is seen now
     st, _ = fold([(now + 5, ms("kv_cache", ts=now + 4)), (now + 6, ms("torch_compile"))], st)

@@ -69,6 +69,11 @@ def identity(name: str, fields: Mapping[str, Any]) -> Identity | None:
         offset = fields.get("offset")
         return (name, offset) if isinstance(offset, int) else None
     if name.startswith("transition."):
+        # One a log record made is known by that record: its `at` is the clock of the daemon
+        # that read the record live, which a restarted daemon cannot know.
+        offset = fields.get("offset")
+        if isinstance(offset, int):
+            return (name, offset, *(fields.get(k) for k in _TRANSITION_KEYS[1:]))
         return (name, *(fields.get(k) for k in _TRANSITION_KEYS))
     return None
 
