@@ -2,7 +2,9 @@
 
 Handlers only read immutable snapshots, so they run on the server's own threads and never touch
 the event loop. Defences, all configurable: loopback bind by default, a cap on concurrent
-connections (excess ones are closed at once instead of queueing behind slow ones), a deadline for
+connections (past it, the connection that has waited longest for its request gives way, so no
+number of slow clients keeps a scraper out; with every slot answering, a new one is closed at
+once, never queued), a deadline for
 each request to arrive whole (a client that never finishes its request is dropped, even one that
 sends a byte now and then), GET/HEAD only, no request bodies, optional TLS and bearer/basic
 authentication.
@@ -46,6 +48,7 @@ class ServerError(Exception):
 class HttpStats:
     requests: dict[tuple[str, int], int] = field(default_factory=dict)
     rejected_connections: int = 0
+    evicted_connections: int = 0  # still waiting for their request when the cap was reached
     errors: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -53,6 +56,55 @@ class HttpStats:
         with self.lock:
             key = (path, status)
             self.requests[key] = self.requests.get(key, 0) + 1
+
+
+class _Slots:
+    """The connection cap, where a connection still waiting for its request gives way.
+
+    At the cap, a new connection takes the slot of the one that has waited longest for its
+    request to arrive (a slow client, or an idle keep-alive): a scraper's request arrives at
+    once, so slow clients, however many, cannot keep it out (on loopback they even come from its
+    address). Only when every slot is busy answering is a new connection refused. The evicted
+    connection is shut down and its thread ends by itself, freeing the slot it still counts.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._lock = threading.Lock()
+        self._active = 0
+        self._waiting: dict[socket.socket, float] = {}  # connection -> waiting since
+
+    def admit(self) -> tuple[bool, bool]:
+        """(admitted, by evicting a waiting connection)."""
+        with self._lock:
+            self._active += 1
+            if self._active <= self.cap:
+                return True, False
+            if not self._waiting:
+                self._active -= 1
+                return False, False
+            victim = min(self._waiting, key=self._waiting.__getitem__)
+            del self._waiting[victim]
+        try:
+            # the plain socket's shutdown, also under TLS: the victim's own thread owns its
+            # TLS state, and its read returns at once
+            socket.socket.shutdown(victim, socket.SHUT_RDWR)
+        except OSError:
+            pass
+        return True, True
+
+    def release(self, conn: socket.socket | None) -> None:
+        with self._lock:
+            self._active -= 1
+            if conn is not None:
+                self._waiting.pop(conn, None)
+
+    def waiting(self, conn: socket.socket, yes: bool) -> None:
+        with self._lock:
+            if yes:
+                self._waiting[conn] = time.monotonic()
+            else:
+                self._waiting.pop(conn, None)
 
 
 class _Server(ThreadingHTTPServer):
@@ -63,27 +115,31 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, owner: HttpServer, address: tuple[str, int], family: int) -> None:
         self.address_family = family
         self.owner = owner
-        self.slots = threading.BoundedSemaphore(owner.config.max_connections)
+        self.slots = _Slots(owner.config.max_connections)
         super().__init__(address, _RequestHandler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        # Past the connection cap a new connection is closed straight away: a scraper retries,
-        # and slow clients can never make well-behaved ones wait in line.
-        if not self.slots.acquire(blocking=False):
+        # Past the connection cap a connection still waiting for its request gives way, or the
+        # new one is closed straight away: slow clients never make well-behaved ones wait.
+        admitted, evicted = self.slots.admit()
+        if evicted:
+            self.owner.stats.evicted_connections += 1
+        if not admitted:
             self.owner.stats.rejected_connections += 1
             self.shutdown_request(request)
             return
+        self.slots.waiting(request, True)
         try:
             super().process_request(request, client_address)
         except Exception:
-            self.slots.release()
+            self.slots.release(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self.slots.release(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that vanished mid-request is not worth a traceback on stderr.
@@ -124,6 +180,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         self.deadline = time.monotonic() + self.server.owner.config.request_timeout_s
         super().handle_one_request()
+        self.server.slots.waiting(self.connection, True)  # kept alive: idle until the next
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # reads the headers
+        # The request is in, line and headers: from now on this connection does not give way.
+        self.server.slots.waiting(self.connection, False)
+        return ok
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # requests are counted, not logged line by line
