@@ -310,6 +310,16 @@ def _parser() -> argparse.ArgumentParser:
         "--output", type=Path, metavar="FILE", help="write here, atomically (default: stdout)"
     )
 
+    inst = command(
+        "install-files",
+        "write the ops files that came with the package (units, alerts, dashboard, manifests)",
+        "examples:\n  loadwatch install-files /opt/loadwatch/share\n\n"
+        "DIR gets systemd/, prometheus/, grafana/, k8s/ and docs/. A file edited since is kept\n"
+        "(exit 73) unless --force.",
+    )
+    inst.add_argument("dir", type=Path, metavar="DIR", help="where to write them")
+    inst.add_argument("--force", action="store_true", help="overwrite files that differ")
+
     demo = command(
         "demo",
         "a simulated Kimi-K2.5 load, supervised, in about a minute",
@@ -397,6 +407,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from loadwatch.daemon.tools.alerts import alerts_command
 
         return alerts_command(args.runbook_base_url, args.rules, args.output)
+    if args.command == "install-files":
+        from loadwatch.daemon.tools.install_files import install_files_command
+
+        return install_files_command(args.dir, force=args.force)
     if args.command == "demo":
         from loadwatch.daemon.tools.demo import demo_command
 

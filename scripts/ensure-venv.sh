@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
 stamp=$VENV/.installed
-want=$( { cat pyproject.toml parsers/*.c; find daemon parsers exporters -name '*.py' -o -name '*.pyi' -o -name 'py.typed' -o -name '*.toml' | sort; } | sha1sum | cut -d' ' -f1)
+want=$( { cat pyproject.toml setup.py parsers/*.c; find daemon parsers exporters -name '*.py' -o -name '*.pyi' -o -name 'py.typed' -o -name '*.toml' | sort; find systemd prometheus grafana k8s docs -type f | sort; } | sha1sum | cut -d' ' -f1)
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

@@ -45,12 +45,23 @@ def render(text: str, base_url: str) -> str:
     return text.replace(TOKEN, check_base(base_url))
 
 
+def _packaged(name: str) -> str | None:
+    """The rules file the wheel carries (loadwatch.ops.prometheus), when on disk."""
+    try:
+        from importlib.resources import files
+
+        return str(files("loadwatch.ops.prometheus") / name)
+    except (ImportError, TypeError):
+        return None
+
+
 def default_rules() -> Path | None:
     """Where the rules file is: $LOADWATCH_ALERTS_FILE, the installed ops files, the checkout."""
     here = Path(__file__).resolve()
     candidates = [
         os.environ.get(RULES_ENV),
         str(Path(sys.prefix) / "share" / "loadwatch" / "prometheus" / "alerts.yml"),
+        _packaged("alerts.yml"),
         *(str(p / "prometheus" / "alerts.yml") for p in here.parents[2:4]),
     ]
     return next((Path(c) for c in candidates if c and Path(c).is_file()), None)

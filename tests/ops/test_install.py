@@ -1,0 +1,165 @@
+"""The README's install, as written, on a clean host: no checkout on sys.path, with and without a
+compiler; then the unit's ExecStart runs and `systemd-analyze verify` accepts the units."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .common import ROOT, require
+
+pytestmark = pytest.mark.slow
+OPT = "/opt/loadwatch"
+VERSION = "0.1.0"
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        argv, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+        timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, f"{argv}: {result.stdout[-2000:]}{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def readme_install_lines() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("<!-- install:begin", 1)[1].split("<!-- install:end -->", 1)[0]
+    body = block.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in body.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The source as a checkout has it (tracked files only), built and installed by the README."""
+    work = tmp_path_factory.mktemp("install")
+    src = work / "src"
+    listed = _run(["git", "ls-files", "-co", "--exclude-standard"], ROOT).splitlines()
+    for rel in listed:
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).write_bytes((ROOT / rel).read_bytes())
+    opt = work / "opt" / "loadwatch"
+    for line in readme_install_lines():
+        if line.startswith(("apt-get ", "python3 -m pip install build")):
+            if "&&" in line:
+                line = line.split("&&", 1)[1].strip()  # build is in the test extras
+            else:
+                continue
+        words = shlex.split(line.replace(OPT, str(opt)))
+        env = {}
+        while "=" in words[0] and not words[0].startswith("/"):
+            key, _, value = words.pop(0).partition("=")
+            env[key] = value
+        if words[0] == "python3":
+            words[0] = sys.executable if words[1:3] == ["-m", "build"] else "python3"
+        _run(words, src, env)
+    return {"src": src, "dist": src / "dist", "opt": opt, "work": work}
+
+
+def test_the_dist_holds_an_sdist_a_platform_wheel_and_a_pure_one(host: dict[str, Path]) -> None:
+    names = sorted(p.name for p in host["dist"].iterdir())
+    assert f"loadwatch-{VERSION}.tar.gz" in names
+    assert f"loadwatch-{VERSION}-py3-none-any.whl" in names
+    assert any(n.startswith(f"loadwatch-{VERSION}-cp3") and "linux" in n for n in names), names
+    listing = _run(["tar", "tzf", str(host["dist"] / f"loadwatch-{VERSION}.tar.gz")], host["src"])
+    for rel in ("LICENSE", "systemd/loadwatch.service", "systemd/loadwatch@.service",
+                "prometheus/alerts.yml", "grafana/loadwatch.json", "docs/runbook.md"):  # fmt: skip
+        assert f"loadwatch-{VERSION}/{rel}" in listing, rel
+
+
+def _scanner(python: Path, cwd: Path) -> dict[str, object]:
+    out = _run(
+        [str(python), "-c", "import json, sys, loadwatch.parsers.scan as s; "
+         "print(json.dumps({'native': s.NATIVE, 'file': s.__file__, 'path': sys.path}))"],
+        cwd,
+    )  # fmt: skip
+    doc: dict[str, object] = json.loads(out)
+    return doc
+
+
+def _fresh_venv(where: Path) -> Path:
+    _run(["python3", "-m", "venv", str(where)], where.parent)
+    return where / "bin"
+
+
+def test_the_readme_install_runs_from_its_venv_alone(host: dict[str, Path]) -> None:
+    bin_ = host["opt"] / "bin"
+    doc = _scanner(bin_ / "python", host["work"])
+    assert str(doc["file"]).startswith(str(host["opt"]))  # the venv's copy, not a checkout
+    assert not any(str(host["src"]) in p or str(ROOT) in p for p in doc["path"])  # type: ignore[attr-defined]
+    assert doc["native"] is False  # the pure wheel, as the README installs it
+    assert (host["opt"] / "share" / "systemd" / "loadwatch.service").is_file()
+    assert (host["opt"] / "share" / "prometheus" / "alerts.yml").is_file()
+
+
+@pytest.mark.parametrize("compiler", [True, False], ids=["with-cc", "without-cc"])
+def test_the_sdist_installs_with_and_without_a_compiler(
+    host: dict[str, Path], tmp_path: Path, compiler: bool
+) -> None:
+    bin_ = _fresh_venv(tmp_path / "venv")
+    env = {} if compiler else {"CC": "/nonexistent/cc", "LDSHARED": "/nonexistent/cc -shared"}
+    _run([str(bin_ / "pip"), "install", "-q", str(host["dist"] / f"loadwatch-{VERSION}.tar.gz")],
+         tmp_path, env)  # fmt: skip
+    assert _scanner(bin_ / "python", tmp_path)["native"] is compiler
+    wheel = next(host["dist"].glob(f"loadwatch-{VERSION}-cp3*.whl"))
+    bin2 = _fresh_venv(tmp_path / "venv2")
+    _run([str(bin2 / "pip"), "install", "-q", str(wheel)], tmp_path, env)
+    assert _scanner(bin2 / "python", tmp_path)["native"] is True  # built in, no compiler needed
+
+
+def test_the_units_execstart_runs_and_systemd_analyze_verifies_the_units(
+    host: dict[str, Path], tmp_path: Path
+) -> None:
+    share = host["opt"] / "share" / "systemd"
+    unit = (share / "loadwatch.service").read_text()
+    exec_line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    argv = shlex.split(exec_line.removeprefix("ExecStart=").replace(OPT, str(host["opt"])))
+    assert Path(argv[0]).is_file() and argv[1:3] == ["run", "--config"]
+    example = (share / "loadwatch.toml.example").read_text()
+    config = tmp_path / "loadwatch.toml"
+    (tmp_path / "vllm.log").write_bytes(b"")
+    config.write_text(
+        example.replace("/var/lib/loadwatch", str(tmp_path / "state"))
+        .replace("/var/log/loadwatch", str(tmp_path))
+        .replace("/var/log/vllm/vllm.log", str(tmp_path / "vllm.log"))
+        .replace('dir = "/models/Kimi-K2.5-NVFP4"', "")
+        .replace("127.0.0.1:9321", "127.0.0.1:0")
+        .replace('source = "nvml"', 'source = "none"')
+    )
+    argv[3] = str(config)
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        url = ""
+        end = time.monotonic() + 60
+        while not url and time.monotonic() < end:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            doc = json.loads(line) if line.startswith(b"{") else {}
+            url = doc.get("url", "") if doc.get("event") == "daemon.listening" else ""
+        assert url, proc.stderr.read() if proc.poll() is not None else "no daemon.listening"
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    assert code == 0
+    for name in ("loadwatch.service", "loadwatch-supervise.service", "loadwatch@.service"):
+        copy = tmp_path / name
+        copy.write_text((share / name).read_text().replace(OPT, str(host["opt"])))
+        result = subprocess.run(
+            [require("systemd-analyze"), "verify", str(copy)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0 and not result.stderr.strip(), (name, result.stderr)
