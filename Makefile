@@ -58,9 +58,11 @@ bench: venv
 	$(BIN)/python bench/adversarial.py
 
 clean:
-	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf .venv .venv-run build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
 # The main job on an embedded default: a simulated Kimi-K2.5 load, supervised, about a minute.
 # DEMO_ARGS="--scenario oom" (success, stall, oom, crash-loop, fp8-kv-on-sm120), "--real" for vLLM.
-demo: venv
-	$(BIN)/loadwatch demo $(DEMO_ARGS)
+# The demo runs from the runtime install alone (.venv-run: no test tools), as an operator's would.
+demo:
+	@VENV=.venv-run EXTRAS= PYTHON=$(PYTHON) ./scripts/ensure-venv.sh
+	.venv-run/bin/loadwatch demo $(DEMO_ARGS)

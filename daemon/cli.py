@@ -158,8 +158,8 @@ def _parser() -> argparse.ArgumentParser:
         "--state-dir",
         type=Path,
         metavar="DIR",
-        help="where checkpoints live (default: $STATE_DIRECTORY, /var/lib/loadwatch as root, "
-        "else ~/.local/state/loadwatch)",
+        help="where checkpoints live (default: /var/lib/loadwatch; without --config, for a "
+        "user who cannot write /var/lib: ~/.local/state/loadwatch)",
     )
     run.add_argument(
         "--listen",

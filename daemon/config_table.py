@@ -1,9 +1,13 @@
 """The typed reading of one TOML table, for daemon/config.py: getters that name the key
-(`[section] key`) in the one-line `ConfigError` they raise, and unknown keys as errors."""
+(`[section] key`) in the one-line `ConfigError` they raise, and unknown keys as errors. The
+getters also record what they read, so the configuration's schema is the code that reads it
+(`SCHEMA`: docs/config.md is generated from it and cannot drift)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -21,6 +25,24 @@ class ConfigError(Exception):
         self.problem = problem
 
 
+@dataclass(frozen=True)
+class Key:
+    """One key a reader asked for: its table ('' for the top level), name, kind and default."""
+
+    table: str
+    name: str
+    kind: str
+    default: Any
+
+    @property
+    def ref(self) -> str:
+        return f"[{self.table}] {self.name}" if self.table else self.name
+
+
+# While set, every getter appends the key it reads (config_reference.py sets it).
+SCHEMA: ContextVar[list[Key] | None] = ContextVar("SCHEMA", default=None)
+
+
 class Table:
     """One TOML table being read: typed getters that name the key in their errors."""
 
@@ -34,8 +56,11 @@ class Table:
     def key(self, key: str) -> str:
         return f"[{self.name}] {key}" if self.name else key
 
-    def _get(self, key: str, default: T, check: Callable[[Any], T]) -> T:
+    def _get(self, key: str, default: T, check: Callable[[Any], T], kind: str) -> T:
         self.seen.add(key)
+        schema = SCHEMA.get()
+        if schema is not None:
+            schema.append(Key(self.name, key, kind, default))
         if key not in self.data:
             return default
         try:
@@ -53,11 +78,11 @@ class Table:
                 raise ValueError(f"must be between {minimum:g} and {maximum:g}, got {v:g}")
             return float(v)
 
-        return self._get(key, default, check)
+        return self._get(key, default, check, f"number, {minimum:g} to {maximum:g}")
 
     def opt_number(self, key: str, *, minimum: float = 0.0) -> float | None:
         if key not in self.data:
-            self.seen.add(key)
+            self._get(key, None, lambda v: None, f"number, {minimum:g} or more; unset: none")
             return None
         return self.number(key, 0.0, minimum=minimum)
 
@@ -69,7 +94,7 @@ class Table:
                 raise ValueError(f"must be between {minimum} and {maximum}, got {v}")
             return v
 
-        return self._get(key, default, check)
+        return self._get(key, default, check, f"integer, {minimum} to {maximum}")
 
     def boolean(self, key: str, default: bool) -> bool:
         def check(v: Any) -> bool:
@@ -77,15 +102,15 @@ class Table:
                 raise ValueError(f"expected true or false, got {_show(v)}")
             return v
 
-        return self._get(key, default, check)
+        return self._get(key, default, check, "true or false")
 
-    def string(self, key: str, default: str | None) -> str | None:
+    def string(self, key: str, default: str | None, kind: str = "string") -> str | None:
         def check(v: Any) -> str:
             if not isinstance(v, str) or not v:
                 raise ValueError(f"expected a non-empty string, got {_show(v)}")
             return v
 
-        return self._get(key, default, check)
+        return self._get(key, default, check, kind)
 
     def choice(self, key: str, default: str, options: tuple[str, ...]) -> str:
         def check(v: Any) -> str:
@@ -93,10 +118,10 @@ class Table:
                 raise ValueError(f"must be one of {', '.join(options)}; got {_show(v)}")
             return cast(str, v)
 
-        return self._get(key, default, check)
+        return self._get(key, default, check, "one of " + ", ".join(f"`{o}`" for o in options))
 
     def path(self, key: str, default: Path | None) -> Path | None:
-        value = self.string(key, None)
+        value = self.string(key, None, "path")
         if value is not None and "\0" in value:
             # No system call takes one: a path with it names nothing (and open() raises).
             raise ConfigError(self.key(key), f"a path cannot hold a NUL byte: {_show(value)}")
@@ -108,7 +133,7 @@ class Table:
                 raise ValueError("expected a list of strings (an argv list, never a shell line)")
             return tuple(v)
 
-        return self._get(key, (), check)
+        return self._get(key, (), check, "list of strings")
 
     def devices(self, key: str) -> tuple[int | str, ...] | None:
         def check(v: Any) -> tuple[int | str, ...]:
@@ -126,7 +151,7 @@ class Table:
                     out.append(parse_selector(x))
             return tuple(out)
 
-        return self._get(key, None, check)
+        return self._get(key, None, check, "list of GPU indices or UUIDs")
 
     def mapping(self, key: str) -> dict[str, str]:
         def check(v: Any) -> dict[str, str]:
@@ -136,7 +161,7 @@ class Table:
                 raise ValueError("expected a table of string values")
             return dict(v)
 
-        return self._get(key, {}, check)
+        return self._get(key, {}, check, "table of strings")
 
     def done(self, tables: frozenset[str] | set[str] = frozenset()) -> None:
         unknown = sorted(set(self.data) - self.seen - tables)

@@ -10,6 +10,7 @@ command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v mtail >/dev/null 2>&1 || need+=(mtail)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v logrotate >/dev/null 2>&1 || need+=(logrotate)
 [ -x /usr/lib/systemd/systemd-journal-remote ] || [ -x /lib/systemd/systemd-journal-remote ] || need+=(systemd-journal-remote)
 [ ${#need[@]} -eq 0 ] && exit 0
 mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)

@@ -5,7 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-VENV=.venv
+# VENV and EXTRAS choose the environment: the default is the test one; `make demo` asks for a
+# runtime-only one (EXTRAS=, VENV=.venv-run): what an operator's install has, nothing more.
+VENV=${VENV:-.venv}
+EXTRAS=${EXTRAS-[test]}
 stamp=$VENV/.installed
 want=$( { cat pyproject.toml setup.py parsers/*.c; find daemon parsers exporters -name '*.py' -o -name '*.pyi' -o -name 'py.typed' -o -name '*.toml' | sort; find systemd prometheus grafana k8s docs -type f | sort; } | sha1sum | cut -d' ' -f1)
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
@@ -26,6 +29,6 @@ if ! command -v cc >/dev/null 2>&1 || [ ! -f "$inc/Python.h" ]; then
   fi
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' \
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".$EXTRAS" \
   --config-settings editable_mode=strict
 echo "$want" > "$stamp"

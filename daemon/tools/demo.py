@@ -37,6 +37,7 @@ from loadwatch.daemon.config import (
 from loadwatch.daemon.config import HttpConfig as _Http
 
 GIB = 1 << 30
+EX_SOFTWARE = 70  # the demo itself went wrong, not the load it plays
 KIMI_SHARDS = 119
 KIMI_TOTAL_BYTES = 540 * 10**9
 SIM_GPU_BYTES = 96 * GIB
@@ -157,17 +158,33 @@ def demo_command(args: argparse.Namespace) -> int:
     if args.real:
         return _real(args)
     root = Path(tempfile.mkdtemp(prefix="loadwatch-demo-"))
+    keep = bool(getattr(args, "keep", False))
     try:
         model = make_model_dir(root, fp8_kv=args.scenario == "fp8-kv-on-sm120")
         cfg = demo_config(root, model, args.scenario, args.speed, args.listen)
-        return run_demo(cfg, model, args.scenario, screen=not args.no_screen)
+        return run_demo(cfg, model, args.scenario, screen=not args.no_screen, keep=keep)
     finally:
+        _leave(root, keep)
+
+
+def _leave(root: Path, keep: bool) -> None:
+    if keep:
+        print(f"kept: {root} (vllm.log, events.jsonl, the model directory)")
+    else:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def run_demo(
-    cfg: Config, model: Path, scenario: str, *, screen: bool = True, simulated_gpus: bool = True
+    cfg: Config,
+    model: Path,
+    scenario: str,
+    *,
+    screen: bool = True,
+    simulated_gpus: bool = True,
+    keep: bool = False,
 ) -> int:
+    """Play the scenario; the exit code is the post-mortem's verdict (0 ready, 1 failed,
+    2 incomplete), as `loadwatch analyze` gives it, or 70 when the scenario did not play out."""
     from rich.console import Console
 
     from loadwatch.daemon.app import run_daemon
@@ -206,9 +223,15 @@ def run_demo(
     console.rule("post-mortem: loadwatch analyze")
     from loadwatch.daemon.tools.analyze import analyze_command
 
-    analyze_command(Path(str(cfg.log.path)), model_dir=model, as_json=False, max_record_bytes=65536)
-    console.print(f"\nevent log: {cfg.events_file}  (removed with the demo directory)")
-    return 0 if end.outcome_ok else 1
+    verdict = analyze_command(
+        Path(str(cfg.log.path)), model_dir=model, as_json=False, max_record_bytes=65536
+    )
+    gone = "kept with --keep" if keep else "removed with the demo directory; --keep keeps it"
+    console.print(f"\nevent log: {cfg.events_file}  ({gone})")
+    if not end.outcome_ok:
+        console.print(f"the {scenario} scenario did not play out as it should", style="bold red")
+        return EX_SOFTWARE
+    return verdict
 
 
 class _Digest:
@@ -396,6 +419,13 @@ def _real(args: argparse.Namespace) -> int:
             state_dir=root / "state",
             events_file=root / "events.jsonl",
         )
-        return run_demo(cfg, model, "success", screen=not args.no_screen, simulated_gpus=False)
+        return run_demo(
+            cfg,
+            model,
+            "success",
+            screen=not args.no_screen,
+            simulated_gpus=False,
+            keep=bool(getattr(args, "keep", False)),
+        )
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        _leave(root, bool(getattr(args, "keep", False)))

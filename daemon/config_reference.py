@@ -1,0 +1,157 @@
+"""The configuration reference (docs/config.md), generated from the code that reads the config.
+
+`keys()` runs the real reader with every table present and collects what its getters ask for
+(config_table.SCHEMA); `DOCS` says what each key means. A key the reader takes that `DOCS` does not
+describe, or a `DOCS` entry the reader no longer takes, fails the test that also compares
+docs/config.md with `render()`. Regenerate with:
+
+    python -m loadwatch.daemon.config_reference > docs/config.md
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from loadwatch.daemon import config
+from loadwatch.daemon.config_table import SCHEMA, Key
+
+TABLES = ("", "log", "http", "gpu", "forecast", "model", "events", "vllm")
+
+INTRO = {
+    "": "Top-level keys.",
+    "log": "The vLLM log to follow (watch mode), or the one the supervisor writes.",
+    "http": "The endpoints: `/metrics`, `/status`, `/healthz`, `/readyz`, `/livez`.",
+    "gpu": "The GPUs, through NVML.",
+    "forecast": "When a load counts as stalled, and its budget.",
+    "model": "The checkpoint, for byte progress, the memory forecast and the KV-cache verdict.",
+    "events": "The event log.",
+    "vllm": "Supervise mode: present, loadwatch runs vLLM itself.",
+}
+
+DOCS: dict[str, str] = {
+    "state_dir": "where checkpoints and the emit mark live: `/var/lib/loadwatch`, or, for "
+    "`loadwatch run` without `--config` by a user who cannot write `/var/lib`, "
+    "`~/.local/state/loadwatch`; one daemon per directory (a second exits 75)",
+    "events_file": "also write the event log (one JSON object per line, every event) to this "
+    "file; `SIGHUP` reopens it for logrotate",
+    "sessions_kept": "earlier vLLM sessions kept in `/status` and the state",
+    "[log] path": "the vLLM log (required in watch mode; supervise mode writes it)",
+    "[log] mode": "how changes are noticed: inotify, polling (network or shared storage), or "
+    "inotify with polling as fallback",
+    "[log] poll_interval_s": "how often the file is checked when polling",
+    "[log] max_record_bytes": "a longer record (line) is cut to this many bytes and counted",
+    "[log] format": "what the file holds: vLLM's own output, the kubelet's CRI log "
+    "(`/var/log/pods`), or docker's json-file; `auto` decides by the path and first line",
+    "[log] journal_unit": "read this systemd unit's journal instead of a file (`vllm.service`), "
+    "through `journalctl -o json --follow`, each entry once across restarts (by cursor); "
+    "not with `path`",
+    "[log] journal_file": "with `journal_unit`: a journal file to read (another host's, a copy)",
+    "[log] journal_directory": "with `journal_unit`: a journal directory to read",
+    "[http] listen": "`HOST:PORT` for every endpoint (default `127.0.0.1:9321`: loopback "
+    "unless configured)",
+    "[http] probe_listen": "`HOST:PORT` serving the probe routes alone (`/healthz`, `/readyz`, "
+    "`/livez`) without credentials, for a kubelet when auth is on",
+    "[http] tls_cert": "PEM certificate: serve HTTPS (goes with `tls_key`)",
+    "[http] tls_key": "PEM private key for `tls_cert`",
+    "[http] bearer_token_file": "a file holding the bearer token every request must carry",
+    "[http] basic_auth_user": "basic-auth user (goes with `basic_auth_password_file`)",
+    "[http] basic_auth_password_file": "a file holding the basic-auth password",
+    "[http] max_connections": "connections served at once; more are closed at once",
+    "[http] request_timeout_s": "a client that has not sent its request in this time is dropped",
+    "[gpu] source": "`nvml` (real GPUs), `simulated` (tests, the demo) or `none`",
+    "[gpu] poll_interval_s": "seconds between GPU polls",
+    "[gpu] deadline_s": "a poll that takes longer is abandoned and counted as an error",
+    "[gpu] simulated_count": "GPUs of the simulated source",
+    "[gpu] devices": "the GPUs this loadwatch watches: indices, `GPU-` or `MIG-` UUIDs (default: "
+    "the supervised `CUDA_VISIBLE_DEVICES`, else every GPU)",
+    "[forecast] stall_factor": "a load is stalled after this many times the usual time per "
+    "shard without progress...",
+    "[forecast] stall_floor_s": "...and never before this many seconds",
+    "[forecast] load_budget_s": "the time a load may take; exported for the over-budget alert",
+    "[model] dir": "the checkpoint directory (shard sizes, `config.json`, the KV-cache "
+    "declaration)",
+    "[model] kv_cache_dtype": "the `--kv-cache-dtype` vLLM runs with, when loadwatch cannot read "
+    "it from the argv or the log",
+    "[events] stdout": "what stdout (the journal under systemd) gets: `transitions` (what the "
+    "daemon decided, and failures), `all`, or `none`; the events file always gets all",
+    "[vllm] argv": "the vLLM command, as a list (never a shell line)",
+    "[vllm] env": "environment variables for vLLM",
+    "[vllm] inherit_env": "start vLLM with loadwatch's environment (plus `env`)",
+    "[vllm] cwd": "vLLM's working directory",
+    "[vllm] restart": "when a vLLM that exited is started again",
+    "[vllm] backoff_initial_s": "the first restart's delay; it doubles with each failure",
+    "[vllm] backoff_max_s": "the longest delay between restarts",
+    "[vllm] crash_loop_starts": "this many starts within `crash_loop_window_s` is a crash loop: "
+    "the supervisor gives up (`fatal`)",
+    "[vllm] crash_loop_window_s": "the window of `crash_loop_starts`",
+    "[vllm] stop_grace_s": "SIGTERM, then this long, then SIGKILL for the whole process tree",
+    "[vllm] stall_policy": "on a stalled load: alert only, or restart vLLM",
+    "[vllm] stall_restart_after_s": 'with `stall_policy = "restart"`: stalled this long restarts',
+    "[vllm] preflight": "the check before a start (FP8 KV cache on SM120, memory): warn, refuse "
+    "to start, or skip",
+    "[vllm] log_max_bytes": "the captured log is rotated at this size",
+    "[vllm] log_keep": "rotated logs kept",
+    "[vllm] health_url": "vLLM's `/health` (default: from `--host`/`--port` in argv)",
+}
+
+DEFAULT_SHOWN = {"state_dir": "see meaning", "[http] listen": "`127.0.0.1:9321`"}
+
+
+def keys() -> list[Key]:
+    """Every key the reader takes, in its order, each table read once."""
+    found: list[Key] = []
+    token = SCHEMA.set(found)
+    try:
+        config.parse_config({"vllm": {"argv": ["vllm", "serve", "MODEL"]}})
+    finally:
+        SCHEMA.reset(token)
+    seen: set[str] = set()
+    out = []
+    for k in found:
+        if k.ref not in seen:
+            seen.add(k.ref)
+            out.append(k)
+    return out
+
+
+def _default(k: Key) -> str:
+    if k.ref in DEFAULT_SHOWN:
+        return DEFAULT_SHOWN[k.ref]
+    v: Any = k.default
+    if v is None or v == () or v == {}:
+        return "unset"
+    if isinstance(v, bool):
+        return f"`{str(v).lower()}`"
+    if isinstance(v, str):
+        return f'`"{v}"`'
+    if isinstance(v, float) and v.is_integer():
+        return f"`{int(v)}`" if abs(v) < 1e15 else f"`{v:g}`"
+    return f"`{v}`"
+
+
+def render() -> str:
+    ks = keys()
+    lines = [
+        "# Configuration reference",
+        "",
+        "Every key `loadwatch run --config FILE` reads (TOML), generated from the code that reads",
+        "them (`python -m loadwatch.daemon.config_reference > docs/config.md`; a test fails when",
+        "this page and the code differ). An unknown key, a wrong type or a value out of range is",
+        "an error: one line naming the key, exit 78. Flags (`--log`, `--listen`, ...) override",
+        "the file. Examples: `systemd/loadwatch.toml.example` (watch mode) and",
+        "`systemd/loadwatch-supervise.toml.example` (supervise mode).",
+    ]
+    for table in TABLES:
+        rows = [k for k in ks if k.table == table]
+        if not rows:
+            continue
+        lines += ["", f"## {'[' + table + ']' if table else 'Top level'}", "", INTRO[table], ""]
+        lines += ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        for k in rows:
+            lines.append(f"| `{k.name}` | {k.kind} | {_default(k)} | {DOCS.get(k.ref, '')} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
