@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import urllib.parse
+from importlib.resources import files
 from pathlib import Path
 
 TOKEN = "RUNBOOK_BASE_URL"
@@ -56,15 +57,16 @@ def _packaged(name: str) -> str | None:
 
 
 def default_rules() -> Path | None:
-    """Where the rules file is: $LOADWATCH_ALERTS_FILE, the installed ops files, the checkout."""
-    here = Path(__file__).resolve()
-    candidates = [
-        os.environ.get(RULES_ENV),
-        str(Path(sys.prefix) / "share" / "loadwatch" / "prometheus" / "alerts.yml"),
-        _packaged("alerts.yml"),
-        *(str(p / "prometheus" / "alerts.yml") for p in here.parents[2:4]),
-    ]
-    return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
+    """Where the rules file is: $LOADWATCH_ALERTS_FILE, else the one the install carries (the
+    wheel's ops files, which `loadwatch install-files` writes out)."""
+    given = os.environ.get(RULES_ENV)
+    if given:
+        return Path(given)
+    try:
+        carried = files("loadwatch.ops.prometheus") / "alerts.yml"
+    except ModuleNotFoundError:
+        return None
+    return Path(str(carried)) if carried.is_file() else None
 
 
 def alerts_command(base_url: str, rules: Path | None, output: Path | None) -> int:
