@@ -126,3 +126,45 @@ def test_runbook_has_a_section_per_alert() -> None:
     assert set(by_anchor) == {n.lower() for n in names}  # no section for a removed alert
     for link in re.findall(r"\]\(#([\w-]+)\)", runbook):
         assert link in by_anchor, f"dangling link #{link}"
+
+
+def test_runbook_base_url_is_set_in_one_place(tmp_path: Path) -> None:
+    """`loadwatch alerts --runbook-base-url` fills every runbook_url, and the output is the same
+    rules: promtool checks it and the shipped unit tests pass against it (rewritten URLs)."""
+    import sys
+
+    loadwatch = Path(sys.executable).with_name("loadwatch")
+    base = "https://wiki.example.com/ops/loadwatch/"
+    out = tmp_path / "rules" / "loadwatch.yml"
+    out.parent.mkdir()
+    r = subprocess.run(
+        [str(loadwatch), "alerts", "--runbook-base-url", base, "--rules", str(ALERTS),
+         "--output", str(out)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout == r.stderr == "", r.stderr
+    text = out.read_text()
+    urls = re.findall(r"^\s+runbook_url: (\S+)\s*$", text, re.M)
+    assert len(urls) == len(alert_names(text)) >= 14
+    assert all(u.startswith("https://wiki.example.com/ops/loadwatch/runbook.md#") for u in urls)
+    assert "RUNBOOK_BASE_URL" not in text
+    assert text == ALERTS.read_text().replace("RUNBOOK_BASE_URL", base.rstrip("/"))
+    check = promtool("check", "rules", str(out))
+    assert check.returncode == 0, check.stdout + check.stderr
+    # The unit tests, pointed at the rendered rules with the URLs they now expect.
+    for test in RULE_TESTS:
+        body = test.read_text().replace("../alerts.yml", str(out))
+        (tmp_path / test.name).write_text(body.replace("RUNBOOK_BASE_URL", base.rstrip("/")))
+    units = promtool("test", "rules", *(str(tmp_path / t.name) for t in RULE_TESTS))
+    assert units.returncode == 0, units.stdout + units.stderr
+    carried = subprocess.run(  # no --rules: the rules the install carries
+        [str(loadwatch), "alerts", "--runbook-base-url", base],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert carried.returncode == 0 and carried.stdout == text, carried.stderr
+    bad = subprocess.run(
+        [str(loadwatch), "alerts", "--runbook-base-url", "wiki/loadwatch", "--rules", str(ALERTS)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 64 and bad.stdout == "" and bad.stderr.count("\n") == 1
+    assert "expected an absolute http://, https:// or file:// URL" in bad.stderr
