@@ -166,6 +166,26 @@ class LogError(Event):
     message: str = ""
 
 
+# How many of a message's words name an unrated warning's code: enough to tell messages apart,
+# few enough that a value vLLM interpolates late in the line does not make a new code.
+CODE_WORDS = 6
+
+
+def message_code(kind: str, message: str) -> str:
+    """A code for a warning or error no catalog entry knows, taken from its message, not its
+    file:line (which moves with every vLLM release): `log.found_ulimit_of_and_failed_to`. Words
+    are the message's first letters-only words, lowercased; numbers, paths, quoted values and
+    identifiers with digits or dots are left out, so the same message keeps its code."""
+    words: list[str] = []
+    for raw in message.split():
+        word = raw.strip(".,:;!?()[]{}<>'\"`").lower()
+        if word.isascii() and word.isalpha() and len(word) > 1:
+            words.append(word)
+            if len(words) == CODE_WORDS:
+                break
+    return f"{kind}.{'_'.join(words) or 'unknown'}"
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (

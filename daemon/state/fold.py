@@ -18,6 +18,7 @@ from loadwatch.daemon.sources.inputs import (
     ProcessEvent,
     Tick,
 )
+from loadwatch.daemon.state.durations import duration
 from loadwatch.daemon.state.failures import fold_failure, session_kind, shutdown_noise
 from loadwatch.daemon.state.forecast import EtaState, MemoryFit, stall_threshold_s
 from loadwatch.daemon.state.records import evolve
@@ -57,6 +58,7 @@ from loadwatch.parsers.events import (
     ScaleFactorWarning,
     ShardProgress,
     StallHint,
+    message_code,
 )
 
 # -- the fold -----------------------------------------------------------------------------------
@@ -233,9 +235,9 @@ class Fold:
         kind, last, threshold, expected = due
         now = self.now
         if kind == "progress":
-            reason = f"no shard finished and no bytes read for {now - last:.0f} s"
+            reason = f"no shard finished and no bytes read for {duration(now - last)}"
         else:
-            reason = f"nothing logged and no bytes read for {now - last:.0f} s"
+            reason = f"nothing logged and no bytes read for {duration(now - last)}"
         self.upd(
             stall=Stall(kind, last, now, threshold, expected, reason, s.phase),
             stalls_total=s.stalls_total + 1,
@@ -467,11 +469,11 @@ def _on_scale_factor(f: Fold, ev: ScaleFactorWarning) -> None:
 
 
 def _on_log_warning(f: Fold, ev: LogWarning) -> None:
-    _tally(f, ev, f"log.{ev.source or 'unknown'}", "warning", ev.message)
+    _tally(f, ev, message_code("log", ev.message), "warning", ev.message)
 
 
 def _on_log_error(f: Fold, ev: LogError) -> None:
-    _tally(f, ev, f"error.{ev.source or 'unknown'}", "error", ev.message)
+    _tally(f, ev, message_code("error", ev.message), "error", ev.message)
 
 
 def _on_stall_hint(f: Fold, ev: StallHint) -> None:
@@ -815,9 +817,9 @@ def tally_fast(
         code = "kv_scale_missing"
         layer, scale = ev.layer, ev.scale  # type: ignore[attr-defined]
     elif cls is LogWarning:
-        code = f"log.{ev.source or 'unknown'}"  # type: ignore[attr-defined]
+        code = message_code("log", ev.message)  # type: ignore[attr-defined]
     elif cls is LogError:
-        code = f"error.{ev.source or 'unknown'}"  # type: ignore[attr-defined]
+        code = message_code("error", ev.message)  # type: ignore[attr-defined]
     elif cls is ScaleFactorWarning and ev.code != "kv_scale_default":  # type: ignore[attr-defined]
         code = ev.code  # type: ignore[attr-defined]  # (kv_scale_default also marks FP8)
     else:

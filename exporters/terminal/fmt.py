@@ -11,6 +11,8 @@ from typing import IO
 
 from rich.console import Console, RenderableType
 
+from loadwatch.daemon.state.durations import duration as duration
+
 PIPE_WIDTH = 100  # text width when stdout is not a terminal (COLUMNS overrides)
 
 
@@ -30,24 +32,6 @@ def clock(ts: float | None) -> str:
 
 def hms(ts: float | None) -> str:
     return _local("%H:%M:%S", ts)
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = max(0.0, seconds)
-    if s < 10:
-        return f"{s:.1f}s"
-    if s < 60:
-        return f"{s:.0f}s"
-    m, sec = divmod(round(s), 60)
-    if m < 60:
-        return f"{m}m{sec:02d}s"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h}h"
 
 
 def size(n: float | None) -> str:

@@ -130,6 +130,8 @@ def test_status_json_has_the_documented_shape() -> None:
         "at",
         "phase",
         "ready",
+        "live",
+        "not_live",
         "restarts",
         "sessions_total",
         "session",

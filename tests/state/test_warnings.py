@@ -13,7 +13,13 @@ from loadwatch.daemon.state.kvdtype import (
 )
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.snapshot import WarningView
-from loadwatch.parsers.events import KvScaleWarning, LogWarning, ScaleFactorWarning
+from loadwatch.parsers.events import (
+    KvScaleWarning,
+    LogError,
+    LogWarning,
+    ScaleFactorWarning,
+    message_code,
+)
 
 from .helpers import T0, fold, model, ms, started
 
@@ -130,7 +136,9 @@ def test_a_thousand_warnings_stay_bounded() -> None:
                 KvScaleWarning(scale="k", layer=i * 10, process=f"Worker_TP{i % 40}"),
             )
         )
-        items.append((T0 + 1 + i * 0.01, LogWarning(source=f"file{i}.py:1", message="m")))
+        # A distinct message each (the code is the message's words): letters for the digits.
+        word = "w" + "".join(chr(97 + int(d)) for d in str(i))
+        items.append((T0 + 1 + i * 0.01, LogWarning(source="file.py:1", message=f"odd {word}")))
     st, _ = fold(items, max_warning_codes=16, max_processes=8, max_layer=5000)  # type: ignore[arg-type]
     assert st.session is not None
     assert len(st.session.warnings) == 17  # 16 codes and "other"
@@ -144,8 +152,31 @@ def test_a_thousand_warnings_stay_bounded() -> None:
 
 def test_unrated_warnings_say_so() -> None:
     st, _ = fold([(T0, LogWarning(source="gpu_model_runner.py:12", message="something odd"))])
-    w = _warning(st, "log.gpu_model_runner.py:12")
+    w = _warning(st, "log.something_odd")
     assert w.verdict == "unrated" and w.sample == "something odd"
+
+
+def test_unrated_codes_come_from_the_message_not_the_line_number() -> None:
+    """The same warning moved to another file:line by a new vLLM release keeps its code; the
+    values vLLM interpolates (numbers, paths, quoted names) do not make new codes."""
+    # Real, from tests/fixtures/real-v0.32-llama.log (vLLM 0.32 on the CPU, system_utils.py:255)
+    real = (
+        "Found ulimit of 20000 and failed to automatically increase with error current limit "
+        "exceeds maximum limit. This can cause fd limit errors like `OSError: [Errno 24] Too "
+        "many open files`. Consider increasing with ulimit -n"
+    )
+    moved = real.replace("20000", "1024")
+    st, _ = fold(
+        [
+            (T0, LogWarning(source="system_utils.py:255", message=real)),
+            (T0 + 1, LogWarning(source="system_utils.py:262", message=moved)),
+            (T0 + 2, LogError(source="x.py:1", message="worker 3 lost /dev/shm/psm_1f")),
+        ]
+    )
+    assert st.session is not None
+    assert set(st.session.warnings) == {"log.found_ulimit_of_and_failed_to", "error.worker_lost"}
+    assert st.session.warnings["log.found_ulimit_of_and_failed_to"].count == 2
+    assert message_code("log", "12 34 ...") == "log.unknown"
 
 
 def test_argv_forms_and_versions() -> None:

@@ -155,3 +155,17 @@ def test_identical_per_gpu_notes_are_folded() -> None:
 )
 def test_durations_read_as_operators_write_them(seconds: float, text: str) -> None:
     assert duration(seconds) == text
+
+
+def test_a_long_stall_reads_in_days_and_hours() -> None:
+    from loadwatch.daemon.sources.inputs import Tick
+
+    state, now, _ = mid_load()
+    last = state.snapshot(now).to_dict()["session"]["progress"]["last_progress_at"]
+    later = last + 135814
+    state = state.apply(Tick(), later)
+    doc = state.snapshot(later).to_dict()
+    assert doc["phase"] == "stalled"
+    reason = doc["session"]["stall"]["reason"]
+    assert reason.endswith("for 1d13h") and "135814" not in reason, reason
+    assert "1d13h" in status_text(doc) and "135814" not in status_text(doc)
