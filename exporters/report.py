@@ -22,7 +22,6 @@ from loadwatch.daemon.state.snapshot import (
 from loadwatch.exporters.terminal.fmt import clock, duration
 
 SCHEMA = 1
-ORDER = ("starting", "loading_weights", "post_load", "ready")
 Status = Literal["ready", "failed", "incomplete"]
 EXIT_CODES: dict[str, int] = {"ready": 0, "failed": 1, "incomplete": 2}
 
@@ -211,14 +210,6 @@ class Report:
 # -- building -----------------------------------------------------------------------------------
 
 
-def _reached(view: SessionView) -> str:
-    best = 0
-    for p in (*(h.phase for h in view.history), view.phase):
-        if p in ORDER:
-            best = max(best, ORDER.index(p))
-    return ORDER[best]
-
-
 def _last_progress(view: SessionView) -> LastProgress | None:
     weights = [b for b in view.bars if b.kind == "weights"]
     pool = weights or [b for b in view.bars if b.kind != "prefetch"] or list(view.bars)
@@ -245,20 +236,19 @@ def _progress_text(lp: LastProgress | None) -> str:
 
 def session_verdict(view: SessionView) -> Verdict:
     """ready, failed: <kind>, or incomplete: <phase reached>, last progress N/M at T."""
-    reached = _reached(view)
+    reached = view.reached
     lp = _last_progress(view)
     notes: list[str] = []
-    status: Status
-    if view.phase == "failed":
-        status = "failed"
+    status: Status = view.verdict  # type: ignore[assignment]  # decided in the snapshot
+    if status == "failed":
         kind = view.failure_kind or "unknown"
         text = f"failed: {kind}"
         if view.ready_at is not None:
             notes.append(f"after it was ready at {clock(view.ready_at)}")
         else:
             notes.append(f"in {reached}, {_progress_text(lp)}")
-    elif view.ready_at is not None:
-        status, kind, text = "ready", None, "ready"
+    elif status == "ready":
+        kind, text = None, "ready"
         ttr = view.time_to_ready_s
         notes.append(
             f"ready at {clock(view.ready_at)}" + (f", {duration(ttr)} after start" if ttr else "")
@@ -267,7 +257,7 @@ def session_verdict(view: SessionView) -> Verdict:
             how = "on request" if view.stop_requested else "afterwards"
             notes.append(f"vLLM shut down {how} at {clock(view.phase_entered_at)}")
     else:
-        status, kind = "incomplete", None
+        kind = None
         if view.reason == "first_event" and reached == "starting" and lp is None:
             text = "incomplete: no vLLM start in the log"
             notes.append("the log begins after vLLM started (a rotated or partial log?)")
@@ -353,7 +343,7 @@ def _session(cap: SessionCapture, lines: Mapping[int, int]) -> SessionReport:
         last_event_at=end,
         duration_s=end - view.started_at,
         phase=view.phase,
-        reached=_reached(view),
+        reached=view.reached,
         failure_kind=view.failure_kind,
         stop_requested=view.stop_requested,
         ready_at=view.ready_at,

@@ -252,6 +252,8 @@ class SessionView:
     ready_at: float | None
     time_to_ready_s: float | None
     weights_load_s: float | None
+    verdict: str  # ready | failed | incomplete: what analyze says of this session, decided here
+    reached: str  # the furthest of starting, loading_weights, post_load, ready
     history: tuple[PhaseSpanView, ...]
     progress: ProgressView
     bars: tuple[BarView, ...]

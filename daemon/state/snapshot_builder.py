@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from loadwatch.daemon.state.kvdtype import KvDtype, KvEvidence, decide_kv_dtype, warning_verdict
 from loadwatch.daemon.state.session import (
+    ORDER,
     BarTrack,
     GpuTrack,
     Session,
@@ -218,6 +219,8 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
         ready_at=s.ready_at,
         time_to_ready_s=s.ready_at - s.started_at if s.ready_at is not None else None,
         weights_load_s=weights_load_s(s),
+        verdict=session_verdict(s),
+        reached=reached(s),
         history=history,
         progress=_progress_view(state, s, now),
         bars=bars,
@@ -283,6 +286,20 @@ def liveness(state: StateData, now: float) -> tuple[bool, str | None]:
     if s.phase == "failed" and not (sup is not None and sup.kind in ("backoff", "started")):
         return False, f"failed: {s.failure_kind or 'unknown'}"
     return True, None
+
+
+def reached(s: Session) -> str:
+    """The furthest phase of the load order the session got to."""
+    best = max((ORDER.get(p, 0) for p in (*(h.phase for h in s.history), s.phase)), default=0)
+    return next(p for p, i in ORDER.items() if i == best)
+
+
+def session_verdict(s: Session) -> str:
+    """failed (whenever it failed, even after it was ready), ready (it was, and did not fail:
+    it may have stopped since), or incomplete."""
+    if s.phase == "failed":
+        return "failed"
+    return "ready" if s.ready_at is not None else "incomplete"
 
 
 def session_kv_dtype(state: StateData, s: Session | None) -> KvDtype:

@@ -1,0 +1,74 @@
+"""One verdict: the live daemon, fed every golden fixture at full speed in watch mode, ends with
+the verdict, phase, warning verdicts and failures that `loadwatch analyze --json` gives."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadwatch.daemon.config import Config, GpuConfig, HttpConfig, LogConfig, ModelConfig
+from tests.conftest import FIXTURES
+from tests.daemon.harness import running
+
+LOGS = sorted(FIXTURES.glob("*.log"))
+
+
+def _facts(session: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "verdict": session.get("verdict"),
+        "phase": session["phase"],
+        "warnings": [
+            (w["code"], w["count"], w["verdict"], w["reason"]) for w in session["warnings"]
+        ],
+        "failures": [
+            (f["kind"], f["count"], f["fatal"], f["message"]) for f in session["failures"]
+        ],
+    }
+
+
+def _analyzed(log: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "loadwatch.daemon.cli", "analyze", str(log), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode in (0, 1, 2), out.stderr
+    doc = json.loads(out.stdout)
+    last = doc["sessions"][-1]
+    facts = _facts(last)
+    facts["verdict"] = last["verdict"]["status"]
+    return facts, last["kv_cache"]
+
+
+@pytest.mark.parametrize("log", LOGS, ids=[p.name for p in LOGS])
+def test_live_daemon_ends_with_analyzes_verdicts(log: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "vllm.log"
+    shutil.copyfile(log, copy)
+    want, want_kv = _analyzed(copy)
+    cfg = Config(
+        log=LogConfig(path=copy, poll_interval_s=0.05),
+        http=HttpConfig(port=0),
+        gpu=GpuConfig(source="none"),
+        model=ModelConfig(dir=None),
+        state_dir=tmp_path / "state",
+    )
+    size = copy.stat().st_size
+    with running(cfg) as d:
+        d.wait(lambda: d.status()["session"] is not None, "a session")
+        d.wait(lambda: d.get("/metrics")[1] and _read_all(d, size), "the whole log read", 60)
+        d.daemon.loop_call(d.daemon.publish)  # type: ignore[union-attr]
+        d.wait(lambda: _facts(d.status()["session"]) == want, "analyze's verdicts", 10)
+        assert d.status()["kv_cache"] == want_kv
+
+
+def _read_all(d: Any, size: int) -> bool:
+    log = d.daemon.published.log if d.daemon.published is not None else None
+    return log is not None and log.bytes_total >= size
