@@ -66,6 +66,7 @@ TICK_S = 1.0  # while a load is in flight: stall checks, STATUS=, publishing
 IDLE_TICK_S = 5.0  # tick and GPU poll with nothing loading (no session, ready, failed, stopped)
 IO_SAMPLE_S = 1.0
 HEALTH_PROBE_S = 2.0
+QUIET_CLOSE_S = 2.0  # a traceback open this long with nothing more logged is complete
 PUBLISH_MIN_S = 0.1  # at most this often while the log streams in
 
 
@@ -125,6 +126,7 @@ class Daemon:
         self._orphans: int | None = None
         self.orphan_grace_s = ORPHAN_GRACE_S
         self._orphan_checks: dict[tuple[int, ...], asyncio.Task[None]] = {}  # by tree, in flight
+        self._last_chunk: tuple[float, str | None] = (0.0, None)  # (monotonic, file) last read
         self._model_tried: str | None = None  # the model path of the log last looked for here
         self._health_up: bool | None = None
         self._model_dir_said: str | None = None  # the configured model dir's problem, said once
@@ -500,14 +502,32 @@ class Daemon:
                 continue
             if not chunks:
                 self._caught_up = True  # (a log not there yet has no backlog either)
+            if chunks:
+                self._last_chunk = (time.monotonic(), chunks[-1].file_id)
             if not chunks and h.file_exists:
                 # caught up: whatever the mark names is not coming, nor a record after the
                 # checkpoint in its file
                 self._mark = self._written = None
                 if self._replay_until is not None:
                     self._end_replay()
+                self._close_quiet_traceback(follower)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wait_log(follower), timeout=1.0)
+
+    def _close_quiet_traceback(self, follower: LogFollower) -> None:
+        """A traceback still open once the log has been quiet for QUIET_CLOSE_S is the log's
+        last word (a vLLM that died printing it): closed as analyze closes it at the end of the
+        file, so the failure is not held back for ever. One the last daemon read before its
+        checkpoint was its to write: state only."""
+        at, file_id = self._last_chunk
+        stream = self._scanner.stream
+        if not stream.in_traceback or time.monotonic() - at < QUIET_CLOSE_S:
+            return
+        cp = follower.loaded_checkpoint
+        for ev in stream.flush():
+            old = cp is not None and file_id == cp.file_id and ev.offset < cp.offset
+            self._event(ev, file_id or "", "replay" if old else "live")
+        self.publish_soon()
 
     def _tell_start(self, follower: LogFollower) -> None:
         """One line when a restart could not resume where the last daemon stopped reading."""
