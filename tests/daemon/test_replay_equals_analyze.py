@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +23,17 @@ LOGS = sorted(FIXTURES.glob("*.log"))
 def _facts(session: dict[str, Any]) -> dict[str, Any]:
     return {
         "verdict": session.get("verdict"),
-        "phase": session["phase"],
+        "phase": session.get("phase"),
         "warnings": [
-            (w["code"], w["count"], w["verdict"], w["reason"]) for w in session["warnings"]
+            (w["code"], w["count"], w["verdict"], w["reason"]) for w in session.get("warnings", ())
         ],
         "failures": [
-            (f["kind"], f["count"], f["fatal"], f["message"]) for f in session["failures"]
+            (f["kind"], f["count"], f["fatal"], f["message"]) for f in session.get("failures", ())
         ],
     }
 
 
-def _analyzed(log: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def _analyzed(log: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     out = subprocess.run(
         [sys.executable, "-m", "loadwatch.daemon.cli", "analyze", str(log), "--json"],
         capture_output=True,
@@ -42,6 +43,8 @@ def _analyzed(log: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     )
     assert out.returncode in (0, 1, 2), out.stderr
     doc = json.loads(out.stdout)
+    if not doc["sessions"]:
+        return None, {}
     last = doc["sessions"][-1]
     facts = _facts(last)
     facts["verdict"] = last["verdict"]["status"]
@@ -50,7 +53,7 @@ def _analyzed(log: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 @pytest.mark.parametrize("log", LOGS, ids=[p.name for p in LOGS])
 def test_live_daemon_ends_with_analyzes_verdicts(log: Path, tmp_path: Path) -> None:
-    copy = tmp_path / "vllm.log"
+    copy = tmp_path / log.name  # (the name may tell the format)
     shutil.copyfile(log, copy)
     want, want_kv = _analyzed(copy)
     cfg = Config(
@@ -62,10 +65,13 @@ def test_live_daemon_ends_with_analyzes_verdicts(log: Path, tmp_path: Path) -> N
     )
     size = copy.stat().st_size
     with running(cfg) as d:
-        d.wait(lambda: d.status()["session"] is not None, "a session")
-        d.wait(lambda: d.get("/metrics")[1] and _read_all(d, size), "the whole log read", 60)
+        d.wait(lambda: _read_all(d, size), "the whole log read", 60)
         d.daemon.loop_call(d.daemon.publish)  # type: ignore[union-attr]
-        d.wait(lambda: _facts(d.status()["session"]) == want, "analyze's verdicts", 10)
+        if want is None:  # no vLLM start found: none live either
+            time.sleep(0.5)
+            assert d.status()["session"] is None
+            return
+        d.wait(lambda: _facts(d.status()["session"] or {}) == want, "analyze's verdicts", 20)
         assert d.status()["kv_cache"] == want_kv
 
 
