@@ -22,6 +22,7 @@ from typing import Any, Literal, TextIO
 import structlog
 
 from loadwatch.daemon.supervise.redact import Redactor
+from loadwatch.exporters.nbwrite import NonBlockingWriter, for_stream
 
 
 class _Sinks:
@@ -73,6 +74,8 @@ class EventLog:
         self.last_error: str | None = None
         self._lock = threading.Lock()
         self._file: TextIO | None = None
+        self._pipe: NonBlockingWriter | None = None  # the events file is a FIFO: never wait on it
+        self._out = for_stream(self.stream)  # stdout on a pipe or socket: never wait on it
         self._open_file()
         json_chain: list[Any] = [
             self._redact,
@@ -94,6 +97,14 @@ class EventLog:
 
     def _write(self, line: str) -> None:
         with self._lock:
+            if self._pipe is not None:
+                if self._pipe.write(line.encode() + b"\n"):
+                    self.last_error = None
+                else:
+                    self._fault(
+                        f"the event log {self.path} is a pipe its reader does not empty: "
+                        "lines are dropped until it does"
+                    )
             if self._file is not None:
                 try:
                     self._file.write(line + "\n")
@@ -103,11 +114,13 @@ class EventLog:
                     self._fault(f"cannot write the event log {self.path}: {exc.strerror or exc}")
             if not getattr(self._to_stdout, "wanted", True):
                 return
+            text = self._render_console(line) if self.console else line
             try:
-                if self.console:
-                    self.stream.write(self._render_console(line) + "\n")
-                else:
-                    self.stream.write(line + "\n")
+                if self._out is not None:
+                    if not self._out.write(text.encode() + b"\n"):
+                        self.write_errors += 1  # nobody reads stdout: dropped, never waited on
+                    return
+                self.stream.write(text + "\n")
                 self.stream.flush()
             except (OSError, ValueError):
                 self.write_errors += 1  # stdout closed: nothing more to do about it
@@ -143,6 +156,9 @@ class EventLog:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)  # as the file: 0640
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # a FIFO (or a device): written, never waited on
+                self._pipe = NonBlockingWriter(fd, own=True)
+                return
             if stat.S_ISREG(st.st_mode) and st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
                 os.write(fd, b"\n")  # a line a killed writer left torn stays a line of its own
             self._file = os.fdopen(fd, "a", encoding="utf-8")
@@ -150,8 +166,14 @@ class EventLog:
             self._file = None
             self._fault(f"cannot open the event log {self.path}: {exc.strerror or exc}")
 
+    def _close_pipe(self) -> None:
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
+
     def reopen(self) -> None:
         with self._lock:
+            self._close_pipe()
             if self._file is not None:
                 try:
                     self._file.close()
@@ -162,6 +184,10 @@ class EventLog:
 
     def close(self) -> None:
         with self._lock:
+            self._close_pipe()
+            if self._out is not None:
+                self._out.close()
+                self._out = None
             if self._file is not None:
                 try:
                     self._file.close()
