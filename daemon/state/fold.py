@@ -533,9 +533,8 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
         if ev.kind == "api_server_start" and f.s.api_server_at is None:
             f.upd(api_server_at=t)
         f.advance("post_load", t, ev.kind)
-        if ev.kind == "api_server_start" and ev.detail == "routes":
-            # vLLM lists its routes once the engine is up, as uvicorn starts serving them
-            _ready(f, t, "API routes listed")
+        # Not ready at `Available routes are:`: vLLM 0.32 lists its routes before uvicorn
+        # listens, and a request then is refused (tests/e2e/test_real_vllm.py saw it).
     elif ev.kind == "app_startup_complete":
         _ready(f, t, "application startup complete")
     elif ev.kind == "shutdown":

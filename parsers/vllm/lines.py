@@ -57,6 +57,8 @@ _WRAPPER = re.compile(
     r"|[A-Za-z0-9][A-Za-z0-9_.-]{0,63}+ {1,40}+\| ?"
     # a launcher's tag: `[vllm]: `
     r"|\[[A-Za-z][A-Za-z0-9_.-]{0,39}+\]: "
+    # pytest's failure report in a CI log: `E       RuntimeError: ...`
+    r"|E {3,16}+(?=\S)"
     r")"
 )
 _WRAPPER_START = frozenset("[0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")

@@ -156,7 +156,7 @@ def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event
     out: list[Event] = []
     # An indented line is a traceback's frame or quoted source (`raise RuntimeError("Engine core
     # initialization failed. "`): never a failure of its own; exception lines start at column 0.
-    indented = body[:1] in (" ", "\t")
+    indented = body[:1] in (" ", "\t") or body.startswith(">   ")  # pytest quotes source so
     for entry in DISPATCH[(mode, head.level)]:
         if indented and entry.severity == "error":
             continue

@@ -29,8 +29,13 @@ from .helpers import (
 EXPECTED: dict[str, tuple[int, str, list[str]]] = {
     "gh-1cat-237-journald-ru.log": (0, "incomplete: no vLLM start in the log", []),
     "gh-akash-543-launcher.log": (0, "incomplete: no vLLM start in the log", []),
+    "gh-amd-strix-5-weights-loaded.log": (
+        1,
+        "incomplete: post_load, last progress 3/3 at 10-26 21:47:45",
+        [],
+    ),
     "gh-club3090-60-oom-reraised.log": (1, "failed: cuda_oom", []),
-    "gh-dynamo-4087-ready.log": (1, "ready", []),
+    "gh-dynamo-4087-ready.log": (1, "incomplete: post_load, no progress logged", []),
     "gh-glmv-204-two-graph-bars.log": (
         1,
         "incomplete: post_load, last progress 67/67 at 10-21 09:11:57",
@@ -43,6 +48,7 @@ EXPECTED: dict[str, tuple[int, str, list[str]]] = {
     ),
     "gh-proxmoxved-2047-journald.log": (1, "incomplete: no vLLM start in the log", []),
     "gh-vllm-12474-journald-traceback.log": (0, "incomplete: no vLLM start in the log", []),
+    "gh-vllm-18416-ci-stamps.log": (1, "failed: engine_init_failed", []),
     "gh-vllm-19483-bar-prefix-after.log": (
         1,
         "incomplete: loading_weights, last progress 15/37 at 12-01 00:00:00",
@@ -114,6 +120,8 @@ ROOTS: dict[str, list[tuple[str, int, int]]] = {
     # torch.distributed's `[rank0]: ` taken off: the NCCL RuntimeError is the root, the Ray
     # workers' "Error executing method" and their traceback (cut) its echoes
     "gh-vllm-16707-nccl-ray.log": [("nccl", 3, 2)],
+    # a CI log's stamps and pytest's markers taken off: the quoted `raise` is no failure
+    "gh-vllm-18416-ci-stamps.log": [("engine_init_failed", 1, 0)],
     # real vLLM 0.32 runs stopped on request: the EngineDeadError of the SIGTERM is no failure
     "real-v0.32-deepseek-kvscales.log": [],
     "real-v0.32-llama.log": [],
@@ -174,6 +182,20 @@ BARS: dict[str, list[tuple[str | None, str, int, int, int]]] = {
 def test_bars_by_process_and_desc(name: str, tmp_path: Path) -> None:
     (s,) = _report(tmp_path, name).sessions
     assert [(b.process, b.desc, b.done, b.total, b.updates) for b in s.bars] == BARS[name]
+
+
+def test_a_finished_bar_and_loading_weights_took_end_loading_weights(tmp_path: Path) -> None:
+    (s,) = _report(tmp_path, "gh-amd-strix-5-weights-loaded.log").sessions
+    assert s.reached == "post_load" and s.phase == "post_load"
+    assert s.weights_load_s == pytest.approx(1.27)
+
+
+def test_routes_listed_is_not_ready_yet(tmp_path: Path) -> None:
+    """vLLM lists its routes before uvicorn listens: a request then is refused (real vLLM 0.32
+    in tests/e2e/test_real_vllm.py), so the API server's start is post_load, not ready."""
+    (s,) = _report(tmp_path, "gh-dynamo-4087-ready.log").sessions
+    assert s.verdict.status == "incomplete" and s.phase == "post_load"
+    assert any(m.kind == "api_server_start" for m in s.milestones)
 
 
 def test_every_fixture_has_a_source() -> None:
