@@ -421,7 +421,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _preflight(args: argparse.Namespace) -> int:
     import json
 
-    from loadwatch.daemon.tools.memplan_inputs import gpu_model_capacity, layout_from_argv
+    from loadwatch.daemon.state.memplan_inputs import gpu_model_capacity, layout_from_argv
     from loadwatch.daemon.tools.preflight import parse_gpu_cc, preflight_cli
 
     cc: tuple[int, int] | None = None

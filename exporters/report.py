@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.state.snapshot import (
+    MemoryPlanView,
     MilestoneView,
     SessionView,
     Snapshot,
@@ -172,6 +173,7 @@ class SessionReport:
     bars: tuple[BarReport, ...]
     progress: ProgressReport
     kv_cache: KvReport
+    memory_plan: MemoryPlanView | None
     warnings: tuple[WarningGroup, ...]
     warnings_total: int
     failures: tuple[FailureReport, ...]
@@ -356,6 +358,7 @@ def _session(cap: SessionCapture, lines: Mapping[int, int]) -> SessionReport:
             p.shards_done, p.shards_total, p.bytes_done, p.bytes_total, p.ratio, p.last_progress_at
         ),
         kv_cache=KvReport(kv.dtype, kv.quantized, kv.source, kv.reason),
+        memory_plan=snap.memory_plan,
         warnings=view.warnings,
         warnings_total=view.warnings_total,
         failures=tuple(failures),

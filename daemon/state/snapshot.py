@@ -235,6 +235,30 @@ class KvCacheView:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryPlanView:
+    """The memory plan per GPU and, once vLLM sized its KV cache, what it reported
+    (daemon/state/plan_actual.py). None fields: not known."""
+
+    verdict: str  # fits, tight, will_fail, unknown
+    predicted_error: str | None
+    kv_dtype: str
+    kv_bytes_per_token: float | None
+    block_size: int
+    max_model_len: int | None
+    weights_bytes_per_gpu: int | None
+    capacity_bytes_per_gpu: int | None
+    budget_low_bytes: int | None
+    budget_high_bytes: int | None
+    planned_tokens_low: int | None
+    planned_tokens_high: int | None
+    actual_available_bytes: int | None  # vLLM's "Available KV cache memory"
+    actual_tokens: int | None  # vLLM's "GPU KV cache size"
+    expected_tokens: int | None  # the plan's bytes per token over vLLM's available memory
+    actual_vs_plan: str  # pending, as_planned, below_budget, above_budget, differs
+    explain: str
+
+
+@dataclass(frozen=True, slots=True)
 class SessionView:
     id: int
     reason: str
@@ -331,6 +355,7 @@ class Snapshot:
     sessions: tuple[SessionSummary, ...]
     model: ModelView | None
     kv_cache: KvCacheView
+    memory_plan: MemoryPlanView | None
     gpu_source_up: bool | None
     gpu_error: str | None
     gpus: tuple[GpuView, ...]
@@ -352,6 +377,7 @@ __all__ = [
     "GpuView",
     "HealthView",
     "KvCacheView",
+    "MemoryPlanView",
     "MilestoneView",
     "ModelView",
     "PhaseSpanView",

@@ -7,6 +7,7 @@ cadence, not per input. ETA and ages are computed for the `now` given.
 from __future__ import annotations
 
 from loadwatch.daemon.state.kvdtype import KvDtype, KvEvidence, decide_kv_dtype, warning_verdict
+from loadwatch.daemon.state.plan_actual import memory_plan_view
 from loadwatch.daemon.state.session import (
     ORDER,
     BarTrack,
@@ -334,6 +335,7 @@ def build_snapshot(state: StateData, now: float) -> Snapshot:
         if m is not None
         else None,
         kv_cache=KvCacheView(kv.dtype, kv.quantized, kv.source, kv.reason),
+        memory_plan=memory_plan_view(state, s, kv),
         gpu_source_up=state.gpu_source_up,
         gpu_error=state.gpu_error,
         gpus=tuple(_gpu_view(state.gpus[i]) for i in sorted(state.gpus)),

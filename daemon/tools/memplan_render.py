@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadwatch.daemon.tools.memplan import GIB, Capacity, MemoryPlan
+from loadwatch.daemon.state.memplan import GIB, Capacity, MemoryPlan
 
 
 def _gib(n: int | float | None) -> str:

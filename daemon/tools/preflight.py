@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.sources.model.model_info import MLA_MODEL_TYPES, read_model_dir
+from loadwatch.daemon.state import memplan
+from loadwatch.daemon.state.memplan_inputs import weights_per_gpu
 from loadwatch.daemon.supervise import vllm_argv
-from loadwatch.daemon.tools import memplan
-from loadwatch.daemon.tools.memplan_inputs import weights_per_gpu
 from loadwatch.daemon.tools.memplan_render import memory_check_message, plan_dict, plan_lines
 
 Verdict = Literal["ok", "warnings", "will_fail"]

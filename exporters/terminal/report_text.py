@@ -302,6 +302,9 @@ def _session_block(s: SessionReport, last: bool) -> list[RenderableType]:
             f"{w.code}: {w.verdict}, {w.reason.replace(said, '')}" for w in rated
         ):
             grid.add_row(Text(""), Text(reason, style="dim"))
+    plan = s.memory_plan
+    if plan is not None and plan.actual_vs_plan != "pending":
+        grid.add_row(Text("KV vs plan"), Text(f"{plan.actual_vs_plan}: {plan.explain}"))
     facts = _facts(s) if last else None
     if facts is not None:
         grid.add_row(Text("facts"), facts)

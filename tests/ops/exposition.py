@@ -279,7 +279,42 @@ def render(scene: Scene) -> str:
     ):
         t.family(f"loadwatch_http_process_{name}", kind, "The HTTP process's own.")
         t.sample(f"loadwatch_http_process_{name}", value)
+    _memory_plan(t, scene)
     return "\n".join(t.lines) + "\n"
+
+
+def _memory_plan(t: _Text, scene: Scene) -> None:
+    """Kimi-K2.5 with a bf16 KV cache on GPUs of this size (the README's plan, scaled)."""
+    t.family("loadwatch_memory_plan_verdict", "gauge", "The memory plan's verdict.")
+    for verdict in ("fits", "tight", "will_fail", "unknown"):
+        t.sample(
+            "loadwatch_memory_plan_verdict", 1 if verdict == "fits" else 0, {"verdict": verdict}
+        )
+    t.family("loadwatch_kv_cache_bytes_per_token", "gauge", "Planned KV bytes per token.")
+    t.sample("loadwatch_kv_cache_bytes_per_token", 61 * 1152)
+    t.family("loadwatch_weights_planned_bytes", "gauge", "Planned weights per GPU.")
+    t.sample(
+        "loadwatch_weights_planned_bytes", scene.shards_total * scene.shard_bytes // scene.gpus
+    )
+    budgets = (("low", 18 * GIB), ("high", 22 * GIB))
+    t.family("loadwatch_kv_cache_planned_budget_bytes", "gauge", "Planned KV memory per GPU.")
+    for bound, budget in budgets:
+        t.sample("loadwatch_kv_cache_planned_budget_bytes", budget, {"bound": bound})
+    t.family("loadwatch_kv_cache_planned_tokens", "gauge", "Planned KV tokens.")
+    for bound, budget in budgets:
+        t.sample("loadwatch_kv_cache_planned_tokens", budget // (61 * 1152), {"bound": bound})
+    t.family("loadwatch_kv_cache_vs_plan", "gauge", "vLLM's KV cache against the plan.")
+    done = scene.phase in ("post_load", "ready")
+    for c in ("pending", "as_planned", "below_budget", "above_budget", "differs"):
+        hit = c == ("as_planned" if done else "pending")
+        t.sample("loadwatch_kv_cache_vs_plan", 1 if hit else 0, {"comparison": c})
+    for name, help_text, value in (
+        ("loadwatch_kv_cache_available_bytes", "vLLM's KV memory.", 20 * GIB),
+        ("loadwatch_kv_cache_tokens", "vLLM's KV tokens.", 20 * GIB // (61 * 1152)),
+        ("loadwatch_kv_cache_expected_tokens", "Expected tokens.", 20 * GIB // (61 * 1152)),
+    ):
+        t.family(name, "gauge", help_text)  # as at the end of a load: vLLM sized its cache
+        t.sample(name, value)
 
 
 class ExpositionServer:

@@ -138,6 +138,7 @@ def test_status_json_has_the_documented_shape() -> None:
         "sessions",
         "model",
         "kv_cache",
+        "memory_plan",
         "gpu_source_up",
         "gpu_error",
         "gpus",

@@ -10,13 +10,13 @@ import pytest
 
 from loadwatch.daemon.cli import main
 from loadwatch.daemon.sources.model.model_info import read_model_dir
-from loadwatch.daemon.tools import memplan
-from loadwatch.daemon.tools.demo import make_model_dir
-from loadwatch.daemon.tools.memplan_inputs import (
+from loadwatch.daemon.state import memplan
+from loadwatch.daemon.state.memplan_inputs import (
     gpu_model_capacity,
     layout_from_argv,
     weights_per_gpu,
 )
+from loadwatch.daemon.tools.demo import make_model_dir
 from loadwatch.daemon.tools.preflight import preflight
 
 GIB = 2**30

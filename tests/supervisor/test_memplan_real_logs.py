@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.sources.inputs import ModelGeometry
-from loadwatch.daemon.tools.memplan import GIB, capacity, kv_per_token, pp_stage_layers
+from loadwatch.daemon.state.memplan import GIB, capacity, kv_per_token, pp_stage_layers
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kvplan"
 

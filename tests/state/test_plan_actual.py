@@ -1,0 +1,79 @@
+"""Plan against actual in the state: logs real vLLM 0.32 wrote on the CPU (tests/fixtures/
+real-v0.32-*.log, the tiny Llama- and DeepSeek-style models of tests/realvllm/tinymodel.py),
+through the real parser into the fold, with the model directory's geometry."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from loadwatch.daemon.sources.inputs import ModelInfo, ProcessEvent, ShardInfo
+from loadwatch.daemon.sources.model.geometry import read_geometry
+from loadwatch.daemon.state.loadstate import Input, LoadState, run
+from loadwatch.parsers import EventStream, split_records
+from tests.realvllm.tinymodel import BuildOptions, plan
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def _model(arch: str, layers: int | None = None) -> ModelInfo:
+    config, _ = plan(BuildOptions(arch=arch, layers=layers))  # type: ignore[arg-type]
+    return ModelInfo(
+        path="/m",
+        shards=(ShardInfo("model-00001.safetensors", 400_000_000),),
+        total_bytes=400_000_000,
+        geometry=read_geometry(config),
+    )
+
+
+def _fold(name: str, info: ModelInfo, argv: tuple[str, ...], upto: str | None = None) -> LoadState:
+    data = (FIXTURES / name).read_bytes()
+    if upto is not None:
+        data = data[: data.index(upto.encode())]
+    events = EventStream(ref_ts=datetime(2026, 12, 1).timestamp()).feed_all(split_records(data))
+    first = next(e.ts for e in events if e.ts is not None)
+    items: list[tuple[float, Input]] = [
+        (first - 1, ProcessEvent(kind="started", ts=first - 1, pid=1, argv=argv)),
+        (first - 1, info),
+    ]
+    items += [(e.ts or first, e) for e in events]
+    state, _ = run(items, LoadState())
+    return state
+
+
+ARGV = ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m")
+
+
+def test_llama_cpu_tokens_as_planned() -> None:
+    snap = _fold("real-v0.32-llama.log", _model("llama"), ARGV).snapshot(0.0)
+    p = snap.memory_plan
+    assert p is not None
+    assert p.kv_bytes_per_token == 4 * 2 * 2 * 64 * 2  # 4 layers, K and V, 2 KV heads, bf16
+    assert p.actual_tokens == 524_288 and p.actual_available_bytes == 2**30
+    assert p.expected_tokens == 524_288
+    assert p.actual_vs_plan == "as_planned"
+
+
+def test_deepseek_fp8_cpu_tokens_as_planned() -> None:
+    argv = (*ARGV, "--kv-cache-dtype", "fp8")
+    snap = _fold("real-v0.32-deepseek-fp8kv.log", _model("deepseek"), argv).snapshot(0.0)
+    p = snap.memory_plan
+    assert p is not None and p.kv_dtype == "fp8"
+    assert p.kv_bytes_per_token == 12 * 576  # MLA latent, one byte
+    assert p.actual_tokens == 155_344 and p.expected_tokens == 155_344
+    assert p.actual_vs_plan == "as_planned"
+
+
+def test_a_plan_that_does_not_match_is_said_to_differ() -> None:
+    # The same log with a checkpoint that claims twice the layers: half the tokens expected.
+    snap = _fold("real-v0.32-llama.log", _model("llama", layers=8), ARGV).snapshot(0.0)
+    p = snap.memory_plan
+    assert p is not None and p.actual_vs_plan == "differs"
+    assert p.expected_tokens == 262_144 and "+100.0%" in p.explain
+
+
+def test_pending_until_vllm_sizes_its_cache() -> None:
+    state = _fold("real-v0.32-llama.log", _model("llama"), ARGV, upto="CPU KV cache size")
+    p = state.snapshot(0.0).memory_plan
+    assert p is not None and p.actual_vs_plan == "pending" and p.actual_tokens is None
+    assert p.kv_bytes_per_token == 2048 and p.verdict == "unknown"  # no GPU capacity known
