@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -122,9 +123,19 @@ def test_the_daemon_reads_the_units_journal_killed_half_way_each_event_once(
         ),
     ],
 )
-def test_journal_keys_are_checked(log: dict[str, str], problem: str) -> None:
+def test_journal_keys_are_checked(tmp_path: Path, log: dict[str, str], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
         parse_config({"log": log})
+    cfg = write_config(tmp_path / "bad.toml", {"state_dir": tmp_path / "state"}, log=log)
+    run = subprocess.run(
+        [sys.executable, "-m", "loadwatch.daemon.cli", "run", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 78 and run.stderr.count("\n") == 1, run.stderr
+    assert "[log] journal" in run.stderr and problem in run.stderr
 
 
 def test_journalctl_is_run_as_an_argv_list_after_the_cursor() -> None:

@@ -20,6 +20,9 @@ the renamed file to its end, then the new one). MESSAGE fields that are not UTF-
 makes journald store a line as bytes) come as byte arrays and are written as they are; a
 MESSAGE that is null (a field over journald's limit that `--all` could not show) is skipped.
 
+journalctl is loadwatch's child: `stop()` ends it. After a SIGKILL of loadwatch it ends at its next
+write (the pipe is gone), or with the unit's cgroup under systemd.
+
     pump = JournalPump("vllm.service", state_dir, on_problem=print)
     pump.start()          # then follow pump.spool_path
     pump.stop()
