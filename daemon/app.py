@@ -283,10 +283,21 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
         def on_report(report: Any) -> None:
             daemon.eventlog.emit("preflight", verdict=report.verdict, report=report.to_dict())
 
+        def capacity() -> tuple[int, str] | None:
+            totals = [g.memory_total_bytes for g in daemon.snapshot().gpus]
+            total = next((t for t in totals if t), None)
+            return (total, "NVML: the first GPU's total memory") if total else None
+
         hook = None
         if vllm.preflight != "off":
+            env = {**os.environ, **vllm.env} if vllm.inherit_env else dict(vllm.env)
             hook = start_hook_for_argv(
-                vllm.argv, vllm.preflight, gpu_cc=gpu_cc, on_report=on_report
+                vllm.argv,
+                vllm.preflight,
+                gpu_cc=gpu_cc,
+                on_report=on_report,
+                env=env,
+                capacity=capacity,
             )
         sup_cfg = supervisor_config(vllm, str(cfg.log.path), preflight=hook)
         return Supervisor(sup_cfg, on_event=daemon.on_process_event)

@@ -14,15 +14,16 @@ supported``). So on 12.x (SM120) an MLA model with an FP8 KV cache cannot start 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.sources.model.model_info import MLA_MODEL_TYPES, read_model_dir
 from loadwatch.daemon.state import memplan
-from loadwatch.daemon.state.memplan_inputs import weights_per_gpu
+from loadwatch.daemon.state.memplan_inputs import layout_from_argv, weights_per_gpu
 from loadwatch.daemon.supervise import vllm_argv
+from loadwatch.daemon.supervise.vllm_probe import TritonMlaAnswer, ask_triton_mla_fp8
 from loadwatch.daemon.tools.memplan_render import memory_check_message, plan_dict, plan_lines
 
 Verdict = Literal["ok", "warnings", "will_fail"]
@@ -176,11 +177,13 @@ def preflight(
     vllm_date: dt.date | None = None,
     layout: memplan.Layout | None = None,
     capacity: tuple[int, str] | None = None,
+    triton: TritonMlaAnswer | None = None,
 ) -> PreflightReport:
     """Judge ``model_info`` for a start with ``--kv-cache-dtype kv_cache_dtype_arg`` on ``gpu_cc``.
 
     ``layout`` (from the vLLM argv) and ``capacity`` (bytes per GPU, and where that came from)
-    feed the memory plan; without a layout there is no plan.
+    feed the memory plan; without a layout there is no plan. ``triton``: what the installed vLLM
+    said of TRITON_MLA and FP8 (supervise mode asks it); its answer wins over ``vllm_date``.
 
     ``vllm_date``: the date of the vLLM build, when known; unknown means the older behaviour
     (TRITON_MLA refuses FP8), which is the one that fails.
@@ -228,7 +231,9 @@ def preflight(
     fix: str | None = None
     if attention == "mla":
         explicit = (kv_cache_dtype_arg or "auto").strip().lower() != "auto"
-        check, backends, fix = _mla_backend_check(info, kv_dtype, explicit, gpu_cc, vllm_date)
+        check, backends, fix = _mla_backend_check(
+            info, kv_dtype, explicit, gpu_cc, vllm_date, triton
+        )
         checks.append(check)
     elif attention == "standard":
         checks.append(Check("attention_backend", "ok", "standard attention: no MLA constraint"))
@@ -301,6 +306,7 @@ def _mla_backend_check(
     explicit: bool,
     gpu_cc: tuple[int, int] | None,
     vllm_date: dt.date | None,
+    triton: TritonMlaAnswer | None = None,
 ) -> tuple[Check, tuple[str, ...], str | None]:
     if gpu_cc is None:
         return (
@@ -315,6 +321,11 @@ def _mla_backend_check(
         return Check("attention_backend", "warn", msg), (), None
     fp8 = kv_dtype in FP8_DTYPES
     triton_fp8 = vllm_date is not None and vllm_date >= TRITON_MLA_FP8_SINCE
+    said = ""
+    if triton is not None and triton.fp8 is not None:
+        triton_fp8, said = triton.fp8, f" ({triton.asked} says so: {triton.reason})"
+    elif triton is not None:
+        said = f" (could not ask the installed vLLM: {triton.reason}; by the date rule)"
     able = tuple(
         b.name for b in present if not fp8 or b.fp8 or (b.name == "TRITON_MLA" and triton_fp8)
     )
@@ -327,13 +338,17 @@ def _mla_backend_check(
             else f"a {kv_dtype}"
         )
         msg = f"on {cc}: {', '.join(able)} can run {shown} KV cache"
+        if fp8 and able == ("TRITON_MLA",):
+            msg += said
         return Check("attention_backend", "ok", msg), able, None
     # Only TRITON_MLA exists below 9.x and from 11.x on; FP8-capable backends cover 9.x and 10.x.
     unless = "" if vllm_date is not None else " (unless this vLLM build is newer)"
+    refuses = "which refuses an FP8 KV cache before vLLM of 2026-03-12" + unless + said
+    if triton is not None and triton.fp8 is False:
+        refuses = f"and {triton.asked} refuses an FP8 KV cache ({triton.reason})"
     msg = (
-        f"on compute capability {cc} the only MLA backend is TRITON_MLA, which refuses an FP8 "
-        f"KV cache before vLLM of 2026-03-12{unless}: expect 'TritonMLA V1 with FP8 KV cache "
-        "not yet supported' or 'No valid attention backend found'"
+        f"on compute capability {cc} the only MLA backend is TRITON_MLA, {refuses}: expect "
+        "'TritonMLA V1 with FP8 KV cache not yet supported' or 'No valid attention backend found'"
     )
     if explicit:
         fix = "drop --kv-cache-dtype or pass --kv-cache-dtype bfloat16"
@@ -402,19 +417,32 @@ def start_hook(
     gpu_cc: Callable[[], tuple[int, int] | None] | None = None,
     on_report: Callable[[PreflightReport], None] | None = None,
     vllm_date: dt.date | None = None,
+    layout: memplan.Layout | None = None,
+    capacity: Callable[[], tuple[int, str] | None] | None = None,
+    ask_triton: Callable[[], TritonMlaAnswer] | None = None,
 ) -> Callable[[], str | None] | None:
     """The supervisor's pre-start hook for ``preflight = mode``; None for ``off``.
 
-    The hook re-reads the model directory before every start (a patch between starts counts).
-    It returns a veto reason only in ``refuse`` mode and only when the verdict is will-fail.
-    ``on_report`` runs in the hook's thread: hand the report to the loop from there.
+    The hook re-reads the model directory before every start (a patch between starts counts),
+    and asks the installed vLLM about TRITON_MLA (``ask_triton``) only on GPUs where it is the
+    only MLA backend. It returns a veto reason only in ``refuse`` mode and only when the verdict
+    is will-fail. ``on_report`` runs in the hook's thread: hand the report to the loop from there.
     """
     if mode == "off":
         return None
 
     def hook() -> str | None:
         cc = gpu_cc() if gpu_cc is not None else None
-        report = preflight(read_model_dir(model_dir), kv_cache_dtype_arg, cc, vllm_date=vllm_date)
+        triton = ask_triton() if ask_triton is not None and cc and cc[0] not in (9, 10) else None
+        report = preflight(
+            read_model_dir(model_dir),
+            kv_cache_dtype_arg,
+            cc,
+            vllm_date=vllm_date,
+            layout=layout,
+            capacity=capacity() if capacity is not None else None,
+            triton=triton,
+        )
         if on_report is not None:
             on_report(report)
         if mode == "refuse" and report.verdict == "will_fail":
@@ -431,11 +459,16 @@ def start_hook_for_argv(
     gpu_cc: Callable[[], tuple[int, int] | None] | None = None,
     on_report: Callable[[PreflightReport], None] | None = None,
     vllm_date: dt.date | None = None,
+    env: Mapping[str, str] | None = None,
+    capacity: Callable[[], tuple[int, str] | None] | None = None,
 ) -> Callable[[], str | None] | None:
-    """``start_hook`` with the model directory and KV dtype taken from the vLLM argv."""
+    """``start_hook`` with the model directory, KV dtype and parallel layout taken from the
+    vLLM argv (and ``env``, the supervised environment: VLLM_CPU_KVCACHE_SPACE, PATH), asking
+    the interpreter that argv runs about TRITON_MLA."""
     model = vllm_argv.model_path(argv)
     if model is None:
         return None
+    environment = dict(env) if env is not None else {}
     return start_hook(
         model,
         mode,
@@ -443,4 +476,7 @@ def start_hook_for_argv(
         gpu_cc=gpu_cc,
         on_report=on_report,
         vllm_date=vllm_date,
+        layout=layout_from_argv(argv, environment),
+        capacity=capacity,
+        ask_triton=lambda: ask_triton_mla_fp8(argv, environment),
     )
