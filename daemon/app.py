@@ -299,7 +299,13 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
                 env=env,
                 capacity=capacity,
             )
-        sup_cfg = supervisor_config(vllm, str(cfg.log.path), preflight=hook)
-        return Supervisor(sup_cfg, on_event=daemon.on_process_event)
+        sup_cfg = supervisor_config(
+            vllm, str(cfg.log.path), preflight=hook, pid_file=cfg.state_dir / "vllm.pid"
+        )
+        return Supervisor(
+            sup_cfg,
+            on_event=daemon.on_process_event,
+            on_note=lambda name, fields: daemon.eventlog.emit(name, **fields),
+        )
 
     return factory

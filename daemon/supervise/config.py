@@ -38,6 +38,8 @@ class SupervisorConfig:
     tree_scan_interval_s: float = 2.0
     log_max_bytes: int = 256 * 2**20
     log_keep: int = 3  # rotated files kept: PATH.1 .. PATH.N
+    # The members of the running tree, for a supervisor started after this one was killed.
+    pid_file: str | None = None
     # Run in a worker thread before every start; a returned string vetoes the start.
     preflight: Callable[[], str | None] | None = field(default=None, compare=False)
 
@@ -88,6 +90,7 @@ def supervisor_config(
     log_path: str | os.PathLike[str],
     preflight: Callable[[], str | None] | None = None,
     environ: Mapping[str, str] | None = None,
+    pid_file: str | os.PathLike[str] | None = None,
 ) -> SupervisorConfig:
     """The supervisor's settings from the ``[vllm]`` section of the daemon's configuration."""
     env: dict[str, str] = (
@@ -110,4 +113,5 @@ def supervisor_config(
         log_max_bytes=vllm.log_max_bytes,
         log_keep=vllm.log_keep,
         preflight=preflight,
+        pid_file=None if pid_file is None else os.fspath(pid_file),
     )

@@ -46,11 +46,12 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from loadwatch.daemon.sdnotify import child_environment
 from loadwatch.daemon.sources.inputs import ProcessEvent, ProcessEventKind
 from loadwatch.daemon.sources.proc.tree import ProcessTree, ProcInfo
+from loadwatch.daemon.supervise import leftovers
 from loadwatch.daemon.supervise.config import (
     RestartPolicy,
     StallPolicy,
@@ -58,6 +59,7 @@ from loadwatch.daemon.supervise.config import (
     SupervisorConfigError,
     supervisor_config,
 )
+from loadwatch.daemon.supervise.leftovers import PidFile
 from loadwatch.daemon.supervise.logsink import OutputPump, RotatingLog
 from loadwatch.daemon.supervise.orphans import RUN_MARKER_ENV
 from loadwatch.daemon.supervise.procops import ChildProcess, PosixOps, ProcessOps
@@ -144,9 +146,12 @@ class Supervisor:
         config: SupervisorConfig,
         on_event: Callable[[ProcessEvent], None] | None = None,
         ops: ProcessOps | None = None,
+        on_note: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.config = config
         self._on_event = on_event
+        self._on_note = on_note  # lines of its own for the event log (a leftover tree stopped)
+        self._pids = PidFile(config.pid_file) if config.pid_file is not None else None
         self._ops: ProcessOps = ops if ops is not None else PosixOps()
         self._state: State = "idle"
         self._wake: asyncio.Event | None = None
@@ -252,7 +257,10 @@ class Supervisor:
         self._active = True
         self._wake = asyncio.Event()
         self._done = asyncio.Event()
+        self._ops.become_subreaper()
         try:
+            if self._pids is not None:
+                await leftovers.stop(self._pids, self._ops, self.config, self._note)
             await self._loop()
         finally:
             if self._run is not None:  # cancelled mid-run: leave nothing behind
@@ -455,8 +463,33 @@ class Supervisor:
 
     async def _scan(self, run: _Run) -> dict[int, ProcInfo]:
         table = await asyncio.to_thread(self._ops.process_table)
+        self._adopt_orphans(run, table)
         run.tree.scan(table)
+        if self._pids is not None:
+            self._pids.save(run.child.pid, run.tree.members, self.run_marker)
         return table
+
+    def _adopt_orphans(self, run: _Run, table: dict[int, ProcInfo]) -> None:
+        """Members whose parent exited are re-parented to us (a subreaper): our children that
+        carry the run's marker and started after its root. Those that ended are reaped."""
+        me, root, since = os.getpid(), run.child.pid, run.tree.root_start
+        marker = f"{RUN_MARKER_ENV}={self.run_marker}"
+        known = run.tree.members
+        for info in table.values():
+            if info.ppid != me or info.pid == root or since is None or info.start_ticks < since:
+                continue
+            if known.get(info.pid) == info.start_ticks:
+                if info.gone:
+                    self._ops.reap(info.pid)
+            elif self._ops.carries(info.pid, marker):
+                run.tree.adopt(info)
+
+    def _note(self, name: str, **fields: Any) -> None:
+        if self._on_note is not None:
+            try:
+                self._on_note(name, fields)
+            except Exception:  # the consumer's bug must not orphan vLLM
+                self.callback_errors_total += 1
 
     async def _terminate(self, run: _Run) -> list[int]:
         """SIGTERM the tree, wait the grace period, SIGKILL what is left; the pids that survive."""
@@ -537,6 +570,12 @@ class Supervisor:
         )
         self.runs.append(record)
         del self.runs[:-100]
+        if self._pids is not None:
+            if remaining:  # a later supervisor tries again
+                members = run.tree.members
+                self._pids.save(run.child.pid, {p: members[p] for p in remaining}, self.run_marker)
+            else:
+                self._pids.clear()
         self.last_reason = reason
         self._emit(
             "exited",

@@ -68,6 +68,15 @@ class VirtualOps:
         self.now += seconds
         await asyncio.sleep(0.001)
 
+    def become_subreaper(self) -> bool:
+        return False
+
+    def carries(self, pid: int, marker: str) -> bool:
+        return False
+
+    def reap(self, pid: int) -> None:
+        pass
+
 
 def _cfg(tmp_path: Path, **kw: object) -> SupervisorConfig:
     base: dict[str, object] = dict(

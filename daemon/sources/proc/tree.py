@@ -89,6 +89,19 @@ class ProcessTree:
         """Every pid seen in the run so far (for the GPU orphan check)."""
         return tuple(sorted(self._seen))
 
+    @property
+    def members(self) -> dict[int, int]:
+        """Every member seen: pid -> start ticks (what identifies it after its pid is reused)."""
+        return dict(self._seen)
+
+    @property
+    def root_start(self) -> int | None:
+        return self._root_start
+
+    def adopt(self, info: ProcInfo) -> None:
+        """A member found otherwise (re-parented to the supervisor); its descendants follow."""
+        self._seen[info.pid] = info.start_ticks
+
     def _same(self, info: ProcInfo) -> bool:
         return self._seen.get(info.pid) == info.start_ticks
 
