@@ -23,11 +23,12 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import math
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
+
+from loadwatch.daemon.tools.plan_args import add_plan_flags, needs_nvml, plan_capacity, plan_layout
 
 EX_USAGE = 64
 EX_DATAERR = 65
@@ -113,18 +114,6 @@ def _kv_dtype(text: str) -> str:
             f"{text!r} is not a KV-cache dtype vLLM accepts ({', '.join(KV_CACHE_DTYPES)})"
         )
     return text
-
-
-# vLLM's own flags that preflight's memory plan reads, spelled as vLLM spells them.
-_PLAN_FLAGS = (
-    "--tensor-parallel-size",
-    "--pipeline-parallel-size",
-    "--data-parallel-size",
-    "--max-model-len",
-    "--gpu-memory-utilization",
-    "--kv-cache-memory-bytes",
-    "--block-size",
-)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -251,20 +240,7 @@ def _parser() -> argparse.ArgumentParser:
     pf.add_argument(
         "--gpu-cc", metavar="X.Y", help="compute capability, e.g. 12.0 (default: read by NVML)"
     )
-    pf.add_argument(
-        "--gpu-memory-gib", type=_positive, metavar="G", help="memory per GPU (default: NVML)"
-    )
-    pf.add_argument(
-        "--gpu-model", metavar="NAME", help="plan for this GPU, e.g. 'RTX PRO 6000', H100, H200"
-    )
-    pf.add_argument(
-        "--device", choices=("cuda", "cpu"), default="cuda", help="plan for GPUs or the CPU"
-    )
-    for flag in _PLAN_FLAGS:
-        pf.add_argument(flag, metavar="X", help=f"as vLLM's {flag} (default: vLLM's)")
-    pf.add_argument(
-        "--enable-expert-parallel", action="store_true", help="as vLLM's flag of that name"
-    )
+    add_plan_flags(pf, _positive)
     pf.add_argument("--json", action="store_true", help="the report as JSON")
 
     pm = command(
@@ -284,6 +260,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     what.add_argument("--revert", action="store_true", help="put the backed-up files back")
     pm.add_argument("--dry-run", action="store_true", help="print the diff and write nothing")
+    add_plan_flags(pm, _positive)  # what the patch does to the memory plan
 
     al = command(
         "alerts",
@@ -393,16 +370,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "preflight":
         return _preflight(args)
     if args.command == "patch-model":
-        from loadwatch.daemon.tools.patch import patch_model_cli
-
-        text, code = patch_model_cli(
-            str(args.model_dir),
-            drop_fp8=args.drop_fp8_kv_cache,
-            revert=args.revert,
-            dry_run=args.dry_run,
-        )
-        print(text, file=sys.stdout if code == 0 else sys.stderr)
-        return code
+        return _patch_model(args)
     if args.command == "alerts":
         from loadwatch.daemon.tools.alerts import alerts_command
 
@@ -421,7 +389,6 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _preflight(args: argparse.Namespace) -> int:
     import json
 
-    from loadwatch.daemon.state.memplan_inputs import gpu_model_capacity, layout_from_argv
     from loadwatch.daemon.tools.preflight import parse_gpu_cc, preflight_cli
 
     cc: tuple[int, int] | None = None
@@ -430,34 +397,40 @@ def _preflight(args: argparse.Namespace) -> int:
             cc = parse_gpu_cc(args.gpu_cc)
         except ValueError as exc:
             raise UsageError(f"--gpu-cc: {exc}") from None
-    argv: list[str] = []
-    for flag in _PLAN_FLAGS:
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            argv += [flag, value]
-    if args.enable_expert_parallel:
-        argv.append("--enable-expert-parallel")
-    env = dict(os.environ) if args.device == "cpu" else {}  # VLLM_CPU_KVCACHE_SPACE
-    layout = layout_from_argv(argv, env, device=args.device)
-    planned_elsewhere = args.gpu_memory_gib is not None or bool(args.gpu_model)
-    need_nvml = args.device == "cuda" and (not args.gpu_cc or not planned_elsewhere)
-    nvml_cc, nvml_total = _nvml_gpu() if need_nvml else (None, None)
-    cc = cc or nvml_cc
-    capacity: tuple[int, str] | None = None
-    if args.gpu_memory_gib is not None:
-        if args.gpu_memory_gib <= 0:
-            raise UsageError("--gpu-memory-gib must be positive")
-        capacity = (int(args.gpu_memory_gib * 2**30), f"--gpu-memory-gib {args.gpu_memory_gib:g}")
-    elif args.gpu_model:
-        capacity = gpu_model_capacity(args.gpu_model)
-        if capacity is None:
-            raise UsageError(f"--gpu-model {args.gpu_model!r}: unknown; give --gpu-memory-gib")
-    elif nvml_total is not None:
-        capacity = (nvml_total, "NVML: the first GPU's total memory")
+    nvml_cc, nvml_total = _nvml_gpu() if needs_nvml(args, for_cc=True) else (None, None)
+    layout, capacity = _plan_inputs(args, nvml_total)
     text, doc, code = preflight_cli(
-        args.model_dir, args.kv_cache_dtype, cc, layout=layout, capacity=capacity
+        args.model_dir, args.kv_cache_dtype, cc or nvml_cc, layout=layout, capacity=capacity
     )
     print(json.dumps(doc, indent=2) if args.json else text)
+    return code
+
+
+def _plan_inputs(args: argparse.Namespace, nvml_total: int | None) -> tuple[Any, Any]:
+    try:
+        return plan_layout(args), plan_capacity(args, nvml_total)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _patch_model(args: argparse.Namespace) -> int:
+    from loadwatch.daemon.sources.model.model_info import read_model_dir
+    from loadwatch.daemon.tools.patch import patch_model_cli
+    from loadwatch.daemon.tools.patch_plan import patch_effect_lines
+
+    before = read_model_dir(args.model_dir) if args.drop_fp8_kv_cache else None
+    text, code = patch_model_cli(
+        str(args.model_dir),
+        drop_fp8=args.drop_fp8_kv_cache,
+        revert=args.revert,
+        dry_run=args.dry_run,
+    )
+    if before is not None and code == 0 and before.checkpoint_kv_dtype == "fp8":
+        nvml_total = _nvml_gpu()[1] if needs_nvml(args, for_cc=False) else None
+        layout, capacity = _plan_inputs(args, nvml_total)
+        lines = patch_effect_lines(before, layout, capacity, args.dry_run)
+        text += "".join(line + "\n" for line in lines)
+    print(text, file=sys.stdout if code == 0 else sys.stderr)
     return code
 
 

@@ -142,3 +142,33 @@ def test_preflight_cli_prints_the_plan_and_exit_codes(
 def test_preflight_without_layout_has_no_plan(kimi: Path) -> None:
     report = preflight(read_model_dir(kimi), "bfloat16", (12, 0))
     assert report.memory is None and report.to_dict()["memory"] is None
+
+
+def test_patch_model_says_what_the_patch_does_to_the_plan(
+    kimi: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = (kimi / "hf_quant_config.json").read_bytes()
+    plan_args = ["--gpu-model", "RTX PRO 6000", "--tensor-parallel-size", "8"]
+    code = main(
+        [
+            "patch-model",
+            str(kimi),
+            "--drop-fp8-kv-cache",
+            "--dry-run",
+            *plan_args,
+            "--max-model-len",
+            "400000",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and (kimi / "hf_quant_config.json").read_bytes() == before
+    assert "what the patch would change in the memory plan, per GPU:" in out
+    assert "fp8_e4m3 35,136 -> model dtype 70,272 (2.0x)" in out
+    assert "400,000 (--max-model-len): fits with FP8, will not fit with bf16" in out
+    assert "To serve at least one request with the model's max seq len (400000)" in out
+    code = main(["patch-model", str(kimi), "--drop-fp8-kv-cache", *plan_args])
+    out = capsys.readouterr().out
+    assert code == 0 and "what the patch changes in the memory plan" in out
+    assert "262,144 (config.json max_position_embeddings): fits with FP8, fits with bf16" in out
+    assert main(["patch-model", str(kimi), "--revert"]) == 0
+    assert (kimi / "hf_quant_config.json").read_bytes() == before

@@ -1,0 +1,71 @@
+"""The command-line options that feed the memory plan (preflight and patch-model share them):
+vLLM's own flags for the layout, and the GPU's capacity when NVML is not the answer."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+
+from loadwatch.daemon.state.memplan import Layout
+from loadwatch.daemon.state.memplan_inputs import gpu_model_capacity, layout_from_argv
+
+# vLLM's own flags that the memory plan reads, spelled as vLLM spells them.
+PLAN_FLAGS = (
+    "--tensor-parallel-size",
+    "--pipeline-parallel-size",
+    "--data-parallel-size",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--kv-cache-memory-bytes",
+    "--block-size",
+)
+Capacity = tuple[int, str]
+
+
+def add_plan_flags(p: argparse.ArgumentParser, positive: Callable[[str], float]) -> None:
+    p.add_argument(
+        "--gpu-memory-gib", type=positive, metavar="G", help="memory per GPU (default: NVML)"
+    )
+    p.add_argument(
+        "--gpu-model", metavar="NAME", help="plan for this GPU, e.g. 'RTX PRO 6000', H100, H200"
+    )
+    p.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="plan for GPUs or the CPU"
+    )
+    for flag in PLAN_FLAGS:
+        p.add_argument(flag, metavar="X", help=f"as vLLM's {flag} (default: vLLM's)")
+    p.add_argument(
+        "--enable-expert-parallel", action="store_true", help="as vLLM's flag of that name"
+    )
+
+
+def plan_layout(args: argparse.Namespace) -> Layout:
+    argv: list[str] = []
+    for flag in PLAN_FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            argv += [flag, value]
+    if args.enable_expert_parallel:
+        argv.append("--enable-expert-parallel")
+    env = dict(os.environ) if args.device == "cpu" else {}  # VLLM_CPU_KVCACHE_SPACE
+    return layout_from_argv(argv, env, device=args.device)
+
+
+def plan_capacity(args: argparse.Namespace, nvml_total: int | None) -> Capacity | None:
+    """--gpu-memory-gib, else --gpu-model, else NVML's; ValueError for an unknown model."""
+    if args.gpu_memory_gib is not None:
+        return int(args.gpu_memory_gib * 2**30), f"--gpu-memory-gib {args.gpu_memory_gib:g}"
+    if args.gpu_model:
+        cap = gpu_model_capacity(args.gpu_model)
+        if cap is None:
+            raise ValueError(f"--gpu-model {args.gpu_model!r}: unknown; give --gpu-memory-gib")
+        return cap
+    if nvml_total is not None:
+        return nvml_total, "NVML: the first GPU's total memory"
+    return None
+
+
+def needs_nvml(args: argparse.Namespace, for_cc: bool) -> bool:
+    elsewhere = args.gpu_memory_gib is not None or bool(args.gpu_model)
+    return args.device == "cuda" and ((for_cc and not args.gpu_cc) or not elsewhere)
