@@ -35,11 +35,11 @@ from loadwatch.daemon.sources.gpu.scope import ScopedGpuSource, devices_from_env
 from loadwatch.daemon.sources.log.journal import JournalError, JournalPump, JournalSource
 from loadwatch.daemon.statelock import StateDirBusy, lock_state_dir
 from loadwatch.daemon.supervise.config import SupervisorConfigError
-from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.exporters.http.process import HttpProcess
 from loadwatch.exporters.http.routes import BoardMaker
 from loadwatch.exporters.http.server import ServerError
+from loadwatch.parsers.vllm.argv_secrets import Redactor
 
 EX_UNAVAILABLE = 69
 EX_TEMPFAIL = 75  # another daemon holds the state directory: try again later

@@ -107,7 +107,7 @@ def _listen(text: str) -> str:
 
 
 def _kv_dtype(text: str) -> str:
-    from loadwatch.daemon.supervise.vllm_argv import KV_CACHE_DTYPES
+    from loadwatch.parsers.vllm.argv import KV_CACHE_DTYPES
 
     if text not in KV_CACHE_DTYPES:
         raise argparse.ArgumentTypeError(

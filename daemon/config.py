@@ -17,9 +17,10 @@ from typing import Any, Literal, TypeVar
 
 from loadwatch.daemon.config_table import ConfigError as ConfigError
 from loadwatch.daemon.config_table import Table as _Table
+from loadwatch.exporters.http.settings import DEFAULT_PORT as DEFAULT_PORT
+from loadwatch.exporters.http.settings import HttpConfig as HttpConfig
 
 EX_CONFIG = 78
-DEFAULT_PORT = 9321
 
 
 @dataclass(frozen=True)
@@ -36,34 +37,6 @@ class LogConfig:
     journal_unit: str | None = None
     journal_file: Path | None = None
     journal_directory: Path | None = None
-
-
-@dataclass(frozen=True)
-class HttpConfig:
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    bearer_token_file: Path | None = None
-    basic_auth_user: str | None = None
-    basic_auth_password_file: Path | None = None
-    max_connections: int = 256
-    request_timeout_s: float = 10.0
-    # A second listener for /healthz, /readyz and /livez only, without TLS or credentials: the
-    # kubelet's probes carry none. None: the probes are served on the main listener only.
-    probe_host: str | None = None
-    probe_port: int | None = None
-
-    @property
-    def authenticated(self) -> bool:
-        return self.bearer_token_file is not None or self.basic_auth_user is not None
-
-    @property
-    def loopback(self) -> bool:
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return self.host == "localhost"
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,10 @@ from loadwatch.daemon.state.published import LogHealth, Published, SupervisorSta
 from loadwatch.daemon.state.session import StateConfig
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.supervise.orphans import ORPHAN_GRACE_S, settle_orphans
-from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner, Event, EventStream
 from loadwatch.parsers.scan import NATIVE
+from loadwatch.parsers.vllm.argv_secrets import Redactor
 
 log = logging.getLogger("loadwatch")
 
@@ -220,7 +220,7 @@ class Daemon:
         self.publish()
 
     def _load_model(self, argv: Iterable[str] = ()) -> None:
-        from loadwatch.daemon.supervise import vllm_argv
+        from loadwatch.parsers.vllm import argv as vllm_argv
 
         model_dir = self.cfg.model.dir
         if model_dir is None and argv:

@@ -21,8 +21,8 @@ from typing import Any, Literal, TextIO
 
 import structlog
 
-from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.nbwrite import NonBlockingWriter, for_stream
+from loadwatch.parsers.vllm.argv_secrets import Redactor
 
 
 class _Sinks:

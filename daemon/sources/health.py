@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from loadwatch.daemon.supervise.vllm_argv import option
+from loadwatch.parsers.vllm.argv import option
 
 DEFAULT_PORT = 8000
 

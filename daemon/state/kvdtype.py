@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from loadwatch.daemon.sources.inputs import ModelInfo
-from loadwatch.daemon.supervise import vllm_argv
+from loadwatch.parsers.vllm import argv as vllm_argv
 
 Verdict = Literal["benign", "flagged", "unknown", "unrated"]
 

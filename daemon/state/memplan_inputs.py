@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.state.memplan import GIB, Layout
-from loadwatch.daemon.supervise import vllm_argv
+from loadwatch.parsers.vllm import argv as vllm_argv
 
 # Total memory NVML reports for common datacenter and workstation GPUs (MiB), for planning on a
 # machine without them (--gpu-model). Matched by a case-insensitive fragment of the name.

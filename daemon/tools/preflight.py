@@ -22,9 +22,9 @@ from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.sources.model.model_info import MLA_MODEL_TYPES, read_model_dir
 from loadwatch.daemon.state import memplan
 from loadwatch.daemon.state.memplan_inputs import layout_from_argv, weights_per_gpu
-from loadwatch.daemon.supervise import vllm_argv
 from loadwatch.daemon.supervise.vllm_probe import TritonMlaAnswer, ask_triton_mla_fp8
 from loadwatch.daemon.tools.memplan_render import memory_check_message, plan_dict, plan_lines
+from loadwatch.parsers.vllm import argv as vllm_argv
 
 Verdict = Literal["ok", "warnings", "will_fail"]
 CheckStatus = Literal["ok", "info", "warn", "fail"]

@@ -32,7 +32,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from loadwatch.daemon.config import HttpConfig
 from loadwatch.exporters.http.board import (
     EMPTY,
     PROBES,
@@ -44,6 +43,7 @@ from loadwatch.exporters.http.board import (
     read_frame,
 )
 from loadwatch.exporters.http.server import Handler, HttpServer, ServerError
+from loadwatch.exporters.http.settings import HttpConfig
 
 ALIVE_S = 20.0  # no board for this long: the loop is stuck
 START_TIMEOUT_S = 30.0

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from prometheus_client import ProcessCollector
 
 from loadwatch.daemon.state.published import Published
-from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.http.board import EMPTY, Board
 from loadwatch.exporters.prometheus import LoadwatchCollector, registry_for, render
+from loadwatch.parsers.vllm.argv_secrets import Redactor
 
 
 class BoardMaker:

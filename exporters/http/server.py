@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from loadwatch.daemon.config import HttpConfig
+from loadwatch.exporters.http.settings import HttpConfig
 
 
 @dataclass(frozen=True)

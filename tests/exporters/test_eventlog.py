@@ -5,8 +5,8 @@ import json
 import os
 from pathlib import Path
 
-from loadwatch.daemon.supervise.redact import Redactor
 from loadwatch.exporters.eventlog import EventLog
+from loadwatch.parsers.vllm.argv_secrets import Redactor
 
 
 def lines(text: str) -> list[dict[str, object]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.supervise.logsink import RotatingLog
-from loadwatch.daemon.supervise.redact import MASK, Redactor
+from loadwatch.parsers.vllm.argv_secrets import MASK, Redactor
 from tests.reliability.proc import DaemonProc, wait_for
 
 KEY1 = "sk-UNDERSCORE0key0one0abcdef012345"

@@ -1,4 +1,4 @@
-"""Read the few settings loadwatch needs out of the vLLM command line (an argv list)."""
+"""vLLM's command line (an argv list): the few settings loadwatch reads out of it."""
 
 from __future__ import annotations
 

@@ -1,0 +1,39 @@
+"""The HTTP side's settings: what `[http]` in the config (daemon/config.py reads and checks it)
+decides for the server. A frozen value the server is handed, so the exporters need nothing of
+the daemon to know how to serve."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PORT = 9321
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    bearer_token_file: Path | None = None
+    basic_auth_user: str | None = None
+    basic_auth_password_file: Path | None = None
+    max_connections: int = 256
+    request_timeout_s: float = 10.0
+    # A second listener for /healthz, /readyz and /livez only, without TLS or credentials: the
+    # kubelet's probes carry none. None: the probes are served on the main listener only.
+    probe_host: str | None = None
+    probe_port: int | None = None
+
+    @property
+    def authenticated(self) -> bool:
+        return self.bearer_token_file is not None or self.basic_auth_user is not None
+
+    @property
+    def loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"

@@ -1,0 +1,115 @@
+"""The layout's rules, read from the code: dependencies point one way, and modules stay small.
+
+- parsers import nothing of the daemon or the exporters (the grammar is pure);
+- the daemon's stages (sources, state, supervise, sim) import no exporter: only the composition
+  root (app, cli, loop, config and the offline tools) wires exporters in;
+- exporters import from the daemon only the value types they format (the snapshot, the published
+  bundle, the sources' input records, the state's duration formatter and KV-dtype codes), never
+  its runtime;
+- so the module import graph between daemon and exporters has no cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"daemon": "loadwatch.daemon", "parsers": "loadwatch.parsers", "exporters": "loadwatch.exporters"}  # fmt: skip
+ROOT_MODULES = ("app", "cli", "loop", "config", "config_table", "config_reference", "statelock")
+VALUE_MODULES = {
+    "loadwatch.daemon.state.snapshot",
+    "loadwatch.daemon.state.published",
+    "loadwatch.daemon.state.durations",
+    "loadwatch.daemon.state.kvdtype",
+    "loadwatch.daemon.sources.inputs",
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for top, pkg in PACKAGES.items():
+        for f in sorted((ROOT / top).rglob("*.py")):
+            parts = [p for p in f.relative_to(ROOT / top).with_suffix("").parts if p != "__init__"]
+            out[".".join([pkg, *parts])] = f
+    return out
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("loadwatch"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("loadwatch"))
+    return found
+
+
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {m: {i for i in imports(f) if i in mods} for m, f in mods.items()}
+
+
+def is_root(module: str) -> bool:
+    rest = module.removeprefix("loadwatch.daemon.")
+    return rest in ROOT_MODULES or rest.startswith("tools.")
+
+
+def test_the_graph_is_read() -> None:
+    g = graph()
+    assert len(g) >= 60
+    assert "loadwatch.daemon.state.snapshot" in g["loadwatch.exporters.prometheus"]
+
+
+def test_parsers_depend_on_nothing_of_ours() -> None:
+    bad = {m: sorted(d) for m, d in graph().items() if m.startswith("loadwatch.parsers")}
+    bad = {m: [x for x in d if not x.startswith("loadwatch.parsers")] for m, d in bad.items()}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_only_the_composition_root_imports_exporters() -> None:
+    bad = {
+        m: sorted(x for x in deps if x.startswith("loadwatch.exporters"))
+        for m, deps in graph().items()
+        if m.startswith("loadwatch.daemon") and not is_root(m)
+    }
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_exporters_import_only_the_daemons_value_types() -> None:
+    bad = {
+        m: sorted(x for x in deps if x.startswith("loadwatch.daemon") and x not in VALUE_MODULES)
+        for m, deps in graph().items()
+        if m.startswith("loadwatch.exporters")
+    }
+    assert {m: d for m, d in bad.items() if d} == {}
+    # The value modules themselves import no exporter and no runtime.
+    g = graph()
+    for v in VALUE_MODULES:
+        assert not any(x.startswith("loadwatch.exporters") for x in g[v]), v
+
+
+def test_no_import_cycle_between_daemon_and_exporters() -> None:
+    g = graph()
+    seen: dict[str, int] = {}  # 1 on the stack, 2 done
+
+    def visit(m: str, stack: list[str]) -> list[str] | None:
+        seen[m] = 1
+        for d in sorted(g[m]):
+            if seen.get(d) == 1:
+                cycle = [*stack[stack.index(d) :], d] if d in stack else [m, d]
+                tops = {x.split(".")[1] for x in cycle}
+                if {"daemon", "exporters"} <= tops:
+                    return cycle
+            elif d not in seen and (found := visit(d, [*stack, d])):
+                return found
+        seen[m] = 2
+        return None
+
+    for m in sorted(g):
+        if m not in seen:
+            cycle = visit(m, [m])
+            assert cycle is None, " -> ".join(cycle)
