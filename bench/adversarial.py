@@ -86,6 +86,8 @@ ENTRY_BODIES: dict[str, str] = {
     "fail.engine_core_start": "EngineCore failed to start.",
     "fail.engine_fatal": "Worker proc VllmWorker-0 died unexpectedly, shutting down executor.",
     "fail.error_executing": "Error executing method 'load_model'. This might cause deadlock in distributed execution.",
+    "fail.bare_exception": "ValueError: To serve at least one request with the model's max seq len (100000), (4.26 GiB KV cach",
+    "fail.cuda_check": "Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:164 'invalid argument'",
     "fail.classified": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 94.97 GiB of which 1.12 GiB is free.",
 }
 

@@ -661,6 +661,30 @@ CATALOG: tuple[Entry, ...] = (
 )
 
 
+# A bare exception line outside any traceback whose head was seen (a log cut, a paste): the
+# worker's root cause can stand alone like this (`RuntimeError: CUDA error: invalid argument`).
+CATALOG = (
+    *CATALOG,
+    Entry(
+        "fail.bare_exception",
+        ("Error: ",),
+        _c(r"^(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Z][A-Za-z0-9_]{0,80}Error: \S"),
+        _failure(None),
+        "error",
+        levels=BARE,
+    ),
+    # vLLM's own CUDA checks (csrc, custom all-reduce) print `Failed: Cuda error FILE:LINE 'msg'`
+    # on stderr and the worker dies: the root cause the dead worker's echoes point at.
+    Entry(
+        "fail.cuda_check",
+        ("Failed: Cuda error",),
+        _c(r"^Failed: Cuda error \S{1,400}+ '[^'\r\n]{1,400}+'"),
+        _failure(None),
+        "error",
+        levels=BARE,
+    ),
+)
+
 # `torch.OutOfMemoryError: CUDA out of memory...`, `RuntimeError: ...`, `KeyboardInterrupt`.
 # The last name gives back characters for its ending (Error, ...): not possessive there, which
 # costs at most 80 steps back, once, since the pattern is anchored.

@@ -47,6 +47,7 @@ from loadwatch.parsers.vllm.lines import (
     split_segments,
     strip_ansi,
 )
+from loadwatch.parsers.vllm.wrapped import is_piece, may_continue
 
 TRACEBACK_START = "Traceback (most recent call last):"
 _CHAIN_MARKERS = (
@@ -229,6 +230,7 @@ class EventStream:
         self.years = YearResolver(ref_ts)
         self.stats = StreamStats()
         self._tracebacks: dict[tuple[str | None, int | None], _Traceback] = {}
+        self._wrapped: _Traceback | None = None  # an exception line whose end may come next
         self.in_traceback = False  # kept with `_tracebacks`: read for every record
         self._pending_prefix: tuple[str, int | None] | None = None
         self._last_ts: float | None = None
@@ -354,8 +356,10 @@ class EventStream:
 
     def flush(self) -> list[Event]:
         """End of input: close any open traceback (a log cut off mid-traceback)."""
-        out: list[Event] = [self._close(tb) for tb in list(self._tracebacks.values())]
+        held = [self._wrapped] if self._wrapped is not None else []
+        out: list[Event] = [self._close(tb) for tb in [*held, *self._tracebacks.values()]]
         self._tracebacks.clear()
+        self._wrapped = None
         self.in_traceback = False
         return out
 
@@ -364,6 +368,8 @@ class EventStream:
     def _segment(self, head: Head, offset: int) -> list[Event]:
         if head.ts is not None:
             self._last_ts = head.ts
+        if self._wrapped is not None:
+            return self._wrapped_piece(head, offset)
         key = (head.process, head.pid)
         body = head.body
         tb = self._tracebacks.get(key)
@@ -372,6 +378,9 @@ class EventStream:
             if done is None:
                 return []
             del self._tracebacks[key]
+            if done and tb.process is not None and may_continue(body):
+                self._wrapped = tb  # its exception line may go on in the next record
+                return []
             self.in_traceback = bool(self._tracebacks)
             if done:
                 return [self._close(tb)]
@@ -390,7 +399,45 @@ class EventStream:
                 last_offset=offset,
             )
             return []
-        return self._parse(head, offset)
+        events = self._parse(head, offset)
+        if head.level is None and head.process is not None and may_continue(body) and events:
+            return self._hold_wrapped(events, head)
+        return events
+
+    def _hold_wrapped(self, events: list[Event], head: Head) -> list[Event]:
+        """A bare prefixed exception line that may go on in the next record: its failure waits."""
+        failure = next((e for e in events if type(e) is Failure), None)
+        if failure is None or failure.exc_type is None:
+            return events
+        self._wrapped = _Traceback(
+            offset=failure.offset,
+            ts=failure.ts,
+            process=failure.process,
+            pid=failure.pid,
+            first_line=failure.first_line,
+            last_offset=failure.last_offset,
+            exc_type=failure.exc_type,
+            message=failure.message,
+            kind=failure.kind,
+        )
+        self.in_traceback = True  # the next record must be seen, whatever it holds
+        return [e for e in events if e is not failure]
+
+    def _wrapped_piece(self, head: Head, offset: int) -> list[Event]:
+        """The record after a held exception line: its continuation, or something else."""
+        tb = self._wrapped
+        assert tb is not None
+        piece = is_piece(head)
+        if piece:
+            tb.message = (tb.message + head.body.rstrip())[:MAX_MESSAGE_CHARS]
+            tb.records += 1
+            tb.last_offset = offset
+            if may_continue(head.body) and tb.records < 16:
+                return []
+        self._wrapped = None
+        self.in_traceback = bool(self._tracebacks)
+        closed = self._close(tb)
+        return [closed] if piece else [closed, *self._segment(head, offset)]
 
     def _parse(self, head: Head, offset: int) -> list[Event]:
         key = (self.mode, head.level, head.source, head.body)
@@ -462,6 +509,10 @@ class EventStream:
 
     def _close(self, tb: _Traceback) -> Failure:
         kind = tb.kind or "other"
+        if tb.message and tb.records > 1:  # a wrapped message joined: its whole text decides
+            joined = classify(tb.exc_type, tb.message)
+            if KIND_RANK[joined] < KIND_RANK[kind]:
+                kind = joined
         if kind == "other" and tb.first_line:
             # `Exception in worker ... while processing method init_device: NCCL error: ...,
             # Traceback (most recent call last):` names the error before the frames

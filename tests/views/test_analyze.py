@@ -29,6 +29,7 @@ from .helpers import (
 EXPECTED: dict[str, tuple[int, str, list[str]]] = {
     "gh-1cat-237-journald-ru.log": (0, "incomplete: no vLLM start in the log", []),
     "gh-akash-543-launcher.log": (0, "incomplete: no vLLM start in the log", []),
+    "gh-arcb70-4-terminal-wrapped.log": (1, "failed: kv_cache_too_small", []),
     "gh-amd-strix-5-weights-loaded.log": (
         1,
         "incomplete: post_load, last progress 3/3 at 10-26 21:47:45",
@@ -54,6 +55,7 @@ EXPECTED: dict[str, tuple[int, str, list[str]]] = {
         "incomplete: loading_weights, last progress 15/37 at 12-01 00:00:00",
         [],
     ),
+    "gh-vllm-56180-raw-cuda-error.log": (1, "failed: other", []),
     "gh-vllm-omni-2590-two-loaders.log": (
         1,
         "incomplete: loading_weights, last progress 24/32 at 12-01 00:00:00",
@@ -120,6 +122,8 @@ ROOTS: dict[str, list[tuple[str, int, int]]] = {
     # torch.distributed's `[rank0]: ` taken off: the NCCL RuntimeError is the root, the Ray
     # workers' "Error executing method" and their traceback (cut) its echoes
     "gh-vllm-16707-nccl-ray.log": [("nccl", 3, 2)],
+    # the raw CUDA check on stderr is the root; the worker's death its echo
+    "gh-vllm-56180-raw-cuda-error.log": [("other", 2, 1)],
     # a CI log's stamps and pytest's markers taken off: the quoted `raise` is no failure
     "gh-vllm-18416-ci-stamps.log": [("engine_init_failed", 1, 0)],
     # real vLLM 0.32 runs stopped on request: the EngineDeadError of the SIGTERM is no failure
@@ -182,6 +186,15 @@ BARS: dict[str, list[tuple[str | None, str, int, int, int]]] = {
 def test_bars_by_process_and_desc(name: str, tmp_path: Path) -> None:
     (s,) = _report(tmp_path, name).sessions
     assert [(b.process, b.desc, b.done, b.total, b.updates) for b in s.bars] == BARS[name]
+
+
+def test_a_terminal_wrapped_exception_line_is_joined(tmp_path: Path) -> None:
+    """The KV-cache ValueError cut at the terminal's width ("KV cach" / "e is needed"): the
+    pieces are joined, and the kind comes from the whole message."""
+    (s,) = _report(tmp_path, "gh-arcb70-4-terminal-wrapped.log").sessions
+    (f,) = s.failures
+    assert f.kind == "kv_cache_too_small" and f.processes == ("EngineCore",)
+    assert "KV cache is needed, which is larger than" in f.message
 
 
 def test_a_finished_bar_and_loading_weights_took_end_loading_weights(tmp_path: Path) -> None:
