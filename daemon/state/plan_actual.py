@@ -54,6 +54,8 @@ def memory_plan_view(state: StateData, s: Session | None, kv: KvDtype) -> Memory
     status, explain = _compare(
         p.available_low, p.available_high, actual_bytes, actual_tokens, expected
     )
+    if s is None or not s.argv:
+        explain += " (launch arguments unknown: planned as TP 1, PP 1)"
     return MemoryPlanView(
         verdict=p.verdict,
         predicted_error=p.predicted_error,
