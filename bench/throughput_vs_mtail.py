@@ -14,16 +14,17 @@ process, `--runs` times (median):
 - mtail (`--one_shot`) with bench/vllm_load.mtail, which extracts the same facts;
 - a naive Python loop: every line through every regex of that mtail program;
 - loadwatch's pipeline as the daemon runs it: `LogFollower(path, mode="poll")` reads,
-  `ChunkScanner.feed(chunk.data, chunk.offset, chunk.file_id)`, `LoadState.apply(event, now)`;
+  `ChunkScanner.feed(chunk.data, chunk.offset, chunk.file_id)`, `LoadState.apply_run(events, now)`
+  (a chunk's events in one call);
   with the C candidate search (parsers/_scan.c) when it is built, and the same pipeline with the
   Python search beside it ("loadwatch py").
 
 Throughput is lines / (wall time - the same tool's wall time on an empty file), so process start
 (mtail compiling its program, Python importing) counts for no tool. Peak RSS is the process's
 (GNU time).
-loadwatch's counts come from the final `LoadState` snapshot plus the lifetime totals the daemon
-exports (kv-scale warnings summed over sessions, sessions that failed with a CUDA OOM, ready
-sessions, weight-bar updates counted from events); `counts_equal` is 1 when they equal the ground
+loadwatch's counts come from the final `LoadState` snapshot plus the state's lifetime totals
+(`LoadState.lifetime`: kv-scale warnings summed over sessions, sessions that failed with a CUDA
+OOM, ready sessions; weight-bar updates counted from events); `counts_equal` is 1 when they equal the ground
 truth the generator knows. The last line is key=value pairs for the serving-phase log.
 """
 
@@ -84,19 +85,13 @@ def work_loadwatch(path: str, native: bool = True) -> dict[str, object]:
     scanner = ChunkScanner(EventStream(ref_ts=clock()), native=native)
     state = LoadState()
     weight_updates = 0
-    retired = {"kv_scale_warnings": 0, "oom_failures": 0, "ready": 0}
     while True:
         for chunk in follower.read():
-            for ev in scanner.feed(chunk.data, chunk.offset, chunk.file_id):
+            events = scanner.feed(chunk.data, chunk.offset, chunk.file_id)
+            for ev in events:
                 if type(ev) is ShardProgress and ev.bar == "weights":
                     weight_updates += 1
-                new = state.apply(ev, clock())
-                if new.transitions and state.session is not None:
-                    for t in new.transitions:
-                        if t.kind == "session_started":
-                            _retire(state, retired)  # as the daemon does, into lifetime totals
-                            break
-                state = new
+            state = state.apply_run(events, clock())  # a chunk's events in one call
         if not follower.backlog:
             break
     elapsed = time.perf_counter() - start
@@ -104,32 +99,21 @@ def work_loadwatch(path: str, native: bool = True) -> dict[str, object]:
     follower.close(checkpoint=False)
     snap = state.snapshot(clock())
     s = snap.session
+    life = state.lifetime  # the sessions before the current one, as the daemon exports them
     current_kv = 0
     if s is not None:
         current_kv = sum(w.count for w in s.warnings if w.code == "kv_scale_missing")
     counts = {
         "sessions": snap.sessions_total,
-        "ready": retired["ready"] + (1 if s is not None and s.ready_at is not None else 0),
+        "ready": life.ready + (1 if s is not None and s.ready_at is not None else 0),
         "weight_updates": weight_updates,
-        "kv_scale_warnings": retired["kv_scale_warnings"] + current_kv,
-        "oom_failures": retired["oom_failures"]
+        "kv_scale_warnings": life.warnings.get("kv_scale_missing", 0) + current_kv,
+        "oom_failures": life.failures.get("cuda_oom", 0)
         + (1 if s is not None and s.failure_kind == "cuda_oom" else 0),
         "shards_done": s.progress.shards_done if s is not None else None,
         "shards_total": s.progress.shards_total if s is not None else None,
     }
     return {"counts": counts, "elapsed_s": elapsed, "lines": lines, "quiet": scanner.quiet}
-
-
-def _retire(before: object, retired: dict[str, int]) -> None:
-    from loadwatch.daemon.state.loadstate import LoadState
-
-    assert isinstance(before, LoadState)
-    s = before.session
-    assert s is not None
-    w = s.warnings.get("kv_scale_missing")
-    retired["kv_scale_warnings"] += w.count if w is not None else 0
-    retired["oom_failures"] += 1 if s.failure_kind == "cuda_oom" else 0
-    retired["ready"] += 1 if s.ready_at is not None else 0
 
 
 def work_naive(path: str) -> dict[str, object]:

@@ -5,8 +5,10 @@
     for t in state.transitions: log(t)       #   IoSample, ModelInfo, HealthProbe or Tick
     snap = state.snapshot(now)               # immutable view for exporters; snap.to_dict()
 
-`apply` never mutates: it returns a new `LoadState` that shares every part it did not change
-(copy on apply), and whose `transitions` are the ones this call produced. There is no I/O and no
+`apply` and `apply_run` (a run of inputs in one call: the fast way) never change the state they
+are called on: they return a new `LoadState` that shares every part the run did not change, and
+whose `transitions` are the ones this call produced. Within the call the fold changes its own
+copies in place (fold.py), so a run copies each part it touches once. There is no I/O and no
 clock here: `now` is the observation time. A log event's own timestamp (second resolution) is
 never compared with `now`: vLLM stamps in its own local time, of no known zone. Live, a log event
 happens at `now`; replayed (`replay=True`: re-read after a restart, as the log source says), at its
@@ -34,11 +36,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from loadwatch.daemon.sources.inputs import HealthProbe, Tick
 from loadwatch.daemon.state.failures import FailureTally
-from loadwatch.daemon.state.fold import FAST, HANDLERS, Fold
-from loadwatch.daemon.state.records import evolve
+from loadwatch.daemon.state.fold import Fold
+from loadwatch.daemon.state.fold_log import LOG_HANDLERS
+from loadwatch.daemon.state.fold_world import WORLD_HANDLERS
 from loadwatch.daemon.state.session import (
     BarTrack,
     GpuTrack,
@@ -55,7 +59,9 @@ from loadwatch.daemon.state.session import (
 )
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.state.snapshot_builder import build_snapshot
-from loadwatch.parsers.events import Event
+
+HANDLERS: dict[type, Any] = {**LOG_HANDLERS, **WORLD_HANDLERS}
+LOG_INPUTS = frozenset(LOG_HANDLERS)  # their transitions carry the record's offset
 
 
 @dataclass(frozen=True)
@@ -65,21 +71,8 @@ class LoadState(StateData):
     def apply(
         self, item: Input, now: float, *, replay: bool = False, stamp_offset_s: float = 0.0
     ) -> LoadState:
-        """Fold one input observed at `now`; the result's `transitions` are this call's.
-        `replay`: the input is a log event re-read after a restart, whose effects are out
-        already; it happens at its own stamp plus `stamp_offset_s` (see `Fold.at`)."""
-        fast = FAST.get(type(item))
-        if fast is not None:
-            session = fast(self, item, now, replay, stamp_offset_s)
-            if session is not None:  # `evolve` inlined: this runs for most log lines of a load
-                new = _new(LoadState)
-                d = new.__dict__
-                d.update(self.__dict__)
-                d["session"] = session
-                d["transitions"] = ()
-                d["inputs_total"] = self.inputs_total + 1
-                return new
-        return apply_general(self, item, now, replay=replay, stamp_offset_s=stamp_offset_s)
+        """`apply_run` of one input."""
+        return self.apply_run((item,), now, replay=replay, stamp_offset_s=stamp_offset_s)
 
     def apply_run(
         self,
@@ -89,43 +82,31 @@ class LoadState(StateData):
         replay: bool = False,
         stamp_offset_s: float = 0.0,
     ) -> LoadState:
-        """Fold a run of inputs observed at `now`, in order; the result's `transitions` are
-        every transition of the run."""
-        st = self
-        out: list[Transition] = []
+        """Fold a run of inputs observed at `now`, in order, in one call; the result's
+        `transitions` are every transition of the run. `replay`: the inputs are log events
+        re-read after a restart (the log source says so), placed at their own stamps plus
+        `stamp_offset_s` (`Fold.at`), and no stall is judged; live, the run arrived at `now`
+        and stalls are judged once, after it."""
+        f = Fold(self, now, replay, stamp_offset_s)
+        handlers = HANDLERS
+        logged = LOG_INPUTS
         n = 0
         for item in items:
-            st = st.apply(item, now, replay=replay, stamp_offset_s=stamp_offset_s)
+            cls = type(item)
+            handler = handlers.get(cls)
+            if handler is None:
+                raise TypeError(f"LoadState.apply: unsupported input {cls.__name__}")
+            f.record = item.offset if cls in logged else None  # type: ignore[union-attr]
+            handler(f, item)
             n += 1
-            if st.transitions:
-                out.extend(st.transitions)
-        if n == 0:
-            return self
-        return evolve(st, transitions=tuple(out))
+        if not replay:
+            f.check_stall()
+        new: LoadState = f.finish(n)
+        return new
 
     def snapshot(self, now: float) -> Snapshot:
         """An immutable view at `now` (ETA and stall ages are computed for that time)."""
         return build_snapshot(self, now)
-
-
-def apply_general(
-    state: LoadState, item: Input, now: float, *, replay: bool = False, stamp_offset_s: float = 0.0
-) -> LoadState:
-    """`LoadState.apply` without its shortcut for common inputs: the reference the shortcut
-    must equal (the tests fold logs both ways)."""
-    handler = HANDLERS.get(type(item))
-    if handler is None:
-        raise TypeError(f"LoadState.apply: unsupported input {type(item).__name__}")
-    f = Fold(state, now, replay, stamp_offset_s)
-    if isinstance(item, Event):
-        f.record = item.offset
-    handler(f, item)
-    if not replay:
-        f.check_stall()
-    return evolve(state, **f.changes_out())
-
-
-_new = object.__new__
 
 
 def run(
@@ -162,6 +143,5 @@ __all__ = [
     "Tick",
     "Transition",
     "WarningTally",
-    "apply_general",
     "run",
 ]

@@ -1,8 +1,9 @@
 """The records the load state is made of: its configuration, one session's facts, per-GPU
 tracks, and the small readings of a session that both the fold and the snapshot need.
 
-All frozen; the fold (fold.py) replaces them, never mutates them. Collections are capped by
-`StateConfig` so a long or noisy load keeps bounded memory.
+All frozen for everyone outside the fold. Within one run of inputs the fold (fold.py) works on
+copies it made in that run, and changes those in place; what it hands out is never changed
+again. Collections are capped by `StateConfig` so a long or noisy load keeps bounded memory.
 """
 
 from __future__ import annotations
@@ -151,8 +152,10 @@ class Stall:
 
 
 @dataclass(frozen=True)
-class SessionInfo:
-    """Who the session is and how it started and ended; changes a few times per session."""
+class Session:
+    """One vLLM start: who it is and how it started and ended, its phase and stall, its bars
+    and bytes read, its warnings, failures and milestones. One flat record: the fold copies it
+    once per run of inputs (`LoadState.apply_run`), not per input, so splitting it buys nothing."""
 
     id: int
     reason: str
@@ -168,34 +171,19 @@ class SessionInfo:
     ended_at: float | None = None
     exit_code: int | None = None
     exit_signal: int | None = None
-
-
-@dataclass(frozen=True)
-class SessionLife:
-    """The phase, its history, the failure kind and the stall; changes on transitions."""
-
+    # the phase, its history, the failure kind and the stall
     phase: str = "starting"
     phase_entered_at: float = 0.0
     history: tuple[PhaseSpan, ...] = ()
     failure_kind: str | None = None
     stall: Stall | None = None
     stalls_total: int = 0
-
-
-@dataclass(frozen=True)
-class SessionLoad:
-    """Progress bars and bytes read; changes with every bar line and io sample."""
-
+    # progress bars and bytes read
     bars: Mapping[str, BarTrack] = field(default_factory=dict)
     bar_latest: Mapping[str, str] = field(default_factory=dict)
     last_progress_at: float | None = None
     io: IoTrack | None = None
-
-
-@dataclass(frozen=True)
-class SessionLog:
-    """Warnings, failures, milestones; changes with every log event."""
-
+    # warnings, failures, milestones
     warnings: Mapping[str, WarningTally] = field(default_factory=dict)
     warnings_total: int = 0
     failures: Mapping[tuple[str, str], FailureTally] = field(default_factory=dict)
@@ -205,188 +193,6 @@ class SessionLog:
     log_seen: bool = False  # a log event came in this session
     stall_hints: int = 0
     last_hint_s: float | None = None
-
-
-@dataclass(frozen=True)
-class Session:
-    """One vLLM start. Split in four parts so that an input copies only the part it changes
-    (plus this four-field root): the per-input cost stays small however much the session holds.
-    Every field of the parts reads as an attribute of the session; `Fold.upd` routes changes."""
-
-    info: SessionInfo
-    life: SessionLife = field(default_factory=SessionLife)
-    load: SessionLoad = field(default_factory=SessionLoad)
-    log: SessionLog = field(default_factory=SessionLog)
-
-    @property
-    def id(self) -> int:
-        return self.info.id
-
-    @property
-    def reason(self) -> str:
-        return self.info.reason
-
-    @property
-    def started_at(self) -> float:
-        return self.info.started_at
-
-    @property
-    def pid(self) -> int | None:
-        return self.info.pid
-
-    @property
-    def argv(self) -> tuple[str, ...] | None:
-        return self.info.argv
-
-    @property
-    def kv(self) -> KvEvidence:
-        return self.info.kv
-
-    @property
-    def version(self) -> str | None:
-        return self.info.version
-
-    @property
-    def load_started_by(self) -> frozenset[str]:
-        return self.info.load_started_by
-
-    @property
-    def api_server_at(self) -> float | None:
-        return self.info.api_server_at
-
-    @property
-    def ready_at(self) -> float | None:
-        return self.info.ready_at
-
-    @property
-    def stop_requested(self) -> bool:
-        return self.info.stop_requested
-
-    @property
-    def ended_at(self) -> float | None:
-        return self.info.ended_at
-
-    @property
-    def exit_code(self) -> int | None:
-        return self.info.exit_code
-
-    @property
-    def exit_signal(self) -> int | None:
-        return self.info.exit_signal
-
-    @property
-    def phase(self) -> str:
-        return self.life.phase
-
-    @property
-    def phase_entered_at(self) -> float:
-        return self.life.phase_entered_at
-
-    @property
-    def history(self) -> tuple[PhaseSpan, ...]:
-        return self.life.history
-
-    @property
-    def failure_kind(self) -> str | None:
-        return self.life.failure_kind
-
-    @property
-    def stall(self) -> Stall | None:
-        return self.life.stall
-
-    @property
-    def stalls_total(self) -> int:
-        return self.life.stalls_total
-
-    @property
-    def bars(self) -> Mapping[str, BarTrack]:
-        return self.load.bars
-
-    @property
-    def bar_latest(self) -> Mapping[str, str]:
-        return self.load.bar_latest
-
-    @property
-    def last_progress_at(self) -> float | None:
-        return self.load.last_progress_at
-
-    @property
-    def io(self) -> IoTrack | None:
-        return self.load.io
-
-    @property
-    def warnings(self) -> Mapping[str, WarningTally]:
-        return self.log.warnings
-
-    @property
-    def warnings_total(self) -> int:
-        return self.log.warnings_total
-
-    @property
-    def failures(self) -> Mapping[tuple[str, str], FailureTally]:
-        return self.log.failures
-
-    @property
-    def failures_total(self) -> int:
-        return self.log.failures_total
-
-    @property
-    def milestones(self) -> Mapping[str, MilestoneSeen]:
-        return self.log.milestones
-
-    @property
-    def last_event_at(self) -> float:
-        return self.log.last_event_at
-
-    @property
-    def log_seen(self) -> bool:
-        return self.log.log_seen
-
-    @property
-    def stall_hints(self) -> int:
-        return self.log.stall_hints
-
-    @property
-    def last_hint_s(self) -> float | None:
-        return self.log.last_hint_s
-
-
-# Which part of a session holds each field.
-SESSION_PART: dict[str, str] = {
-    "id": "info",
-    "reason": "info",
-    "started_at": "info",
-    "pid": "info",
-    "argv": "info",
-    "version": "info",
-    "load_started_by": "info",
-    "kv": "info",
-    "api_server_at": "info",
-    "ready_at": "info",
-    "stop_requested": "info",
-    "ended_at": "info",
-    "exit_code": "info",
-    "exit_signal": "info",
-    "phase": "life",
-    "phase_entered_at": "life",
-    "history": "life",
-    "failure_kind": "life",
-    "stall": "life",
-    "stalls_total": "life",
-    "bars": "load",
-    "bar_latest": "load",
-    "last_progress_at": "load",
-    "io": "load",
-    "warnings": "log",
-    "warnings_total": "log",
-    "failures": "log",
-    "failures_total": "log",
-    "milestones": "log",
-    "last_event_at": "log",
-    "log_seen": "log",
-    "stall_hints": "log",
-    "last_hint_s": "log",
-}
 
 
 @dataclass(frozen=True)
@@ -400,17 +206,30 @@ class GpuTrack:
 
 
 @dataclass(frozen=True)
-class Sessions:
-    """Sessions before the current one, summarised."""
+class Lifetime:
+    """Counts over every session the state has seen, the current one not yet in: what a
+    session carried when the next one began. /metrics' counters are these plus the current
+    session's, so they stay exact however many sessions are kept."""
 
-    past: tuple[SessionSummary, ...] = ()
-    sessions_total: int = 0
+    warnings: Mapping[str, int] = field(default_factory=dict)  # by code
+    failures: Mapping[str, int] = field(default_factory=dict)  # sessions failed, by kind
+    stalls: int = 0
+    ready: int = 0  # sessions that became ready
 
 
 @dataclass(frozen=True)
-class Surroundings:
-    """What the daemon knows besides the log: the checkpoint, the supervisor, health, GPUs."""
+class StateData:
+    """The fields of `LoadState` (loadstate.py adds its behaviour)."""
 
+    config: StateConfig = field(default_factory=StateConfig)
+    session: Session | None = None
+    transitions: tuple[Transition, ...] = ()
+    inputs_total: int = 0
+    # sessions before the current one, summarised
+    past: tuple[SessionSummary, ...] = ()
+    sessions_total: int = 0
+    lifetime: Lifetime = field(default_factory=Lifetime)
+    # what the daemon knows besides the log: the checkpoint, the supervisor, health, GPUs
     model: ModelInfo | None = None
     cum_bytes: tuple[int, ...] | None = None  # bytes of the first n shards, n = 0..N
     supervisor: ProcessEvent | None = None
@@ -420,77 +239,22 @@ class Surroundings:
     gpu_source_up: bool | None = None
     gpu_error: str | None = None
 
-
-@dataclass(frozen=True)
-class StateData:
-    """The fields of `LoadState` (state.py adds its behaviour). Parts that change rarely sit in
-    sub-records, so an input copies a small root; their fields read as attributes here."""
-
-    config: StateConfig = field(default_factory=StateConfig)
-    session: Session | None = None
-    transitions: tuple[Transition, ...] = ()
-    inputs_total: int = 0
-    sessions: Sessions = field(default_factory=Sessions)
-    around: Surroundings = field(default_factory=Surroundings)
-
-    @property
-    def past(self) -> tuple[SessionSummary, ...]:
-        return self.sessions.past
-
-    @property
-    def sessions_total(self) -> int:
-        return self.sessions.sessions_total
-
-    @property
-    def model(self) -> ModelInfo | None:
-        return self.around.model
-
-    @property
-    def cum_bytes(self) -> tuple[int, ...] | None:
-        return self.around.cum_bytes
-
-    @property
-    def supervisor(self) -> ProcessEvent | None:
-        return self.around.supervisor
-
-    @property
-    def health(self) -> HealthProbe | None:
-        return self.around.health
-
-    @property
-    def health_failures(self) -> int:
-        return self.around.health_failures
-
-    @property
-    def gpus(self) -> Mapping[int, GpuTrack]:
-        return self.around.gpus
-
-    @property
-    def gpu_source_up(self) -> bool | None:
-        return self.around.gpu_source_up
-
-    @property
-    def gpu_error(self) -> str | None:
-        return self.around.gpu_error
-
     @property
     def restarts(self) -> int:
         return max(self.sessions_total - 1, 0)
 
 
-# Which part of the state holds each field that is not on the root.
-STATE_PART: dict[str, str] = {
-    "past": "sessions",
-    "sessions_total": "sessions",
-    "model": "around",
-    "cum_bytes": "around",
-    "supervisor": "around",
-    "health": "around",
-    "health_failures": "around",
-    "gpus": "around",
-    "gpu_source_up": "around",
-    "gpu_error": "around",
-}
+def retire(life: Lifetime, s: Session) -> Lifetime:
+    """`life` with the counts of session `s`, which ends."""
+    warnings = dict(life.warnings)
+    for code, w in s.warnings.items():
+        warnings[code] = warnings.get(code, 0) + w.count
+    failures = dict(life.failures)
+    if s.failure_kind is not None:
+        failures[s.failure_kind] = failures.get(s.failure_kind, 0) + 1
+    return Lifetime(
+        warnings, failures, life.stalls + s.stalls_total, life.ready + (s.ready_at is not None)
+    )
 
 
 def failure_rank(kind: str | None) -> int:

@@ -1,13 +1,17 @@
-"""`LoadState.apply`'s shortcut for repeated warnings gives exactly the state of the general
-fold, step by step: replayed and live, across stalls, restarts, new processes and scales."""
+"""`LoadState.apply_run` (a run of inputs in one call, changing its own copies in place) gives
+exactly the state and the transitions of folding the same inputs one `apply` at a time: replayed
+and live, across stalls, restarts, new processes and scales. And the state a run starts from is
+never changed by it."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 from loadwatch.daemon.sources.inputs import ProcessEvent, Tick
-from loadwatch.daemon.state.fold import tally_fast
-from loadwatch.daemon.state.loadstate import Input, LoadState, apply_general
+from loadwatch.daemon.state.loadstate import Input, LoadState
+from loadwatch.daemon.state.records import evolve
+from loadwatch.daemon.state.snapshot import Transition
 from loadwatch.parsers import (
     ChunkScanner,
     Event,
@@ -25,24 +29,59 @@ def events(data: bytes) -> list[Event]:
     return scanner.feed(data) + scanner.stream.flush()
 
 
-def fold_both(items: list[tuple[float, Input]]) -> tuple[LoadState, int]:
-    st = LoadState()
-    shortcuts = 0
+def runs_of(items: list[tuple[float, Input]], size: int) -> list[tuple[float, list[Input]]]:
+    """The inputs as runs of up to `size` log events seen at one time; any other input (a tick,
+    a process event) a run of its own, as the daemon's loop hands them over."""
+    out: list[tuple[float, list[Input]]] = []
     for now, item in items:
-        got = st.apply(item, now)
-        assert got == apply_general(st, item, now), (now, item)
-        if isinstance(item, Event) and tally_fast(st, item, now) is not None:
-            shortcuts += 1
-        st = got
-    return st, shortcuts
+        if (
+            isinstance(item, Event)
+            and out
+            and out[-1][0] == now
+            and len(out[-1][1]) < size
+            and isinstance(out[-1][1][-1], Event)
+        ):
+            out[-1][1].append(item)
+            continue
+        out.append((now, [item]))
+    return out
+
+
+def fold_both(
+    items: list[tuple[float, Input]], replay: bool = False, size: int = 64
+) -> tuple[LoadState, int]:
+    """Fold `items` as runs and one at a time; assert both give the same, run by run."""
+    batched = single = LoadState()
+    runs = runs_of(items, size)
+    for now, run in runs:
+        before = copy.deepcopy(batched)
+        got = batched.apply_run(run, now, replay=replay)
+        assert batched == before, "apply_run changed the state it started from"
+        out: list[Transition] = []
+        for item in run:
+            single = single.apply(item, now, replay=replay)
+            out.extend(single.transitions)
+        assert list(got.transitions) == out, (now, run[:3])
+        assert evolve(got, transitions=()) == evolve(single, transitions=()), (now, run[:3])
+        batched = got
+    return batched, len(runs)
 
 
 def test_replayed_load_log() -> None:
     evs = events(load_log()[0])
-    st, shortcuts = fold_both([(REF_TS + 60.0, e) for e in evs])
+    items: list[tuple[float, Input]] = [(REF_TS + 60.0, e) for e in evs]
+    st, runs = fold_both(items, replay=True)
     warnings = sum(isinstance(e, KvScaleWarning) for e in evs)
-    assert shortcuts > 0.9 * warnings
+    assert runs < 0.1 * warnings  # most inputs came in runs
     assert st.sessions_total == 6
+
+
+def test_live_load_log_in_runs_of_any_size() -> None:
+    evs = events(load_log()[0])
+    for size in (1, 7, 500):
+        items: list[tuple[float, Input]] = [(REF_TS + 60.0 + i // 50, e) for i, e in enumerate(evs)]
+        st, _ = fold_both(items, size=size)
+        assert st.sessions_total == 6
 
 
 def test_live_serving_log_with_stalls_and_restarts() -> None:
@@ -56,31 +95,36 @@ def test_live_serving_log_with_stalls_and_restarts() -> None:
             t += 2000.0  # silence long enough for a quiet stall, then the log goes on
             items.append((t, Tick()))
         items.append((t + 1.0, e if e.ts is None else replace(e, ts=t)))  # logged live
-    st, shortcuts = fold_both(items)
-    assert shortcuts > 0
+    st, runs = fold_both(items)
+    assert runs < len(items)
     assert st.sessions_total > 3
+    assert st.session is not None and st.lifetime.stalls + st.session.stalls_total > 0
 
 
 def test_warnings_of_many_processes_layers_and_scales() -> None:
     now = REF_TS
     items: list[tuple[float, Input]] = [(now, ProcessEvent(kind="started", ts=now, pid=1))]
     for i in range(600):
+        at = now + i // 3
         items.append(
             (
-                now + i,
+                at,
                 KvScaleWarning(
                     scale=("k", "v", "q", "zero_point")[i % 4],
                     layer=(i * 37) % 5000,  # some beyond the kept layer bits
                     process=f"Worker_TP{i % 20}",  # more than the processes kept per code
-                    ts=now + i - (15 if i % 50 == 0 else 0),  # now and then a replayed one
+                    ts=now + i - (15 if i % 50 == 0 else 0),
                 ),
             )
         )
-        items.append((now + i, LogWarning(source=None, message="w", ts=None, process=None)))
+        items.append((at, LogWarning(source=None, message="w", ts=None, process=None)))
         # more source lines than warning codes kept: the rest count as "other"
-        items.append((now + i, LogError(source=f"mod_{i % 90}.py:1", message="e", ts=now + i)))
+        items.append((at, LogError(source=f"mod_{i % 90}.py:1", message="e", ts=now + i)))
         if i % 150 == 149:
-            items.append((now + i + 5000, Tick()))  # a quiet stall, then more warnings
-    st, shortcuts = fold_both(items)
-    assert shortcuts > 900
-    assert st.session is not None and st.session.warnings["other"].count > 100
+            items.append((at + 5000, Tick()))  # a quiet stall, then more warnings
+    for replay in (False, True):
+        st, runs = fold_both(items, replay=replay)
+        assert runs < len(items) / 3
+        assert st.session is not None and st.session.warnings["other"].count > 100
+        w = st.session.warnings["kv_scale_missing"]
+        assert w.count == 600 and len(w.processes) == 16 and w.layers_over > 0

@@ -1,0 +1,413 @@
+"""The fold's handlers of log events: bars, warnings, milestones, failures (see fold.py's `Fold`).
+
+Each reads its event and calls the fold's verbs; a run of warnings (`WarningRun`) counts as
+many records in one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from loadwatch.daemon.state.failures import fold_failure, session_kind, shutdown_noise
+from loadwatch.daemon.state.fold import Fold
+from loadwatch.daemon.state.forecast import EtaState
+from loadwatch.daemon.state.records import evolve
+from loadwatch.daemon.state.session import (
+    LOADING_MILESTONES,
+    POST_LOAD_MILESTONES,
+    TERMINAL,
+    BarTrack,
+    MilestoneSeen,
+    Session,
+    WarningTally,
+    failure_rank,
+)
+from loadwatch.daemon.state.snapshot import SessionSummary
+from loadwatch.parsers.events import (
+    Event,
+    Failure,
+    KvScaleWarning,
+    LogError,
+    LogWarning,
+    Milestone,
+    ScaleFactorWarning,
+    ShardProgress,
+    StallHint,
+)
+
+
+def _bar_slot(s: Session, ev: ShardProgress) -> tuple[str, str | None, str | None]:
+    """(the bar's slot, the key of the bar it continues, the slot it adopts a bar from).
+
+    A slot is a process's bar of one kind and desc (two graph-capture bars with their own descs
+    are two bars). A bar whose first updates carried no process (the prefix came in a record of
+    its own later) is adopted by the first update that names one and continues it."""
+    base = f"{ev.process or '-'}|{ev.bar}|{ev.desc}"
+    key = s.bar_latest.get(base)
+    if key is not None or ev.process is None:
+        return base, key, None
+    anon = f"-|{ev.bar}|{ev.desc}"
+    anon_key = s.bar_latest.get(anon)
+    b = s.bars.get(anon_key) if anon_key is not None else None
+    if b is not None and b.finished_at is None and b.total == ev.total and ev.done >= b.done:
+        return base, anon_key, anon
+    return base, None, None
+
+
+def _on_progress(f: Fold, ev: ShardProgress) -> None:
+    t = f.at(ev.ts)
+    s = f.ensure_session(t)
+    changes: dict[str, Any]
+    base, cur_key, adopted = _bar_slot(s, ev)
+    cur = s.bars.get(cur_key) if cur_key is not None else None
+    if cur is None or ev.done < cur.done or ev.total != cur.total:
+        index = 0 if cur_key is None else int(cur_key.rsplit("|", 1)[1]) + 1
+        key = f"{base}|{index}"
+        started = t - ev.elapsed_s if ev.done > 0 and ev.elapsed_s is not None else t
+        eta = None
+        if ev.bar == "weights" and ev.total > 0:
+            cum = f.get("cum_bytes")
+            use = cum if index == 0 and cum is not None and len(cum) == ev.total + 1 else None
+            eta = EtaState.start(t, ev.done, ev.total, use, ev.elapsed_s, f.cfg.eta)
+        bar = BarTrack(
+            key=key,
+            process=ev.process,
+            kind=ev.bar,
+            desc=ev.desc,
+            index=index,
+            done=ev.done,
+            total=ev.total,
+            started_at=started,
+            last_update_at=t,
+            last_progress_at=t if ev.done > 0 else None,
+            finished_at=t if ev.total > 0 and ev.done >= ev.total else None,
+            updates=1,
+            longest_gap_s=None,
+            tqdm_remaining_s=ev.remaining_s,
+            eta=eta,
+        )
+        bars = dict(s.bars)
+        bars[key] = bar
+        if len(bars) > f.cfg.max_bars:
+            drop = min(
+                (b for b in bars.values() if b.key != key),
+                key=lambda b: (b.finished_at is None, b.last_update_at),
+            )
+            del bars[drop.key]
+        changes = {"bars": bars, "bar_latest": {**s.bar_latest, base: key}}
+        advanced = ev.done > 0
+    else:
+        advanced = ev.done > cur.done
+        gap = cur.longest_gap_s
+        if advanced:
+            prev = cur.last_progress_at if cur.last_progress_at is not None else cur.started_at
+            gap = max(gap or 0.0, t - prev)
+        bars = f.mine("bars")
+        bar = bars[cur.key] = f.mine_record(cur)
+        d = bar.__dict__
+        d["done"] = ev.done
+        d["last_update_at"] = t
+        if advanced:
+            d["last_progress_at"] = t
+        if cur.finished_at is None and ev.done >= ev.total:
+            d["finished_at"] = t
+        d["updates"] = cur.updates + 1
+        d["longest_gap_s"] = gap
+        d["tqdm_remaining_s"] = ev.remaining_s
+        if cur.eta is not None and advanced:
+            d["eta"] = cur.eta.update(t, ev.done)
+        changes = {}
+        if adopted is not None:  # the bar drawn before its process was known is this one
+            d["process"] = ev.process
+            latest = {k: v for k, v in s.bar_latest.items() if k != adopted}
+            changes = {"bar_latest": {**latest, base: cur.key}}
+    weights = ev.bar in ("weights", "prefetch")
+    if weights and advanced:
+        io = s.io
+        changes["last_progress_at"] = t
+        changes["io"] = evolve(io, line_bytes=io.last_bytes) if io is not None else None
+    f.upd(last_event_at=t, log_seen=True, **changes)
+    if advanced and f.s.stall is not None:
+        f.progressed(t, f"{ev.desc}: {ev.done}/{ev.total}")
+    if weights:
+        f.advance("loading_weights", t, "weights bar")
+        if (
+            bar.kind == "weights"
+            and bar.index == 0
+            and all(
+                b.finished_at is not None
+                for b in f.s.bars.values()
+                if b.kind == "weights" and b.index == 0
+            )
+        ):
+            f.clear_forecasts(t, "weights loaded")
+    else:
+        if ev.bar == "graph_capture":
+            f.advance("post_load", t, "graph capture")
+        _activity(f, t)
+
+
+def _tally(
+    f: Fold,
+    ev: Event,
+    code: str,
+    severity: str,
+    message: str,
+    layer: int | None = None,
+    scale: str | None = None,
+    count: int = 1,
+    layers_mask: int = 0,
+    processes: frozenset[str] = frozenset(),
+) -> None:
+    """Count `count` warnings of `code`: one record's, or a run's (`WarningRun`: its layers
+    as bits, its processes)."""
+    t = f.at(ev.ts)
+    s = f.ensure_session(t)
+    if s.stall is not None and s.stall.kind == "quiet":
+        _activity(f, t)
+    cfg = f.cfg
+    warnings = f.mine("warnings")
+    if code not in warnings and len(warnings) >= cfg.max_warning_codes:
+        code = "other"
+    w = warnings.get(code)
+    if w is None:
+        w = f.made(
+            WarningTally(code, severity, 0, t, t, 0, 0, frozenset(), frozenset(), message[:300])
+        )
+    else:
+        w = f.mine_record(w)
+    warnings[code] = w
+    d = w.__dict__
+    if layer is not None:
+        if 0 <= layer < cfg.max_layer:
+            layers_mask |= 1 << layer
+        else:
+            d["layers_over"] = w.layers_over + 1
+    if layers_mask:
+        over = layers_mask >> cfg.max_layer
+        if over:  # (a run's layers past the kept bits)
+            d["layers_over"] = w.layers_over + over.bit_count()
+            layers_mask &= (1 << cfg.max_layer) - 1
+        d["layers_mask"] = w.layers_mask | layers_mask
+    if scale is not None and scale not in w.scales:
+        d["scales"] = w.scales | {scale}
+    if ev.process:
+        processes = processes | {ev.process} if processes else frozenset((ev.process,))
+    if processes and not processes <= w.processes:
+        procs = w.processes
+        for p in sorted(processes - procs):
+            if len(procs) >= cfg.max_processes:
+                break
+            procs = procs | {p}
+        d["processes"] = procs
+    d["count"] = w.count + count
+    d["last_at"] = t
+    sd = f.sess.__dict__  # (the draft: `mine` made it)
+    sd["warnings_total"] += count
+    sd["last_event_at"] = t
+    sd["log_seen"] = True
+
+
+def _activity(f: Fold, t: float) -> None:
+    f.upd(last_event_at=t, log_seen=True)
+    st = f.s.stall
+    if st is not None and st.kind == "quiet":
+        f.clear_stall(t, "log activity")
+
+
+def _on_kv_scale(f: Fold, ev: KvScaleWarning) -> None:
+    _tally(f, ev, "kv_scale_missing", "warning", ev.checkpoint_name or "", ev.layer, ev.scale)
+
+
+def _on_scale_factor(f: Fold, ev: ScaleFactorWarning) -> None:
+    _tally(f, ev, ev.code, "warning", ev.message)
+    if ev.code == "kv_scale_default" and not f.s.kv.fp8_path:
+        f.upd(kv=replace(f.s.kv, fp8_path=True))
+
+
+def _on_log_warning(f: Fold, ev: LogWarning) -> None:
+    _tally(f, ev, f"log.{ev.source or 'unknown'}", "warning", ev.message)
+
+
+def _on_log_error(f: Fold, ev: LogError) -> None:
+    _tally(f, ev, f"error.{ev.source or 'unknown'}", "error", ev.message)
+
+
+def _on_stall_hint(f: Fold, ev: StallHint) -> None:
+    t = f.at(ev.ts)
+    f.ensure_session(t)
+    _activity(f, t)
+    f.upd(stall_hints=f.s.stall_hints + 1, last_hint_s=ev.seconds)
+
+
+def _on_milestone(f: Fold, ev: Milestone) -> None:
+    t = f.at(ev.ts)
+    s = f.sess
+    if ev.kind == "version":
+        seen = s.milestones.get("version") if s is not None else None
+        fresh_start = s is not None and s.phase == "starting"
+        duplicate = seen is not None and t - seen.last_at < 10.0
+        if s is None or not fresh_start or (seen is not None and not duplicate):
+            f.open_session(t, "log_version")
+    elif ev.kind == "model_load_start" and (
+        s is None
+        or s.phase in TERMINAL
+        or s.phase == "ready"
+        or (s.phase == "post_load" and (ev.process or "-") in s.load_started_by)
+    ):
+        f.open_session(t, "log_model_load_start")
+    s = f.ensure_session(t)
+    _activity(f, t)
+    s = f.s
+    # (the engine config's detail is a value, the KV-cache dtype it names: not a sub-kind)
+    key = ev.kind if ev.detail is None or ev.kind == "engine_config" else f"{ev.kind}.{ev.detail}"
+    m = s.milestones.get(key)
+    if m is None:
+        m = MilestoneSeen(ev.kind, ev.detail, 0, t, t, None, None, None, None, None)
+    m = replace(
+        m,
+        count=m.count + 1,
+        last_at=t,
+        seconds=ev.seconds if ev.seconds is not None else m.seconds,
+        gib=ev.gib if ev.gib is not None else m.gib,
+        tokens=ev.tokens if ev.tokens is not None else m.tokens,
+        blocks=ev.blocks if ev.blocks is not None else m.blocks,
+        value=ev.value if ev.value is not None else m.value,
+    )
+    f.mine("milestones")[key] = m
+    if ev.kind == "version" and ev.value:
+        f.upd(version=ev.value)
+    if ev.kind == "model_load_start" and len(s.load_started_by) < f.cfg.max_processes:
+        f.upd(load_started_by=s.load_started_by | {ev.process or "-"})
+    if ev.kind in LOADING_MILESTONES:
+        f.advance("loading_weights", t, ev.kind)
+    elif ev.kind == "kv_cache" and ev.detail == "dtype":
+        # Printed while vLLM builds its configuration, before the model loads (no phase change),
+        # and only when it stores the cache quantized (fp8, fp8_e4m3, nvfp4, nvfp4_ds_mla).
+        if ev.value:
+            f.upd(kv=replace(f.s.kv, stored=ev.value.lower()))
+    elif ev.kind in POST_LOAD_MILESTONES:
+        if ev.kind == "api_server_start" and f.s.api_server_at is None:
+            f.upd(api_server_at=t)
+        f.advance("post_load", t, ev.kind)
+        # Not ready at `Available routes are:`: vLLM 0.32 lists its routes before uvicorn
+        # listens, and a request then is refused (tests/e2e/test_real_vllm.py saw it).
+    elif ev.kind == "app_startup_complete":
+        _ready(f, t, "application startup complete")
+    elif ev.kind == "shutdown":
+        _shutdown(f, t, ev.value or "")
+    elif ev.kind == "launch_args" and ev.detail == "kv_cache_dtype" and ev.value:
+        f.upd(kv=replace(f.s.kv, args=ev.value.lower()))
+    elif ev.kind == "engine_config":
+        kv = f.s.kv
+        f.upd(kv=replace(kv, engine=(ev.detail or "").lower() or kv.engine, model_path=ev.value))
+
+
+def _shutdown(f: Fold, t: float, what: str) -> None:
+    """vLLM says it is shutting down. Asked to (a signal, not a crash), what follows is not a
+    failure: a clean SIGTERM still logs an EngineDeadError traceback."""
+    if "signal=SIG" in what or "shutdown triggered" in what:
+        f.upd(stop_requested=True)
+    s = f.s
+    if what == "Application shutdown complete" and s.phase not in TERMINAL:
+        f.set_phase("stopped", t, "vLLM shut down" + (" on request" if s.stop_requested else ""))
+
+
+def _ready(f: Fold, t: float, reason: str) -> None:
+    s = f.s
+    if s.phase in TERMINAL:
+        return
+    if s.ready_at is None:
+        f.upd(ready_at=t)
+    f.advance("ready", t, reason)
+
+
+def _fatal(s: Session, ev: Failure) -> bool:
+    if s.stop_requested:
+        return False
+    return ev.kind != "other" or s.ready_at is None
+
+
+def _on_failure(f: Fold, ev: Failure) -> None:
+    t = f.at(ev.ts)
+    s = f.sess
+    past = f.get("past")
+    # A failure the previous process logged, read after the next one started: the new
+    # process has logged nothing yet (live, the record's stamp says nothing about the clock),
+    # or, replayed, its time is before the start.
+    if (
+        s is not None
+        and s.reason == "process_start"
+        and past
+        and not s.log_seen
+        and (not f.replay or t < s.started_at - 1.0)
+    ):
+        _late_failure(f, ev, t, past)
+        return
+    s = f.ensure_session(t)
+    _activity(f, t)
+    s = f.s
+    if shutdown_noise(ev, s.stop_requested):
+        return  # the shutdown that was asked for, not a failure
+    fatal = _fatal(s, ev)
+    folded = fold_failure(s.failures, ev, t, fatal, f.cfg.max_failures, f.cfg.max_processes)
+    f.upd(failures=folded.failures, failures_total=s.failures_total + 1)
+    if folded.new_root:
+        f.emit(
+            "failure",
+            t,
+            failure_kind=ev.kind,
+            message=(ev.exc_type + ": " if ev.exc_type else "") + ev.message[:300],
+            fatal=fatal,
+        )
+    if not fatal:
+        return
+    kind = session_kind(folded.failures) or ev.kind
+    s = f.s
+    if s.stall is not None:
+        f.clear_stall(t, "failed")
+    s = f.s
+    if s.phase == "failed":
+        if kind != s.failure_kind:
+            f.upd(failure_kind=kind)
+        return
+    f.clear_forecasts(t, "session failed")
+    f.set_phase("failed", t, f"{kind}: {ev.message[:200]}", failure_kind=kind)
+
+
+def _late_failure(f: Fold, ev: Failure, t: float, past: tuple[SessionSummary, ...]) -> None:
+    """A failure logged by the previous process, read after the next one started."""
+    last = past[-1]
+    kind = last.failure_kind
+    phase = last.phase
+    if not last.stop_requested:
+        if failure_rank(ev.kind) < failure_rank(kind):
+            kind = ev.kind
+        if phase == "stopped":
+            phase = "failed"
+    f.changes["past"] = (
+        *past[:-1],
+        replace(last, failure_kind=kind, phase=phase, failures_total=last.failures_total + 1),
+    )
+    f.emit(
+        "failure",
+        t,
+        session=last.id,
+        failure_kind=ev.kind,
+        message=ev.message[:300],
+        fatal=not last.stop_requested,
+    )
+
+
+# Every log event type and its handler. Their transitions carry the record's offset.
+LOG_HANDLERS: dict[type, Any] = {
+    ShardProgress: _on_progress,
+    KvScaleWarning: _on_kv_scale,
+    ScaleFactorWarning: _on_scale_factor,
+    LogWarning: _on_log_warning,
+    LogError: _on_log_error,
+    StallHint: _on_stall_hint,
+    Milestone: _on_milestone,
+    Failure: _on_failure,
+}
