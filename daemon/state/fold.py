@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
+from loadwatch.daemon.state.durations import duration
 from loadwatch.daemon.state.forecast import stall_threshold_s
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import (
@@ -254,9 +255,9 @@ class Fold:
         kind, last, threshold, expected = due
         now = self.now
         if kind == "progress":
-            reason = f"no shard finished and no bytes read for {now - last:.0f} s"
+            reason = f"no shard finished and no bytes read for {duration(now - last)}"
         else:
-            reason = f"nothing logged and no bytes read for {now - last:.0f} s"
+            reason = f"nothing logged and no bytes read for {duration(now - last)}"
         self.upd(
             stall=Stall(kind, last, now, threshold, expected, reason, s.phase),
             stalls_total=s.stalls_total + 1,

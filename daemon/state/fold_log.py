@@ -34,6 +34,7 @@ from loadwatch.parsers.events import (
     ScaleFactorWarning,
     ShardProgress,
     StallHint,
+    message_code,
 )
 
 
@@ -227,11 +228,11 @@ def _on_scale_factor(f: Fold, ev: ScaleFactorWarning) -> None:
 
 
 def _on_log_warning(f: Fold, ev: LogWarning) -> None:
-    _tally(f, ev, f"log.{ev.source or 'unknown'}", "warning", ev.message)
+    _tally(f, ev, message_code("log", ev.message), "warning", ev.message)
 
 
 def _on_log_error(f: Fold, ev: LogError) -> None:
-    _tally(f, ev, f"error.{ev.source or 'unknown'}", "error", ev.message)
+    _tally(f, ev, message_code("error", ev.message), "error", ev.message)
 
 
 def _on_stall_hint(f: Fold, ev: StallHint) -> None:

@@ -118,8 +118,9 @@ def test_warnings_of_many_processes_layers_and_scales() -> None:
             )
         )
         items.append((at, LogWarning(source=None, message="w", ts=None, process=None)))
-        # more source lines than warning codes kept: the rest count as "other"
-        items.append((at, LogError(source=f"mod_{i % 90}.py:1", message="e", ts=now + i)))
+        # more messages than warning codes kept: the rest count as "other"
+        word = "".join(chr(97 + int(c)) for c in f"{i % 90:02d}")  # 90 messages, 90 codes
+        items.append((at, LogError(source="mod.py:1", message=f"failed {word}", ts=now + i)))
         if i % 150 == 149:
             items.append((at + 5000, Tick()))  # a quiet stall, then more warnings
     for replay in (False, True):
