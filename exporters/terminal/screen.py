@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from loadwatch.exporters.terminal.fmt import clip, duration, few, hms, plain_text, ranges, size
+from loadwatch.exporters.terminal.plan_line import plan_line
 
 BAR_CELLS = 32
 MEMORY_CELLS = 24
@@ -464,6 +465,8 @@ def render_status(doc: Mapping[str, Any], width: int | None = None) -> Renderabl
                 "yellow" if q else "dim",
             ),
         )
+    if (plan := plan_line(doc.get("memory_plan"))) is not None:
+        lower.add_row(Text("KV plan"), plan)
     m = _d(doc.get("model"))
     if m:
         line = Text(

@@ -33,3 +33,16 @@ def test_no_model_no_plan_metrics() -> None:
     from loadwatch.daemon.state.loadstate import LoadState
 
     assert _samples(LoadState().snapshot(0.0)) == {}
+
+
+def test_status_screen_shows_the_plan_beside_vllm() -> None:
+    from rich.console import Console
+
+    from loadwatch.exporters.terminal.screen import render_status
+
+    snap = _fold("real-v0.32-llama.log", _model("llama"), ARGV).snapshot(0.0)
+    console = Console(width=160, record=True)
+    console.print(render_status(snap.to_dict()))
+    text = console.export_text()
+    assert "KV plan" in text
+    assert "2,048 B/token · vLLM 524,288 tokens in 1.00 GiB (as planned)" in text
