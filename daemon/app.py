@@ -52,6 +52,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         "state_dir": str(args.state_dir) if args.state_dir else None,
         "http.listen": args.listen,
         "gpu.source": args.gpu,
+        "gpu.devices": args.gpu_devices.split(",") if args.gpu_devices else None,
         "events_file": str(args.events_file) if args.events_file else None,
         "model.dir": str(args.model_dir) if args.model_dir else None,
     }

@@ -160,6 +160,11 @@ def _parser() -> argparse.ArgumentParser:
         "--gpu", choices=("nvml", "simulated", "none"), help="GPU source (default: nvml)"
     )
     run.add_argument(
+        "--gpu-devices",
+        metavar="LIST",
+        help="only these GPUs: indices or GPU-/MIG- UUIDs, comma-separated ([gpu] devices)",
+    )
+    run.add_argument(
         "--events-file", type=Path, metavar="FILE", help="also write the event log to this file"
     )
     run.add_argument(

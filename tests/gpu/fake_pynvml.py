@@ -28,8 +28,10 @@ ERROR_STRINGS = {
 }
 
 UNINITIALIZED = 1
+INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4
+NOT_FOUND = 6
 DRIVER_NOT_LOADED = 9
 TIMEOUT = 10
 LIBRARY_NOT_FOUND = 12
@@ -143,6 +145,7 @@ class FakeNvml:
         self.calls: dict[str, int] = {}
         self.event_sets: list[EventSet] = []
         self.register_error: int | None = None
+        self.migs: dict[str, int] = {}  # MIG device UUID -> the index of the GPU it is a slice of
         self._lock = threading.Lock()
 
     def __getattribute__(self, name: str) -> Any:
@@ -210,6 +213,21 @@ class FakeNvml:
         if dev.lost:
             raise NVMLError(GPU_IS_LOST)
         return Handle(index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Handle:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        if uuid in self.migs:
+            return Handle(-1 - self.migs[uuid])  # a MIG device's handle: not a GPU's index
+        for i, dev in enumerate(self.devices):
+            if dev.uuid == uuid:
+                return Handle(i)
+        raise NVMLError(NOT_FOUND)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Handle) -> Handle:
+        self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+        if handle.index >= 0:
+            raise NVMLError(INVALID_ARGUMENT)  # not a MIG device
+        return Handle(-1 - handle.index)
 
     def nvmlDeviceGetIndex(self, handle: Handle) -> int:
         self._enter("nvmlDeviceGetIndex")

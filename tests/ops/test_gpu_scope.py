@@ -76,6 +76,21 @@ def test_bad_devices_exit_78_in_one_line(tmp_path: Path, devices: str, problem: 
     assert run.stderr.count("\n") == 1 and "[gpu] devices" in run.stderr, run.stderr
 
 
+def test_the_gpu_devices_flag_is_the_config_key(tmp_path: Path) -> None:
+    from loadwatch.daemon.app import config_from_args
+    from loadwatch.daemon.cli import _parser
+
+    args = _parser().parse_args(["run", "--log", "/x.log", "--gpu-devices", "4,GPU-abc,MIG-d"])
+    assert config_from_args(args).gpu.devices == (4, "GPU-abc", "MIG-d")
+    bad = subprocess.run(
+        [sys.executable, "-m", "loadwatch.daemon.cli", "run", "--log", str(tmp_path / "x.log"),
+         "--state-dir", str(tmp_path), "--gpu-devices", "0,gpu1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 78 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "[gpu] devices" in bad.stderr and "'gpu1'" in bad.stderr
+
+
 def _daemon(work: Path, devices: list[int | str]) -> DaemonProc:
     work.mkdir()
     (work / "vllm.log").write_bytes(b"")
@@ -114,3 +129,25 @@ def test_two_daemons_on_one_8_gpu_host_each_report_only_their_gpus(tmp_path: Pat
     finally:
         for d in (first, second):
             d.kill()
+
+
+def test_nvml_a_mig_uuid_selects_its_parent_gpu_and_a_down_nvml_selects_none_yet() -> None:
+    from loadwatch.daemon.sources.gpu.nvml import NvmlSource
+    from tests.gpu import fake_pynvml as fk
+
+    fake = fk.FakeNvml(fk.devices(4))
+    fake.migs = {"MIG-2f2c0e1a-0000-5000-8000-000000000001": 2}
+    fake.init_error = fk.DRIVER_NOT_LOADED
+    source = NvmlSource(fake, xid_events=False, logger=lambda line: None, backoff_initial_s=0.0)
+    scoped = ScopedGpuSource(source, ("MIG-2f2c0e1a-0000-5000-8000-000000000001", 0))
+    try:
+        down = scoped.poll()  # NVML not up: the MIG device cannot be looked up yet
+        assert not down.source_up and down.samples == ()
+        fake.init_error = None
+        up = scoped.poll()
+        assert [s.index for s in up.samples] == [0, 2]
+        assert fake.count("nvmlDeviceGetDeviceHandleFromMigDeviceHandle") == 1
+        scoped.poll()  # looked up once
+        assert fake.count("nvmlDeviceGetDeviceHandleFromMigDeviceHandle") == 1
+    finally:
+        scoped.close()
