@@ -9,7 +9,8 @@ backoff) are divided by SPEED too, so the run is the manifest's, faster. What it
 - the load that progresses is never killed, though it takes longer than the fixed budgets
   (60 x 10 s) that kill such loads today, and the pod is ready only once vLLM is;
 - a load that stops is killed within the stall policy: the stall threshold, then
-  failureThreshold x periodSeconds of 503s (plus loadwatch's 1 s tick and a probe period);
+  failureThreshold x periodSeconds of 503s (plus loadwatch's 1 s tick, a probe period, and 2 s
+  for a busy machine; measured here: 5.8 s after the last progress, 4 s of it the stall floor);
 - a vLLM that crash-loops is killed, once loadwatch's own restarts stopped helping.
 """
 
@@ -36,6 +37,7 @@ from .common import ROOT
 pytestmark = pytest.mark.slow
 SPEED = 30.0
 TICK_S = 1.0  # loadwatch's loop checks for stalls and publishes at least this often
+BUSY_S = 2.0  # what a loaded 2-core CI machine may add to the daemon's tick and the probes
 BUDGET_S = 60 * 10  # the fixed startup budget (failureThreshold x periodSeconds) of today
 
 
@@ -216,6 +218,7 @@ def test_a_stalled_load_is_killed_within_the_stall_policy(tmp_path: Path) -> Non
             + live.failure_threshold * live.period_s
             + live.period_s
             + TICK_S
+            + BUSY_S
         )
         waited = kubelet.killed_at - last
         assert forecast["stall_floor_s"] <= waited <= bound, (waited, bound)
