@@ -103,3 +103,7 @@ def test_the_containerfile_runs_loadwatch_under_tini_from_the_readme_venv() -> N
     assert f"COPY dist/loadwatch-{version}-py3-none-any.whl" in text
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/opt/loadwatch/bin/loadwatch"]' in text
     assert 'CMD ["run", "--config", "/etc/loadwatch/loadwatch.toml"]' in text
+    # a comment only at the start of a line: after an instruction it would be its argument
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            assert " #" not in line, line
