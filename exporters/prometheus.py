@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from loadwatch.daemon.state.published import Published
 from loadwatch.daemon.state.snapshot import GpuView, SessionView, Snapshot
 from loadwatch.exporters.prometheus_memplan import memory_plan_metrics
+from loadwatch.exporters.prometheus_node import node_metrics
 from loadwatch.parsers.events import FailureKind
 
 PHASES = ("starting", "loading_weights", "post_load", "ready", "failed", "stalled", "stopped")
@@ -53,6 +54,7 @@ class LoadwatchCollector(Collector):
         yield from _sources(pub)
         yield from _supervisor(pub)
         yield from memory_plan_metrics(snap)
+        yield from node_metrics(snap)
 
 
 def registry_for(collector: Collector) -> CollectorRegistry:

@@ -186,6 +186,34 @@ def message_code(kind: str, message: str) -> str:
     return f"{kind}.{'_'.join(words) or 'unknown'}"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelInit(Event):
+    """`world_size=W rank=R local_rank=L distributed_init_method=M backend=B`: one per worker,
+    as it joins torch.distributed (the rank is global across nodes)."""
+
+    type: ClassVar[str] = "parallel_init"
+    world_size: int
+    rank: int
+    local_rank: int
+    init_method: str | None = None
+    backend: str | None = None
+
+
+NodeLaunchMode = Literal["headless_tp_pp", "headless_dp"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeLaunch(Event):
+    """A node without the API server: `Launching vLLM (vX) headless multiproc executor, with head
+    node address A for torch.distributed process group.` (TP/PP across nodes) or `Launching N
+    data parallel engine(s) in headless mode, with head node address tcp://A.` (DP)."""
+
+    type: ClassVar[str] = "node_launch"
+    mode: NodeLaunchMode
+    head_address: str | None = None
+    engines: int | None = None  # headless DP: the engines this node runs
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
@@ -197,6 +225,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         StallHint,
         LogWarning,
         LogError,
+        ParallelInit,
+        NodeLaunch,
     )
 }
 
@@ -218,6 +248,9 @@ __all__ = [
     "LogWarning",
     "Milestone",
     "MilestoneKind",
+    "NodeLaunch",
+    "NodeLaunchMode",
+    "ParallelInit",
     "Record",
     "ScaleFactorWarning",
     "Severity",

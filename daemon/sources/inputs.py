@@ -115,6 +115,7 @@ class IoSample:
     ts: float
     read_bytes: int | None
     pids: int = 0
+    rchar: int | None = None  # bytes passed by read() calls, page-cache hits included
 
 
 # -- the checkpoint ---------------------------------------------------------------------------

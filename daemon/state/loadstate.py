@@ -43,6 +43,7 @@ from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.fold import Fold
 from loadwatch.daemon.state.fold_log import LOG_HANDLERS
 from loadwatch.daemon.state.fold_world import WORLD_HANDLERS
+from loadwatch.daemon.state.nodefold import NODE_EVENTS, track_node
 from loadwatch.daemon.state.session import (
     BarTrack,
     GpuTrack,
@@ -60,8 +61,8 @@ from loadwatch.daemon.state.session import (
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.state.snapshot_builder import build_snapshot
 
-HANDLERS: dict[type, Any] = {**LOG_HANDLERS, **WORLD_HANDLERS}
-LOG_INPUTS = frozenset(LOG_HANDLERS)  # their transitions carry the record's offset
+HANDLERS: dict[type, Any] = {**LOG_HANDLERS, **WORLD_HANDLERS, **NODE_EVENTS}
+LOG_INPUTS = frozenset({*LOG_HANDLERS, *NODE_EVENTS})  # their transitions carry the record's offset
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class LoadState(StateData):
                 raise TypeError(f"LoadState.apply: unsupported input {cls.__name__}")
             f.record = item.offset if cls in logged else None  # type: ignore[union-attr]
             handler(f, item)
+            track_node(f, item)
             n += 1
         if not replay:
             f.check_stall()

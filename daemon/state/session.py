@@ -30,6 +30,8 @@ from loadwatch.daemon.state.forecast import (
     MemoryProjection,
 )
 from loadwatch.daemon.state.kvdtype import KvEvidence
+from loadwatch.daemon.state.node import NodeFacts
+from loadwatch.daemon.state.nodeprogress import NodeLoad
 from loadwatch.daemon.state.snapshot import SessionSummary, Transition
 from loadwatch.parsers.events import Event
 from loadwatch.parsers.vllm.catalog import KIND_RANK
@@ -238,6 +240,9 @@ class StateData:
     gpus: Mapping[int, GpuTrack] = field(default_factory=dict)
     gpu_source_up: bool | None = None
     gpu_error: str | None = None
+    node: NodeFacts = field(default_factory=NodeFacts)  # this node's place in the deployment
+    node_load: NodeLoad = field(default_factory=NodeLoad)  # the load as this node sees it
+    node_pids: tuple[int, ...] = ()  # vLLM pids from the log's prefixes (watch mode reads them)
 
     @property
     def restarts(self) -> int:

@@ -18,7 +18,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from loadwatch.daemon.state.node import NodeRoleView
+    from loadwatch.daemon.state.nodeprogress import NodeProgressView
 
 SCHEMA = 1
 
@@ -342,6 +346,17 @@ class HealthView:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeView:
+    """This node in its deployment: its role (node.py) and the load as its own signals tell
+    it (nodeprogress.py). `ready`: the head serves; a headless node has its weights loaded and
+    its processes did not fail."""
+
+    role: NodeRoleView
+    progress: NodeProgressView
+    ready: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     schema: int
     at: float
@@ -361,6 +376,7 @@ class Snapshot:
     gpus: tuple[GpuView, ...]
     supervisor: SupervisorView | None
     health: HealthView | None
+    node: NodeView | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The `/status` JSON (see the module doc)."""
@@ -380,6 +396,7 @@ __all__ = [
     "MemoryPlanView",
     "MilestoneView",
     "ModelView",
+    "NodeView",
     "PhaseSpanView",
     "ProgressView",
     "SessionSummary",

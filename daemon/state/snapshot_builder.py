@@ -7,6 +7,7 @@ cadence, not per input. ETA and ages are computed for the `now` given.
 from __future__ import annotations
 
 from loadwatch.daemon.state.kvdtype import KvDtype, KvEvidence, decide_kv_dtype, warning_verdict
+from loadwatch.daemon.state.nodefold import node_view
 from loadwatch.daemon.state.plan_actual import memory_plan_view
 from loadwatch.daemon.state.session import (
     ORDER,
@@ -347,4 +348,5 @@ def build_snapshot(state: StateData, now: float) -> Snapshot:
         health=HealthView(h.ok, h.ts, h.status, h.error, state.health_failures)
         if h is not None
         else None,
+        node=node_view(state, s, now),
     )

@@ -20,6 +20,8 @@ from loadwatch.parsers.events import (
     FailureKind,
     KvScaleWarning,
     Milestone,
+    NodeLaunch,
+    ParallelInit,
     ScaleFactorWarning,
     Severity,
     ShardProgress,
@@ -232,6 +234,25 @@ def _shutdown(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return Milestone(kind="shutdown", value=(m["what"] or m["uv"]).strip(), **ctx)
 
 
+def _parallel_init(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    return ParallelInit(
+        world_size=int(m["ws"]),
+        rank=int(m["rank"]),
+        local_rank=int(m["local"]),
+        init_method=m["method"],
+        backend=m["backend"],
+        **ctx,
+    )
+
+
+def _headless(mode: str) -> Builder:
+    def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+        engines = _int(m["n"]) if "n" in m.re.groupindex else None
+        return NodeLaunch(mode=mode, head_address=m["addr"], engines=engines, **ctx)  # type: ignore[arg-type]
+
+    return build
+
+
 def _stall(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return StallHint(seconds=_num(m["sec"]), **ctx)
 
@@ -385,6 +406,37 @@ CATALOG: tuple[Entry, ...] = (
             r"Checkpoint size: " + _GIB + r" GiB"
         ),
         _milestone("checkpoint_info", value="fs", gib="gib"),
+        "info",
+    ),
+    # -- where this node stands in a multi-node deployment ----------------------------------
+    Entry(
+        "node.parallel_init",
+        ("distributed_init_method=",),
+        _c(
+            r"world_size=(?P<ws>\d{1,7}+) rank=(?P<rank>\d{1,7}+) local_rank=(?P<local>\d{1,7}+) "
+            r"distributed_init_method=(?P<method>\S{1,400}+) backend=(?P<backend>\w{1,40}+)"
+        ),
+        _parallel_init,
+        "info",
+    ),
+    Entry(
+        "node.headless_tp_pp",
+        ("headless multiproc executor",),
+        _c(
+            r"Launching vLLM (?:\(v?[^()\s]{1,60}+\) )?headless multiproc executor, with head "
+            r"node address (?P<addr>[^\s,]{1,200}+) for torch"
+        ),
+        _headless("headless_tp_pp"),
+        "info",
+    ),
+    Entry(
+        "node.headless_dp",
+        ("in headless mode, with head node",),
+        _c(
+            r"Launching (?P<n>\d{1,7}+) data parallel engine\(s\) in headless mode, with head "
+            r"node address (?P<addr>[^\s,]{1,200}?)\.?(?:\s|$)"
+        ),
+        _headless("headless_dp"),
         "info",
     ),
     Entry(

@@ -22,7 +22,7 @@ from typing import Any
 DASHBOARD = Path(__file__).resolve().parents[2] / "grafana" / "loadwatch.json"
 
 # What the dashboard's variables stand for when every job, instance and GPU is selected.
-ALL_SELECTED = {"job": ".+", "instance": ".+", "gpu": ".+"}
+ALL_SELECTED = {"job": ".+", "deployment": ".*", "instance": ".+", "gpu": ".+"}
 _VAR = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 _LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?P<metric>.+?)\s*,\s*(?P<label>\w+)\s*\)\s*$")
 

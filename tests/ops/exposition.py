@@ -65,6 +65,11 @@ class Scene:
     weights_load_s: float | None = None
     log_lines: int = 0
     scrapes: int = 0
+    node_role: str = "head"
+    node_rank: int = 0
+    node_progress: float | None = None  # None: the bar's ratio (shards_done / shards_total)
+    node_stalled: bool = False
+    node_ready: bool | None = None  # None: as the phase says
 
     @property
     def ready(self) -> bool:
@@ -267,6 +272,7 @@ def render(scene: Scene) -> str:
     t.sample("loadwatch_vllm_health_up", 1 if scene.ready else 0)
     t.family("loadwatch_vllm_orphans", "gauge", "Processes of the last run still on a GPU.")
     t.sample("loadwatch_vllm_orphans", scene.orphans)
+    _node(t, scene, loading, total_bytes)
     t.family("loadwatch_http_requests_total", "counter", "Requests served.")
     t.sample("loadwatch_http_requests_total", scene.scrapes, {"route": "/metrics", "code": "200"})
     for name, kind, value in (
@@ -315,6 +321,45 @@ def _memory_plan(t: _Text, scene: Scene) -> None:
     ):
         t.family(name, "gauge", help_text)  # as at the end of a load: vLLM sized its cache
         t.sample(name, value)
+
+
+def _node(t: _Text, scene: Scene, loading: bool, total_bytes: int) -> None:
+    """The node's series (exporters/prometheus_node.py): a head of a 2-node TP/PP deployment,
+    or a headless node of it."""
+    bar = scene.shards_done / scene.shards_total if scene.shards_total else 0.0
+    ratio = scene.node_progress if scene.node_progress is not None else bar
+    ready = scene.ready if scene.node_ready is None else scene.node_ready
+    labels = {
+        "role": scene.node_role,
+        "node_rank": str(scene.node_rank),
+        "nnodes": "2",
+        "head_address": "10.0.0.1:29501",
+        "ranks": "0-7" if scene.node_rank == 0 else "8-15",
+        "world_size": "16",
+        "backend": "nccl",
+    }
+    expected = total_bytes // 2
+    for name, value in (
+        ("loadwatch_node_info", 1.0),
+        ("loadwatch_node_ready", 1.0 if ready else 0.0),
+        ("loadwatch_node_loading", 1.0 if loading else 0.0),
+        ("loadwatch_node_stalled", 1.0 if scene.node_stalled else 0.0),
+        ("loadwatch_node_bar_unbacked", 0.0),
+        ("loadwatch_node_progress_ratio", ratio),
+        ("loadwatch_node_read_bytes", expected * ratio),
+        ("loadwatch_node_expected_read_bytes", expected),
+        ("loadwatch_node_read_share_ratio", 0.5),
+        ("loadwatch_node_gpu_gained_bytes", expected * ratio),
+    ):
+        t.family(name, "gauge", "The node's.")
+        t.sample(name, value, labels if name == "loadwatch_node_info" else None)
+    t.family("loadwatch_node_signal_progress_ratio", "gauge", "Progress by one signal.")
+    for signal in ("io", "gpu"):
+        t.sample("loadwatch_node_signal_progress_ratio", ratio, {"signal": signal})
+    t.family("loadwatch_node_eta_seconds", "gauge", "The node's ETA.")
+    if scene.eta_s is not None:
+        for bound, k in (("expected", 1.0), ("low", 0.8), ("high", 1.3)):
+            t.sample("loadwatch_node_eta_seconds", scene.eta_s * k, {"bound": bound})
 
 
 class ExpositionServer:

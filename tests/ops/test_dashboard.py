@@ -32,18 +32,28 @@ def test_schema_and_variables() -> None:
     assert b["schemaVersion"] >= 39
     assert b["uid"] and b["title"] and b["id"] is None  # importable anywhere
     variables = {v["name"]: v for v in b["templating"]["list"]}
-    assert list(variables) == ["datasource", "job", "instance", "gpu", "runbook_base_url"]
+    assert list(variables) == [
+        "datasource",
+        "job",
+        "deployment",
+        "instance",
+        "gpu",
+        "runbook_base_url",
+    ]
     runbook = variables["runbook_base_url"]  # one place for the runbooks' base, as the alerts'
     assert runbook["type"] == "constant" and runbook["hide"] == 2
     links = [link["url"] for link in b["links"]]
     assert "${runbook_base_url}/runbook.md" in links
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for name in ("job", "instance", "gpu"):
+    for name in ("job", "deployment", "instance", "gpu"):
         var = variables[name]
         assert var["type"] == "query" and var["multi"] and var["includeAll"]
         assert var["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
     assert "$job" in variables["instance"]["definition"]  # instance follows the job choice
+    # ... and the deployment's (the scrape config's `deployment` label: one per multi-node
+    # deployment), so the node row shows the nodes of one deployment side by side
+    assert "$deployment" in variables["instance"]["definition"]
 
 
 def test_every_panel_uses_the_datasource_variable() -> None:
@@ -110,6 +120,8 @@ def titles() -> dict[str, dict[str, Any]]:
         ("Restarts, exits, stalls", "timeseries", ["loadwatch_vllm_restarts_total"]),
         ("Time to ready per session", "timeseries", ["loadwatch_time_to_ready_seconds"]),
         ("Scrape and sources", "state-timeline", ["up{", "loadwatch_source_up"]),
+        ("Nodes side by side", "table", ["loadwatch_node_info", "loadwatch_node_progress_ratio", "loadwatch_node_ready"]),
+        ("Node progress, side by side", "timeseries", ["loadwatch_node_progress_ratio", "min by (deployment)"]),
     ],
 )  # fmt: skip
 def test_the_panels_operators_need(title: str, kind: str, metrics: list[str]) -> None:

@@ -14,7 +14,9 @@ from .dashboard import dashboard_queries
 from .exposition import FAILURE_KINDS, Scene, render
 
 # Labels every scraped series gets from Prometheus, and series Prometheus makes itself.
-TARGET_LABELS = {"job", "instance"}
+# `deployment` is the target label prometheus/prometheus.yml.example gives every node of one
+# deployment (the fleet rules group by it).
+TARGET_LABELS = {"job", "instance", "deployment"}
 PROMETHEUS_SERIES = {"up", "ALERTS"}
 _METRIC = re.compile(r"\b(loadwatch_[a-z0-9_]+)\b")
 _SELECTOR = re.compile(r"\b(loadwatch_[a-z0-9_]+)\{([^}]*)\}")

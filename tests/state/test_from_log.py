@@ -144,7 +144,10 @@ def test_status_json_has_the_documented_shape() -> None:
         "gpus",
         "supervisor",
         "health",
+        "node",
     }
+    assert set(d["node"]) == {"role", "progress", "ready"}
+    assert d["node"]["role"]["role"] == "head"
     s = d["session"]
     for key in ("history", "progress", "bars", "stall", "warnings", "failures", "milestones"):
         assert key in s
