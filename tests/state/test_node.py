@@ -177,3 +177,20 @@ def test_the_head_checks_its_bar_against_the_signals() -> None:
     assert p.bar_ratio == 0.8 and p.ratio == 0.8 and p.bar_unbacked
     st = st.apply(IoSample(ts=9.0, read_bytes=75 * GIB), 9.0)
     assert not st.snapshot(9.0).node.progress.bar_unbacked  # type: ignore[union-attr]
+
+
+def test_a_real_two_node_pipeline_parallel_deployment() -> None:
+    """Both logs of one real PP=2 deployment over two nodes (vLLM 0.32 on the CPU)."""
+    head = fold((FIXTURES / "real-v0.32-pp2-head.log").read_bytes()).snapshot(101).node
+    node1 = fold((FIXTURES / "real-v0.32-pp2-node1.log").read_bytes()).snapshot(101).node
+    assert head is not None and node1 is not None
+    assert (head.role.role, head.role.ranks, head.role.world_size) == ("head", "0", 2)
+    assert head.progress.bar_ratio == 1.0  # global rank 0 prints the bar
+    assert (node1.role.role, node1.role.ranks, node1.role.head_address) == (
+        "headless_tp_pp",
+        "1",
+        "127.0.0.1:29611",
+    )
+    assert node1.role.share == head.role.share == 0.5  # each stage reads its half
+    assert node1.progress.bar_ratio is None and node1.progress.weights_done
+    assert node1.ready  # its own `Loading weights took`, no failure
