@@ -55,7 +55,8 @@ from loadwatch.daemon.state.session import StateConfig
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.supervise.orphans import ORPHAN_GRACE_S, settle_orphans
 from loadwatch.exporters.eventlog import EventLog
-from loadwatch.parsers import ChunkScanner, Event, EventStream
+from loadwatch.parsers import ChunkScanner, Event
+from loadwatch.parsers.grammar import load as load_grammar
 from loadwatch.parsers.scan import NATIVE
 from loadwatch.parsers.vllm.argv_secrets import Redactor
 
@@ -105,7 +106,8 @@ class Daemon:
         self._supervisor_factory = supervisor_factory
         self._follower: LogFollower | None = None
         self._decoder: ContainerLogDecoder | None = None
-        self._scanner = ChunkScanner(EventStream(ref_ts=clock()))
+        grammar = load_grammar()  # the log grammar (parsers/grammar.py): vLLM's
+        self._scanner = ChunkScanner(grammar.new_stream(clock()), grammar=grammar)
         self._events: Counter[str] = Counter()
         self._xids: Counter[tuple[int, str | None, int]] = Counter()
         self._retired = _Retired(Counter(), Counter())
@@ -614,7 +616,7 @@ class Daemon:
 
     async def tick(self) -> None:
         while not self.stop_event.is_set():
-            self._scanner.stream.years.set_reference(self.clock())
+            self._scanner.stream.set_reference(self.clock())
             self._check_eventlog()
             self.apply(Tick())
             self.publish()

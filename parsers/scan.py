@@ -4,13 +4,14 @@ A chunk is a run of complete records as the follower hands them over. Instead of
 records and testing each one, a few anchors are searched over the whole chunk, and only the
 records around the hits are looked at. An anchor is a substring shared by several needles
 ("version" stands for "server version" and "  version "): a record it hits is then checked for
-the needles themselves. The records holding a needle are fed to the `EventStream`. While a
+the needles themselves. The anchors, needles and the rest are the grammar's (parsers/grammar.py;
+vLLM's: parsers/vllm/). The records holding a needle are fed to the grammar's stream. While a
 traceback is open every record matters, so the scanner then walks records one by one until it
 closes. The result is the same event list as feeding every record (property tests check this).
 
 On a serving log most records a level needle hits are request echoes: an INFO line whose prompt
-says "ERROR" or "Traceback". `quiet_record` proves such a record yields nothing with one match of
-its header, and of a run of them the stream is handed only the count and the last one's time.
+says "ERROR" or "Traceback". The grammar's `quiet_record` proves such a record yields nothing with
+one match of its header, and of a run of them the stream is handed only the count and the last one's time.
 
 The search itself comes in two equal versions (tests/perf/test_scan_native.py compares them on
 arbitrary bytes):
@@ -30,90 +31,14 @@ gives) and hyperscan (the scan 1.2x faster, the pipeline 1.0x: the per-hit work 
 from __future__ import annotations
 
 import ctypes
-import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from types import ModuleType
 
 from loadwatch.parsers.events import Event, Record
-from loadwatch.parsers.vllm.stream import (
-    LEVEL_NEEDLES,
-    PREFILTER,
-    PREFIX_RECORD_MAX,
-    EventStream,
-    Mode,
-)
+from loadwatch.parsers.grammar import Grammar, Stream, load
 
-# Substrings that stand for several needles each, per mode, tried in this order; a needle that
-# contains none of them is searched for itself. Chosen by measurement (bench/scan_anchors.py):
-# a short anchor scans a little slower than a long needle, so an anchor pays only where it
-# replaces two or more scans.
-ANCHORS: dict[Mode, tuple[str, ...]] = {
-    "startup": (
-        "in the checkpoint (e.g.",  # the dense ones first: the rest is searched between them
-        "it/s]",
-        "s/it]",
-        "version",
-        "down",
-        "pplication ",
-        "vailable",
-        "heckpoint",
-        "KV cache",
-        " took",
-        "torch.compile",
-        "Start",
-        "args: ",
-        "died",
-        " memory",
-        "failed",
-        "raph",
-        "scal",
-        "backend",
-    ),
-    "serving": ("version", "down"),
-}
 DENSE_SHARE = 0.5  # candidates this share of a chunk: search the other anchors between them
-
-
-class Group:
-    """One scan: an anchor and the needles it stands for (None: the anchor is the needle)."""
-
-    __slots__ = ("anchor", "level", "needles")
-
-    def __init__(self, anchor: bytes, needles: tuple[bytes, ...] | None, level: bool) -> None:
-        self.anchor = anchor
-        self.needles = needles
-        self.level = level  # only level needles: a hit alone may be a quiet record
-
-
-def plan(mode: Mode) -> tuple[Group, ...]:
-    groups: dict[str, list[str]] = {}
-    for needle in PREFILTER[mode]:
-        anchor = next((a for a in ANCHORS[mode] if a in needle), needle)
-        groups.setdefault(anchor, []).append(needle)
-    order = {a: i for i, a in enumerate(ANCHORS[mode])}
-
-    def rank(item: tuple[str, list[str]]) -> tuple[bool, int]:
-        anchor, needles = item
-        level_only = all(n in LEVEL_NEEDLES for n in needles)
-        return (mode == "serving" and level_only, order.get(anchor, len(order)))
-
-    out: list[Group] = []
-    for anchor, needles in sorted(groups.items(), key=rank):
-        if len(needles) == 1:
-            anchor = needles[0]  # a longer string scans faster
-        exact = needles == [anchor]
-        out.append(
-            Group(
-                anchor.encode(),
-                None if exact else tuple(n.encode() for n in needles),
-                all(n in LEVEL_NEEDLES for n in needles),
-            )
-        )
-    return tuple(out)
-
-
-PLANS: dict[Mode, tuple[Group, ...]] = {"startup": plan("startup"), "serving": plan("serving")}
 
 
 def _load_native() -> ModuleType | None:
@@ -128,21 +53,7 @@ def _load_native() -> ModuleType | None:
 
 _native = _load_native()
 NATIVE = _native is not None
-NATIVE_PLANS: dict[Mode, tuple[tuple[bytes, tuple[bytes, ...] | None, bool], ...]] = {
-    mode: tuple((g.anchor, g.needles, g.level) for g in groups) for mode, groups in PLANS.items()
-}
 _TERMINATORS = (0x0A, 0x0D)
-
-# An INFO or DEBUG record of the common shape (see lines._STANDARD, whose ASCII classes these
-# are): its header is all `parse_head` would find, so with no catalog needle in it the record
-# yields no event and cannot open a traceback.
-_QUIET = re.compile(
-    rb"(?:\([A-Za-z][A-Za-z0-9_-]{0,63}(?: rank=[0-9]{1,6})?"
-    rb"(?: [A-Z]{1,8}[0-9]{1,6}(?:_[A-Z]{1,8}[0-9]{1,6}){0,7})?"
-    rb" pid=[0-9]{1,10}(?:, ip=[0-9A-Fa-f.:]{1,64})?\) ?)?"
-    rb"(?:INFO|DEBUG) ([0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:[.,][0-9]{1,6})? "
-    rb"\[[\x21-\x5c\x5e-\x7e]{1,200}\]"
-)
 
 
 def _libc_memmem() -> Callable[[int, int, bytes, int], int | None] | None:
@@ -254,10 +165,19 @@ def quiet_runs(
 
 
 class ChunkScanner:
-    """Feed chunks of whole records; get the events `EventStream.feed` would give for each."""
+    """Feed chunks of whole records; get the events the grammar's stream would give for each
+    (fed every record). `grammar`: parsers/grammar.py's `Grammar` (default: vLLM's);
+    `stream`: its event stream, when the caller made it."""
 
-    def __init__(self, stream: EventStream | None = None, native: bool = NATIVE) -> None:
-        self.stream = stream if stream is not None else EventStream()
+    def __init__(
+        self, stream: Stream | None = None, native: bool = NATIVE, grammar: Grammar | None = None
+    ) -> None:
+        self.grammar = g = grammar if grammar is not None else load()
+        self.stream = stream if stream is not None else g.new_stream(None)
+        self._plans = g.native_plans
+        self._native_quiet = g.quiet_modes if g.native_quiet else frozenset()
+        self._marker = g.prefix_marker
+        self._prefix_max = g.prefix_record_max
         if native and _native is None:
             raise RuntimeError("the C scanner (loadwatch.parsers._scan) is not built")
         self._native = _native if native else None  # else the Python search: tests compare
@@ -278,7 +198,7 @@ class ChunkScanner:
             mode = stream.mode
             if self._native is not None:
                 candidates, quiet = self._native.candidates(
-                    data, pos, NATIVE_PLANS[mode], mode == "serving"
+                    data, pos, self._plans[mode], mode in self._native_quiet
                 )
             else:
                 if cr is None:
@@ -327,7 +247,7 @@ class ChunkScanner:
         while j > 0 and data[j - 1] in _TERMINATORS:
             j -= 1
         if j == 0:  # only terminators: the record before them is still the last one
-            if len(self._tail) + len(data) <= 2 * PREFIX_RECORD_MAX:
+            if len(self._tail) + len(data) <= 2 * self._prefix_max:
                 self._tail += data
             else:
                 self._tail = b""
@@ -337,7 +257,7 @@ class ChunkScanner:
         if base + j == self._fed_end:
             return
         last = _record_start(data, j)
-        if j - last <= PREFIX_RECORD_MAX and b"pid=" in data[last:j]:
+        if j - last <= self._prefix_max and self._marker in data[last:j]:
             self._tail = data[last:]
         else:
             self.stream.forget_pending()
@@ -378,7 +298,7 @@ class ChunkScanner:
         if not prev or offset + len(prev) == self._fed_end:
             return  # nothing there, or the stream has seen it already
         self.stream.forget_pending()
-        if len(prev) > PREFIX_RECORD_MAX or b"pid=" not in prev:
+        if len(prev) > self._prefix_max or self._marker not in prev:
             return
         # It holds no needle of the current mode: else it would have been a candidate of this
         # chunk, or of the last one with the same mode, and fed already.
@@ -386,23 +306,23 @@ class ChunkScanner:
         self._fed_end = offset + len(prev)
 
     def _candidates_py(
-        self, data: bytes, pos: int, mode: Mode, cr: bool
+        self, data: bytes, pos: int, mode: str, cr: bool
     ) -> tuple[list[tuple[int, int]], list[QuietRun]]:
         """The records from `pos` holding a needle of `mode`, as (start, end) in order, and
-        apart from them the quiet ones (see `quiet_record`) as `quiet_runs` gives them.
+        apart from them the quiet ones (the grammar's `quiet_record`) as `quiet_runs` gives them.
         A record is a maximal run of bytes without `\\n` or `\\r`. _scan.c's `candidates`
         returns the same (tests/perf/test_scan_native.py)."""
         found: dict[int, int] = {}
         quiet: dict[int, tuple[int, bytes]] = {}
         # Quiet records must hold no needle but level words: in serving mode every scan goes
         # over the whole chunk, the level words last, so a record they hit is known by then.
-        quiet_ok = mode == "serving"
+        g = self.grammar
+        quiet_of = g.quiet_record
+        quiet_ok = quiet_of is not None and mode in g.quiet_modes
         n = len(data)
         find, rfind = data.find, data.rfind
         address = address_of(data)
-        esc = quiet_ok and find(b"\x1b", pos) >= 0  # (memchr: a chunk-wide look is cheap)
-        match_quiet = _QUIET.match
-        groups = PLANS[mode]
+        groups = g.plans[mode]
         lo, hi = pos, n
         crs: list[int] | None = None  # where the `\r` are, when there are few
         ncr = 0
@@ -460,16 +380,10 @@ class ChunkScanner:
                 if hit and level and cr and (s in found or s in quiet):
                     hit = False  # known already (this check waits for the `\r` bounds)
                 if hit:
-                    if level:  # `quiet_record` inlined: a serving log has many of these
-                        m = match_quiet(data, s, e)
-                        if (
-                            m is not None
-                            and find(b" pid=", m.start(1), e) < 0
-                            and find(b"0m", s, e) < 0  # `strip_ansi`'s hints
-                            and find(b"6m", s, e) < 0
-                            and not (esc and find(b"\x1b", s, e) >= 0)
-                        ):
-                            quiet[s] = (e, m.group(1))
+                    if level:
+                        stamp = quiet_of(data, s, e)  # type: ignore[misc]
+                        if stamp is not None:
+                            quiet[s] = (e, stamp)
                             i = find(anchor, e + 1, b)
                             continue
                     found[s] = e
@@ -521,25 +435,3 @@ class _Between:
             g = bisect_right(cum, j) - 1
             yield starts[g] + j - cum[g]
             j = joined.find(needle, j + 1)
-
-
-def _coloured(data: bytes, start: int, end: int) -> bool:
-    """`strip_ansi` would look at this record: it has an ESC, `0m` or `6m`."""
-    return (
-        data.find(b"\x1b", start, end) >= 0
-        or data.find(b"0m", start, end) >= 0
-        or data.find(b"6m", start, end) >= 0
-    )
-
-
-def quiet_record(data: bytes, start: int, end: int) -> bytes | None:
-    """The header time of `data[start:end]` if it is a quiet record, else None.
-
-    Quiet: a single-segment INFO or DEBUG record of the common shape, without colour codes.
-    The caller knows it holds no catalog needle and that no traceback is open; then feeding it
-    would only note its time.
-    """
-    m = _QUIET.match(data, start, end)
-    if m is None or data.find(b" pid=", m.start(1), end) >= 0 or _coloured(data, start, end):
-        return None
-    return m.group(1)

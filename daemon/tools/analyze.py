@@ -49,7 +49,8 @@ from loadwatch.exporters.report import (
     build_report,
 )
 from loadwatch.exporters.terminal.report_text import print_report
-from loadwatch.parsers import ChunkScanner, Event, EventStream, Failure
+from loadwatch.parsers import ChunkScanner, Event, Failure
+from loadwatch.parsers.grammar import load as load_grammar
 from loadwatch.parsers.vllm.lines import ProcessNames
 
 EX_DATAERR = 65
@@ -208,7 +209,8 @@ class LogReader:
         self._inflated = self._decoded = None
 
     def events(self) -> Iterator[Event]:
-        scanner = ChunkScanner(EventStream(ref_ts=self.opened.mtime))
+        grammar = load_grammar()
+        scanner = ChunkScanner(grammar.new_stream(self.opened.mtime), grammar=grammar)
         names = self.processes
         try:
             follower = LogFollower(

@@ -240,6 +240,10 @@ class EventStream:
         self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
         self.mode: Mode = "startup"
 
+    def set_reference(self, ts: float) -> None:
+        """The daemon's clock, for the year of stamps that have none (vLLM's)."""
+        self.years.set_reference(ts)
+
     def forget_pending(self) -> None:
         """Records were skipped unseen: a prefix seen before them names nothing now."""
         self._pending_prefix = None

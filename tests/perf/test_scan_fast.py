@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from loadwatch.parsers import ChunkScanner, EventStream, Failure, KvScaleWarning, ShardProgress
-from loadwatch.parsers.scan import PLANS, address_of, count_records, first, quiet_record
+from loadwatch.parsers.scan import address_of, count_records, first
 from loadwatch.parsers.vllm.lines import (
     StandardHeads,
     YearResolver,
@@ -16,6 +16,7 @@ from loadwatch.parsers.vllm.lines import (
     split_segments,
     strip_ansi,
 )
+from loadwatch.parsers.vllm.plans import PLANS, quiet_record
 from loadwatch.parsers.vllm.stream import PREFILTER
 from tests.parsers.golden import REF_TS, events_of, scanned
 from tests.perf.logs import coloured, load_log, serving_log

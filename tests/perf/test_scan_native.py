@@ -11,15 +11,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from loadwatch.parsers import ChunkScanner, EventStream
-from loadwatch.parsers.scan import (
-    NATIVE,
-    NATIVE_PLANS,
-    Mode,
-    count_records,
-    count_records_py,
-    quiet_record,
-)
+from loadwatch.parsers.scan import NATIVE, count_records, count_records_py
+from loadwatch.parsers.vllm.grammar import GRAMMAR
+from loadwatch.parsers.vllm.plans import quiet_record
+from loadwatch.parsers.vllm.stream import Mode
 from tests.perf.logs import load_log, serving_log
+
+NATIVE_PLANS = GRAMMAR.native_plans
 
 try:
     from loadwatch.parsers import _scan
