@@ -89,18 +89,15 @@ class Kubelet:
     ready_at: float | None = None
     log: list[tuple[float, str, int]] = field(default_factory=list)
 
-    def get(self, probe: Probe) -> int:
+    def get(self, probe: Probe) -> tuple[int, str]:
         u = urllib.parse.urlsplit(self.url)
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=probe.timeout_s)
         try:
             conn.request("GET", probe.path)
             r = conn.getresponse()
-            body = r.read().decode(errors="replace").strip()
-            if r.status != 200:
-                self.killed_why = body
-            return int(r.status)
-        except OSError:
-            return 0  # refused or timed out: a failure, as for the kubelet
+            return int(r.status), r.read().decode(errors="replace").strip()
+        except OSError as exc:
+            return 0, str(exc)  # refused or timed out: a failure, as for the kubelet
         finally:
             conn.close()
 
@@ -110,7 +107,7 @@ class Kubelet:
             if now < probe.due:
                 continue
             probe.due = now + probe.period_s
-            code = self.get(probe)
+            code, body = self.get(probe)
             self.log.append((now, probe.name, code))
             ok = 200 <= code < 400
             if probe is self.readiness:
@@ -122,7 +119,7 @@ class Kubelet:
             if ok and probe is self.startup:
                 self.started = True
             if probe.failures >= probe.failure_threshold:
-                self.killed_at = now
+                self.killed_at, self.killed_why = now, body
 
     def run(self, until: Callable[[Kubelet], bool], timeout_s: float) -> None:
         end = time.monotonic() + timeout_s
