@@ -44,6 +44,18 @@ def test_example_prometheus_config() -> None:
     assert "SUCCESS: 1 rule files found" in result.stdout
 
 
+def test_fleet_examples() -> None:
+    """The multi-node scrape config (static and file_sd, a `deployment` label) and the
+    deployment's recording rules."""
+    result = promtool("check", "config", str(PROMETHEUS / "fleet.yml.example"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 2 rule files found" in result.stdout
+    text = (PROMETHEUS / "fleet.yml.example").read_text()
+    assert "file_sd_configs:" in text and "static_configs:" in text and "deployment:" in text
+    rules = promtool("check", "rules", str(PROMETHEUS / "fleet-rules.yml"))
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+
+
 def test_rule_unit_tests_pass() -> None:
     assert {p.name for p in RULE_TESTS} >= {"load.yml", "failures.yml", "quiet.yml"}
     result = promtool("test", "rules", *(str(p) for p in RULE_TESTS))
@@ -72,6 +84,7 @@ def run_tests_against(tmp_path: Path, rules_text: str, test_file: str) -> str:
     (tmp_path / "alerts.yml").write_text(rules_text)
     (tmp_path / "tests").mkdir(exist_ok=True)
     shutil.copy(PROMETHEUS / "tests" / test_file, tmp_path / "tests" / test_file)
+    shutil.copy(PROMETHEUS / "fleet-rules.yml", tmp_path / "fleet-rules.yml")
     result = promtool("test", "rules", f"tests/{test_file}", cwd=tmp_path)
     return result.stdout + result.stderr if result.returncode != 0 else ""
 
@@ -87,6 +100,10 @@ MUTANTS = [
     ("gpu.yml", ("increase(loadwatch_gpu_xid_events_total[10m]) > 0", "loadwatch_gpu_xid_events_total > 0"), "LoadwatchGpuXidErrors"),
     ("quiet.yml", ("expr: loadwatch_load_stalled == 1", "expr: loadwatch_load_stalled == 0"), "LoadwatchLoadStalled"),
     ("quiet.yml", ("round(increase(loadwatch_vllm_restarts_total[30m])) >= 3", "increase(loadwatch_vllm_restarts_total[30m]) >= 1"), "LoadwatchVllmCrashLooping"),
+    ("deployment.yml", ("      ) > 0.2\n", "      ) > 0.5\n"), "LoadwatchNodeStraggler"),
+    ("deployment.yml", ("          and on(job, instance) loadwatch_node_loading == 1\n        for: 2m", "        for: 2m"), "LoadwatchNodeStraggler"),
+    ("deployment.yml", ('loadwatch_node_info{role=~"head|ray_head"}', 'loadwatch_node_info'), "LoadwatchNodeNotReady"),
+    ("deployment.yml", ("and on(deployment) (max by (deployment) (loadwatch_node_loading) == 1)", ""), "LoadwatchNodeDown"),
 ]  # fmt: skip
 
 
@@ -154,6 +171,7 @@ def test_runbook_base_url_is_set_in_one_place(tmp_path: Path) -> None:
     # The unit tests, pointed at the rendered rules with the URLs they now expect.
     for test in RULE_TESTS:
         body = test.read_text().replace("../alerts.yml", str(out))
+        body = body.replace("../fleet-rules.yml", str(PROMETHEUS / "fleet-rules.yml"))
         (tmp_path / test.name).write_text(body.replace("RUNBOOK_BASE_URL", base.rstrip("/")))
     units = promtool("test", "rules", *(str(tmp_path / t.name) for t in RULE_TESTS))
     assert units.returncode == 0, units.stdout + units.stderr
