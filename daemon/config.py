@@ -74,7 +74,17 @@ class VllmConfig:
     preflight: Literal["warn", "refuse", "off"] = "warn"
     log_max_bytes: int = 256 * 1024 * 1024
     log_keep: int = 3
-    health_url: str | None = None  # default: derived from --host/--port in argv
+    health_url: str | None = None  # default: from --host/--port in argv, or the URL vLLM logs
+    health_interval_s: float = 5.0  # /health probes once the API server is up
+    servable: bool = False  # ready only once one tiny completion succeeded after /health
+    servable_prompt: str = "Hello"
+    servable_timeout_s: float = 120.0
+
+
+# The [vllm] keys that also apply in watch mode (a [vllm] table without argv).
+WATCH_KEYS = frozenset(
+    {"health_url", "health_interval_s", "servable", "servable_prompt", "servable_timeout_s"}
+)
 
 
 @dataclass(frozen=True)
@@ -246,7 +256,7 @@ def _forecast_fields(t: _Table) -> dict[str, Any]:
 def _vllm_fields(t: _Table) -> dict[str, Any]:
     d = VllmConfig()
     argv = t.strings("argv")
-    if not argv:
+    if not argv and not set(t.data) <= WATCH_KEYS:
         raise ConfigError(t.key("argv"), "the [vllm] table needs argv, the vLLM command as a list")
     return {
         "argv": argv,
@@ -273,6 +283,14 @@ def _vllm_fields(t: _Table) -> dict[str, Any]:
         "log_max_bytes": t.integer("log_max_bytes", d.log_max_bytes, minimum=4096, maximum=1 << 40),
         "log_keep": t.integer("log_keep", d.log_keep, minimum=1, maximum=100),
         "health_url": t.string("health_url", None),
+        "health_interval_s": t.number(
+            "health_interval_s", d.health_interval_s, minimum=0.1, maximum=3600
+        ),
+        "servable": t.boolean("servable", d.servable),
+        "servable_prompt": t.string("servable_prompt", d.servable_prompt) or d.servable_prompt,
+        "servable_timeout_s": t.number(
+            "servable_timeout_s", d.servable_timeout_s, minimum=1.0, maximum=3600
+        ),
     }
 
 

@@ -37,7 +37,6 @@ from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.inputs import (
     GpuReading,
-    HealthProbe,
     IoSample,
     ModelInfo,
     ProcessEvent,
@@ -54,6 +53,7 @@ from loadwatch.daemon.state.published import LogHealth, Published, SupervisorSta
 from loadwatch.daemon.state.session import StateConfig
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.supervise.orphans import ORPHAN_GRACE_S, settle_orphans
+from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner, Event
 from loadwatch.parsers.grammar import load as load_grammar
@@ -66,7 +66,6 @@ VERSION = "0.1.0"
 TICK_S = 1.0  # while a load is in flight: stall checks, STATUS=, publishing
 IDLE_TICK_S = 5.0  # tick and GPU poll with nothing loading (no session, ready, failed, stopped)
 IO_SAMPLE_S = 1.0
-HEALTH_PROBE_S = 2.0
 QUIET_CLOSE_S = 2.0  # a traceback open this long with nothing more logged is complete
 PUBLISH_MIN_S = 0.1  # at most this often while the log streams in
 
@@ -150,6 +149,7 @@ class Daemon:
             max_sessions=self.cfg.sessions_kept,
             stall_k=f.stall_factor,
             stall_floor_s=f.stall_floor_s,
+            require_completion=self.cfg.vllm is not None and self.cfg.vllm.servable,
         )
 
     # -- applying inputs --------------------------------------------------------------------
@@ -650,29 +650,6 @@ class Daemon:
                     self.apply(sample)
             await self._sleep(IO_SAMPLE_S)
 
-    async def probe_health(self, url_of: Callable[[], str | None]) -> None:
-        from loadwatch.daemon.sources.health import HealthProber
-
-        probers: dict[str, HealthProber] = {}
-        while not self.stop_event.is_set():
-            s = self.state.session
-            url = url_of()
-            if (
-                url
-                and s is not None
-                and s.api_server_at is not None
-                and s.phase not in ("failed", "stopped")
-            ):
-                prober = probers.setdefault(url, HealthProber(url, 2.0))
-                result = await prober.probe()
-                self._health_up = result.ok
-                self.apply(
-                    HealthProbe(
-                        ok=result.ok, ts=result.checked_at, status=result.status, error=result.error
-                    )
-                )
-            await self._sleep(HEALTH_PROBE_S if not (s and s.phase == "ready") else 10.0)
-
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.stop_event.wait(), timeout=seconds)
@@ -816,8 +793,7 @@ class Daemon:
             tasks.append(
                 asyncio.create_task(self.sample_io(lambda: self.supervisor.pid), name="io")
             )
-        url_of = self._health_url
-        tasks.append(asyncio.create_task(self.probe_health(url_of), name="health"))
+        tasks.append(asyncio.create_task(VllmWatch(self).run(), name="health"))
         if self.notifier.watchdog_interval_s:
             tasks.append(asyncio.create_task(self.notifier.run_watchdog(), name="watchdog"))
         self.notifier.ready(status_line(self.snapshot()))
@@ -853,14 +829,6 @@ class Daemon:
         end = self.clock() + timeout_s
         while self._last_reading is None and self.clock() < end and not self.stop_event.is_set():
             await asyncio.sleep(0.02)
-
-    def _health_url(self) -> str | None:
-        from loadwatch.daemon.sources.health import health_url_from_argv
-
-        vllm = self.cfg.vllm
-        if vllm is None:
-            return None
-        return vllm.health_url or health_url_from_argv(vllm.argv)
 
     async def _shutdown(self, pending: set[asyncio.Task[Any]]) -> int:
         if self.supervisor is not None:

@@ -193,6 +193,12 @@ def _sessions(pub: Published, snap: Snapshot) -> Iterator[Metric]:
         "Start-to-ready time of the last ready session.",
         _last(snap, "time_to_ready_s"),
     )
+    first = snap.session.first_completion_s if snap.session is not None else None
+    yield from _gauge(
+        "loadwatch_first_completion_seconds",
+        "Time to first token at start-up: the servable check's one-token completion.",
+        first,
+    )
     yield from _gauge(
         "loadwatch_weights_load_seconds",
         "Weight loading time of the last loaded session.",

@@ -123,6 +123,7 @@ FailureKind = Literal[
     "nccl",
     "startup_timeout",
     "fp8_kv_unsupported",
+    "completion_failed",  # the servable check's completion failed (not a log line)
     "other",
 ]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import json
 import time
 import urllib.error
 import urllib.parse
@@ -126,3 +127,62 @@ class HealthProber:
     @property
     def ready(self) -> bool:
         return self.last is not None and self.last.ok
+
+
+# -- servable: one tiny completion ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionResult:
+    ok: bool
+    checked_at: float  # epoch seconds, when the request was sent
+    latency_s: float | None  # the completion request's round trip (one token: the first)
+    model: str | None  # the served model name /v1/models gave
+    status: int | None = None
+    error: str | None = None  # one line when not ok
+
+
+def probe_completion(
+    health: str,
+    prompt: str,
+    timeout_s: float = 60.0,
+    clock: Callable[[], float] = time.time,
+) -> CompletionResult:
+    """Next to `health` (the /health URL): the served model from `GET /v1/models`, then one
+    `POST /v1/completions` of `max_tokens` 1. Never raises for network or HTTP faults."""
+    base = health.rsplit("/health", 1)[0]
+    at = clock()
+    try:
+        with _OPENER.open(f"{base}/v1/models", timeout=timeout_s) as resp:
+            listing = json.loads(resp.read(1 << 20))
+        model = str(listing["data"][0]["id"])
+    except urllib.error.HTTPError as exc:
+        return CompletionResult(False, at, None, None, exc.code, f"/v1/models: HTTP {exc.code}")
+    except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError) as exc:
+        return CompletionResult(False, at, None, None, None, f"/v1/models: {_line(exc)}")
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1}).encode()
+    req = urllib.request.Request(
+        f"{base}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    started = time.monotonic()
+    try:
+        with _OPENER.open(req, timeout=timeout_s) as resp:
+            answer = json.loads(resp.read(1 << 20))
+        latency = time.monotonic() - started
+        if not answer.get("choices"):
+            return CompletionResult(False, at, latency, model, 200, "no choices in the answer")
+    except urllib.error.HTTPError as exc:
+        latency = time.monotonic() - started
+        return CompletionResult(False, at, latency, model, exc.code, f"HTTP {exc.code}")
+    except (OSError, http.client.HTTPException, ValueError, AttributeError) as exc:
+        latency = time.monotonic() - started
+        return CompletionResult(False, at, latency, model, None, _line(exc))
+    return CompletionResult(True, at, latency, model, 200)
+
+
+def _line(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None)
+    text = (
+        "timed out" if isinstance(exc, TimeoutError) else str(reason or exc) or type(exc).__name__
+    )
+    return " ".join(text.split())[:300]

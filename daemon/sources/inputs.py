@@ -187,5 +187,26 @@ class HealthProbe:
 
 
 @dataclass(frozen=True, slots=True)
+class LoggedProcessSeen:
+    """Watch mode: the vLLM process the log names, checked in /proc on this host."""
+
+    ts: float
+    pid: int
+    alive: bool  # False: it was running here and is gone (exited, killed, its pid reused)
+    argv: tuple[str, ...] = ()  # its /proc/PID/cmdline, when alive
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionProbe:
+    """The servable check: one tiny completion once `/health` answered."""
+
+    ok: bool
+    ts: float
+    latency_s: float | None = None  # the request's round trip (one token: the first)
+    model: str | None = None  # the served model name it asked
+    error: str | None = None  # one line, when not ok
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed with no other input: lets the state notice silence (stalls)."""

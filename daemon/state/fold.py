@@ -169,6 +169,7 @@ class Fold:
             self.changes["lifetime"] = retire(self.get("lifetime"), self.s)
         total = self.get("sessions_total") + 1
         self.changes["sessions_total"] = total
+        self.changes["health_failures"] = 0  # the last server's failed probes are not this one's
         self.sess = Session(
             id=total,
             reason=reason,

@@ -279,6 +279,9 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
     f.mine("milestones")[key] = m
     if ev.kind == "version" and ev.value:
         f.upd(version=ev.value)
+    pid = _server_pid(ev)
+    if pid is not None and pid != f.s.server_pid:
+        f.upd(server_pid=pid)
     if ev.kind == "model_load_start" and len(s.load_started_by) < f.cfg.max_processes:
         f.upd(load_started_by=s.load_started_by | {ev.process or "-"})
     if ev.kind in LOADING_MILESTONES:
@@ -305,14 +308,30 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
         f.upd(kv=replace(kv, engine=(ev.detail or "").lower() or kv.engine, model_path=ev.value))
 
 
+def _server_pid(ev: Milestone) -> int | None:
+    """The API server's pid: uvicorn's `Started server process [N]`, or the prefix of one of its
+    lines (`(APIServer pid=N)`)."""
+    if ev.kind == "api_server_start" and ev.detail == "server_process":
+        return int(ev.value) if ev.value and ev.value.isdigit() else None
+    return ev.pid if ev.process is not None and ev.process.lower().startswith("api") else None
+
+
 def _shutdown(f: Fold, t: float, what: str) -> None:
     """vLLM says it is shutting down. Asked to (a signal, not a crash), what follows is not a
     failure: a clean SIGTERM still logs an EngineDeadError traceback."""
     if "signal=SIG" in what or "shutdown triggered" in what:
         f.upd(stop_requested=True)
     s = f.s
-    if what == "Application shutdown complete" and s.phase not in TERMINAL:
+    if what in STOP_LINES and s.phase not in TERMINAL:
         f.set_phase("stopped", t, "vLLM shut down" + (" on request" if s.stop_requested else ""))
+
+
+# The API server's own shutdown lines (vLLM 0.32: `[shutdown] API server: shutdown triggered`,
+# uvicorn's `Shutting down`, `Application shutdown complete`): after any of them nothing serves.
+# The engine core's `[shutdown] EngineCore: ...` lines alone do not say the server goes.
+STOP_LINES = frozenset(
+    {"API server: shutdown triggered", "Shutting down", "Application shutdown complete"}
+)
 
 
 def _ready(f: Fold, t: float, reason: str) -> None:

@@ -6,15 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from loadwatch.daemon.sources.inputs import (
+    CompletionProbe,
     GpuReading,
     HealthProbe,
     IoSample,
+    LoggedProcessSeen,
     ModelInfo,
     ProcessEvent,
     Tick,
 )
 from loadwatch.daemon.state.fold import Fold
-from loadwatch.daemon.state.fold_log import _ready
+from loadwatch.daemon.state.fold_log import _on_failure, _ready
 from loadwatch.daemon.state.forecast import MemoryFit
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import (
@@ -23,6 +25,7 @@ from loadwatch.daemon.state.session import (
     IoTrack,
     main_fraction,
 )
+from loadwatch.parsers.events import Failure
 
 
 def _on_process(f: Fold, ev: ProcessEvent) -> None:
@@ -80,6 +83,37 @@ def _on_health(f: Fold, ev: HealthProbe) -> None:
         and s.phase not in TERMINAL
     ):
         _ready(f, ev.ts, "health 200 after the API server started")
+
+
+def _on_completion(f: Fold, ev: CompletionProbe) -> None:
+    """The servable check answered: a failure is one of its own kind (the engine answers
+    /health and cannot serve: a broken kernel, a bad patch of the config)."""
+    s = f.sess
+    if s is None or s.phase in TERMINAL:
+        return
+    f.upd(completion=ev)
+    if not ev.ok:
+        why = ev.error or "failed"
+        model = f" (model {ev.model})" if ev.model else ""
+        message = f"the first completion failed: {why}{model}"
+        _on_failure(f, Failure(kind="completion_failed", message=message, ts=ev.ts))
+
+
+def _on_logged_process(f: Fold, ev: LoggedProcessSeen) -> None:
+    """Watch mode: the vLLM process the log named, as /proc shows it on this host."""
+    s = f.sess
+    if s is None:
+        return
+    if ev.alive:
+        if s.argv is None and ev.argv:
+            f.upd(argv=ev.argv)  # the live argv: --kv-cache-dtype and the model path
+        return
+    if s.phase not in TERMINAL:
+        f.upd(ended_at=ev.ts)
+        f.clear_forecasts(ev.ts, "process gone")
+        if f.s.stall is not None:
+            f.clear_stall(ev.ts, "process gone")
+        f.set_phase("stopped", ev.ts, f"vLLM process {ev.pid} is gone")
 
 
 def _on_model(f: Fold, ev: ModelInfo) -> None:
@@ -185,6 +219,8 @@ def _on_tick(f: Fold, ev: Tick) -> None:
 WORLD_HANDLERS: dict[type, Any] = {
     ProcessEvent: _on_process,
     HealthProbe: _on_health,
+    CompletionProbe: _on_completion,
+    LoggedProcessSeen: _on_logged_process,
     ModelInfo: _on_model,
     IoSample: _on_io,
     GpuReading: _on_gpu,

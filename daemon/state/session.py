@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loadwatch.daemon.sources.inputs import (
+    CompletionProbe,
     GpuReading,
     GpuSample,
     HealthProbe,
     IoSample,
+    LoggedProcessSeen,
     ModelInfo,
     ProcessEvent,
     Tick,
@@ -37,7 +39,17 @@ from loadwatch.parsers.events import Event
 from loadwatch.parsers.vllm.catalog import KIND_RANK
 
 Phase = Literal["starting", "loading_weights", "post_load", "ready", "failed", "stalled", "stopped"]
-Input = Event | GpuReading | ProcessEvent | IoSample | ModelInfo | HealthProbe | Tick
+Input = (
+    Event
+    | GpuReading
+    | ProcessEvent
+    | IoSample
+    | ModelInfo
+    | HealthProbe
+    | CompletionProbe
+    | LoggedProcessSeen
+    | Tick
+)
 
 ORDER: dict[str, int] = {"starting": 0, "loading_weights": 1, "post_load": 2, "ready": 3}
 TERMINAL = frozenset({"failed", "stopped"})
@@ -67,6 +79,8 @@ class StateConfig:
     max_phase_history: int = 64
     stall_k: float = 5.0  # stall: no progress for k x the expected shard time ...
     stall_floor_s: float = 60.0  # ... and never less than this
+    health_failures_not_ready: int = 2  # failed /health probes in a row that end readiness
+    require_completion: bool = False  # ready only once one tiny completion succeeded
     stall_first_shard_s: float = 600.0  # before any shard finished (model init, first file)
     quiet_stall_s: float | None = 1800.0  # nothing logged at all outside the weights bar
     io_progress_bytes: int = 4 * 1024**2  # bytes read that count as progress
@@ -168,6 +182,8 @@ class Session:
     load_started_by: frozenset[str] = frozenset()
     kv: KvEvidence = field(default_factory=KvEvidence)  # what the log says about the KV-cache dtype
     api_server_at: float | None = None
+    server_pid: int | None = None  # the API server's pid as the log gives it
+    completion: CompletionProbe | None = None  # the servable check's answer, once it came
     ready_at: float | None = None
     stop_requested: bool = False
     ended_at: float | None = None

@@ -280,6 +280,8 @@ class SessionView:
     ready_at: float | None
     time_to_ready_s: float | None
     weights_load_s: float | None
+    server_pid: int | None  # the API server's pid as the log gives it
+    first_completion_s: float | None  # the servable check's latency: time to first token
     verdict: str  # ready | failed | incomplete: what analyze says of this session, decided here
     reached: str  # the furthest of starting, loading_weights, post_load, ready
     history: tuple[PhaseSpanView, ...]
@@ -362,6 +364,7 @@ class Snapshot:
     at: float
     phase: str | None
     ready: bool
+    not_ready: str | None  # why /readyz says 503, one line (None when ready)
     live: bool  # what /livez answers: False once stalled, failed for good, or crash looping
     not_live: str | None  # why not, one line
     restarts: int

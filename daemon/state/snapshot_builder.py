@@ -221,6 +221,10 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
         ready_at=s.ready_at,
         time_to_ready_s=s.ready_at - s.started_at if s.ready_at is not None else None,
         weights_load_s=weights_load_s(s),
+        server_pid=s.server_pid,
+        first_completion_s=s.completion.latency_s
+        if s.completion is not None and s.completion.ok
+        else None,
         verdict=session_verdict(s),
         reached=reached(s),
         history=history,
@@ -290,6 +294,24 @@ def liveness(state: StateData, now: float) -> tuple[bool, str | None]:
     return True, None
 
 
+def readiness(state: StateData) -> str | None:
+    """Why vLLM is not ready (what /readyz says with its 503), or None when it is: the phase is
+    ready, /health has not failed `health_failures_not_ready` times in a row since, and, when
+    the servable check is on, one completion succeeded."""
+    s = state.session
+    if s is None:
+        return "not ready: no vLLM session yet"
+    if s.phase != "ready":
+        return f"not ready: {s.phase}"
+    h = state.health
+    n = state.config.health_failures_not_ready
+    if h is not None and not h.ok and state.health_failures >= n:
+        return f"not ready: /health failed {state.health_failures} times in a row ({h.error})"
+    if state.config.require_completion and (s.completion is None or not s.completion.ok):
+        return "not ready: waiting for the first completion"
+    return None
+
+
 def reached(s: Session) -> str:
     """The furthest phase of the load order the session got to."""
     best = max((ORDER.get(p, 0) for p in (*(h.phase for h in s.history), s.phase)), default=0)
@@ -321,11 +343,13 @@ def build_snapshot(state: StateData, now: float) -> Snapshot:
     sup = state.supervisor
     h = state.health
     live, not_live = liveness(state, now)
+    not_ready = readiness(state)
     return Snapshot(
         schema=SCHEMA,
         at=now,
         phase=s.phase if s is not None else None,
-        ready=s is not None and s.phase == "ready",
+        ready=not_ready is None,
+        not_ready=not_ready,
         live=live,
         not_live=not_live,
         restarts=state.restarts,

@@ -39,5 +39,5 @@ class BoardMaker:
             metrics = render(self._registry)
         snap = pub.snapshot(self._clock())
         status = json.dumps(self._red.value(snap.to_dict()), sort_keys=False).encode() + b"\n"
-        not_ready = f"not ready: {snap.phase or 'no vLLM session yet'}"
+        not_ready = snap.not_ready or ""
         return Board(metrics, status, snap.ready, not_ready, snap.live, snap.not_live or "")

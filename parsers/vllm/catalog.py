@@ -804,7 +804,8 @@ KIND_RANK: dict[str, int] = {
     "startup_timeout": 5,
     "worker_died": 6,
     "engine_init_failed": 7,
-    "other": 8,
+    "completion_failed": 8,  # not from the log: loadwatch's servable check (daemon/watch.py)
+    "other": 9,
 }
 
 

@@ -25,6 +25,7 @@ FAILURE_KINDS = (
     "worker_died",
     "nccl",
     "fp8_kv_unsupported",
+    "completion_failed",
     "other",
 )
 
@@ -62,6 +63,7 @@ class Scene:
     log_up: bool = True
     gpu_source_up: bool = True
     time_to_ready_s: float | None = None
+    first_completion_s: float | None = None
     weights_load_s: float | None = None
     log_lines: int = 0
     scrapes: int = 0
@@ -161,6 +163,9 @@ def render(scene: Scene) -> str:
     if scene.time_to_ready_s is not None:
         t.family("loadwatch_time_to_ready_seconds", "gauge", "Start to ready, last session.")
         t.sample("loadwatch_time_to_ready_seconds", scene.time_to_ready_s)
+    if scene.first_completion_s is not None:
+        t.family("loadwatch_first_completion_seconds", "gauge", "Time to first token at start-up.")
+        t.sample("loadwatch_first_completion_seconds", scene.first_completion_s)
     if scene.weights_load_s is not None:
         t.family("loadwatch_weights_load_seconds", "gauge", "Weight loading time, last session.")
         t.sample("loadwatch_weights_load_seconds", scene.weights_load_s)

@@ -178,6 +178,7 @@ def rich_scene() -> Scene:
         warnings={("kv_scale_not_loaded", "benign"): 61, ("unknown_warning", "unknown"): 1},
         xids={(3, 31): 1},
         time_to_ready_s=900.0,
+        first_completion_s=0.4,
         weights_load_s=700.0,
         log_lines=5000,
     )

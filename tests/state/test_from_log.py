@@ -130,6 +130,7 @@ def test_status_json_has_the_documented_shape() -> None:
         "at",
         "phase",
         "ready",
+        "not_ready",
         "live",
         "not_live",
         "restarts",

@@ -372,3 +372,79 @@ def test_replayed_line_without_a_time_takes_the_time_of_the_line_before() -> Non
     # live again: a line without a time is seen now
     st, _ = fold([(now + 5, ms("kv_cache", ts=now + 4)), (now + 6, ms("torch_compile"))], st)
     assert st.session is not None and st.session.milestones["torch_compile"].first_at == now + 6
+
+
+# -- readiness that ends ------------------------------------------------------------------------
+
+
+def _ready_session(t: float) -> list[tuple[float, object]]:
+    return [
+        (t, ms("version", value="0.32.0", process="APIServer", pid=700)),
+        (t + 1, ms("model_load_start")),
+        (t + 5, ms("api_server_start", value="http://0.0.0.0:8000", process="APIServer", pid=700)),
+        (t + 6, ms("app_startup_complete")),
+    ]
+
+
+@pytest.mark.parametrize(
+    "line", ["API server: shutdown triggered", "Shutting down", "Application shutdown complete"]
+)
+def test_the_api_servers_shutdown_lines_end_ready(line: str) -> None:
+    st, _ = fold(_ready_session(T0))  # type: ignore[arg-type]
+    assert st.snapshot(T0 + 7).ready
+    st, tr = fold([(T0 + 8, ms("shutdown", value=line))], st)  # type: ignore[list-item]
+    snap = st.snapshot(T0 + 9)
+    assert snap.phase == "stopped" and not snap.ready and phases(tr) == ["stopped"]
+    assert snap.not_ready == "not ready: stopped"
+
+
+def test_the_engine_cores_shutdown_line_alone_does_not_end_ready() -> None:
+    st, _ = fold(_ready_session(T0))  # type: ignore[arg-type]
+    st, _ = fold([(T0 + 8, ms("shutdown", value="EngineCore: exiting busy loop"))], st)  # type: ignore[list-item]
+    assert st.snapshot(T0 + 9).ready
+
+
+def test_health_failing_twice_after_ready_ends_ready_and_a_200_brings_it_back() -> None:
+    st, _ = fold(_ready_session(T0))  # type: ignore[arg-type]
+    st = st.apply(HealthProbe(ok=False, ts=T0 + 10, error="connection refused"), T0 + 10)
+    assert st.snapshot(T0 + 10).ready  # one failure is not yet a stop
+    st = st.apply(HealthProbe(ok=False, ts=T0 + 15, error="connection refused"), T0 + 15)
+    snap = st.snapshot(T0 + 15)
+    assert not snap.ready and snap.phase == "ready"
+    assert snap.not_ready == "not ready: /health failed 2 times in a row (connection refused)"
+    st = st.apply(HealthProbe(ok=True, ts=T0 + 20, status=200), T0 + 20)
+    assert st.snapshot(T0 + 20).ready
+
+
+def test_the_logged_process_gone_stops_the_session_and_its_argv_decides_the_kv_dtype() -> None:
+    from loadwatch.daemon.sources.inputs import LoggedProcessSeen
+
+    st, _ = fold(_ready_session(T0))  # type: ignore[arg-type]
+    assert st.session is not None and st.session.server_pid == 700
+    argv = ("python", "-m", "vllm.entrypoints.openai.api_server", "--kv-cache-dtype", "fp8")
+    st = st.apply(LoggedProcessSeen(ts=T0 + 7, pid=700, alive=True, argv=argv), T0 + 7)
+    snap = st.snapshot(T0 + 7)
+    assert snap.ready and snap.kv_cache.source == "argv" and snap.kv_cache.dtype == "fp8"
+    st = st.apply(LoggedProcessSeen(ts=T0 + 9, pid=700, alive=False), T0 + 9)
+    snap = st.snapshot(T0 + 9)
+    assert snap.phase == "stopped" and not snap.ready
+    assert snap.session is not None and snap.session.history[-2].phase == "ready"
+    assert snap.session.verdict == "ready"  # it was ready, then stopped
+
+
+def test_servable_ready_waits_for_the_completion_and_its_failure_is_a_kind_of_its_own() -> None:
+    from loadwatch.daemon.sources.inputs import CompletionProbe
+
+    cfg = StateConfig(require_completion=True)
+    base = LoadState(config=cfg)
+    st, _ = fold(_ready_session(T0), base)  # type: ignore[arg-type]
+    snap = st.snapshot(T0 + 7)
+    assert not snap.ready and snap.not_ready == "not ready: waiting for the first completion"
+    ok = st.apply(CompletionProbe(ok=True, ts=T0 + 8, latency_s=0.25, model="m"), T0 + 8)
+    snap = ok.snapshot(T0 + 8)
+    assert snap.ready and snap.session is not None and snap.session.first_completion_s == 0.25
+    bad = st.apply(CompletionProbe(ok=False, ts=T0 + 8, model="m", error="HTTP 500"), T0 + 8)
+    snap = bad.snapshot(T0 + 8)
+    assert not snap.ready and snap.phase == "failed"
+    assert snap.session is not None and snap.session.failure_kind == "completion_failed"
+    assert "HTTP 500" in snap.session.failures[0].message
