@@ -305,6 +305,10 @@ def stall_due(
         kind = "quiet"
     else:
         return None
+    # "How long since" is the daemon's clock: a backlog (a log read late, or re-read after a
+    # restart) is silent only from when it was read, whatever its stamps say.
+    if s.backlog_read_at is not None and s.backlog_read_at > last:
+        last = s.backlog_read_at
     if now - last <= threshold:
         return None
     return kind, last, threshold, expected

@@ -101,6 +101,9 @@ class LoadState(StateData):
             handler(f, item)
             track_node(f, item)
             n += 1
+        if replay and f.sess is not None and n:
+            # what was read now, however old its stamps: silence is counted from here
+            f.upd(backlog_read_at=now)
         if not replay:
             f.check_stall()
         new: LoadState = f.finish(n)

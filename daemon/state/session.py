@@ -209,6 +209,7 @@ class Session:
     milestones: Mapping[str, MilestoneSeen] = field(default_factory=dict)
     last_event_at: float = 0.0
     log_seen: bool = False  # a log event came in this session
+    backlog_read_at: float | None = None  # the daemon's clock when it last read a backlog
     stall_hints: int = 0
     last_hint_s: float | None = None
 
