@@ -423,7 +423,7 @@ def _patch_model(args: argparse.Namespace) -> int:
     from loadwatch.daemon.tools.patch import patch_model_cli
     from loadwatch.daemon.tools.patch_plan import patch_effect_lines
 
-    before = read_model_dir(args.model_dir) if args.drop_fp8_kv_cache else None
+    before = read_model_dir(args.model_dir, tensor_bytes=True) if args.drop_fp8_kv_cache else None
     text, code = patch_model_cli(
         str(args.model_dir),
         drop_fp8=args.drop_fp8_kv_cache,

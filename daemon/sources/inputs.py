@@ -153,6 +153,7 @@ class ModelGeometry:
     first_k_dense_replace: int | None = None
     tie_word_embeddings: bool = False
     index_families: tuple[str, ...] = ()
+    family_bytes: tuple[tuple[str, int], ...] = ()  # from the safetensors headers; () unknown
 
 
 @dataclass(frozen=True, slots=True)

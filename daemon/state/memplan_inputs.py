@@ -127,21 +127,38 @@ def _replicated_bytes(info: ModelInfo) -> tuple[int, list[str]]:
 
 def weights_per_gpu(info: ModelInfo, layout: Layout) -> tuple[int | None, str]:
     """Bytes of weights on the most loaded GPU: the shard bytes split by TP x PP, with the
-    replicated parts (where the index names them) kept whole on every TP rank.
+    replicated parts (where the index names them) kept whole on every TP rank, and, with
+    expert parallelism, the experts split over TP x DP.
 
-    vLLM splits embeddings and lm_head by vocabulary across TP (VocabParallelEmbedding,
-    ParallelLMHead), so they are sharded, not replicated; under PP they sit on the first and
-    last stage only, counted here as spread like the rest."""
+    The replicated bytes are exact when the safetensors headers were read (``family_bytes``),
+    else estimated from config.json's shapes. vLLM splits embeddings and lm_head by vocabulary
+    across TP (VocabParallelEmbedding, ParallelLMHead), so they are sharded, not replicated;
+    under PP they sit on the first and last stage only, counted here as spread like the rest."""
     if not info.total_bytes:
         return None, "no weight files: unknown"
     tp, pp = max(1, layout.tensor_parallel), max(1, layout.pipeline_parallel)
-    repl, parts = _replicated_bytes(info)
+    exact = dict(info.geometry.family_bytes) if info.geometry else {}
+    if exact:
+        names = {
+            "mla_latent": "MLA kv_a_proj_with_mqa",
+            "mla_q_latent": "q_a_proj",
+            "router": "router",
+        }
+        repl = sum(exact.get(k, 0) for k in names)
+        parts = [f"{v} {exact[k] / GIB:.2f} GiB" for k, v in names.items() if exact.get(k)]
+        source = "from the safetensors headers"
+    else:
+        repl, parts = _replicated_bytes(info)
+        source = "bf16, from config.json shapes"
     repl = min(repl, info.total_bytes)
-    sharded = info.total_bytes - repl
-    per_gpu = sharded // (tp * pp) + repl // pp
+    experts = exact.get("experts", 0) if layout.expert_parallel and layout.data_parallel > 1 else 0
+    sharded = info.total_bytes - repl - experts
+    per_gpu = sharded // (tp * pp) + repl // pp + experts // (tp * layout.data_parallel * pp)
     how = f"{info.total_bytes / GIB:.1f} GiB of shards / (TP {tp} x PP {pp})"
     if repl:
-        how += f", replicated on every TP rank: {', '.join(parts)} (bf16, from config.json shapes)"
+        how += f", replicated on every TP rank: {', '.join(parts)} ({source})"
+    if experts:
+        how += f"; experts {experts / GIB:.1f} GiB over TP x DP {tp * layout.data_parallel} (EP)"
     fams = set(info.geometry.index_families) if info.geometry else set()
     if fams & {"embed_tokens", "lm_head"}:
         how += "; embeddings and lm_head split by vocabulary across TP"

@@ -396,7 +396,7 @@ def preflight_cli(
 ) -> tuple[str, dict[str, Any], int]:
     """``loadwatch preflight``: (text for the terminal, dict for --json, exit code)."""
     report = preflight(
-        read_model_dir(model_dir),
+        read_model_dir(model_dir, tensor_bytes=True),
         kv_cache_dtype,
         gpu_cc,
         vllm_date=vllm_date,
@@ -435,7 +435,7 @@ def start_hook(
         cc = gpu_cc() if gpu_cc is not None else None
         triton = ask_triton() if ask_triton is not None and cc and cc[0] not in (9, 10) else None
         report = preflight(
-            read_model_dir(model_dir),
+            read_model_dir(model_dir, tensor_bytes=True),
             kv_cache_dtype_arg,
             cc,
             vllm_date=vllm_date,

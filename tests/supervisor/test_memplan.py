@@ -172,3 +172,56 @@ def test_patch_model_says_what_the_patch_does_to_the_plan(
     assert "262,144 (config.json max_position_embeddings): fits with FP8, fits with bf16" in out
     assert main(["patch-model", str(kimi), "--revert"]) == 0
     assert (kimi / "hf_quant_config.json").read_bytes() == before
+
+
+def _tiny_deepseek(root: Path) -> Path:
+    """The DeepSeek-style test checkpoint's tensors, written with real safetensors headers."""
+    from tests.realvllm.tinymodel import (
+        BuildOptions,
+        _Filler,
+        plan,
+        split_shards,
+        write_shard,
+    )
+
+    root.mkdir()
+    config, tensors = plan(BuildOptions(arch="deepseek", shards=2, shard_mb=2))
+    (root / "config.json").write_text(json.dumps(config))
+    weight_map = {}
+    for shard in split_shards(tensors, 2):
+        write_shard(root / shard.file_name, shard, _Filler(1))
+        weight_map.update((t.name, shard.file_name) for t in shard.tensors)
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return root
+
+
+def test_replicated_bytes_from_the_safetensors_headers(tmp_path: Path) -> None:
+    model = _tiny_deepseek(tmp_path / "ds")
+    info = read_model_dir(model, tensor_bytes=True)
+    assert info.geometry is not None
+    exact = dict(info.geometry.family_bytes)
+    g = info.geometry
+    assert g.hidden_size and g.num_layers and g.kv_lora_rank is not None
+    latent = g.num_layers * g.hidden_size * (g.kv_lora_rank + (g.qk_rope_head_dim or 0)) * 2
+    assert exact["mla_latent"] == latent  # bf16 tensors: the header's bytes are the shapes'
+    assert exact["experts"] > 0 and exact["all"] <= (info.total_bytes or 0)
+    layout = layout_from_argv(["vllm", "serve", "m", "-tp", "2"])
+    weights, how = weights_per_gpu(info, layout)
+    assert "from the safetensors headers" in how
+    repl = sum(exact.get(k, 0) for k in ("mla_latent", "mla_q_latent", "router"))
+    assert weights == ((info.total_bytes or 0) - repl) // 2 + repl
+    ep = layout_from_argv(
+        ["vllm", "serve", "m", "-tp", "2", "-dp", "2", "--enable-expert-parallel"]
+    )
+    ep_weights, ep_how = weights_per_gpu(info, ep)
+    assert ep_weights is not None and weights is not None and ep_weights < weights
+    assert "over TP x DP 4 (EP)" in ep_how
+    # Without the headers (the daemon's cheap read) the same split is estimated from the shapes.
+    assert read_model_dir(model).geometry.family_bytes == ()  # type: ignore[union-attr]
+
+
+def test_sparse_stand_in_shards_fall_back_to_the_estimate(kimi: Path) -> None:
+    info = read_model_dir(kimi, tensor_bytes=True)
+    assert info.geometry is not None and info.geometry.family_bytes == ()
+    _, how = weights_per_gpu(info, layout_from_argv(["x", "-tp", "8"]))
+    assert "bf16, from config.json shapes" in how

@@ -24,6 +24,7 @@ Facts from vLLM's source that this follows (checked on its main branch, 2026-05)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterable
@@ -34,6 +35,7 @@ from typing import Any
 
 from loadwatch.daemon.sources.inputs import ModelInfo, ShardInfo
 from loadwatch.daemon.sources.model.geometry import read_geometry
+from loadwatch.daemon.sources.model.tensors import family_bytes
 
 CONFIG = "config.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -222,8 +224,12 @@ def _shards(model_dir: Path, names: Iterable[str], acc: _Acc) -> tuple[ShardInfo
     return tuple(out)
 
 
-def read_model_dir(path: str | os.PathLike[str]) -> ModelInfo:
-    """Everything preflight and progress need from ``path``; faults become ``errors`` lines."""
+def read_model_dir(path: str | os.PathLike[str], tensor_bytes: bool = False) -> ModelInfo:
+    """Everything preflight and progress need from ``path``; faults become ``errors`` lines.
+
+    ``tensor_bytes``: also read every shard's safetensors header for the bytes of the weight
+    groups the memory plan places apart (one small read per shard; preflight asks for it, the
+    daemon's loop does not)."""
     model_dir = Path(path)
     shown = str(path)
     if not model_dir.is_dir():
@@ -266,6 +272,9 @@ def read_model_dir(path: str | os.PathLike[str]) -> ModelInfo:
     tensor_names: list[str] = []
     shards = _shards(model_dir, select_weight_files(model_dir, acc, tensor_names), acc)
     geometry = read_geometry(config, tensor_names) if config is not None else None
+    if geometry is not None and tensor_bytes:
+        exact = family_bytes(model_dir, (s.name for s in shards))
+        geometry = dataclasses.replace(geometry, family_bytes=exact)
     total = sum(s.size_bytes for s in shards) if shards else None
     return ModelInfo(
         path=shown,
