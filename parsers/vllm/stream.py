@@ -205,6 +205,8 @@ class _Traceback:
     exc_type: str | None = None
     message: str = ""
     kind: FailureKind | None = None
+    tail_open: bool = False  # its exception line may go on in the next record (wrapped)
+    joined: bool = False  # a wrapped exception line's pieces were joined
 
 
 @dataclass(slots=True)
@@ -382,12 +384,13 @@ class EventStream:
             if done is None:
                 return []
             del self._tracebacks[key]
-            if done and tb.process is not None and may_continue(body):
-                self._wrapped = tb  # its exception line may go on in the next record
+            if done:
+                # Held for one record: a chained exception (`During handling of the above
+                # exception ...`) continues it, a terminal-wrapped exception line goes on.
+                tb.tail_open = tb.process is not None and may_continue(body)
+                self._wrapped = tb
                 return []
             self.in_traceback = bool(self._tracebacks)
-            if done:
-                return [self._close(tb)]
             # Not part of the traceback after all: close it, then parse the record as usual.
             return [self._close(tb), *self._parse(head, offset)]
         # `EngineCore hit an exception: Traceback (most recent call last):` opens one too.
@@ -423,6 +426,7 @@ class EventStream:
             exc_type=failure.exc_type,
             message=failure.message,
             kind=failure.kind,
+            tail_open=True,
         )
         self.in_traceback = True  # the next record must be seen, whatever it holds
         return [e for e in events if e is not failure]
@@ -431,12 +435,22 @@ class EventStream:
         """The record after a held exception line: its continuation, or something else."""
         tb = self._wrapped
         assert tb is not None
-        piece = is_piece(head)
+        key = (head.process, head.pid)
+        if key == (tb.process, tb.pid) and head.body.lstrip().startswith(_CHAIN_MARKERS):
+            # a chained exception: one traceback, its last exception the one raised
+            tb.records += 1
+            tb.last_offset = offset
+            self._wrapped = None
+            self._tracebacks[key] = tb
+            return []
+        piece = tb.tail_open and is_piece(head)
         if piece:
             tb.message = (tb.message + head.body.rstrip())[:MAX_MESSAGE_CHARS]
             tb.records += 1
             tb.last_offset = offset
-            if may_continue(head.body) and tb.records < 16:
+            tb.joined = True
+            tb.tail_open = may_continue(head.body)
+            if tb.tail_open and tb.records < MAX_TRACEBACK_RECORDS:
                 return []
         self._wrapped = None
         self.in_traceback = bool(self._tracebacks)
@@ -513,7 +527,7 @@ class EventStream:
 
     def _close(self, tb: _Traceback) -> Failure:
         kind = tb.kind or "other"
-        if tb.message and tb.records > 1:  # a wrapped message joined: its whole text decides
+        if tb.joined:  # a wrapped message joined: its whole text decides
             joined = classify(tb.exc_type, tb.message)
             if KIND_RANK[joined] < KIND_RANK[kind]:
                 kind = joined

@@ -42,6 +42,11 @@ EXPECTED: dict[str, tuple[int, str, list[str]]] = {
         "incomplete: post_load, last progress 67/67 at 10-21 09:11:57",
         [],
     ),
+    "gh-rocm-5680-compose-traceback.log": (
+        2,
+        "incomplete: starting, last progress 2/2 at 11-20 10:09:51",
+        ["failed: other"],
+    ),
     "gh-runai-67-compact-bar.log": (
         1,
         "incomplete: post_load, last progress 1/1 at 06-04 13:12:34",
@@ -147,6 +152,7 @@ PROCESSES: dict[str, list[str]] = {
     "gh-1cat-237-journald-ru.log": ["EngineCore", "APIServer"],
     "gh-proxmoxved-2047-journald.log": ["APIServer"],
     "gh-akash-543-launcher.log": ["VllmWorkerProcess"],
+    "gh-rocm-5680-compose-traceback.log": ["APIServer", "EngineCore_DP0"],
     "gh-vllm-17939-oom-sampler.log": ["VllmWorker_rank1", "VllmWorker_rank0"],
     "ray.log": ["RayWorkerWrapper"],
 }
@@ -186,6 +192,17 @@ BARS: dict[str, list[tuple[str | None, str, int, int, int]]] = {
 def test_bars_by_process_and_desc(name: str, tmp_path: Path) -> None:
     (s,) = _report(tmp_path, name).sessions
     assert [(b.process, b.desc, b.done, b.total, b.updates) for b in s.bars] == BARS[name]
+
+
+def test_a_chained_traceback_behind_docker_compose_is_one_failure(tmp_path: Path) -> None:
+    """`During handling of the above exception, another exception occurred:` chains three
+    exceptions into one traceback: one failure, the exception raised last, behind the compose
+    prefix of every line."""
+    first, _second = _report(tmp_path, "gh-rocm-5680-compose-traceback.log").sessions
+    (f,) = first.failures
+    assert (f.kind, f.exc_type, f.count) == ("other", "RuntimeError", 1)
+    assert f.message.startswith("Get GPU arch from rocminfo failed")
+    assert f.processes == ("APIServer",) and f.line == 8
 
 
 def test_a_terminal_wrapped_exception_line_is_joined(tmp_path: Path) -> None:
