@@ -79,8 +79,11 @@ EXPECTED: dict[str, tuple[int, str, list[str]]] = {
     "ray.log": (1, "failed: nccl", []),
     "real-v0.32-deepseek-fp8kv.log": (1, "failed: fp8_kv_unsupported", []),
     "real-v0.32-deepseek-kvscales.log": (1, "ready", []),
+    "real-v0.32-headless-pp-node1.log": (1, "incomplete: no vLLM start in the log", []),
     "real-v0.32-kv-too-small.log": (1, "failed: kv_cache_too_small", []),
     "real-v0.32-llama.log": (1, "ready", []),
+    "real-v0.32-pp2-head.log": (1, "ready", []),
+    "real-v0.32-pp2-node1.log": (1, "incomplete: post_load, no progress logged", []),
     "real-v0.32-supervised-kv-too-small.log": (
         2,
         "failed: kv_cache_too_small",
