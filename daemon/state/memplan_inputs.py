@@ -50,7 +50,7 @@ def _float(text: str | None) -> float | None:
         return None
 
 
-def _bytes(text: str | None) -> int | None:
+def parse_bytes(text: str | None) -> int | None:
     """vLLM's --kv-cache-memory-bytes takes a plain number or a suffixed one (4G, 512M)."""
     if text is None:
         return None
@@ -73,7 +73,7 @@ def layout_from_argv(
         return opt(long) or vllm_argv.option(argv, short_name)
 
     env = env or {}
-    kv_bytes = _bytes(opt("--kv-cache-memory-bytes"))
+    kv_bytes = parse_bytes(opt("--kv-cache-memory-bytes"))
     kv_src = "--kv-cache-memory-bytes" if kv_bytes is not None else None
     dev = device or ("cpu" if "VLLM_CPU_KVCACHE_SPACE" in env else "cuda")
     space = env.get("VLLM_CPU_KVCACHE_SPACE", "")

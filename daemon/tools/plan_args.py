@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 
 from loadwatch.daemon.state.memplan import Layout
-from loadwatch.daemon.state.memplan_inputs import gpu_model_capacity, layout_from_argv
+from loadwatch.daemon.state.memplan_inputs import gpu_model_capacity, layout_from_argv, parse_bytes
 
 # vLLM's own flags that the memory plan reads, spelled as vLLM spells them.
 PLAN_FLAGS = (
@@ -23,6 +23,29 @@ PLAN_FLAGS = (
 Capacity = tuple[int, str]
 
 
+def _checked(flag: str) -> Callable[[str], str]:
+    """argparse type for one plan flag: the text as given, once it reads as vLLM would take it."""
+
+    def check(text: str) -> str:
+        if flag == "--kv-cache-memory-bytes":
+            ok = parse_bytes(text) is not None and (parse_bytes(text) or 0) > 0
+            want = "a byte count such as 4000000000 or 4G"
+        elif flag == "--gpu-memory-utilization":
+            try:
+                ok = 0 < float(text) <= 1
+            except ValueError:
+                ok = False
+            want = "a fraction in (0, 1]"
+        else:
+            ok = text.isdigit() and int(text) > 0
+            want = "a whole number above 0"
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{text!r}: {flag} wants {want}")
+        return text
+
+    return check
+
+
 def add_plan_flags(p: argparse.ArgumentParser, positive: Callable[[str], float]) -> None:
     p.add_argument(
         "--gpu-memory-gib", type=positive, metavar="G", help="memory per GPU (default: NVML)"
@@ -34,7 +57,9 @@ def add_plan_flags(p: argparse.ArgumentParser, positive: Callable[[str], float])
         "--device", choices=("cuda", "cpu"), default="cuda", help="plan for GPUs or the CPU"
     )
     for flag in PLAN_FLAGS:
-        p.add_argument(flag, metavar="X", help=f"as vLLM's {flag} (default: vLLM's)")
+        p.add_argument(
+            flag, type=_checked(flag), metavar="X", help=f"as vLLM's {flag} (default: vLLM's)"
+        )
     p.add_argument(
         "--enable-expert-parallel", action="store_true", help="as vLLM's flag of that name"
     )

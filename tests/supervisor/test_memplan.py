@@ -225,3 +225,24 @@ def test_sparse_stand_in_shards_fall_back_to_the_estimate(kimi: Path) -> None:
     assert info.geometry is not None and info.geometry.family_bytes == ()
     _, how = weights_per_gpu(info, layout_from_argv(["x", "-tp", "8"]))
     assert "bf16, from config.json shapes" in how
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--tensor-parallel-size", "abc"],
+        ["--max-model-len", "0"],
+        ["--gpu-memory-utilization", "1.5"],
+        ["--kv-cache-memory-bytes", "lots"],
+        ["--gpu-model", "Voodoo 2"],
+    ],
+)
+def test_bad_plan_flags_are_one_line_and_exit_64(
+    kimi: Path, bad: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(["preflight", str(kimi), "--gpu-cc", "12.0", *bad])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert code == 64 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
