@@ -73,7 +73,7 @@ def metrics(base: str) -> dict[str, float]:
 
 
 def gpu0(m: dict[str, float], name: str) -> float | None:
-    return next((v for k, v in m.items() if k.startswith(name + '{gpu="0"')), None)
+    return next((v for k, v in m.items() if k.startswith(name + "{") and 'gpu="0"' in k), None)
 
 
 def _gpu_holders() -> list[str]:

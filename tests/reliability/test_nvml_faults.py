@@ -151,7 +151,9 @@ def test_nvml_faults_leave_the_log_and_the_other_gpus_going(tmp_path: Path) -> N
         d.wait(lambda: v.gpu_up() == {0: 1.0, 1: 1.0, 2: 0.0, 3: 1.0}, "GPU 2 down, the others up")
         d.wait(
             lambda: any(
-                k.startswith('loadwatch_gpu_xid_errors_total{gpu="2"') and 'xid="79"' in k
+                k.startswith("loadwatch_gpu_xid_errors_total{")
+                and 'gpu="2"' in k
+                and 'xid="79"' in k
                 for k in d.metrics()
             ),
             "the Xid counted",
