@@ -42,15 +42,12 @@ import asyncio
 import errno
 import os
 import secrets
-import signal
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from loadwatch.daemon.sdnotify import child_environment
 from loadwatch.daemon.sources.inputs import ProcessEvent, ProcessEventKind
-from loadwatch.daemon.sources.proc.tree import ProcessTree, ProcInfo
+from loadwatch.daemon.sources.proc.tree import ProcessTree
 from loadwatch.daemon.supervise import leftovers
 from loadwatch.daemon.supervise.config import (
     RestartPolicy,
@@ -63,6 +60,8 @@ from loadwatch.daemon.supervise.leftovers import PidFile
 from loadwatch.daemon.supervise.logsink import OutputPump, RotatingLog
 from loadwatch.daemon.supervise.orphans import RUN_MARKER_ENV
 from loadwatch.daemon.supervise.procops import ChildProcess, PosixOps, ProcessOps
+from loadwatch.daemon.supervise.runs import RunRecord, State, StopResult, describe_exit
+from loadwatch.daemon.supervise.tree_run import Run, TreeControl, split_returncode, watch_exit
 from loadwatch.parsers.vllm.catalog import KIND_RANK
 
 __all__ = [
@@ -81,63 +80,12 @@ __all__ = [
     "supervisor_config",
 ]
 
-State = Literal["idle", "starting", "running", "backoff", "stopping", "exited", "fatal"]
 
 # A start that fails with these can never succeed by retrying.
 _PERMANENT_SPAWN_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ENOEXEC})
 
 
 # -- records --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    """One start of vLLM, as it ended."""
-
-    pid: int
-    argv: tuple[str, ...]
-    started_at: float
-    ended_at: float
-    exit_code: int | None
-    signal: int | None
-    reason: str
-    failed: bool
-    tree_pids: tuple[int, ...]
-    remaining_pids: tuple[int, ...]  # tree members still alive after SIGKILL (should be empty)
-
-
-@dataclass(frozen=True, slots=True)
-class StopResult:
-    state: State
-    tree_pids: tuple[int, ...] = ()
-    remaining_pids: tuple[int, ...] = ()
-    exit_code: int | None = None
-    signal: int | None = None
-
-
-def describe_exit(code: int | None, sig: int | None) -> str:
-    if sig is not None:
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        return f"killed by {name}"
-    if code is None:
-        return "exit status unknown"
-    return f"exit code {code}"
-
-
-@dataclass
-class _Run:
-    child: ChildProcess
-    tree: ProcessTree
-    exited: asyncio.Future[int]
-    pump: OutputPump
-    started_at: float
-    started_mono: float
-    fatal_kind: str | None = None
-    stop_reason: str | None = None  # why we ended it (stop, stall), None if it exited by itself
-    signalled: set[int] = field(default_factory=set)
 
 
 class Supervisor:
@@ -159,7 +107,7 @@ class Supervisor:
         self._active = False
         self._stop_reason: str | None = None
         self._restart_reason: str | None = None
-        self._run: _Run | None = None
+        self._run: Run | None = None
         self._serving = False
         self._starts: list[float] = []  # monotonic times of recent starts
         self._consecutive_failures = 0
@@ -169,6 +117,7 @@ class Supervisor:
         self.callback_errors_total = 0
         # In every run's environment: a worker that escaped the tree still shows it in /proc.
         self.run_marker = secrets.token_hex(8)
+        self._tree = TreeControl(self._ops, config, self._pids, self.run_marker)
 
     # -- what the daemon reads ------------------------------------------------------------------
 
@@ -393,7 +342,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         pump = OutputPump(read_fd, self._log.write, name=f"loadwatch-pump-{child.pid}")
         pump.start()
-        run = _Run(
+        run = Run(
             child=child,
             tree=ProcessTree(child.pid),
             exited=loop.create_future(),
@@ -402,17 +351,17 @@ class Supervisor:
             started_mono=self._ops.monotonic(),
         )
         self._run = run
-        _watch_exit(child, run.exited, loop, self._poke)
+        watch_exit(child, run.exited, loop, self._poke)
         self._set_state("running")
         self._emit("started", pid=child.pid)
         await self._supervise(run)
         self._run = None  # not in a finally: a cancelled run is cleaned up by run()
         return "ran"
 
-    async def _supervise(self, run: _Run) -> None:
+    async def _supervise(self, run: Run) -> None:
         cfg = self.config
         assert self._wake is not None
-        await self._scan(run)
+        await self._tree.scan(run)
         remaining: list[int] = []
         ended_by_us = False
         while not run.exited.done():
@@ -420,7 +369,7 @@ class Supervisor:
                 run.stop_reason = self._stop_reason or self._restart_reason
                 self._set_state("stopping")
                 self._emit("stopping", pid=run.child.pid, reason=run.stop_reason)
-                remaining = await self._terminate(run)
+                remaining = await self._tree.terminate(run)
                 ended_by_us = True
                 break
             self._wake.clear()
@@ -431,10 +380,10 @@ class Supervisor:
             finally:
                 waker.cancel()
                 ticker.cancel()
-            await self._scan(run)
+            await self._tree.scan(run)
         if not ended_by_us:
             # Workers can outlive the main process and keep GPU memory: end them too.
-            leftovers = run.tree.alive(await self._scan(run))
+            leftovers = run.tree.alive(await self._tree.scan(run))
             if leftovers:
                 self._set_state("stopping")
                 self._emit(
@@ -442,15 +391,15 @@ class Supervisor:
                     pid=run.child.pid,
                     reason=f"vLLM exited; ending {len(leftovers)} leftover process(es)",
                 )
-                remaining = await self._terminate(run)
-        code, sig = _split_returncode(run.exited.result() if run.exited.done() else None)
+                remaining = await self._tree.terminate(run)
+        code, sig = split_returncode(run.exited.result() if run.exited.done() else None)
         if code == 0 and run.fatal_kind is None and run.stop_reason is None:
             await self._await_verdict(run)
         run.pump.stop()
         await asyncio.to_thread(run.pump.join, 2.0)
         self._finish(run, code, sig, tuple(remaining))
 
-    async def _await_verdict(self, run: _Run) -> None:
+    async def _await_verdict(self, run: Run) -> None:
         """After a clean exit, give the log follower a moment to report a fatal failure."""
         cfg = self.config
         deadline = self._ops.monotonic() + cfg.exit_verdict_wait_s
@@ -461,29 +410,6 @@ class Supervisor:
                 return
             await self._sleep_or_wake(left)
 
-    async def _scan(self, run: _Run) -> dict[int, ProcInfo]:
-        table = await asyncio.to_thread(self._ops.process_table)
-        self._adopt_orphans(run, table)
-        run.tree.scan(table)
-        if self._pids is not None:
-            self._pids.save(run.child.pid, run.tree.members, self.run_marker)
-        return table
-
-    def _adopt_orphans(self, run: _Run, table: dict[int, ProcInfo]) -> None:
-        """Members whose parent exited are re-parented to us (a subreaper): our children that
-        carry the run's marker and started after its root. Those that ended are reaped."""
-        me, root, since = os.getpid(), run.child.pid, run.tree.root_start
-        marker = f"{RUN_MARKER_ENV}={self.run_marker}"
-        known = run.tree.members
-        for info in table.values():
-            if info.ppid != me or info.pid == root or since is None or info.start_ticks < since:
-                continue
-            if known.get(info.pid) == info.start_ticks:
-                if info.gone:
-                    self._ops.reap(info.pid)
-            elif self._ops.carries(info.pid, marker):
-                run.tree.adopt(info)
-
     def _note(self, name: str, **fields: Any) -> None:
         if self._on_note is not None:
             try:
@@ -491,52 +417,8 @@ class Supervisor:
             except Exception:  # the consumer's bug must not orphan vLLM
                 self.callback_errors_total += 1
 
-    async def _terminate(self, run: _Run) -> list[int]:
-        """SIGTERM the tree, wait the grace period, SIGKILL what is left; the pids that survive."""
-        cfg = self.config
-        poll = min(0.1, max(0.01, cfg.stop_grace_s / 20))
-        table = await self._scan(run)
-        self._signal_tree(run, table, signal.SIGTERM)
-        deadline = self._ops.monotonic() + cfg.stop_grace_s
-        while True:
-            table = await self._scan(run)
-            alive = run.tree.alive(table)
-            if not alive and run.exited.done():
-                return []
-            if self._ops.monotonic() >= deadline:
-                break
-            # Members that appeared after the first signal (late forks) get theirs too.
-            self._signal_tree(run, table, signal.SIGTERM, only_new=True)
-            await self._ops.sleep(poll)
-        kill_deadline = self._ops.monotonic() + cfg.kill_wait_s
-        while True:
-            alive = run.tree.alive(table)
-            if not alive and run.exited.done():
-                return []
-            if self._ops.monotonic() >= kill_deadline:
-                return alive
-            self._signal_tree(run, table, signal.SIGKILL)
-            await self._ops.sleep(poll)
-            table = await self._scan(run)
-
-    def _signal_tree(
-        self, run: _Run, table: dict[int, ProcInfo], sig: int, only_new: bool = False
-    ) -> None:
-        grouped = not only_new and run.tree.group_alive(table)
-        if grouped:
-            self._ops.signal_group(run.tree.pgid, sig)
-        for pid in run.tree.alive(table):
-            if only_new and pid in run.signalled:
-                continue
-            # The group signal reached the group's members; a second SIGTERM to vLLM would cut its
-            # own orderly shutdown short. Processes that left the group get theirs one by one.
-            info = table.get(pid)
-            if not (grouped and info is not None and info.pgid == run.tree.pgid):
-                self._ops.signal(pid, sig)
-            run.signalled.add(pid)
-
     def _finish(
-        self, run: _Run, code: int | None, sig: int | None, remaining: tuple[int, ...]
+        self, run: Run, code: int | None, sig: int | None, remaining: tuple[int, ...]
     ) -> None:
         cfg = self.config
         ended_mono = self._ops.monotonic()
@@ -593,11 +475,11 @@ class Supervisor:
         self._stop_reason = self._stop_reason or "supervisor cancelled"
         run.stop_reason = self._stop_reason
         try:
-            remaining = await asyncio.shield(self._terminate(run))
+            remaining = await asyncio.shield(self._tree.terminate(run))
         except asyncio.CancelledError:
             remaining = run.tree.alive(self._ops.process_table())
         run.pump.stop()
-        code, sig = _split_returncode(run.exited.result() if run.exited.done() else None)
+        code, sig = split_returncode(run.exited.result() if run.exited.done() else None)
         self._finish(run, code, sig, tuple(remaining))
         self._run = None
         self._set_state("exited")
@@ -651,34 +533,3 @@ class Supervisor:
 
 def _rank(kind: str) -> int:
     return KIND_RANK.get(kind, len(KIND_RANK))
-
-
-def _split_returncode(rc: int | None) -> tuple[int | None, int | None]:
-    if rc is None:
-        return None, None
-    if rc < 0:
-        return None, -rc
-    return rc, None
-
-
-def _watch_exit(
-    child: ChildProcess,
-    fut: asyncio.Future[int],
-    loop: asyncio.AbstractEventLoop,
-    poke: Callable[[], None],
-) -> None:
-    """Wait for the exit in a thread and resolve ``fut`` on the loop."""
-
-    def resolve(rc: int) -> None:
-        if not fut.done():
-            fut.set_result(rc)
-        poke()
-
-    def wait() -> None:
-        rc = child.wait()
-        try:
-            loop.call_soon_threadsafe(resolve, rc)
-        except RuntimeError:  # the loop is gone; nobody is waiting any more
-            pass
-
-    threading.Thread(target=wait, name=f"loadwatch-wait-{child.pid}", daemon=True).start()
