@@ -43,6 +43,7 @@ class Fold:
     __slots__ = (
         "cfg",
         "changes",
+        "node_seen",
         "now",
         "offset",
         "old",
@@ -68,6 +69,7 @@ class Fold:
         self.replay = replay
         self.offset = offset
         self.record: int | None = None  # the offset of the log record being folded
+        self.node_seen: set[tuple[Any, ...]] = set()  # (nodefold.py's `track_node`)
 
     # -- plumbing ----------------------------------------------------------------------------
 

@@ -1,11 +1,12 @@
 """The fold's handlers of log events: bars, warnings, milestones, failures (see fold.py's `Fold`).
 
-Each reads its event and calls the fold's verbs; a run of warnings (`WarningRun`) counts as
-many records in one call.
+Each reads its event and calls the fold's verbs; k/v scale warnings back to back (most of a
+load's records) are counted as a run, in one call (`on_kv_run`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -150,20 +151,12 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
 
 
 def _tally(
-    f: Fold,
-    ev: Event,
-    code: str,
-    severity: str,
-    message: str,
-    layer: int | None = None,
-    scale: str | None = None,
-    count: int = 1,
-    layers_mask: int = 0,
-    processes: frozenset[str] = frozenset(),
+    f: Fold, evs: Sequence[Event], code: str, severity: str, message: str, kv: bool = False
 ) -> None:
-    """Count `count` warnings of `code`: one record's, or a run's (`WarningRun`: its layers
-    as bits, its processes)."""
-    t = f.at(ev.ts)
+    """Count the warnings `evs` of `code`: one record's, or a run of records back to back (a
+    load's per-layer k/v scale warnings: `kv`, with their layers and scales), exactly as one at
+    a time would, in one call."""
+    t = f.at(evs[0].ts)
     s = f.ensure_session(t)
     if s.stall is not None and s.stall.kind == "quiet":
         _activity(f, t)
@@ -179,33 +172,36 @@ def _tally(
     else:
         w = f.mine_record(w)
     warnings[code] = w
-    d = w.__dict__
-    if layer is not None:
-        if 0 <= layer < cfg.max_layer:
-            layers_mask |= 1 << layer
-        else:
-            d["layers_over"] = w.layers_over + 1
-    if layers_mask:
-        over = layers_mask >> cfg.max_layer
-        if over:  # (a run's layers past the kept bits)
-            d["layers_over"] = w.layers_over + over.bit_count()
-            layers_mask &= (1 << cfg.max_layer) - 1
-        d["layers_mask"] = w.layers_mask | layers_mask
-    if scale is not None and scale not in w.scales:
-        d["scales"] = w.scales | {scale}
-    if ev.process:
-        processes = processes | {ev.process} if processes else frozenset((ev.process,))
-    if processes and not processes <= w.processes:
-        procs = w.processes
-        for p in sorted(processes - procs):
-            if len(procs) >= cfg.max_processes:
-                break
+    mask, over, scales, procs = w.layers_mask, w.layers_over, w.scales, w.processes
+    max_layer, max_procs = cfg.max_layer, cfg.max_processes
+    replay, now, offset = f.replay, f.now, f.offset
+    for i, ev in enumerate(evs):
+        if replay and i:  # `Fold.at`, the session's last event being the one before
+            ts = ev.ts
+            if ts is not None:
+                if ts + offset > t:
+                    t = ts + offset
+                if t > now:
+                    t = now
+        if kv:
+            layer = ev.layer  # type: ignore[attr-defined]
+            if layer is not None:
+                if 0 <= layer < max_layer:
+                    mask |= 1 << layer
+                else:
+                    over += 1
+            scale = ev.scale  # type: ignore[attr-defined]
+            if scale is not None and scale not in scales:
+                scales = scales | {scale}
+        p = ev.process
+        if p and p not in procs and len(procs) < max_procs:
             procs = procs | {p}
-        d["processes"] = procs
-    d["count"] = w.count + count
+    d = w.__dict__
+    d["layers_mask"], d["layers_over"], d["scales"], d["processes"] = mask, over, scales, procs
+    d["count"] = w.count + len(evs)
     d["last_at"] = t
     sd = f.sess.__dict__  # (the draft: `mine` made it)
-    sd["warnings_total"] += count
+    sd["warnings_total"] += len(evs)
     sd["last_event_at"] = t
     sd["log_seen"] = True
 
@@ -217,22 +213,27 @@ def _activity(f: Fold, t: float) -> None:
         f.clear_stall(t, "log activity")
 
 
+def on_kv_run(f: Fold, run: Sequence[KvScaleWarning]) -> None:
+    """k/v scale warnings back to back (a load prints one per layer and worker)."""
+    _tally(f, run, "kv_scale_missing", "warning", run[0].checkpoint_name or "", kv=True)
+
+
 def _on_kv_scale(f: Fold, ev: KvScaleWarning) -> None:
-    _tally(f, ev, "kv_scale_missing", "warning", ev.checkpoint_name or "", ev.layer, ev.scale)
+    on_kv_run(f, (ev,))
 
 
 def _on_scale_factor(f: Fold, ev: ScaleFactorWarning) -> None:
-    _tally(f, ev, ev.code, "warning", ev.message)
+    _tally(f, (ev,), ev.code, "warning", ev.message)
     if ev.code == "kv_scale_default" and not f.s.kv.fp8_path:
         f.upd(kv=replace(f.s.kv, fp8_path=True))
 
 
 def _on_log_warning(f: Fold, ev: LogWarning) -> None:
-    _tally(f, ev, message_code("log", ev.message), "warning", ev.message)
+    _tally(f, (ev,), message_code("log", ev.message), "warning", ev.message)
 
 
 def _on_log_error(f: Fold, ev: LogError) -> None:
-    _tally(f, ev, message_code("error", ev.message), "error", ev.message)
+    _tally(f, (ev,), message_code("error", ev.message), "error", ev.message)
 
 
 def _on_stall_hint(f: Fold, ev: StallHint) -> None:

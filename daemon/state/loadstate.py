@@ -41,7 +41,7 @@ from typing import Any
 from loadwatch.daemon.sources.inputs import HealthProbe, Tick
 from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.fold import Fold
-from loadwatch.daemon.state.fold_log import LOG_HANDLERS
+from loadwatch.daemon.state.fold_log import LOG_HANDLERS, on_kv_run
 from loadwatch.daemon.state.fold_world import WORLD_HANDLERS
 from loadwatch.daemon.state.nodefold import NODE_EVENTS, track_node
 from loadwatch.daemon.state.session import (
@@ -60,6 +60,7 @@ from loadwatch.daemon.state.session import (
 )
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.state.snapshot_builder import build_snapshot
+from loadwatch.parsers.events import KvScaleWarning
 
 HANDLERS: dict[type, Any] = {**LOG_HANDLERS, **WORLD_HANDLERS, **NODE_EVENTS}
 LOG_INPUTS = frozenset({*LOG_HANDLERS, *NODE_EVENTS})  # their transitions carry the record's offset
@@ -91,16 +92,29 @@ class LoadState(StateData):
         f = Fold(self, now, replay, stamp_offset_s)
         handlers = HANDLERS
         logged = LOG_INPUTS
-        n = 0
-        for item in items:
+        seq = items if isinstance(items, (list, tuple)) else list(items)
+        i, n = 0, len(seq)
+        while i < n:
+            item = seq[i]
             cls = type(item)
+            if cls is KvScaleWarning:  # the run of them from here, in one call
+                j = i + 1
+                while j < n and type(seq[j]) is KvScaleWarning:
+                    j += 1
+                f.record = item.offset  # type: ignore[union-attr]
+                run = seq[i:j]
+                on_kv_run(f, run)  # type: ignore[arg-type]
+                for ev in run:
+                    track_node(f, ev)
+                i = j
+                continue
             handler = handlers.get(cls)
             if handler is None:
                 raise TypeError(f"LoadState.apply: unsupported input {cls.__name__}")
             f.record = item.offset if cls in logged else None  # type: ignore[union-attr]
             handler(f, item)
             track_node(f, item)
-            n += 1
+            i += 1
         if replay and f.sess is not None and n:
             # what was read now, however old its stamps: silence is counted from here
             f.upd(backlog_read_at=now)

@@ -1,6 +1,6 @@
 """Folds the node's facts (node.py) and its bar-less progress (nodeprogress.py) from the inputs
 the state already takes, beside the session's own fold: one call per input from
-`apply_general`, changing only the `node` and `node_load` fields of the state."""
+`LoadState.apply_run`, changing only the `node` and `node_load` fields of the state."""
 
 from __future__ import annotations
 
@@ -10,7 +10,19 @@ from loadwatch.daemon.sources.inputs import GpuReading, IoSample, ModelInfo, Pro
 from loadwatch.daemon.state.node import NodeFacts, role_view
 from loadwatch.daemon.state.nodeprogress import NodeLoad, NodeProgressView, progress_view
 from loadwatch.daemon.state.snapshot import NodeView
-from loadwatch.parsers.events import Event, Milestone, NodeLaunch, ParallelInit
+from loadwatch.parsers.events import (
+    Event,
+    Failure,
+    KvScaleWarning,
+    LogError,
+    LogWarning,
+    Milestone,
+    NodeLaunch,
+    ParallelInit,
+    ScaleFactorWarning,
+    ShardProgress,
+    StallHint,
+)
 
 if TYPE_CHECKING:
     from loadwatch.daemon.state.fold import Fold
@@ -36,8 +48,21 @@ def _load(f: Fold) -> NodeLoad:
     return load
 
 
+# Log events whose only bearing on the node is their process and pid: of a run of them, the
+# first of each (process, pid, session) is looked at, the rest change nothing.
+_PLAIN = frozenset(
+    {KvScaleWarning, ScaleFactorWarning, LogWarning, LogError, ShardProgress, StallHint, Failure}
+)
+
+
 def track_node(f: Fold, item: Any) -> None:
     """Update the node's record for one input (after the session's handler ran)."""
+    if type(item) in _PLAIN:
+        key = (item.process, item.pid, f.sess.id if f.sess is not None else None)
+        seen = f.node_seen
+        if key in seen:
+            return
+        seen.add(key)
     facts: NodeFacts = f.get("node")
     new_facts = facts
     if isinstance(item, Event):
