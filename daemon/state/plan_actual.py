@@ -10,6 +10,7 @@ and the actual budget against the planned range says whether the reserve was as 
 
 from __future__ import annotations
 
+from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.state.kvdtype import KvDtype
 from loadwatch.daemon.state.memplan import GIB, capacity, plan
 from loadwatch.daemon.state.memplan_inputs import layout_from_argv, weights_per_gpu
@@ -32,10 +33,39 @@ def memory_plan_view(state: StateData, s: Session | None, kv: KvDtype) -> Memory
         return None
     size = s.milestones.get("kv_cache.size") if s is not None else None
     avail = s.milestones.get("kv_cache.available_memory") if s is not None else None
-    device = "cpu" if size is not None and size.value == "CPU" else "cuda"
-    layout = layout_from_argv(s.argv or () if s is not None else (), device=device)
     totals = [g.sample.memory_total_bytes for g in state.gpus.values()]
-    cap = next((t for t in totals if t), None)
+    key = (
+        dtype,
+        s.argv if s is not None else None,
+        next((t for t in totals if t), None),
+        None if size is None else (size.tokens, size.value),
+        None if avail is None else avail.gib,
+    )
+    last = _LAST[0]
+    if last is not None and last[0] is model and last[1] == key:
+        return last[2]
+    view = _view(model, *key)
+    _LAST[0] = (model, key, view)
+    return view
+
+
+# A snapshot is built after every change and the plan's inputs change a few times per load:
+# the last view is kept, keyed on the model object itself (hashing its shard list costs more
+# than the plan) and the few other inputs.
+_LAST: list[tuple[ModelInfo, tuple[object, ...], MemoryPlanView] | None] = [None]
+
+
+def _view(
+    model: ModelInfo,
+    dtype: str,
+    argv: tuple[str, ...] | None,
+    cap: int | None,
+    size: tuple[int | None, str | None] | None,
+    avail_gib: float | None,
+) -> MemoryPlanView:
+    assert model.geometry is not None
+    device = "cpu" if size is not None and size[1] == "CPU" else "cuda"
+    layout = layout_from_argv(argv or (), device=device)
     weights, how = weights_per_gpu(model, layout)
     p = plan(
         model.geometry,
@@ -46,15 +76,15 @@ def memory_plan_view(state: StateData, s: Session | None, kv: KvDtype) -> Memory
         capacity_bytes=cap,
         capacity_source="NVML" if cap else "unknown",
     )
-    actual_bytes = int(avail.gib * GIB) if avail is not None and avail.gib is not None else None
-    actual_tokens = size.tokens if size is not None else None
+    actual_bytes = int(avail_gib * GIB) if avail_gib is not None else None
+    actual_tokens = size[0] if size is not None else None
     expected = None
     if p.kv is not None and actual_bytes is not None:
         expected = capacity(p.kv, actual_bytes, p.block_size, p.max_model_len).tokens
     status, explain = _compare(
         p.available_low, p.available_high, actual_bytes, actual_tokens, expected
     )
-    if s is None or not s.argv:
+    if not argv:
         explain += " (launch arguments unknown: planned as TP 1, PP 1)"
     return MemoryPlanView(
         verdict=p.verdict,
