@@ -32,6 +32,7 @@ from loadwatch.daemon.loop import Daemon
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.gpu.scope import ScopedGpuSource, devices_from_env
+from loadwatch.daemon.sources.inputs import IoReader
 from loadwatch.daemon.sources.log.journal import JournalError, JournalPump, JournalSource
 from loadwatch.daemon.statelock import StateDirBusy, lock_state_dir
 from loadwatch.daemon.supervise.config import SupervisorConfigError
@@ -129,6 +130,7 @@ def run_daemon(
     on_started: Callable[[Daemon, HttpProcess], None] | None = None,
     stdout: Any = None,
     gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None = None,
+    io_reader: IoReader | None = None,
 ) -> int:
     problem = http_files_problem(cfg.http)
     if problem:
@@ -144,7 +146,7 @@ def run_daemon(
         except (JournalError, OSError) as exc:
             return fail(f"[log] journal_unit: {exc}", EX_UNAVAILABLE)
     try:
-        return _run_daemon(cfg, supervisor_factory, on_started, stdout, gpu_factory)
+        return _run_daemon(cfg, supervisor_factory, on_started, stdout, gpu_factory, io_reader)
     finally:
         if journal is not None:
             journal.stop()
@@ -168,6 +170,7 @@ def _run_daemon(
     on_started: Callable[[Daemon, HttpProcess], None] | None,
     stdout: Any,
     gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None,
+    io_reader: IoReader | None = None,
 ) -> int:
     try:
         lock = lock_state_dir(cfg.state_dir)
@@ -178,7 +181,7 @@ def _run_daemon(
             f"cannot lock the state directory {cfg.state_dir}: {exc.strerror}", EX_CANTCREAT
         )
     try:
-        return _run_locked(cfg, supervisor_factory, on_started, stdout, gpu_factory)
+        return _run_locked(cfg, supervisor_factory, on_started, stdout, gpu_factory, io_reader)
     finally:
         os.close(lock)
 
@@ -189,6 +192,7 @@ def _run_locked(
     on_started: Callable[[Daemon, HttpProcess], None] | None,
     stdout: Any,
     gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None,
+    io_reader: IoReader | None = None,
 ) -> int:
     redactor = Redactor()
     if cfg.vllm is not None:
@@ -219,6 +223,7 @@ def _run_locked(
         notifier=SdNotifier(),
         redactor=redactor,
         supervisor_factory=supervisor_factory,
+        io_reader=io_reader,
     )
     holder["daemon"] = daemon
     server = HttpProcess(

@@ -27,7 +27,7 @@ import os
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.inputs import (
     GpuReading,
+    IoReader,
     IoSample,
     ModelInfo,
     ProcessEvent,
@@ -90,8 +91,10 @@ class Daemon:
         notifier: SdNotifier | None = None,
         redactor: Redactor | None = None,
         supervisor_factory: Callable[[Daemon], Any] | None = None,
+        io_reader: IoReader | None = None,
     ) -> None:
         self.cfg = cfg
+        self._io_reader = io_reader
         self.clock = clock
         self.eventlog = eventlog
         self.gpu = gpu
@@ -637,18 +640,24 @@ class Daemon:
             return
         self.supervisor.note_stall(self.clock() - s.stall.since)
 
-    async def sample_io(self, pid_of: Callable[[], int | None]) -> None:
+    async def sample_io(self, pids_of: Callable[[], Sequence[int]]) -> None:
+        """Bytes read by the vLLM processes: the supervised one's tree, or in watch mode the
+        trees of the pids the log's prefixes name (those that run on this host)."""
         from loadwatch.daemon.sources.proc.io_counters import ProcIoReader
 
-        reader = ProcIoReader(clock=self.clock)
+        reader = self._io_reader or ProcIoReader(clock=self.clock)
         while not self.stop_event.is_set():
-            pid = pid_of()
+            pids = pids_of()
             phase = self.state.session.phase if self.state.session is not None else None
-            if pid is not None and phase in ("starting", "loading_weights", "stalled"):
-                sample: IoSample = reader.read(pid)
+            if pids and phase in ("starting", "loading_weights", "stalled"):
+                sample: IoSample = reader.read_many(pids)
                 if sample.read_bytes is not None:
                     self.apply(sample)
             await self._sleep(IO_SAMPLE_S)
+
+    def _supervised_pids(self) -> tuple[int, ...]:
+        pid = self.supervisor.pid if self.supervisor is not None else None
+        return (pid,) if pid is not None else ()
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -790,8 +799,10 @@ class Daemon:
             await self._wait_first_gpu_poll()
             self.supervisor = self._supervisor_factory(self)
             sup_task = asyncio.create_task(self.supervisor.run(), name="supervisor")
+            tasks.append(asyncio.create_task(self.sample_io(self._supervised_pids), name="io"))
+        elif follower is not None:
             tasks.append(
-                asyncio.create_task(self.sample_io(lambda: self.supervisor.pid), name="io")
+                asyncio.create_task(self.sample_io(lambda: self.state.node_pids), name="io")
             )
         tasks.append(asyncio.create_task(VllmWatch(self).run(), name="health"))
         if self.notifier.watchdog_interval_s:

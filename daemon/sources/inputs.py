@@ -6,6 +6,7 @@ injected clock of whoever made the value.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -116,6 +117,13 @@ class IoSample:
     read_bytes: int | None
     pids: int = 0
     rchar: int | None = None  # bytes passed by read() calls, page-cache hits included
+
+
+class IoReader(Protocol):
+    """What the loop samples the vLLM processes' reads through (ProcIoReader reads /proc;
+    tests hand a simulated one)."""
+
+    def read_many(self, roots: Sequence[int]) -> IoSample: ...
 
 
 # -- the checkpoint ---------------------------------------------------------------------------

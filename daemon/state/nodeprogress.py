@@ -78,7 +78,9 @@ class NodeLoad:
         rchar = 0
         if self.rchar_last is not None and self.rchar_first is not None:
             rchar = self.rchar_last - self.rchar_first
-        return max(read, 0, rchar if read == 0 else 0)
+        # the cache serves what storage does not: the larger of the two (rchar misses mmap
+        # faults, read_bytes misses cache hits)
+        return max(read, rchar, 0)
 
     def with_gpus(self, at: float, used: Mapping[int, int]) -> NodeLoad:
         base = dict(self.gpu_base)

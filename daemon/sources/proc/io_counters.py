@@ -16,7 +16,7 @@ Processes are told apart by (pid, start time), so a reused pid is a new process.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from loadwatch.daemon.sources.inputs import IoSample
@@ -44,8 +44,14 @@ def stat_fields(text: str) -> list[str] | None:
 
 def io_read_bytes(text: str) -> int | None:
     """The `read_bytes:` line of `/proc/<pid>/io`."""
+    return io_field(text, "read_bytes:")
+
+
+def io_field(text: str, name: str) -> int | None:
+    """One `name: N` line of `/proc/<pid>/io` (`rchar:` counts what read() calls returned,
+    page-cache hits included; `read_bytes:` what the kernel fetched from storage)."""
     for line in text.splitlines():
-        if line.startswith("read_bytes:"):
+        if line.startswith(name):
             value = line.partition(":")[2].strip()
             return int(value) if value.isdigit() else None
     return None
@@ -61,9 +67,10 @@ class ProcIoReader:
     ) -> None:
         self.proc = Path(proc_root)
         self.clock = clock
-        self._root: int | None = None
-        self._last: dict[tuple[int, str], int] = {}
+        self._roots: frozenset[int] = frozenset()
+        self._last: dict[tuple[int, str], tuple[int, int]] = {}
         self._gone_bytes = 0
+        self._gone_rchar = 0
         self._children_files: bool | None = None
 
     # -- the tree ----------------------------------------------------------------------------
@@ -134,28 +141,42 @@ class ProcIoReader:
     def read(self, root_pid: int) -> IoSample:
         """Bytes read so far by the tree under `root_pid`; `read_bytes` is None when the root is
         gone or none of its processes could be read (another user's process, no permission)."""
+        return self.read_many((root_pid,))
+
+    def read_many(self, roots: Sequence[int]) -> IoSample:
+        """The same for the union of the trees under `roots` (watch mode: the vLLM pids the
+        log's prefixes name; a process under two roots counts once). A set of roots that shares
+        none with the last one is a new vLLM: the totals start again."""
         now = self.clock()
-        if root_pid != self._root:
-            self._root = root_pid
+        wanted = frozenset(roots)
+        if not wanted & self._roots:
             self._last = {}
-            self._gone_bytes = 0
-        current: dict[tuple[int, str], int] = {}
-        for pid in self.tree(root_pid):
-            start = self._start_time(pid)
-            text = _read(self.proc / str(pid) / "io")
-            value = io_read_bytes(text) if text else None
-            if start is None or value is None:
-                continue
-            current[(pid, start)] = value
+            self._gone_bytes = self._gone_rchar = 0
+        self._roots = wanted
+        current: dict[tuple[int, str], tuple[int, int]] = {}
+        for root in sorted(wanted):
+            for pid in self.tree(root):
+                start = self._start_time(pid)
+                if start is None or (pid, start) in current:
+                    continue
+                text = _read(self.proc / str(pid) / "io")
+                value = io_read_bytes(text) if text else None
+                if value is None:
+                    continue
+                current[(pid, start)] = (value, io_field(text or "", "rchar:") or 0)
         if not current:
             return IoSample(ts=now, read_bytes=None, pids=0)
-        for key, value in self._last.items():
+        for key, (value, rchar) in self._last.items():
             if key not in current:
                 self._gone_bytes += value
+                self._gone_rchar += rchar
         self._last = current
         return IoSample(
-            ts=now, read_bytes=self._gone_bytes + sum(current.values()), pids=len(current)
+            ts=now,
+            read_bytes=self._gone_bytes + sum(v for v, _ in current.values()),
+            pids=len(current),
+            rchar=self._gone_rchar + sum(r for _, r in current.values()),
         )
 
 
-__all__ = ["MAX_TREE", "ProcIoReader", "io_read_bytes", "stat_fields"]
+__all__ = ["MAX_TREE", "ProcIoReader", "io_field", "io_read_bytes", "stat_fields"]
