@@ -88,10 +88,9 @@ def _on_health(f: Fold, ev: HealthProbe) -> None:
 def _on_completion(f: Fold, ev: CompletionProbe) -> None:
     """The servable check answered: a failure is one of its own kind (the engine answers
     /health and cannot serve: a broken kernel, a bad patch of the config)."""
-    s = f.sess
-    if s is None or s.phase in TERMINAL:
+    if f.sess is None:
         return
-    f.upd(completion=ev)
+    f.upd(completion=ev)  # (also once failed: the engine may die of the request, and say so)
     if not ev.ok:
         why = ev.error or "failed"
         model = f" (model {ev.model})" if ev.model else ""
