@@ -99,7 +99,7 @@ def head_config(tmp: Path, model: Path) -> Config:
             preflight="off",
             health_url=f"http://127.0.0.1:{port}/health",
             stop_grace_s=3.0,
-        ),  # fmt: skip
+        ),
         model=ModelConfig(dir=model),
         state_dir=tmp / "state",
     )
