@@ -231,7 +231,7 @@ def worker_counts(out: str) -> dict[str, int | None]:
 
 
 def grep_pattern() -> str:
-    from loadwatch.parsers.vllm.stream import PREFILTER
+    from loadwatch.parsers.vllm.segment import PREFILTER
 
     def ere(s: str) -> str:
         return re.sub(r"([.[\]()*+?{}|^$\\])", r"\\\1", s)

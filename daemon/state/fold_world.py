@@ -17,7 +17,7 @@ from loadwatch.daemon.sources.inputs import (
 )
 from loadwatch.daemon.state.fold import Fold
 from loadwatch.daemon.state.fold_log import _on_failure, _ready
-from loadwatch.daemon.state.forecast import MemoryFit
+from loadwatch.daemon.state.memfit import MemoryFit
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import (
     TERMINAL,

@@ -24,14 +24,9 @@ from loadwatch.daemon.sources.inputs import (
     Tick,
 )
 from loadwatch.daemon.state.failures import FailureTally
-from loadwatch.daemon.state.forecast import (
-    EtaConfig,
-    EtaState,
-    MemoryConfig,
-    MemoryFit,
-    MemoryProjection,
-)
+from loadwatch.daemon.state.forecast import EtaConfig, EtaState
 from loadwatch.daemon.state.kvdtype import KvEvidence
+from loadwatch.daemon.state.memfit import MemoryConfig, MemoryFit, MemoryProjection
 from loadwatch.daemon.state.node import NodeFacts
 from loadwatch.daemon.state.nodeprogress import NodeLoad
 from loadwatch.daemon.state.snapshot import SessionSummary, Transition

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from loadwatch.parsers.grammar import Grammar
 from loadwatch.parsers.vllm.plans import PLANS, quiet_record
-from loadwatch.parsers.vllm.stream import PREFIX_RECORD_MAX, EventStream
+from loadwatch.parsers.vllm.segment import PREFIX_RECORD_MAX
+from loadwatch.parsers.vllm.stream import EventStream
 
 GRAMMAR = Grammar(
     name="vllm",

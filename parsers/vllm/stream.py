@@ -1,4 +1,4 @@
-"""From records to events: the pure per-record parse, and the little context it needs.
+"""From records to events: the per-record parse (segment.py) and the little context it needs.
 
 `parse_segment` is pure: one segment of one record in, events out. `EventStream` adds the context
 that spans records and nothing else: tracebacks folded into one `Failure`, the process of a tqdm
@@ -9,34 +9,22 @@ the chunk scanner (scan.py) that only hands over candidate records yields the sa
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
-from itertools import repeat
-from typing import Any, Literal
+from dataclasses import dataclass, field
 
 from loadwatch.parsers.events import (
     Event,
     Failure,
     FailureKind,
-    KvScaleWarning,
-    LogError,
-    LogWarning,
     Milestone,
     Record,
-    ScaleFactorWarning,
     ShardProgress,
-    StallHint,
 )
 from loadwatch.parsers.vllm.catalog import (
-    CATALOG,
     CUT_TRACEBACK,
     EXCEPTION_LINE,
     EXCEPTION_LINE_LOOSE,
     KIND_RANK,
-    MESSAGE,
-    Entry,
-    Level,
     classify,
 )
 from loadwatch.parsers.vllm.lines import (
@@ -47,150 +35,24 @@ from loadwatch.parsers.vllm.lines import (
     split_segments,
     strip_ansi,
 )
+from loadwatch.parsers.vllm.segment import (
+    CHAIN_MARKERS,
+    MAX_MESSAGE_CHARS,
+    MAX_PARSE_CHARS,
+    MAX_TRACEBACK_RECORDS,
+    PARSE_CACHE_MAX,
+    PREFIX_RECORD_MAX,
+    TRACEBACK_LEVELS,
+    TRACEBACK_START,
+    Mode,
+    Recipe,
+    cook,
+    has_needle,
+    parse_segment,
+    recipe_of,
+    set_fields,
+)
 from loadwatch.parsers.vllm.wrapped import is_piece, may_continue
-
-TRACEBACK_START = "Traceback (most recent call last):"
-_CHAIN_MARKERS = (
-    "During handling of the above exception",
-    "The above exception was the direct cause",
-)
-_LEVELS: tuple[Level, ...] = (None, "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_LEVEL_NEEDLES = ("WARNING", "ERROR", "CRITICAL", "Traceback")
-
-# Two modes. While vLLM starts, every catalog message matters. Once the API server is up, the log
-# is mostly request lines and only warnings, errors, tracebacks, stalls and the markers of a new
-# start matter: a much smaller needle set keeps the pre-filter cheap on a busy server.
-Mode = Literal["startup", "serving"]
-
-
-def _entries(mode: Mode, level: Level) -> tuple[Entry, ...]:
-    def wanted(e: Entry) -> bool:
-        if level not in e.levels:
-            return False
-        return mode == "startup" or e.serving or level not in MESSAGE
-
-    return tuple(e for e in CATALOG if wanted(e))
-
-
-def _needles(mode: Mode) -> tuple[str, ...]:
-    entries = CATALOG if mode == "startup" else tuple(e for e in CATALOG if e.serving)
-    return tuple(sorted({n for e in entries for n in e.needles} | set(_LEVEL_NEEDLES)))
-
-
-DISPATCH: dict[tuple[Mode, Level], tuple[Entry, ...]] = {
-    (mode, level): _entries(mode, level) for mode in ("startup", "serving") for level in _LEVELS
-}
-# Every substring that can make a record worth parsing, per mode.
-PREFILTER: dict[Mode, tuple[str, ...]] = {
-    "startup": _needles("startup"),
-    "serving": _needles("serving"),
-}
-PREFILTER_NEEDLES = PREFILTER["startup"]
-MAX_TRACEBACK_RECORDS = 2000
-PREFIX_RECORD_MAX = 256  # a record holding only a process prefix (colour codes included)
-MAX_MESSAGE_CHARS = 2000
-MAX_PARSE_CHARS = 16384  # a record is parsed up to here (the follower's cap is 64 KiB)
-LEVEL_NEEDLES: frozenset[str] = frozenset(_LEVEL_NEEDLES)
-
-# Messages repeat: every tensor-parallel worker prints the same per-layer warning, a noisy
-# server the same warning again and again. Their events are built once per distinct message and
-# copied after that. Only these types: what they hold besides the record's offset, time and
-# process comes from the message alone (a Failure also carries its own offset).
-_CACHED_TYPES = (KvScaleWarning, ScaleFactorWarning, LogWarning, LogError, StallHint)
-_CONTEXT = ("offset", "ts", "process", "pid")
-_PARSE_CACHE_MAX = 4096
-_TRACEBACK_LEVELS = (None, "ERROR", "CRITICAL")  # the record levels a traceback opens at
-# (class, field names with the context fields last, values of the others)
-Recipe = tuple[tuple[type[Event], tuple[str, ...], tuple[Any, ...]], ...]
-_new = object.__new__
-_setattr = object.__setattr__
-
-
-def _recipe(events: list[Event]) -> Recipe | None:
-    if not all(type(e) in _CACHED_TYPES for e in events):
-        return None
-    out = []
-    for e in events:
-        names = tuple(f.name for f in fields(e) if f.name not in _CONTEXT)
-        out.append((type(e), (*names, *_CONTEXT), tuple(getattr(e, n) for n in names)))
-    return tuple(out)
-
-
-def _cook(recipe: Recipe, offset: int, ts: float | None, head: Head) -> list[Event]:
-    """The recipe's events for one record. The events are frozen dataclasses: their fields
-    are set as `__init__` would set them, but from C (`map`), without a call per field."""
-    out = []
-    for cls, names, values in recipe:
-        event = _new(cls)
-        any(map(_setattr, repeat(event), names, (*values, offset, ts, head.process, head.pid)))
-        out.append(event)
-    return out
-
-
-def _set(event: Event, **values: Any) -> None:
-    """Fill in a field of an event this module just built and nobody else holds yet."""
-    for name, value in values.items():
-        object.__setattr__(event, name, value)
-
-
-# vLLM's request logging (vllm/entrypoints/serve/utils/request_logger.py; 0.6's logger.py):
-# `Received request ID: prompt: '...'` (0.6) or `...: params: ...` (stop strings are the user's),
-# `Request ID details: prompt: ...` and `... JSON body: ...`, `Generated response ID: output: ...`.
-_ECHOES = ("Received request ", "Request ", "Generated response ")
-_ECHO = re.compile(
-    r"(?:Received request |Generated response |Request \S{1,200} (?:details|JSON body): )"
-)
-
-
-def has_needle(text: str, mode: Mode = "startup") -> bool:
-    for n in PREFILTER[mode]:  # noqa: SIM110 (a plain loop: no generator per record)
-        if n in text:
-            return True
-    return False
-
-
-def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event]:
-    """Catalog lookup for one segment whose head has been peeled off. Pure."""
-    body = head.body
-    if head.level in MESSAGE and body.startswith(_ECHOES) and _ECHO.match(body):
-        return []  # request logging echoes what a user sent or the model said: never an event
-    out: list[Event] = []
-    # An indented line is a traceback's frame or quoted source (`raise RuntimeError("Engine core
-    # initialization failed. "`): never a failure of its own; exception lines start at column 0.
-    indented = body[:1] in (" ", "\t") or body.startswith(">   ")  # pytest quotes source so
-    for entry in DISPATCH[(mode, head.level)]:
-        if indented and entry.severity == "error":
-            continue
-        for needle in entry.needles:
-            if needle in body:
-                break
-        else:
-            continue
-        m = entry.pattern.search(body)
-        if m is None:
-            continue
-        ctx = {"offset": offset, "ts": head.ts, "process": head.process, "pid": head.pid}
-        event = entry.build(m, head, ctx)
-        if event is not None:
-            out.append(event)
-            if not entry.more:
-                return out
-    if out or indented or head.level not in ("WARNING", "ERROR", "CRITICAL"):
-        return out  # an indented line is part of a traceback whose head came before
-    message = body.strip()[:MAX_MESSAGE_CHARS]
-    if not message:
-        return out  # a header with nothing after it
-    cls = LogWarning if head.level == "WARNING" else LogError
-    return [
-        cls(
-            source=head.source,
-            message=message,
-            offset=offset,
-            ts=head.ts,
-            process=head.process,
-            pid=head.pid,
-        )
-    ]
 
 
 @dataclass(slots=True)
@@ -281,21 +143,12 @@ class EventStream:
             if (
                 self.in_traceback
                 or ts is None
-                or (level in _TRACEBACK_LEVELS and head.body.rstrip().endswith(TRACEBACK_START))
+                or (level in TRACEBACK_LEVELS and head.body.rstrip().endswith(TRACEBACK_START))
             ):
                 out = self._segment(head, offset)
             else:  # `_segment` for the common case: no traceback to join, none to open
                 self._last_ts = ts
-                recipe = self._recipes.get((self.mode, level, head.source, head.body))
-                if recipe is not None and len(recipe) == 1:  # `_cook` inlined
-                    cls, names, values = recipe[0]
-                    event = _new(cls)
-                    any(map(_setattr, repeat(event), names, (*values, offset, ts, *head[:2])))
-                    out = [event]
-                elif recipe is not None:
-                    out = _cook(recipe, offset, ts, head)
-                else:
-                    out = self._parse(head, offset)
+                out = self._parse(head, offset)
         if out:
             stats.events += len(out)
             by_type = stats.by_type
@@ -394,7 +247,7 @@ class EventStream:
             # Not part of the traceback after all: close it, then parse the record as usual.
             return [self._close(tb), *self._parse(head, offset)]
         # `EngineCore hit an exception: Traceback (most recent call last):` opens one too.
-        if head.level in _TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START):
+        if head.level in TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START):
             self.stats.tracebacks += 1
             self.in_traceback = True
             self._tracebacks[key] = _Traceback(
@@ -436,7 +289,7 @@ class EventStream:
         tb = self._wrapped
         assert tb is not None
         key = (head.process, head.pid)
-        if key == (tb.process, tb.pid) and head.body.lstrip().startswith(_CHAIN_MARKERS):
+        if key == (tb.process, tb.pid) and head.body.lstrip().startswith(CHAIN_MARKERS):
             # a chained exception: one traceback, its last exception the one raised
             tb.records += 1
             tb.last_offset = offset
@@ -461,13 +314,13 @@ class EventStream:
         key = (self.mode, head.level, head.source, head.body)
         recipe = self._recipes.get(key)
         if recipe is not None:
-            events = _cook(recipe, offset, head.ts, head)
+            events = cook(recipe, offset, head.ts, head)
         else:
             events = parse_segment(head, offset, self.mode)
             if events:
-                made = _recipe(events)
+                made = recipe_of(events)
                 if made is not None:
-                    if len(self._recipes) >= _PARSE_CACHE_MAX:
+                    if len(self._recipes) >= PARSE_CACHE_MAX:
                         self._recipes.clear()
                     self._recipes[key] = made
         if events and isinstance(events[0], ShardProgress):
@@ -483,7 +336,7 @@ class EventStream:
             return event
         owner = self._bar_owner.get(event.desc)
         if owner is not None:
-            _set(event, process=owner[0], pid=owner[1])
+            set_fields(event, process=owner[0], pid=owner[1])
         return event
 
     def _timed(self, event: Event) -> Event:
@@ -496,9 +349,9 @@ class EventStream:
                 anchor = _BarAnchor(self._last_ts - event.elapsed_s, event.done)
                 self._bars[key] = anchor
             anchor.last_done = event.done
-            _set(event, ts=anchor.start_ts + event.elapsed_s)
+            set_fields(event, ts=anchor.start_ts + event.elapsed_s)
         else:
-            _set(event, ts=self._last_ts)
+            set_fields(event, ts=self._last_ts)
         return event
 
     def _traceback_line(self, tb: _Traceback, head: Head, offset: int) -> bool | None:
@@ -511,7 +364,7 @@ class EventStream:
         tb.last_offset = offset
         if not stripped or body[:1].isspace() or stripped.startswith(TRACEBACK_START):
             return None
-        if stripped.startswith(_CHAIN_MARKERS) or stripped.startswith("^"):
+        if stripped.startswith(CHAIN_MARKERS) or stripped.startswith("^"):
             return None
         m = EXCEPTION_LINE.match(stripped) or EXCEPTION_LINE_LOOSE.match(stripped)
         if m is None:

@@ -17,7 +17,7 @@ from loadwatch.parsers.vllm.lines import (
     strip_ansi,
 )
 from loadwatch.parsers.vllm.plans import PLANS, quiet_record
-from loadwatch.parsers.vllm.stream import PREFILTER
+from loadwatch.parsers.vllm.segment import PREFILTER
 from tests.parsers.golden import REF_TS, events_of, scanned
 from tests.perf.logs import coloured, load_log, serving_log
 

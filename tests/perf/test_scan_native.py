@@ -14,7 +14,7 @@ from loadwatch.parsers import ChunkScanner, EventStream
 from loadwatch.parsers.scan import NATIVE, count_records, count_records_py
 from loadwatch.parsers.vllm.grammar import GRAMMAR
 from loadwatch.parsers.vllm.plans import quiet_record
-from loadwatch.parsers.vllm.stream import Mode
+from loadwatch.parsers.vllm.segment import Mode
 from tests.perf.logs import load_log, serving_log
 
 NATIVE_PLANS = GRAMMAR.native_plans

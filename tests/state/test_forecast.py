@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.state.forecast import EtaConfig, EtaState, MemoryFit, stall_threshold_s
+from loadwatch.daemon.state.forecast import EtaConfig, EtaState, stall_threshold_s
+from loadwatch.daemon.state.memfit import MemoryFit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 

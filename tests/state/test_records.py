@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from loadwatch.daemon.state.forecast import EtaState, MemoryFit, Regime, Segment
+from loadwatch.daemon.state.forecast import EtaState, Regime, Segment
+from loadwatch.daemon.state.memfit import MemoryFit
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import WarningTally
 

@@ -1,0 +1,172 @@
+"""The pure per-record parse of the vLLM grammar: the catalog's entries per mode and level,
+the needles that make a record worth parsing, and `parse_segment` (one segment of one record in,
+events out). Repeated messages are built once and copied after that (`recipe_of`, `cook`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from itertools import repeat
+from typing import Any, Literal
+
+from loadwatch.parsers.events import (
+    Event,
+    KvScaleWarning,
+    LogError,
+    LogWarning,
+    ScaleFactorWarning,
+    StallHint,
+)
+from loadwatch.parsers.vllm.catalog import (
+    CATALOG,
+    MESSAGE,
+    Entry,
+    Level,
+)
+from loadwatch.parsers.vllm.lines import (
+    Head,
+)
+
+TRACEBACK_START = "Traceback (most recent call last):"
+CHAIN_MARKERS = (
+    "During handling of the above exception",
+    "The above exception was the direct cause",
+)
+_LEVELS: tuple[Level, ...] = (None, "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_LEVEL_NEEDLES = ("WARNING", "ERROR", "CRITICAL", "Traceback")
+
+# Two modes. While vLLM starts, every catalog message matters. Once the API server is up, the log
+# is mostly request lines and only warnings, errors, tracebacks, stalls and the markers of a new
+# start matter: a much smaller needle set keeps the pre-filter cheap on a busy server.
+Mode = Literal["startup", "serving"]
+
+
+def _entries(mode: Mode, level: Level) -> tuple[Entry, ...]:
+    def wanted(e: Entry) -> bool:
+        if level not in e.levels:
+            return False
+        return mode == "startup" or e.serving or level not in MESSAGE
+
+    return tuple(e for e in CATALOG if wanted(e))
+
+
+def _needles(mode: Mode) -> tuple[str, ...]:
+    entries = CATALOG if mode == "startup" else tuple(e for e in CATALOG if e.serving)
+    return tuple(sorted({n for e in entries for n in e.needles} | set(_LEVEL_NEEDLES)))
+
+
+DISPATCH: dict[tuple[Mode, Level], tuple[Entry, ...]] = {
+    (mode, level): _entries(mode, level) for mode in ("startup", "serving") for level in _LEVELS
+}
+# Every substring that can make a record worth parsing, per mode.
+PREFILTER: dict[Mode, tuple[str, ...]] = {
+    "startup": _needles("startup"),
+    "serving": _needles("serving"),
+}
+PREFILTER_NEEDLES = PREFILTER["startup"]
+MAX_TRACEBACK_RECORDS = 2000
+PREFIX_RECORD_MAX = 256  # a record holding only a process prefix (colour codes included)
+MAX_MESSAGE_CHARS = 2000
+MAX_PARSE_CHARS = 16384  # a record is parsed up to here (the follower's cap is 64 KiB)
+LEVEL_NEEDLES: frozenset[str] = frozenset(_LEVEL_NEEDLES)
+
+# Messages repeat: every tensor-parallel worker prints the same per-layer warning, a noisy
+# server the same warning again and again. Their events are built once per distinct message and
+# copied after that. Only these types: what they hold besides the record's offset, time and
+# process comes from the message alone (a Failure also carries its own offset).
+_CACHED_TYPES = (KvScaleWarning, ScaleFactorWarning, LogWarning, LogError, StallHint)
+_CONTEXT = ("offset", "ts", "process", "pid")
+PARSE_CACHE_MAX = 4096
+TRACEBACK_LEVELS = (None, "ERROR", "CRITICAL")  # the record levels a traceback opens at
+# (class, field names with the context fields last, values of the others)
+Recipe = tuple[tuple[type[Event], tuple[str, ...], tuple[Any, ...]], ...]
+_new = object.__new__
+_setattr = object.__setattr__
+
+
+def recipe_of(events: list[Event]) -> Recipe | None:
+    if not all(type(e) in _CACHED_TYPES for e in events):
+        return None
+    out = []
+    for e in events:
+        names = tuple(f.name for f in fields(e) if f.name not in _CONTEXT)
+        out.append((type(e), (*names, *_CONTEXT), tuple(getattr(e, n) for n in names)))
+    return tuple(out)
+
+
+def cook(recipe: Recipe, offset: int, ts: float | None, head: Head) -> list[Event]:
+    """The recipe's events for one record. The events are frozen dataclasses: their fields
+    are set as `__init__` would set them, but from C (`map`), without a call per field."""
+    out = []
+    for cls, names, values in recipe:
+        event = _new(cls)
+        any(map(_setattr, repeat(event), names, (*values, offset, ts, head.process, head.pid)))
+        out.append(event)
+    return out
+
+
+def set_fields(event: Event, **values: Any) -> None:
+    """Fill in a field of an event this module just built and nobody else holds yet."""
+    for name, value in values.items():
+        object.__setattr__(event, name, value)
+
+
+# vLLM's request logging (vllm/entrypoints/serve/utils/request_logger.py; 0.6's logger.py):
+# `Received request ID: prompt: '...'` (0.6) or `...: params: ...` (stop strings are the user's),
+# `Request ID details: prompt: ...` and `... JSON body: ...`, `Generated response ID: output: ...`.
+_ECHOES = ("Received request ", "Request ", "Generated response ")
+_ECHO = re.compile(
+    r"(?:Received request |Generated response |Request \S{1,200} (?:details|JSON body): )"
+)
+
+
+def has_needle(text: str, mode: Mode = "startup") -> bool:
+    for n in PREFILTER[mode]:  # noqa: SIM110 (a plain loop: no generator per record)
+        if n in text:
+            return True
+    return False
+
+
+def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event]:
+    """Catalog lookup for one segment whose head has been peeled off. Pure."""
+    body = head.body
+    if head.level in MESSAGE and body.startswith(_ECHOES) and _ECHO.match(body):
+        return []  # request logging echoes what a user sent or the model said: never an event
+    out: list[Event] = []
+    # An indented line is a traceback's frame or quoted source (`raise RuntimeError("Engine core
+    # initialization failed. "`): never a failure of its own; exception lines start at column 0.
+    indented = body[:1] in (" ", "\t") or body.startswith(">   ")  # pytest quotes source so
+    for entry in DISPATCH[(mode, head.level)]:
+        if indented and entry.severity == "error":
+            continue
+        for needle in entry.needles:
+            if needle in body:
+                break
+        else:
+            continue
+        m = entry.pattern.search(body)
+        if m is None:
+            continue
+        ctx = {"offset": offset, "ts": head.ts, "process": head.process, "pid": head.pid}
+        event = entry.build(m, head, ctx)
+        if event is not None:
+            out.append(event)
+            if not entry.more:
+                return out
+    if out or indented or head.level not in ("WARNING", "ERROR", "CRITICAL"):
+        return out  # an indented line is part of a traceback whose head came before
+    message = body.strip()[:MAX_MESSAGE_CHARS]
+    if not message:
+        return out  # a header with nothing after it
+    cls = LogWarning if head.level == "WARNING" else LogError
+    return [
+        cls(
+            source=head.source,
+            message=message,
+            offset=offset,
+            ts=head.ts,
+            process=head.process,
+            pid=head.pid,
+        )
+    ]
