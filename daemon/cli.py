@@ -179,15 +179,17 @@ def _parser() -> argparse.ArgumentParser:
         "status",
         "show a running daemon's status",
         "examples:\n  loadwatch status\n  loadwatch status --url 10.0.0.5:9321 --watch\n"
-        "  loadwatch status --json | jq .phase\n\n"
+        "  loadwatch status --json | jq .phase\n"
+        "  loadwatch status --url node0:9321 --url node1:9321 --url node2:9321 --watch\n\n"
         "With --watch on a terminal the screen redraws in place (q or Ctrl-C quits);\n"
         "on a pipe it writes one plain frame per interval.",
     )
     st.add_argument(
         "--url",
-        default="http://127.0.0.1:9321",
+        action="append",
         metavar="URL",
-        help="the daemon's address (http:// or https://; HOST:PORT alone means http)",
+        help="the daemon's address (http:// or https://; HOST:PORT alone means http; default "
+        "http://127.0.0.1:9321); given more than once, one line per node of a deployment",
     )
     st.add_argument("--watch", action="store_true", help="refresh until interrupted")
     st.add_argument(
@@ -356,8 +358,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
         from loadwatch.exporters.terminal.watch import status_command
 
+        urls = args.url or ["http://127.0.0.1:9321"]
+        if len(urls) > 1:
+            from loadwatch.exporters.terminal.fleet import fleet_command
+
+            return fleet_command(
+                urls, watch=args.watch, as_json=args.json, interval_s=args.interval
+            )
         return status_command(
-            args.url, watch=args.watch, as_json=args.json, interval_s=args.interval
+            urls[0], watch=args.watch, as_json=args.json, interval_s=args.interval
         )
     if args.command == "analyze":
         from loadwatch.daemon.tools.analyze import analyze_command
