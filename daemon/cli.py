@@ -188,8 +188,8 @@ def _parser() -> argparse.ArgumentParser:
         "--url",
         action="append",
         metavar="URL",
-        help="the daemon's address (http:// or https://; HOST:PORT alone means http; default "
-        "http://127.0.0.1:9321); given more than once, one line per node of a deployment",
+        help="the daemon's address (http:// or https://; HOST:PORT alone means http); given "
+        "more than once, one line per node of a deployment (default: http://127.0.0.1:9321)",
     )
     st.add_argument("--watch", action="store_true", help="refresh until interrupted")
     st.add_argument(
