@@ -73,6 +73,7 @@ class Result:
     false_stall: int = 0
     inputs: int = 0
     fold_s: float = 0.0
+    err_nonhead: list[float] = field(default_factory=list)  # a node without the bar
 
     def ratio(self, q: float, oracle: bool = False) -> float | None:
         if not self.err_ours:
@@ -144,11 +145,47 @@ def evaluate(kind: str, seed: int, with_model: bool = True) -> Result:
             res.after_change.append(truth.switch_t is not None and now > truth.switch_t)
     res.fold_s = time.perf_counter() - started
     res.inputs = len(tr.inputs)
+    if kind in ETA_KINDS and truth.bar_end_t is not None:
+        res.err_nonhead = nonhead_errors(tr)
     if truth.oom_t is not None and res.oom_lead_s is None:
         res.oom_missed = True
     if truth.stall_start_t is not None and res.stall_delay_ratio is None:
         res.stall_missed = True
     return res
+
+
+def nonhead_errors(tr: traces.Trace) -> list[float]:
+    """The same load seen by a node that prints no bar (every node but global rank 0): the
+    trace without its bar lines, so the node's ETA comes from its bytes read and GPU memory
+    (daemon/state/nodeprogress.py). Scored at the times the bar crossed 10%, 20%, ... 90%,
+    against the true time to the load's end."""
+    truth = tr.truth
+    assert truth.bar_end_t is not None
+    marks: list[float] = []
+    points = list(POINTS)
+    for now, item in tr.inputs:
+        if (
+            isinstance(item, ShardProgress)
+            and item.bar == "weights"
+            and points
+            and 0 < item.total > item.done
+            and item.done / item.total >= points[0]
+        ):
+            while points and item.done / item.total >= points[0]:
+                points.pop(0)
+            marks.append(now)
+    state = LoadState(config=tr.config)
+    errors: list[float] = []
+    for now, item in tr.inputs:
+        if isinstance(item, ShardProgress) and item.bar == "weights":
+            continue
+        state = state.apply(item, now)
+        while marks and now >= marks[0]:
+            marks.pop(0)
+            node = state.snapshot(now).node
+            eta = node.progress.eta_s if node is not None else None
+            errors.append(abs((eta if eta is not None else 0.0) - (truth.bar_end_t - now)))
+    return errors
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -243,6 +280,30 @@ def main(argv: list[str] | None = None) -> int:
         "per trace worst / median). Lower ratios are better."
     )
 
+    print()
+    print(
+        f"{'kind':<22} {'head err med s':>14} {'non-head err med s':>18} "
+        f"{'head err p90 s':>14} {'non-head err p90 s':>18}"
+    )
+    nonhead_med: list[float] = []
+    head_med: list[float] = []
+    for kind, results in runs:
+        ours = [e for r in results for e in r.err_ours]
+        nh = [e for r in results for e in r.err_nonhead]
+        if not ours or not nh:
+            continue
+        head_med.append(_quantile(ours, 0.5))
+        nonhead_med.append(_quantile(nh, 0.5))
+        print(
+            f"{kind:<22} {_quantile(ours, 0.5):>14.1f} {_quantile(nh, 0.5):>18.1f} "
+            f"{_quantile(ours, 0.9):>14.1f} {_quantile(nh, 0.9):>18.1f}"
+        )
+    print(
+        "non-head = the same load on a node that prints no bar: the ETA from its bytes read "
+        "and GPU memory alone\n(loadwatch_node_eta_seconds); head = the bar's ETA above. "
+        "Absolute errors against the true time to the load's end."
+    )
+
     leads = [r.oom_lead_fraction for r in all_results if r.oom_lead_fraction is not None]
     missed = [r for r in all_results if r.oom_missed]
     stalls = [r.stall_delay_ratio for r in all_results if r.stall_delay_ratio is not None]
@@ -271,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         f"eta_ratio_after_speed_change={max(x or 0.0 for x in speed):.3f} "
         f"oracle_ratio_uniform={oracles['uniform'][0]:.3f} "
         f"oracle_ratio_uniform_worst_trace={oracles['uniform'][1]:.3f} "
-        f"false_stall={false_stall} seeds={args.seeds}"
+        f"false_stall={false_stall} seeds={args.seeds} "
+        f"eta_err_med_s_head={statistics.median(head_med):.1f} "
+        f"eta_err_med_s_nonhead={statistics.median(nonhead_med):.1f}"
     )
     return 0
 
