@@ -227,7 +227,7 @@ def _run_locked(
     )
     holder["daemon"] = daemon
     server = HttpProcess(
-        cfg.http, on_problem=lambda line: eventlog.emit("daemon.problem", error=line)
+        cfg.http, on_problem=lambda line: daemon.feed.line("daemon.problem", error=line)
     )
     boards = BoardMaker(time.time, redactor)
     daemon.on_publish.append(lambda pub: server.send(boards.make(pub)))
@@ -237,11 +237,11 @@ def _run_locked(
         gpu.close()
         return fail(str(exc), EX_UNAVAILABLE)
     if not cfg.http.loopback:
-        eventlog.emit("daemon.warning", warning=f"listening on {cfg.http.host}, not loopback")
+        daemon.feed.line("daemon.warning", warning=f"listening on {cfg.http.host}, not loopback")
     if server.probe_url is not None:
-        eventlog.emit("daemon.listening", url=server.url, probes=server.probe_url)
+        daemon.feed.line("daemon.listening", url=server.url, probes=server.probe_url)
     else:
-        eventlog.emit("daemon.listening", url=server.url)
+        daemon.feed.line("daemon.listening", url=server.url)
     # What exists now (modules, config) lives as long as the process: keep it out of every
     # collection, and collect young objects less often (an event burst makes many short-lived ones).
     gc.freeze()
@@ -284,10 +284,10 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
 
     def factory(daemon: Daemon) -> Any:
         def gpu_cc() -> tuple[int, int] | None:
-            return next(iter(daemon._gpu_ccs.values()), None)
+            return next(iter(daemon.tally.gpu_ccs.values()), None)
 
         def on_report(report: Any) -> None:
-            daemon.eventlog.emit("preflight", verdict=report.verdict, report=report.to_dict())
+            daemon.feed.line("preflight", verdict=report.verdict, report=report.to_dict())
 
         def capacity() -> tuple[int, str] | None:
             totals = [g.memory_total_bytes for g in daemon.snapshot().gpus]

@@ -18,7 +18,6 @@ stopped, whatever the log says (a SIGKILL or the OOM killer leave no line).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from loadwatch.daemon.config import VllmConfig
@@ -84,7 +83,7 @@ class VllmWatch:
         d = self.daemon
         prober = self._probers.setdefault(url, HealthProber(url, PROBE_TIMEOUT_S))
         result = await prober.probe()
-        d._health_up = result.ok
+        d.tally.health_up = result.ok
         d.apply(
             HealthProbe(
                 ok=result.ok, ts=result.checked_at, status=result.status, error=result.error
@@ -110,7 +109,7 @@ class VllmWatch:
         r = await asyncio.to_thread(
             probe_completion, url, cfg.servable_prompt, cfg.servable_timeout_s, d.clock
         )
-        d.eventlog.emit(
+        d.feed.line(
             "vllm.servable",
             ok=r.ok,
             model=r.model,
@@ -126,8 +125,7 @@ class VllmWatch:
         d.publish()
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.daemon.stop_event.wait(), timeout=seconds)
+        await self.daemon.sleep(seconds)
 
 
 __all__ = ["VllmWatch"]

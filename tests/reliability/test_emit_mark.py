@@ -174,11 +174,14 @@ def test_the_cut_run_is_completed_from_the_event_log(tmp_path: Path) -> None:
 
 def test_read_back_takes_the_lines_from_where_the_run_began(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
-    t_old = {"event": "transition.phase", "at": 1.0, "phase_from": "a", "phase_to": "b"}
-    t_new = {"event": "transition.phase", "at": 2.0, "phase_from": "b", "phase_to": "c"}
+    # a transition is known by the record that caused it (its offset), not by its `at`
+    t_old = {"event": "transition.phase", "at": 1.0, "phase_to": "b", "offset": 150}
+    t_new = {"event": "transition.phase", "at": 2.0, "phase_to": "c", "offset": 110}
+    t_next = {"event": "transition.phase", "at": 2.0, "phase_to": "d", "offset": 110}
     before = [{"event": "log.progress", "offset": 150}, t_old]  # earlier: another file's record
     run = [
         t_new,
+        t_next,  # a second one of that record: the next of its name
         {"event": "log.progress", "offset": 100},
         {"event": "daemon.started"},  # a restarted daemon's own lines follow
         {"event": "log.progress", "offset": 120, "replay": True},  # a marked copy: not written
@@ -191,10 +194,13 @@ def test_read_back_takes_the_lines_from_where_the_run_began(tmp_path: Path) -> N
     ident = f"{st.st_dev}:{st.st_ino}"
     mark = Mark("1:2:3:0123456789abcdef", 100, 200, ident, len(head))
     assert written(path, mark) == {
-        ("log.progress", 100),
-        ("log.milestone", 130),
-        identity("transition.phase", t_new),
+        ("log.progress", 100, 0),
+        ("log.milestone", 130, 0),
+        ("transition.phase", 110, 0),
+        ("transition.phase", 110, 1),
     }
+    assert identity("transition.phase", t_new) == ("transition.phase", 110)
+    assert identity("transition.stall_raised", {"at": 3.0}) is None  # a tick's: no record
     # not known: no position in the mark, another file there now, or a shorter one
     assert written(path, Mark(mark.file_id, 100, 200)) is None
     assert written(path, Mark(mark.file_id, 100, 200, "0:0", len(head))) is None
@@ -221,15 +227,15 @@ def test_the_daemon_notes_the_event_log_position_with_each_run(tmp_path: Path) -
     (tmp_path / "vllm.log").write_text("".join(_lines()))
     eventlog = EventLog(io.StringIO(), events, console=False)
     daemon = Daemon(cfg, eventlog=eventlog, gpu=NullGpuSource())
-    follower = daemon.open_follower()
-    assert follower is not None
-    daemon.feed_chunks(follower.read())
+    source = daemon.open_log()
+    assert source is not None
+    daemon.take_log(source.read())
     st = events.stat()
     assert st.st_size > 0
     name = checkpoint_name(tmp_path / "vllm.log").replace("follower-", "events-")
     doc = json.loads((tmp_path / "state" / "follower" / name).read_text())
     assert (doc["events_file"], doc["events_at"]) == (f"{st.st_dev}:{st.st_ino}", st.st_size)
-    follower.close(checkpoint=False)
+    source.follower.close(checkpoint=False)
     eventlog.close()
 
 

@@ -47,35 +47,31 @@ BLOCK = 512
 MAX_MARK_BYTES = 1 << 16  # a note is a block or two: past this, not one (never read whole)
 READ_BACK = 64 << 20  # at most this much of the event log is read back (else: not known)
 
-# What makes a transition the same transition when written twice: not the time of writing, nor
-# the session's number, which counts from where the state was rebuilt.
-_TRANSITION_KEYS = (
-    "at",
-    "phase_from",
-    "phase_to",
-    "failure_kind",
-    "reason",
-    "forecast",
-    "gpu_index",
-)
-
 Identity = tuple[Any, ...]
 
 
 def identity(name: str, fields: Mapping[str, Any]) -> Identity | None:
-    """An event line's identity: a log event by its record's offset, a transition by its
-    content; None for any other event."""
-    if name.startswith("log."):
-        offset = fields.get("offset")
-        return (name, offset) if isinstance(offset, int) else None
-    if name.startswith("transition."):
-        # One a log record made is known by that record: its `at` is the clock of the daemon
-        # that read the record live, which a restarted daemon cannot know.
-        offset = fields.get("offset")
-        if isinstance(offset, int):
-            return (name, offset, *(fields.get(k) for k in _TRANSITION_KEYS[1:]))
-        return (name, *(fields.get(k) for k in _TRANSITION_KEYS))
+    """An event line's identity by what caused it: a log event, or a state transition a log
+    record caused, by the record's offset (its file is the mark's); None for any other event.
+    Not by content: a transition's `at` is re-derived by a restart from its own clock. Of
+    several lines of one name from one record, the k-th is ``(*identity, k)`` (`Ordinals`)."""
+    offset = fields.get("offset")
+    if name.startswith(("log.", "transition.")) and isinstance(offset, int):
+        return (name, offset)
     return None
+
+
+class Ordinals:
+    """Numbers the lines of one name from one record in the order they were written, so that
+    two transitions of one kind caused by one record are two identities."""
+
+    def __init__(self) -> None:
+        self._seen: dict[Identity, int] = {}
+
+    def __call__(self, key: Identity) -> Identity:
+        k = self._seen.get(key, 0)
+        self._seen[key] = k + 1
+        return (*key, k)
 
 
 def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identity] | None:
@@ -100,6 +96,7 @@ def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identi
     except OSError:
         return None
     found: set[Identity] = set()
+    ordinal = Ordinals()
     for raw in tail.split(b"\n"):
         try:
             doc = json.loads(raw)
@@ -109,9 +106,9 @@ def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identi
             continue
         name = doc.get("event")
         key = identity(name, doc) if isinstance(name, str) else None
-        if key is None or (key[0].startswith("log.") and not mark.done <= key[1] < mark.pending):
+        if key is None or not mark.done <= key[1] < mark.pending:
             continue
-        found.add(key)
+        found.add(ordinal(key))
     return found
 
 

@@ -1,0 +1,226 @@
+"""What the daemon hands the HTTP threads: an immutable `Published` bundle after each batch.
+
+`Tally` keeps the lifetime counts the state does not (sessions it no longer details, vLLM runs,
+Xid errors, events by type); `Publisher` builds the bundle from the state, the tally and the
+sources' health, at most every `PUBLISH_MIN_S` while the log streams in, and runs the hooks that
+render ahead (/metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from loadwatch.daemon.config import Config
+from loadwatch.daemon.sdnotify import SdNotifier
+from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
+from loadwatch.daemon.sources.inputs import GpuReading
+from loadwatch.daemon.state.loadstate import LoadState
+from loadwatch.daemon.state.published import LogHealth, Published, SupervisorStats, Totals
+from loadwatch.daemon.state.snapshot import Snapshot
+
+VERSION = "0.1.0"
+PUBLISH_MIN_S = 0.1  # at most this often while the log streams in
+
+
+@dataclass
+class Tally:
+    """Lifetime counts that outlive the sessions the state keeps, so totals stay monotonic."""
+
+    events: Counter[str] = field(default_factory=Counter)
+    xids: Counter[tuple[int, str | None, int]] = field(default_factory=Counter)
+    warnings: Counter[str] = field(default_factory=Counter)  # of retired sessions
+    failures: Counter[str] = field(default_factory=Counter)  # of retired sessions
+    stalls: int = 0  # of retired sessions
+    vllm_exits: Counter[str] = field(default_factory=Counter)  # vLLM runs ended, by outcome
+    vllm_last_ok: float | None = None
+    gpu_ccs: dict[int, tuple[int, int]] = field(default_factory=dict)
+    last_reading: GpuReading | None = None
+    orphans: int | None = None
+    health_up: bool | None = None
+
+    def retire(self, before: LoadState, now: float) -> None:
+        """A new session replaces the state's current one: keep its counts."""
+        s = before.snapshot(now).session
+        if s is None:
+            return
+        for w in s.warnings:
+            self.warnings[w.code] += w.count
+        if s.failure_kind is not None:
+            self.failures[s.failure_kind] += 1
+        self.stalls += s.stall.stalls_total
+
+    def totals(self, snap: Snapshot) -> Totals:
+        """Lifetime counts: sessions the state no longer details, plus the current one."""
+        warnings = Counter(self.warnings)
+        failures = Counter(self.failures)
+        stalls = self.stalls
+        view = snap.session
+        if view is not None:
+            for w in view.warnings:
+                warnings[w.code] += w.count
+            if view.failure_kind is not None:
+                failures[view.failure_kind] += 1
+            stalls += view.stall.stalls_total
+        return Totals(
+            warnings=dict(warnings),
+            failures=dict(failures),
+            stalls=stalls,
+            events=dict(self.events),
+            xids=dict(self.xids),
+        )
+
+
+class Host(Protocol):
+    """What publishing and the periodic tasks (tasks.py) use of the daemon (loop.py)."""
+
+    cfg: Config
+    gpu: GuardedGpuSource | NullGpuSource
+    state: LoadState
+    tally: Tally
+    feed: Any  # eventfeed.EventFeed
+    publisher: Publisher
+    notifier: SdNotifier
+    supervisor: Any
+    log: Any  # sources.log.source.LogSource | None
+    stop_event: asyncio.Event
+    io_reader: Any  # sources.inputs.IoReader | None
+    started_at: float
+
+    @property
+    def busy(self) -> bool: ...
+
+    def clock(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    def apply(self, item: Any) -> None: ...
+
+    def take_log(self, items: Any) -> None: ...
+
+    def snapshot(self) -> Snapshot: ...
+
+
+class Publisher:
+    def __init__(self, daemon: Host) -> None:
+        self._d = daemon
+        self.published: Published | None = None
+        self.hooks: list[Callable[[Published], None]] = []  # e.g. render /metrics ahead
+        self._hook_error: str | None = None  # the last failure of a hook, said once
+        self._pending = False
+        self._mono = float("-inf")
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def soon(self) -> None:
+        """Publish now, or once PUBLISH_MIN_S has passed since the last time: while a backlog
+        streams in, a snapshot per read would cost more than the reading."""
+        wait = PUBLISH_MIN_S - (time.monotonic() - self._mono)
+        if wait <= 0:
+            self.now()
+        elif not self._pending and self._loop is not None:
+            self._pending = True
+            self._loop.call_later(wait, self._deferred)
+
+    def _deferred(self) -> None:
+        if self._pending:
+            self.now()
+
+    def now(self) -> None:
+        d = self._d
+        self._pending = False
+        self._mono = time.monotonic()
+        now = d.clock()
+        snap = d.state.snapshot(now)
+        self.published = Published(
+            state=d.state,
+            at=now,
+            started_at=d.started_at,
+            version=VERSION,
+            totals=d.tally.totals(snap),
+            log=self._log_health(),
+            gpu=d.gpu.health() if isinstance(d.gpu, GuardedGpuSource) else None,
+            supervisor=self._supervisor_stats(),
+            load_budget_s=d.cfg.forecast.load_budget_s,
+            gpu_ccs=dict(d.tally.gpu_ccs),
+            _cache=[snap, now],
+        )
+        failed: str | None = None
+        for hook in self.hooks:
+            try:
+                hook(self.published)
+            except Exception as exc:  # a hook's bug must not stop the loop: said once
+                failed = f"after publishing: {type(exc).__name__}: {exc}"
+        if failed is not None and failed != self._hook_error:
+            d.feed.problem(failed)
+        self._hook_error = failed
+
+    def _log_health(self) -> LogHealth | None:
+        source = self._d.log
+        if source is None:
+            return None
+        h = source.follower.health()
+        return LogHealth(
+            up=h.file_exists and h.last_error is None,
+            file_exists=h.file_exists,
+            lines_total=h.records_total,
+            bytes_total=h.bytes_total,
+            cuts_total=h.cuts_total,
+            rotations_total=h.rotations_total,
+            truncations_total=h.truncations_total,
+            errors_total=h.errors_total,
+            last_error=h.last_error,
+            last_success_ts=h.last_check_ts,
+            mode=h.mode,
+        )
+
+    def _supervisor_stats(self) -> SupervisorStats | None:
+        d = self._d
+        sup = d.supervisor
+        if sup is None:
+            return None
+        exits = d.tally.vllm_exits
+        last_ok = d.tally.vllm_last_ok
+        if sup.pid is not None:
+            last_ok = d.clock()
+        return SupervisorStats(
+            state=str(sup.state),
+            starts_total=sum(exits.values()) + (1 if sup.pid is not None else 0),
+            exits=dict(exits),
+            errors_total=exits["failed"] + exits["signal"],
+            last_success_ts=last_ok,
+            orphans=d.tally.orphans,
+            health_up=d.tally.health_up,
+        )
+
+
+def status_line(snap: Snapshot) -> str:
+    """One line for systemd's STATUS= and the console: "loading 18/119 shards, ETA 15m"."""
+    s = snap.session
+    if s is None:
+        return "waiting for vLLM"
+    p = s.progress
+    if s.phase in ("loading_weights", "stalled", "starting") and p.shards_total:
+        eta = f", ETA {_human(p.eta.remaining_s)}" if p.eta is not None else ""
+        stalled = " (stalled)" if s.phase == "stalled" else ""
+        return f"loading {p.shards_done or 0}/{p.shards_total} shards{eta}{stalled}"
+    if s.phase == "failed":
+        return f"failed: {s.failure_kind or 'unknown'}"
+    if s.phase == "ready" and s.time_to_ready_s is not None:
+        return f"ready (in {_human(s.time_to_ready_s)})"
+    return s.phase.replace("_", " ")
+
+
+def _human(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"

@@ -1,0 +1,349 @@
+"""The log source: vLLM's log as runs of events, each tagged with what a restart owes it.
+
+The one owner of resuming. It holds the follower (and its checkpoint), the emit mark and the
+replay decision (resume.py), and hands the loop `Run`s: the events of a run of records, tagged
+
+- `replay`: the records were written before this daemon could watch them (read back to rebuild
+  the state, or a backlog caught up on): they happened at their own stamps, moved onto the
+  daemon's clock by `stamp_offset_s`; else they happen now (live);
+- `emit`: what the event log still needs of their effects: "none" (written by the daemon before),
+  "missing" (a run a kill cut short: those `written` lacks; with `written` None, all of them,
+  marked replay), "new".
+
+and `Notice`s, the ``daemon.*`` lines about reading, in the order the event log must show them.
+The loop applies each run and writes its effects between `begin(run, ...)` and `end(run, ...)`,
+which keep the emit mark; it tells `session_began` when a record opened a vLLM session (the
+checkpoint keeps where, so a restart replays the session from there).
+
+Time. vLLM stamps its lines in its own local time with no zone; the parser reads them in the
+daemon's zone. Nothing here compares a stamp with the daemon's clock to decide anything: the
+offset between the two (daemon clock minus stamp) is measured on live records (the smallest
+seen lately: a line is read a little after it was written, never before), saved in the
+checkpoint, and on a first start taken from the log file's modification time against the last
+stamp of its backlog. A replay lands on the daemon's timeline whatever vLLM's zone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadwatch.daemon.sources.inputs import Chunk
+from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
+from loadwatch.daemon.sources.log.container import ContainerLogDecoder, LogFormat, decode_bytes
+from loadwatch.daemon.sources.log.emitmark import EmitMark, Identity
+from loadwatch.daemon.sources.log.files import stat_file
+from loadwatch.daemon.sources.log.follower import FollowerError, LogFollower
+from loadwatch.daemon.sources.log.resume import Emit, Notice, Resume
+from loadwatch.daemon.sources.log.wake import Mode
+from loadwatch.parsers import ChunkScanner, Event
+
+__all__ = ["Emit", "LogSource", "Notice", "Run"]
+
+OFFSET_KEEP_S = 300.0  # a smaller (daemon clock - stamp) replaces the estimate; so, past this
+PEEK_BYTES = 64 * 1024  # of the log's end, for the last stamp of a first start's backlog
+QUIET_CLOSE_S = 2.0  # a traceback open this long with nothing more logged is complete
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """The events of the records [start, end) of one file, and what is owed to them."""
+
+    file_id: str
+    start: int
+    end: int
+    events: list[Event]
+    replay: bool
+    emit: Emit
+    stamp_offset_s: float
+    written: frozenset[Identity] | None = None  # emit "missing": what the event log holds
+    # emit "missing": where the killed daemon began writing the run's effects in the event log
+    # file (the emit mark's note; None: not known), so a kill now still finds them
+    events_from: tuple[str, int] | None = None
+
+
+class LogSource:
+    """See the module doc. `read()` returns what the log holds now as runs and notices."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        state_dir: Path,
+        scanner: Callable[[], ChunkScanner],
+        events_file: Path | None = None,
+        container: LogFormat = "plain",
+        cap_bytes: int = 64 * 1024,
+        poll_interval_s: float = 0.25,
+        mode: Mode = "auto",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self._clock = clock
+        self._new_scanner = scanner
+        self.scanner = scanner()
+        self.follower = LogFollower(
+            path,
+            state_dir=state_dir,
+            cap_bytes=cap_bytes,
+            poll_interval_s=poll_interval_s,
+            mode=mode,
+            split_cr=container == "plain",
+        )
+        # a container runtime's lines (CRI, docker's json-file): their content, same offsets
+        self._format = container
+        self._decoder = ContainerLogDecoder(container) if container != "plain" else None
+        name = checkpoint_name(path).replace("follower-", "events-", 1)
+        self.marks = EmitMark(state_dir / name)
+        self.resume = Resume(self.follower, self.marks, events_file)
+        self._pending: list[Notice] = []
+        cp = self.follower.loaded_checkpoint
+        self._error_told: str | None = None
+        error = self.follower.health().last_error
+        if cp is None and error is not None:  # said now: the first checkpoint saved clears it
+            self._pending.append(_problem(f"log {path}: {error}: no position to resume from"))
+            self._error_told = error
+        self._pending.extend(self.resume.notices)
+        self.resume.notices.clear()
+        saved = cp.extra.get("stamp_offset_s") if cp is not None else None
+        self._offset: float | None = float(saved) if isinstance(saved, int | float) else None
+        self._offset_at = clock()
+        self._backlog_key: tuple[int, int] | None = None
+        self._backlog_size = 0
+        st = stat_file(str(path))
+        if st is not None and st.st_size > 0:
+            self._backlog_key, self._backlog_size = (st.st_dev, st.st_ino), st.st_size
+            if self._offset is None:
+                self._offset = self._peek_offset(st.st_size, st.st_mtime)
+        # Live once caught up; at once when nothing is there to catch up on.
+        self._live = self._backlog_key is None and not self.resume.replaying and cp is None
+        self._start_told = False
+        self._read_any = False  # the last read found records
+        self._last_chunk: tuple[float, str, int] | None = None  # (monotonic, file, end) read
+
+    # -- time -------------------------------------------------------------------------------
+
+    @property
+    def stamp_offset_s(self) -> float:
+        """Daemon clock minus vLLM's stamp, as last measured (0 before any)."""
+        return self._offset if self._offset is not None else 0.0
+
+    def _peek_offset(self, size: int, mtime: float) -> float | None:
+        """The file's modification time minus the last stamp in its last bytes: when its last
+        line was written, on the daemon's clock, against when vLLM says it was."""
+        try:
+            with open(self.path, "rb") as f:
+                at = max(0, size - PEEK_BYTES)
+                f.seek(at)
+                data = f.read(size - at)
+        except OSError:
+            return None
+        if at > 0:
+            nl = data.find(b"\n")
+            data, at = data[nl + 1 :], at + nl + 1
+        data = data[: max(data.rfind(b"\n"), data.rfind(b"\r")) + 1]
+        if self._format != "plain":
+            data = decode_bytes(data, self._format)
+        stamps = [ev.ts for ev in self._new_scanner().feed(data, at) if ev.ts is not None]
+        return mtime - max(stamps) if stamps else None
+
+    def _measure(self, events: list[Event], now: float) -> None:
+        for ev in events:
+            ts = ev.ts
+            if ts is None:
+                continue
+            c = now - ts
+            if self._offset is None or c <= self._offset or now - self._offset_at > OFFSET_KEEP_S:
+                self._offset, self._offset_at = c, now
+
+    # -- reading ----------------------------------------------------------------------------
+
+    @property
+    def backlog(self) -> bool:
+        return self.follower.backlog
+
+    def read(self) -> list[Run | Notice]:
+        """Everything readable now, as runs of events and the notices between them."""
+        follower = self.follower
+        out: list[Run | Notice] = self._take()
+        try:
+            chunks = follower.read()
+            if self._decoder is not None:
+                chunks = self._decoder.decode(chunks)
+        except FollowerError as exc:
+            out.append(_problem(f"log {follower.path}: {exc}"))
+            chunks = []
+        if not self._start_told and follower.start != "pending":
+            self._start_told = True  # (before the events the line explains)
+            line = self._start_line()
+            if line is not None:
+                out.append(_problem(line))
+        now = self._clock()
+        self.scanner.stream.set_reference(now)
+        for chunk in chunks:
+            out.extend(self._runs(chunk, now))
+        out.extend(self._take())
+        self._read_any = bool(chunks)
+        if chunks:
+            self._last_chunk = (time.monotonic(), chunks[-1].file_id, chunks[-1].next_offset)
+        if not follower.backlog:
+            self._live = True
+            if not chunks and follower.health().file_exists:
+                self.resume.caught_up()
+                out.extend(self._take())
+                out.extend(self._close_quiet_traceback())
+        return out
+
+    def _close_quiet_traceback(self) -> list[Run | Notice]:
+        """A traceback still open once the log has been quiet for QUIET_CLOSE_S is the log's
+        last word (a vLLM that died printing it): closed as analyze closes it at the end of the
+        file, so the failure is not held back for ever. One the last daemon read before its
+        checkpoint was its to write: state only."""
+        stream = self.scanner.stream
+        last = self._last_chunk
+        if last is None or not stream.in_traceback or time.monotonic() - last[0] < QUIET_CLOSE_S:
+            return []
+        _, file_id, end = last
+        events = stream.flush()
+        cp = self.follower.loaded_checkpoint
+        limit = cp.offset if cp is not None and file_id == cp.file_id else -1
+        old = [ev for ev in events if ev.offset < limit]
+        new = [ev for ev in events if ev.offset >= limit]
+        out: list[Run | Notice] = []
+        parts: tuple[tuple[list[Event], Emit], ...] = ((old, "none"), (new, "new"))
+        for part, emit in parts:
+            if part:
+                replay = emit == "none"
+                out.append(
+                    Run(file_id, part[0].offset, end, part, replay, emit, self.stamp_offset_s)
+                )
+        return out
+
+    def settle(self) -> list[Notice]:
+        """After the loop applied what `read` gave: the checkpoint (when due, and something was
+        read), then a line when reading or saving failed, or works again."""
+        if self._read_any:
+            self.follower.maybe_checkpoint(self._extra())
+        follower = self.follower
+        out: list[Notice] = []
+        h = follower.health()
+        if h.last_error and h.last_error != self._error_told:
+            where = "" if h.last_error.startswith(str(follower.path)) else f"{follower.path}: "
+            out.append(_problem(f"log {where}{h.last_error}"))
+        elif h.last_error is None and self._error_told is not None:
+            out.append(Notice("daemon.recovered", {"source": "log"}))
+        self._error_told = h.last_error
+        return out
+
+    def _take(self) -> list[Run | Notice]:
+        out: list[Run | Notice] = [*self._pending, *self.resume.notices]
+        self._pending.clear()
+        self.resume.notices.clear()
+        return out
+
+    def _runs(self, chunk: Chunk, now: float) -> list[Run | Notice]:
+        out: list[Run | Notice] = []
+        resume = self.resume
+        for data, start, end in resume.split(chunk):
+            emit = resume.emit(chunk.file_id, start, end)
+            out.extend(self._take())  # (the replay's end before the run it lets through)
+            events = self.scanner.feed(data, start, chunk.file_id)
+            if not self._live and self._backlog_key is not None and emit == "new":
+                key = _file_key(chunk.file_id)
+                if key == self._backlog_key and start >= self._backlog_size:
+                    self._live = True  # past what the file held when the daemon started
+            replay = emit != "new" or not self._live
+            if not replay:
+                self._measure(events, now)
+            written, since = None, None
+            if emit == "missing":
+                written, since = resume.written, resume.events_from()
+            out.append(
+                Run(
+                    chunk.file_id,
+                    start,
+                    end,
+                    events,
+                    replay,
+                    emit,
+                    self.stamp_offset_s,
+                    written,
+                    since,
+                )
+            )
+        return out
+
+    def _start_line(self) -> str | None:
+        """One line when a restart could not resume where the last daemon stopped reading."""
+        follower = self.follower
+        cp, start = follower.loaded_checkpoint, follower.start
+        if cp is None or start not in ("gone", "changed"):
+            return None
+        path, keep = follower.path, follower.rotated_keep
+        if start == "gone":
+            names = (
+                f"{path}"
+                if keep == 0
+                else f"{path} nor at {path}.1 ... {path}.{keep} nor at a dated {path}-<date>"
+            )
+            why = f"is no longer at {names} (deleted, rotated further, or unreadable)"
+        else:
+            why = "was cut back below that byte while the daemon was down"
+        if follower.recovered:  # rotated away after the checkpoint: newer than its file
+            files = ", ".join((*follower.recovered, str(path)))
+            reading = f"{files} from their start (rotated files written after the checkpoint)"
+        else:
+            reading = f"{path} from its start"
+        return (
+            f"log {path}: the file the checkpoint names (at byte {cp.offset}) {why}: reading "
+            f"{reading}; what that file held after byte {cp.offset}, if anything, is not read"
+        )
+
+    # -- writing a run's effects ------------------------------------------------------------
+
+    def begin(self, run: Run, events_at: tuple[str, int] | None) -> None:
+        """The run's effects are about to be written (`events_at`: the event log file now)."""
+        if run.emit == "missing":
+            events_at = run.events_from
+        if run.emit != "none" and run.events:
+            self.marks.begin(run.file_id, run.start, run.end, events_at)
+
+    def end(self, run: Run, events_at: tuple[str, int] | None) -> None:
+        """They are written."""
+        if run.emit != "none" and run.events:
+            self.marks.end(run.file_id, run.end, events_at)
+
+    def session_began(self, run: Run, offset: int) -> None:
+        """The record at `offset` of the run's file opened a vLLM session."""
+        self.resume.session_start = {"file_id": run.file_id, "offset": offset}
+
+    # -- checkpoints and shutdown -----------------------------------------------------------
+
+    def _extra(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.resume.session_start:
+            extra["session_start"] = self.resume.session_start
+        if self._offset is not None:
+            extra["stamp_offset_s"] = round(self._offset, 3)
+        return extra
+
+    async def wait(self, timeout_s: float) -> bool:
+        return await self.follower.wait_async(timeout_s)
+
+    def close(self) -> None:
+        """A clean stop: the final checkpoint, then the files closed."""
+        self.follower.checkpoint(self._extra())
+        self.follower.close(checkpoint=False)
+        self.marks.close()
+
+
+def _problem(line: str) -> Notice:
+    return Notice("daemon.problem", {"error": line})
+
+
+def _file_key(file_id: str) -> tuple[int, int]:
+    dev, ino = file_id.split(":", 2)[:2]
+    return int(dev), int(ino)
