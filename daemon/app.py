@@ -311,7 +311,7 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
         return Supervisor(
             sup_cfg,
             on_event=daemon.on_process_event,
-            on_note=lambda name, fields: daemon.eventlog.emit(name, **fields),
+            on_note=lambda name, fields: daemon.feed.line(name, **fields),
         )
 
     return factory
