@@ -175,6 +175,13 @@ def test_stall_restart_policy(tmp_path: Path) -> None:
             "a restart after the stall",
             30,
         )
+        # The metric comes from the published snapshot; the event log line of the second start
+        # may be a moment behind it on a busy machine.
+        d.wait(
+            lambda: [e["event"] for e in d.events()].count("vllm.started") >= 2,
+            "the second start in the event log",
+            10,
+        )
         ev = [e["event"] for e in d.events()]
         assert "transition.stall_raised" in ev
         first_start = ev.index("vllm.started")
