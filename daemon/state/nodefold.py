@@ -4,6 +4,7 @@ the state already takes, beside the session's own fold: one call per input from
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from loadwatch.daemon.sources.inputs import GpuReading, IoSample, ModelInfo, ProcessEvent
@@ -106,8 +107,6 @@ def track_node(f: Fold, item: Any) -> None:
 
 
 def _replace(load: NodeLoad, **kw: Any) -> NodeLoad:
-    from dataclasses import replace
-
     return replace(load, **kw)
 
 
@@ -162,7 +161,9 @@ def progress_for(
     )
 
 
-def node_view(state: Any, session: Any, now: float) -> NodeView:
+def node_view(state: Any, session: Any, now: float, bar_eta: Any = None) -> NodeView:
+    """The node's view; `bar_eta` is the session's ETA (EtaView) where this node prints the
+    bar: there the node's ETA is the bar's, as its progress is."""
     role = role_view(state.node)
     progress = progress_for(
         state.node_load,
@@ -173,6 +174,10 @@ def node_view(state: Any, session: Any, now: float) -> NodeView:
         session=session,
         cfg=state.config,
     )
+    if bar_eta is not None and progress.bar_ratio is not None and progress.loading:
+        progress = replace(
+            progress, eta_s=bar_eta.remaining_s, eta_low_s=bar_eta.low_s, eta_high_s=bar_eta.high_s
+        )
     phase = session.phase if session is not None else None
     if role.role in ("headless_tp_pp", "headless_dp"):
         ready = progress.weights_done and phase not in ("failed", "stopped", "stalled")

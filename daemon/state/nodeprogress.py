@@ -171,7 +171,10 @@ def progress_view(
             / max(len(load.gpu_used), 1)
         )
     signals = [r for r in (io_ratio, gpu_ratio) if r is not None]
-    own = max(signals) if signals else None
+    # A signal at its end while another still moves says nothing more (GPU memory past the
+    # weights' share: buffers, a CUDA context bigger than thought): the moving one tells.
+    moving = [r for r in signals if r < 1.0]
+    own = max(moving) if moving else (1.0 if signals else None)
     if load.weights_done:
         own = 1.0
     ratio = bar_ratio if bar_ratio is not None else own

@@ -344,6 +344,7 @@ def build_snapshot(state: StateData, now: float) -> Snapshot:
     h = state.health
     live, not_live = liveness(state, now)
     not_ready = readiness(state)
+    sv = _session_view(state, s, now, kv) if s is not None else None
     return Snapshot(
         schema=SCHEMA,
         at=now,
@@ -354,7 +355,7 @@ def build_snapshot(state: StateData, now: float) -> Snapshot:
         not_live=not_live,
         restarts=state.restarts,
         sessions_total=state.sessions_total,
-        session=_session_view(state, s, now, kv) if s is not None else None,
+        session=sv,
         sessions=state.past,
         model=ModelView(m.path, len(m.shards), m.total_bytes, m.checkpoint_kv_dtype, m.errors)
         if m is not None
@@ -372,5 +373,5 @@ def build_snapshot(state: StateData, now: float) -> Snapshot:
         health=HealthView(h.ok, h.ts, h.status, h.error, state.health_failures)
         if h is not None
         else None,
-        node=node_view(state, s, now),
+        node=node_view(state, s, now, sv.progress.eta if sv is not None else None),
     )

@@ -194,3 +194,36 @@ def test_a_real_two_node_pipeline_parallel_deployment() -> None:
     assert node1.role.share == head.role.share == 0.5  # each stage reads its half
     assert node1.progress.bar_ratio is None and node1.progress.weights_done
     assert node1.ready  # its own `Loading weights took`, no failure
+
+
+def test_the_head_node_eta_is_the_bars() -> None:
+    st = fold(b"Starting to load model /m...\n", now=0.0)
+    st = st.apply(ModelInfo(path="/m", total_bytes=100 * GIB), 0.0)
+    st = st.apply(IoSample(ts=0.0, read_bytes=0), 0.0)
+    for n in range(0, 5):
+        line = (
+            b"Loading safetensors checkpoint shards: %3d%% Completed | %d/10 [00:%02d<00:10, 1.00it/s]\n"
+            % (
+                n * 10,
+                n,
+                n,
+            )
+        )
+        st = fold(line, st, now=float(n))
+        st = st.apply(IoSample(ts=float(n), read_bytes=n * 10 * GIB), float(n))
+    snap = st.snapshot(4.0)
+    assert snap.session is not None and snap.session.progress.eta is not None
+    node = snap.node
+    assert node is not None and node.progress.loading
+    assert node.progress.eta_s == snap.session.progress.eta.remaining_s
+    assert node.progress.eta_low_s == snap.session.progress.eta.low_s
+
+
+def test_a_saturated_signal_gives_way_to_the_moving_one() -> None:
+    st = headless_load()
+    for t in range(1, 11):
+        st = st.apply(IoSample(ts=float(t), read_bytes=(5 + t) * GIB), float(t))
+        st = st.apply(_gpus(float(t), 60 * GIB), float(t))  # far past its share at once
+    p = st.snapshot(10.0).node.progress  # type: ignore[union-attr]
+    assert p.gpu_ratio == 1.0 and p.io_ratio is not None and abs(p.io_ratio - 0.1) < 0.01
+    assert p.ratio == p.io_ratio and p.eta_s is not None
