@@ -70,6 +70,57 @@ class _Traceback:
     tail_open: bool = False  # its exception line may go on in the next record (wrapped)
     joined: bool = False  # a wrapped exception line's pieces were joined
 
+    def take(self, head: Head, offset: int) -> bool | None:
+        """None: the line belongs to the traceback; True: it ended it; False: not ours."""
+        body = head.body
+        stripped = body.strip()
+        if head.level in ("INFO", "DEBUG", "WARNING") or self.records >= MAX_TRACEBACK_RECORDS:
+            return False
+        self.records += 1
+        self.last_offset = offset
+        if not stripped or body[:1].isspace() or stripped.startswith(TRACEBACK_START):
+            return None
+        if stripped.startswith(CHAIN_MARKERS) or stripped.startswith("^"):
+            return None
+        m = EXCEPTION_LINE.match(stripped) or EXCEPTION_LINE_LOOSE.match(stripped)
+        if m is None:
+            self.records -= 1
+            return False
+        exc_type = m["exc"]
+        message = (m["msg"] or "").strip()[:MAX_MESSAGE_CHARS]
+        kind = classify(exc_type, message)
+        if self.kind is None or KIND_RANK[kind] < KIND_RANK[self.kind]:
+            self.kind = kind
+        self.exc_type, self.message = exc_type, message
+        return True
+
+    def close(self) -> Failure:
+        """The traceback as one failure."""
+        kind = self.kind or "other"
+        if self.joined:  # a wrapped message joined: its whole text decides
+            joined = classify(self.exc_type, self.message)
+            if KIND_RANK[joined] < KIND_RANK[kind]:
+                kind = joined
+        if kind == "other" and self.first_line:
+            # `Exception in worker ... while processing method init_device: NCCL error: ...,
+            # Traceback (most recent call last):` names the error before the frames
+            kind = classify(None, self.first_line)
+        message = self.message
+        if not message:
+            message = self.first_line if kind != "other" else CUT_TRACEBACK
+        return Failure(
+            kind=kind,
+            message=message,
+            exc_type=self.exc_type,
+            first_line=self.first_line,
+            records=self.records,
+            last_offset=self.last_offset,
+            offset=self.offset,
+            ts=self.ts,
+            process=self.process,
+            pid=self.pid,
+        )
+
 
 @dataclass(slots=True)
 class _BarAnchor:
@@ -216,7 +267,7 @@ class EventStream:
     def flush(self) -> list[Event]:
         """End of input: close any open traceback (a log cut off mid-traceback)."""
         held = [self._wrapped] if self._wrapped is not None else []
-        out: list[Event] = [self._close(tb) for tb in [*held, *self._tracebacks.values()]]
+        out: list[Event] = [tb.close() for tb in [*held, *self._tracebacks.values()]]
         self._tracebacks.clear()
         self._wrapped = None
         self.in_traceback = False
@@ -233,7 +284,7 @@ class EventStream:
         body = head.body
         tb = self._tracebacks.get(key)
         if tb is not None:
-            done = self._traceback_line(tb, head, offset)
+            done = tb.take(head, offset)
             if done is None:
                 return []
             del self._tracebacks[key]
@@ -245,7 +296,7 @@ class EventStream:
                 return []
             self.in_traceback = bool(self._tracebacks)
             # Not part of the traceback after all: close it, then parse the record as usual.
-            return [self._close(tb), *self._parse(head, offset)]
+            return [tb.close(), *self._parse(head, offset)]
         # `EngineCore hit an exception: Traceback (most recent call last):` opens one too.
         if head.level in TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START):
             self.stats.tracebacks += 1
@@ -307,7 +358,7 @@ class EventStream:
                 return []
         self._wrapped = None
         self.in_traceback = bool(self._tracebacks)
-        closed = self._close(tb)
+        closed = tb.close()
         return [closed] if piece else [closed, *self._segment(head, offset)]
 
     def _parse(self, head: Head, offset: int) -> list[Event]:
@@ -353,53 +404,3 @@ class EventStream:
         else:
             set_fields(event, ts=self._last_ts)
         return event
-
-    def _traceback_line(self, tb: _Traceback, head: Head, offset: int) -> bool | None:
-        """None: the line belongs to the traceback; True: it ended it; False: not ours."""
-        body = head.body
-        stripped = body.strip()
-        if head.level in ("INFO", "DEBUG", "WARNING") or tb.records >= MAX_TRACEBACK_RECORDS:
-            return False
-        tb.records += 1
-        tb.last_offset = offset
-        if not stripped or body[:1].isspace() or stripped.startswith(TRACEBACK_START):
-            return None
-        if stripped.startswith(CHAIN_MARKERS) or stripped.startswith("^"):
-            return None
-        m = EXCEPTION_LINE.match(stripped) or EXCEPTION_LINE_LOOSE.match(stripped)
-        if m is None:
-            tb.records -= 1
-            return False
-        exc_type = m["exc"]
-        message = (m["msg"] or "").strip()[:MAX_MESSAGE_CHARS]
-        kind = classify(exc_type, message)
-        if tb.kind is None or KIND_RANK[kind] < KIND_RANK[tb.kind]:
-            tb.kind = kind
-        tb.exc_type, tb.message = exc_type, message
-        return True
-
-    def _close(self, tb: _Traceback) -> Failure:
-        kind = tb.kind or "other"
-        if tb.joined:  # a wrapped message joined: its whole text decides
-            joined = classify(tb.exc_type, tb.message)
-            if KIND_RANK[joined] < KIND_RANK[kind]:
-                kind = joined
-        if kind == "other" and tb.first_line:
-            # `Exception in worker ... while processing method init_device: NCCL error: ...,
-            # Traceback (most recent call last):` names the error before the frames
-            kind = classify(None, tb.first_line)
-        message = tb.message
-        if not message:
-            message = tb.first_line if kind != "other" else CUT_TRACEBACK
-        return Failure(
-            kind=kind,
-            message=message,
-            exc_type=tb.exc_type,
-            first_line=tb.first_line,
-            records=tb.records,
-            last_offset=tb.last_offset,
-            offset=tb.offset,
-            ts=tb.ts,
-            process=tb.process,
-            pid=tb.pid,
-        )
