@@ -1,9 +1,9 @@
 """Watch mode against real vLLM 0.32 on the CPU: loadwatch follows the log of a vLLM something
 else started, probes /health at the URL the log printed, and /readyz ends within two probe
 intervals when vLLM is stopped with SIGTERM (its shutdown lines) and with SIGKILL (no line: the
-probe and the process gone from /proc say it). The servable check passes on the real server
-and fails on one whose completions fail (a tiny DeepSeek-style checkpoint declaring an FP8 KV
-cache: on the CPU it serves /health and its engine dies on the first request)."""
+probe and the process gone from /proc say it). The servable check passes on the real server,
+and fails when the real completion endpoint refuses the request (a prompt longer than the
+server's --max-model-len 512: vLLM answers 400 while /health and /v1/models answer)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from loadwatch.daemon.config import (
 from tests.daemon.harness import Running, running
 from tests.realvllm.vllmproc import ServerSpec, VllmServer, free_port, vllm_available, vllm_python
 
-pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
+pytestmark = [pytest.mark.realvllm, pytest.mark.slow, pytest.mark.timeout(900)]
 TINYMODEL = Path(__file__).resolve().parent.parent / "realvllm" / "tinymodel.py"
 INTERVAL_S = 1.0
 START_S = 240.0  # a vLLM start to /health 200 (about 25 s alone; more on a busy machine)
@@ -53,21 +53,19 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build(tmp_path_factory.mktemp("models") / "llama", "--arch", "llama")
 
 
-@pytest.fixture(scope="module")
-def fp8kv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build(
-        tmp_path_factory.mktemp("models") / "deepseek-fp8kv", "--kv-scales", "--fp8-kv-decl"
-    )
-
-
-def _config(work: Path, log: Path, servable: bool) -> Config:
+def _config(work: Path, log: Path, servable: bool, prompt: str) -> Config:
     return Config(
         log=LogConfig(path=log, poll_interval_s=0.1),
         http=HttpConfig(port=0),
         gpu=GpuConfig(source="none"),
         model=ModelConfig(dir=None),
         # no health_url: the one the log prints (`Starting vLLM server on http://127.0.0.1:N`)
-        vllm=VllmConfig(health_interval_s=INTERVAL_S, servable=servable, servable_timeout_s=60.0),
+        vllm=VllmConfig(
+            health_interval_s=INTERVAL_S,
+            servable=servable,
+            servable_prompt=prompt,
+            servable_timeout_s=60.0,
+        ),
         state_dir=work / "state",
     )
 
@@ -76,8 +74,8 @@ def _config(work: Path, log: Path, servable: bool) -> Config:
 def vllm_and_daemon(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[tuple[VllmServer, Running]]:
-    model, servable = request.param
-    model_dir = request.getfixturevalue(model)
+    servable, prompt = request.param
+    model_dir = request.getfixturevalue("llama")
     log = tmp_path / "vllm.log"
     # vLLM's IPC socket paths live in TMPDIR and must stay under 107 bytes: a short work dir
     work = Path(tempfile.mkdtemp(prefix="lw-watch-"))
@@ -85,7 +83,7 @@ def vllm_and_daemon(
     server = VllmServer(spec, log)
     server.start(rss_interval_s=None)
     try:
-        with running(_config(tmp_path, log, servable)) as d:
+        with running(_config(tmp_path, log, servable, prompt)) as d:
             yield server, d
     finally:
         server.stop(grace_s=20)
@@ -112,7 +110,7 @@ def _wait_ready(server: VllmServer, d: Running) -> None:
     raise AssertionError(f"not ready after {START_S} s: {d.get('/readyz')}")
 
 
-@pytest.mark.parametrize("vllm_and_daemon", [("llama", True)], indirect=True)
+@pytest.mark.parametrize("vllm_and_daemon", [(True, "Hello")], indirect=True)
 def test_servable_passes_then_sigterm_ends_ready(
     vllm_and_daemon: tuple[VllmServer, Running],
 ) -> None:
@@ -131,7 +129,7 @@ def test_servable_passes_then_sigterm_ends_ready(
     assert d.status()["phase"] == "stopped"
 
 
-@pytest.mark.parametrize("vllm_and_daemon", [("llama", False)], indirect=True)
+@pytest.mark.parametrize("vllm_and_daemon", [(False, "Hello")], indirect=True)
 def test_sigkill_ends_ready_within_two_probe_intervals(
     vllm_and_daemon: tuple[VllmServer, Running],
 ) -> None:
@@ -149,17 +147,27 @@ def test_sigkill_ends_ready_within_two_probe_intervals(
     assert d.metrics()["loadwatch_load_ready"] == 0.0
 
 
-@pytest.mark.parametrize("vllm_and_daemon", [("fp8kv", True)], indirect=True)
+# far more tokens than --max-model-len 512 (the tiny tokenizer gives one per word at least)
+TOO_LONG = "hello " * 3000
+
+
+@pytest.mark.parametrize("vllm_and_daemon", [(True, TOO_LONG)], indirect=True)
 def test_servable_fails_when_the_first_completion_fails(
     vllm_and_daemon: tuple[VllmServer, Running],
 ) -> None:
-    _, d = vllm_and_daemon
+    server, d = vllm_and_daemon
     end = time.monotonic() + START_S
     while time.monotonic() < end and (d.status().get("health") or {}).get("ok") is not True:
         time.sleep(0.2)
-    d.wait(lambda: d.status()["session"]["phase"] == "failed", "failed", 120)
+    try:
+        d.wait(lambda: d.status()["session"]["phase"] == "failed", "failed", 120)
+    except AssertionError:
+        tail = server.log_path.read_bytes()[-3000:].decode("utf-8", "replace")
+        raise AssertionError(f"{d.status()['session']}\n--- vLLM log tail ---\n{tail}") from None
     s = d.status()["session"]
     assert d.get("/readyz")[0] == 503
     assert s["ready_at"] is not None  # /health said 200: ready as /health alone means it
-    assert "completion_failed" in {f["kind"] for f in s["failures"]}, s["failures"]
+    assert s["failure_kind"] == "completion_failed", s["failures"]
+    assert "HTTP 400" in s["failures"][0]["message"], s["failures"]
     assert s["first_completion_s"] is None
+    assert server.poll() is None and server.health_status() == 200  # vLLM itself is fine
