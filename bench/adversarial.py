@@ -44,6 +44,8 @@ STAMP = "11-30 10:00:00"
 # do not depend on the fixtures.
 ENTRY_BODIES: dict[str, str] = {
     "progress.tqdm": "Loading safetensors checkpoint shards:  42% Completed | 50/119 [06:12<08:33, 7.45s/it]",
+    # vllm-log-formats.md section 9, InstantTensor's bar after vLLM PR #46868
+    "progress.tqdm_bytes": "Loading safetensors using InstantTensor loader:   9% Completed | 13.3G/155G [00:01<00:10, 14.3GB/s]",
     "progress.prefetch": "Prefetching checkpoint files: 10% (12/119)",
     "warn.kv_scale_missing": "Found k_scale in the checkpoint (e.g. model.layers.3.self_attn.k_scale), but not found the expected name in the model (e.g. model.layers.3.self_attn.attn.k_scale). k_scale is not loaded.",
     "warn.kv_scale_deprecated": "DEPRECATED. Found kv_scale in the checkpoint. This format is deprecated in favor of separate k_scale and v_scale tensors and will be removed in a future release.",
@@ -56,6 +58,8 @@ ENTRY_BODIES: dict[str, str] = {
     "ms.model_load_start": "Starting to load model /models/Llama-3.1-405B-FP8...",
     "ms.checkpoint_info": "Filesystem type for checkpoints: EXT4. Checkpoint size: 1.12 GiB. Available RAM: 21.80 GiB.",
     "ms.gguf_shards": "Discovered 3 GGUF shard files",
+    # vLLM's format string (default_loader.py, PR #37136) with a deployment's values
+    "ms.ep_weight_filter": "EP weight filter: ep_size=8, ep_rank=0, loading 32/256 experts",
     "node.parallel_init": "world_size=2 rank=1 local_rank=0 distributed_init_method=tcp://10.0.1.1:29501 backend=nccl",
     "node.headless_tp_pp": "Launching vLLM (v0.32.0) headless multiproc executor, with head node address 127.0.0.1:29611 for torch.distributed process group.",
     "node.headless_dp": "Launching 1 data parallel engine(s) in headless mode, with head node address tcp://10.10.71.96:29550.",

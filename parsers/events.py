@@ -54,7 +54,11 @@ class ShardProgress(Event):
     total: int
     elapsed_s: float | None = None
     remaining_s: float | None = None
-    rate_per_s: float | None = None  # items per second, converted from `s/it` when needed
+    rate_per_s: float | None = None  # units per second, converted from `s/it` when needed
+    # What `done`/`total` count: "files" (the safetensors bars), "tensors" (the Run:ai streamer,
+    # InstantTensor before vLLM PR #46868), "bytes" (tqdm's unit-scaled `13.3G/155G`, ?B/s:
+    # InstantTensor since PR #46868), "items" (anything else: graph sizes, ...).
+    unit: Literal["files", "tensors", "bytes", "items"] = "items"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,6 +219,19 @@ class NodeLaunch(Event):
     engines: int | None = None  # headless DP: the engines this node runs
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpWeightFilter(Event):
+    """`EP weight filter: ep_size=8, ep_rank=0, loading 32/256 experts` (vLLM PR #37136, opt-in
+    `--enable-ep-weight-filter`): this rank reads only its experts' weights. The weights bar
+    still counts every shard, but each shard costs far less than its size says."""
+
+    type: ClassVar[str] = "ep_weight_filter"
+    ep_size: int
+    ep_rank: int
+    experts_loaded: int
+    experts_total: int
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
@@ -228,6 +245,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         LogError,
         ParallelInit,
         NodeLaunch,
+        EpWeightFilter,
     )
 }
 
@@ -241,6 +259,7 @@ def event_from_dict(data: dict[str, Any]) -> Event:
 
 __all__ = [
     "EVENT_TYPES",
+    "EpWeightFilter",
     "Event",
     "Failure",
     "FailureKind",

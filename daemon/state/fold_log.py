@@ -19,6 +19,7 @@ from loadwatch.daemon.state.session import (
     POST_LOAD_MILESTONES,
     TERMINAL,
     BarTrack,
+    EpFilterSeen,
     MilestoneSeen,
     Session,
     WarningTally,
@@ -26,6 +27,7 @@ from loadwatch.daemon.state.session import (
 )
 from loadwatch.daemon.state.snapshot import SessionSummary
 from loadwatch.parsers.events import (
+    EpWeightFilter,
     Event,
     Failure,
     KvScaleWarning,
@@ -37,6 +39,8 @@ from loadwatch.parsers.events import (
     StallHint,
     message_code,
 )
+
+MAX_EVEN_FILES = 100_000  # a bar of more "files" than this is not one of checkpoint files
 
 
 def _bar_slot(s: Session, ev: ShardProgress) -> tuple[str, str | None, str | None]:
@@ -57,6 +61,32 @@ def _bar_slot(s: Session, ev: ShardProgress) -> tuple[str, str | None, str | Non
     return base, None, None
 
 
+def _sizes(f: Fold, s: Session, ev: ShardProgress) -> tuple[tuple[int, ...] | None, str | None]:
+    """The bytes of the first n files of a weights bar counting files, n = 0..total: the model
+    directory's shard sizes, else vLLM's `Checkpoint size: N GiB` (PR #39422) divided evenly
+    over the files (the ETA then weighs what is left by bytes as with a model directory)."""
+    if ev.unit in ("bytes", "tensors"):  # bytes count themselves; tensors have no sizes here
+        return None, None
+    cum = f.get("cum_bytes")
+    if cum is not None and len(cum) == ev.total + 1:
+        return cum, "model_dir"
+    ck = s.milestones.get("checkpoint_info")
+    if cum is None and ck is not None and ck.gib and ev.total <= MAX_EVEN_FILES:
+        total = ck.gib * 2**30
+        return tuple(round(total * i / ev.total) for i in range(ev.total + 1)), "checkpoint_size"
+    return None, None
+
+
+def _on_ep_filter(f: Fold, ev: EpWeightFilter) -> None:
+    """`EP weight filter: ...`: this rank reads its own experts only (the ETA's inputs say so)."""
+    t = f.at(ev.ts)
+    f.ensure_session(t)
+    _activity(f, t)
+    seen = EpFilterSeen(ev.ep_size, ev.ep_rank, ev.experts_loaded, ev.experts_total, t, ev.process)
+    f.upd(ep_filter=seen)
+    f.advance("loading_weights", t, "ep weight filter")
+
+
 def _on_progress(f: Fold, ev: ShardProgress) -> None:
     t = f.at(ev.ts)
     s = f.ensure_session(t)
@@ -68,9 +98,9 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
         key = f"{base}|{index}"
         started = t - ev.elapsed_s if ev.done > 0 and ev.elapsed_s is not None else t
         eta = None
+        sizes_from = None
         if ev.bar == "weights" and ev.total > 0:
-            cum = f.get("cum_bytes")
-            use = cum if index == 0 and cum is not None and len(cum) == ev.total + 1 else None
+            use, sizes_from = _sizes(f, s, ev) if index == 0 else (None, None)
             eta = EtaState.start(t, ev.done, ev.total, use, ev.elapsed_s, f.cfg.eta)
         bar = BarTrack(
             key=key,
@@ -88,6 +118,8 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
             longest_gap_s=None,
             tqdm_remaining_s=ev.remaining_s,
             eta=eta,
+            unit=ev.unit,
+            sizes_from=sizes_from,
         )
         bars = dict(s.bars)
         bars[key] = bar
@@ -431,4 +463,5 @@ LOG_HANDLERS: dict[type, Any] = {
     StallHint: _on_stall_hint,
     Milestone: _on_milestone,
     Failure: _on_failure,
+    EpWeightFilter: _on_ep_filter,
 }

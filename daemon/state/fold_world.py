@@ -127,9 +127,14 @@ def _on_model(f: Fold, ev: ModelInfo) -> None:
         return
     # A bar that started before the model was read is weighed by bytes from now on.
     rebased = {
-        k: evolve(b, eta=b.eta.with_sizes(table))
+        k: evolve(b, eta=b.eta.with_sizes(table), sizes_from="model_dir")
         for k, b in s.bars.items()
-        if b.kind == "weights" and b.index == 0 and b.eta is not None and b.eta.cum is None
+        if b.kind == "weights"
+        and b.unit in ("files", "items")
+        and b.index == 0
+        and b.eta is not None
+        and b.eta.cum is None
+        and len(table) == b.eta.total_items + 1
     }
     if rebased:
         f.upd(bars={**s.bars, **rebased})

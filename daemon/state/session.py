@@ -112,6 +112,10 @@ class BarTrack:
     longest_gap_s: float | None
     tqdm_remaining_s: float | None
     eta: EtaState | None  # weights bars only
+    unit: str = "items"  # what done/total count: files, tensors, bytes, items
+    # where the ETA's byte weights come from: "model_dir" (the shards' sizes), "checkpoint_size"
+    # (vLLM's `Checkpoint size: N GiB` divided evenly over the files), None (counted as is)
+    sizes_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -202,11 +206,24 @@ class Session:
     failures: Mapping[tuple[str, str], FailureTally] = field(default_factory=dict)
     failures_total: int = 0
     milestones: Mapping[str, MilestoneSeen] = field(default_factory=dict)
+    ep_filter: EpFilterSeen | None = None  # `EP weight filter: ...` (vLLM PR #37136)
     last_event_at: float = 0.0
     log_seen: bool = False  # a log event came in this session
     backlog_read_at: float | None = None  # the daemon's clock when it last read a backlog
     stall_hints: int = 0
     last_hint_s: float | None = None
+
+
+@dataclass(frozen=True)
+class EpFilterSeen:
+    """The expert-parallel weight filter this load runs with: a rank reads only its experts."""
+
+    ep_size: int
+    ep_rank: int
+    experts_loaded: int
+    experts_total: int
+    at: float
+    process: str | None
 
 
 @dataclass(frozen=True)

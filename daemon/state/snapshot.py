@@ -122,6 +122,9 @@ class EtaView:
     finish_high_at: float
     rate_per_s: float
     units: str
+    # what the estimate rests on, in words: what the bar counts, where the byte weights come
+    # from, what makes per-shard time unlike the shards' sizes (the EP weight filter)
+    inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +157,20 @@ class BarView:
     longest_gap_s: float | None
     updates: int
     tqdm_remaining_s: float | None
+    unit: str = "items"  # what done/total count: files, tensors, bytes, items
+    sizes_from: str | None = None  # the ETA's byte weights: model_dir, checkpoint_size, None
+
+
+@dataclass(frozen=True, slots=True)
+class EpFilterView:
+    """`EP weight filter: ep_size=8, ep_rank=0, loading 32/256 experts` (vLLM PR #37136)."""
+
+    ep_size: int
+    ep_rank: int
+    experts_loaded: int
+    experts_total: int
+    at: float
+    process: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +310,7 @@ class SessionView:
     failures: tuple[FailureView, ...]
     failures_total: int
     milestones: tuple[MilestoneView, ...]
+    ep_weight_filter: EpFilterView | None = None
 
 
 @dataclass(frozen=True, slots=True)

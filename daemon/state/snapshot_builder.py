@@ -6,6 +6,8 @@ cadence, not per input. ETA and ages are computed for the `now` given.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from loadwatch.daemon.state.kvdtype import KvDtype, KvEvidence, decide_kv_dtype, warning_verdict
 from loadwatch.daemon.state.nodefold import node_view
 from loadwatch.daemon.state.plan_actual import memory_plan_view
@@ -24,6 +26,7 @@ from loadwatch.daemon.state.snapshot import (
     SCHEMA,
     BarView,
     EchoView,
+    EpFilterView,
     EtaView,
     FailureView,
     GpuView,
@@ -74,10 +77,10 @@ def _progress_view(state: StateData, s: Session, now: float) -> ProgressView:
         est = eta.estimate(now, since)
         if est is not None:
             etas.append(est)
-        if eta.cum is not None:
-            bd = eta.cum[min(b.done, eta.total_items)]
+        if eta.cum is not None or b.unit == "bytes":
+            bd = eta.cum[min(b.done, eta.total_items)] if eta.cum is not None else b.done
             bytes_done = bd if bytes_done is None else min(bytes_done, bd)
-            bytes_total = eta.cum[-1]
+            bytes_total = eta.cum[-1] if eta.cum is not None else b.total
     eta_view = None
     if etas and len(etas) == len([b for b in bars if b.eta is not None]):
         e = max(etas, key=lambda x: x.remaining_s)
@@ -89,7 +92,8 @@ def _progress_view(state: StateData, s: Session, now: float) -> ProgressView:
             finish_low_at=now + e.low_s,
             finish_high_at=now + e.high_s,
             rate_per_s=e.rate_per_s,
-            units=e.units,
+            units="bytes" if all(b.unit == "bytes" for b in bars) else e.units,
+            inputs=eta_inputs(s, bars),
         )
     return ProgressView(
         stage, done, total, bytes_done, bytes_total, ratio, s.last_progress_at, read, eta_view
@@ -116,7 +120,37 @@ def _bar_view(b: BarTrack) -> BarView:
         longest_gap_s=b.longest_gap_s,
         updates=b.updates,
         tqdm_remaining_s=b.tqdm_remaining_s,
+        unit=b.unit,
+        sizes_from=b.sizes_from,
     )
+
+
+def eta_inputs(s: Session, bars: Sequence[BarTrack]) -> tuple[str, ...]:
+    """What the weights ETA rests on, said once here for every exporter."""
+    out: list[str] = []
+    for b in bars:
+        if b.eta is None:
+            continue
+        if b.unit == "bytes":
+            out.append(f"{b.desc}: the bar counts bytes")
+        elif b.sizes_from == "model_dir":
+            out.append(f"{b.desc}: {b.total} files weighed by the model directory's shard sizes")
+        elif b.sizes_from == "checkpoint_size":
+            gib = b.eta.total / 2**30
+            out.append(
+                f"{b.desc}: the log's checkpoint size ({gib:.2f} GiB) divided evenly over "
+                f"{b.total} files (no model directory)"
+            )
+        else:
+            out.append(f"{b.desc}: the bar counts {b.unit}, each weighed the same")
+    ep = s.ep_filter
+    if ep is not None:
+        out.append(
+            f"EP weight filter on (ep_size={ep.ep_size}, ep_rank={ep.ep_rank}, loading "
+            f"{ep.experts_loaded}/{ep.experts_total} experts): the bar still counts every "
+            "shard, but a shard costs far less than its size, so the rate can jump"
+        )
+    return tuple(out)
 
 
 def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> SessionView:
@@ -236,6 +270,7 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
         failures=failures,
         failures_total=s.failures_total,
         milestones=milestones,
+        ep_weight_filter=EpFilterView(**vars(s.ep_filter)) if s.ep_filter is not None else None,
     )
 
 

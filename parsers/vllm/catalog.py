@@ -15,6 +15,7 @@ from itertools import repeat
 from typing import Any
 
 from loadwatch.parsers.events import (
+    EpWeightFilter,
     Event,
     Failure,
     FailureKind,
@@ -101,6 +102,26 @@ def bar_kind(desc: str) -> str:
     return "other"
 
 
+def bar_unit(desc: str, kind: str) -> str:
+    """What a bar without a byte form counts, by its desc (vllm-log-formats.md section 9)."""
+    d = desc.lower()
+    if "instanttensor" in d or "runai" in d or "run:ai" in d or "model streamer" in d:
+        return "tensors"
+    return "files" if kind in ("weights", "prefetch") else "items"
+
+
+# tqdm's unit-scaled numbers (`unit_scale=True`, divisor 1000): `0.00`, `13.3G`, `155G`, `1.20T`
+_SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def scaled(text: str | None) -> float | None:
+    if not text:
+        return None
+    suffix = text[-1] if text[-1] in _SCALE else ""
+    value = _num(text[: len(text) - len(suffix)])
+    return None if value is None else value * _SCALE[suffix]
+
+
 _PROGRESS_FIELDS = (
     "desc",
     "bar",
@@ -109,6 +130,7 @@ _PROGRESS_FIELDS = (
     "elapsed_s",
     "remaining_s",
     "rate_per_s",
+    "unit",
     "offset",
     "ts",
     "process",
@@ -121,14 +143,16 @@ def _progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     # A load prints a bar line per shard: built as `__init__` would, with every field set from
     # C (`map`) instead of one Python-level call per field.
     desc = m["desc"].strip()
+    kind = bar_kind(desc)
     values = (
         desc,
-        bar_kind(desc),
+        kind,
         int(m["n"]),
         int(m["total"]),
         hms_seconds(m["el"]),
         hms_seconds(m["rem"]),
         _rate(m["rate"]),
+        bar_unit(desc, kind),
         ctx["offset"],
         ctx["ts"],
         ctx["process"],
@@ -139,12 +163,43 @@ def _progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return event
 
 
+def _byte_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event | None:
+    """A bar in bytes (`13.3G/155G [00:01<00:10, 14.3GB/s]`): done and total as bytes."""
+    desc = m["desc"].strip()
+    done, total = scaled(m["n"]), scaled(m["total"])
+    if done is None or total is None:
+        return None
+    rate = None if m["rate"].startswith("?") else scaled(m["rate"][:-3])
+    return ShardProgress(
+        desc=desc,
+        bar=bar_kind(desc),  # type: ignore[arg-type]
+        done=int(done),
+        total=int(total),
+        elapsed_s=hms_seconds(m["el"]),
+        remaining_s=hms_seconds(m["rem"]),
+        rate_per_s=rate,
+        unit="bytes",
+        **ctx,
+    )
+
+
 def _prefetch(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return ShardProgress(
         desc="Prefetching checkpoint files",
         bar="prefetch",
         done=int(m["n"]),
         total=int(m["total"]),
+        unit="files",
+        **ctx,
+    )
+
+
+def _ep_filter(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    return EpWeightFilter(
+        ep_size=int(m["size"]),
+        ep_rank=int(m["rank"]),
+        experts_loaded=int(m["n"]),
+        experts_total=int(m["total"]),
         **ctx,
     )
 
@@ -301,6 +356,21 @@ CATALOG: tuple[Entry, ...] = (
         levels=BARE,
     ),
     Entry(
+        "progress.tqdm_bytes",
+        ("B/s]",),
+        _c(
+            # tqdm with unit="B", unit_scale=True: InstantTensor's bar since vLLM PR #46868
+            r"(?<![^\r\n:|])(?P<desc>[^\r\n:|]{1,200}+):\s{0,8}+(?P<pct>\d{1,3}+)%"
+            r"(?: Completed \| ?|\|[^|\r\n]{0,400}+\| ?| )"
+            r"(?P<n>\d{1,15}+(?:\.\d{1,9}+)?[kKMGTP]?)/(?P<total>\d{1,15}+(?:\.\d{1,9}+)?[kKMGTP]?) ?"
+            r"\[(?P<el>[\d:]{1,12}+)<(?P<rem>[\d:?]{1,12}+),\s{0,8}+"
+            r"(?P<rate>\?B/s|\d{1,15}+(?:\.\d{1,9}+)?[kKMGTP]?B/s)\]"
+        ),
+        _byte_progress,
+        "info",
+        levels=BARE,
+    ),
+    Entry(
         "progress.prefetch",
         ("Prefetching checkpoint",),
         _c(
@@ -409,6 +479,16 @@ CATALOG: tuple[Entry, ...] = (
         "info",
     ),
     # -- where this node stands in a multi-node deployment ----------------------------------
+    Entry(
+        "ms.ep_weight_filter",
+        ("EP weight filter:",),
+        _c(
+            r"EP weight filter: ep_size=(?P<size>\d{1,7}+), ep_rank=(?P<rank>\d{1,7}+), "
+            r"loading (?P<n>\d{1,9}+)/(?P<total>\d{1,9}+) experts"
+        ),
+        _ep_filter,
+        "info",
+    ),
     Entry(
         "node.parallel_init",
         ("distributed_init_method=",),

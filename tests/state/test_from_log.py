@@ -161,7 +161,13 @@ def test_status_json_has_the_documented_shape() -> None:
         "finish_high_at",
         "rate_per_s",
         "units",
+        "inputs",
     }
+    assert s["progress"]["eta"]["inputs"] == [
+        "Loading safetensors checkpoint shards: 4 files weighed by the model directory's shard sizes"
+    ]
+    assert {"unit", "sizes_from"} <= set(s["bars"][0])
+    assert "ep_weight_filter" in s
     assert d["gpus"][0]["memory_used_bytes"] == 10 * GIB
     assert d["health"]["consecutive_failures"] == 1
     for t in tr:
