@@ -56,10 +56,10 @@ def test_a_model_directory_known_before_the_bar_wins_over_the_logs_checkpoint_si
 def _real_bar_events() -> list[ShardProgress]:
     """InstantTensor's two bar lines as section 9 quotes them (PR #46868)."""
     data = (
-        "Loading safetensors using InstantTensor loader:   0% Completed | 0.00/155G [00:00<?, ?B/s]\n"
-        "Loading safetensors using InstantTensor loader:   9% Completed | 13.3G/155G "
-        "[00:01<00:10, 14.3GB/s]\n"
-    ).encode()
+        b"Loading safetensors using InstantTensor loader:   0% Completed | 0.00/155G [00:00<?, ?B/s]\n"
+        b"Loading safetensors using InstantTensor loader:   9% Completed | 13.3G/155G "
+        b"[00:01<00:10, 14.3GB/s]\n"
+    )
     evs = EventStream(ref_ts=T0).feed_all(split_records(data))
     assert all(isinstance(e, ShardProgress) for e in evs)
     return evs  # type: ignore[return-value]
