@@ -139,6 +139,7 @@ class Daemon:
                 self._apply_run(source, item)
         for notice in source.settle():
             self.feed.notice(notice)
+            self.publisher.soon()  # a change of the source's health goes out at once
 
     def _apply_run(self, source: LogSource, run: Run) -> None:
         source.begin(run, self.feed.position())

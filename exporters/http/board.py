@@ -41,11 +41,12 @@ class Board:
     not_ready: str  # why /readyz says 503
     live: bool = True  # what /livez answers (the snapshot decides: Snapshot.live)
     not_live: str = ""  # why /livez says 503
+    sick: str = ""  # why /healthz says 503 though the loop ticks (a source that cannot work)
 
 
 EMPTY = Board(b"", None, False, "not ready: starting")
 
-_HEAD = struct.Struct("!BIIII")  # flags (1 ready, 2 has status, 4 live), four lengths
+_HEAD = struct.Struct("!BIIIII")  # flags (1 ready, 2 has status, 4 live), five lengths
 _LEN = struct.Struct("!I")
 
 
@@ -58,6 +59,7 @@ def encode(board: Board) -> bytes:
     status = board.status or b""
     reason = board.not_ready.encode()
     dead = board.not_live.encode()
+    sick = board.sick.encode()
     flags = (
         (1 if board.ready else 0)
         | (2 if board.status is not None else 0)
@@ -65,11 +67,12 @@ def encode(board: Board) -> bytes:
     )
     body = b"".join(
         (
-            _HEAD.pack(flags, len(board.metrics), len(status), len(reason), len(dead)),
+            _HEAD.pack(flags, len(board.metrics), len(status), len(reason), len(dead), len(sick)),
             board.metrics,
             status,
             reason,
             dead,
+            sick,
         )
     )
     return frame(body)
@@ -79,8 +82,8 @@ def decode(body: bytes) -> Board:
     """The inverse of `encode` (without the frame length); ValueError when malformed."""
     if len(body) < _HEAD.size:
         raise ValueError("board frame too short")
-    flags, n_metrics, n_status, n_reason, n_dead = _HEAD.unpack_from(body)
-    if _HEAD.size + n_metrics + n_status + n_reason + n_dead != len(body):
+    flags, n_metrics, n_status, n_reason, n_dead, n_sick = _HEAD.unpack_from(body)
+    if _HEAD.size + n_metrics + n_status + n_reason + n_dead + n_sick != len(body):
         raise ValueError("board frame lengths do not add up")
     at = _HEAD.size
     metrics = body[at : at + n_metrics]
@@ -89,8 +92,10 @@ def decode(body: bytes) -> Board:
     at += n_status
     reason = body[at : at + n_reason].decode(errors="replace")
     at += n_reason
-    dead = body[at:].decode(errors="replace")
-    return Board(metrics, status, bool(flags & 1), reason, bool(flags & 4), dead)
+    dead = body[at : at + n_dead].decode(errors="replace")
+    at += n_dead
+    sick = body[at:].decode(errors="replace")
+    return Board(metrics, status, bool(flags & 1), reason, bool(flags & 4), dead, sick)
 
 
 def read_frame(sock: socket.socket) -> bytes | None:
@@ -143,9 +148,12 @@ def board_routes(
         return Response(HTTPStatus.OK, body, JSON)
 
     def healthz(q: Mapping[str, str]) -> Response:
-        if alive():
-            return Response(HTTPStatus.OK, b"ok\n")
-        return Response(HTTPStatus.SERVICE_UNAVAILABLE, b"the daemon loop is not ticking\n")
+        if not alive():
+            return Response(HTTPStatus.SERVICE_UNAVAILABLE, b"the daemon loop is not ticking\n")
+        sick = board().sick
+        if sick:
+            return Response(HTTPStatus.SERVICE_UNAVAILABLE, sick.encode() + b"\n")
+        return Response(HTTPStatus.OK, b"ok\n")
 
     def readyz(q: Mapping[str, str]) -> Response:
         b = board()
@@ -184,7 +192,7 @@ LANDING = b"""<!DOCTYPE html>
 <ul>
 <li><a href="metrics">/metrics</a>: Prometheus metrics</li>
 <li><a href="status?pretty=1">/status</a>: the load state as JSON</li>
-<li><a href="healthz">/healthz</a>: 200 while the daemon is alive</li>
+<li><a href="healthz">/healthz</a>: 200 while the daemon is alive and can read its log</li>
 <li><a href="readyz">/readyz</a>: 200 while vLLM is ready</li>
 <li><a href="livez">/livez</a>: 200 while the load progresses or vLLM is ready</li>
 </ul></body></html>

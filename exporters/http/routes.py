@@ -40,4 +40,8 @@ class BoardMaker:
         snap = pub.snapshot(self._clock())
         status = json.dumps(self._red.value(snap.to_dict()), sort_keys=False).encode() + b"\n"
         not_ready = snap.not_ready or ""
-        return Board(metrics, status, snap.ready, not_ready, snap.live, snap.not_live or "")
+        log = pub.log
+        # The log source failing (not merely absent, as before vLLM starts) is the daemon's
+        # own health: it runs, and sees nothing.
+        sick = f"the log source is down: {log.last_error}" if log and log.last_error else ""
+        return Board(metrics, status, snap.ready, not_ready, snap.live, snap.not_live or "", sick)

@@ -10,9 +10,10 @@ while the load goes on, then taken away:
 - the log is replaced by a symlink to another file, then by a symlink loop, then by a good link;
 - the log is replaced by a FIFO, then by a regular file again.
 
-For each: the log source reads down in /metrics (and a one-line `daemon.problem` names an error),
-/status still answers with what the daemon knew, and once the cause is gone the source is up
-and the load's progress moves on from where it was.
+For each: the log source reads down in /metrics (and a one-line `daemon.problem` names an error,
+and /healthz answers 503 naming the log source), /status still answers with what the daemon
+knew, and once the cause is gone the source is up, /healthz 200, and the load's progress moves
+on from where it was.
 """
 
 from __future__ import annotations
@@ -79,12 +80,20 @@ class Probe:
             assert all("\n" not in p and "Traceback" not in p for p in self.problems())
         self.seen = len(self.problems())
         assert known(), f"{what}: /status lost what it knew"
-        assert self.d.get("/healthz")[0] == 200 and self.d.get("/metrics")[0] == 200
+        assert self.d.get("/metrics")[0] == 200
+        # /healthz still answers: 503 naming the log source while it cannot be read, 200 when
+        # the log is only gone (as before vLLM starts)
+        if problem is None:
+            assert self.d.get("/healthz")[0] == 200
+        else:
+            wait_for(lambda: self.d.get("/healthz")[0] == 503, f"{what}: /healthz saying so")
+            assert b"the log source is down" in self.d.get("/healthz")[1]
         self.faults += 1
 
     def recover(self, what: str, progressed: Callable[[], bool]) -> None:
         wait_for(progressed, f"{what}: reading to go on")
         wait_for(lambda: self.up() == 1.0, f"{what}: the log source to come back up")
+        wait_for(lambda: self.d.get("/healthz")[0] == 200, f"{what}: /healthz 200 again")
         self.recovered += 1
 
 

@@ -69,6 +69,7 @@ lists. Identity, open-file state and the rotated-name lookup live in follower_fi
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import stat
@@ -147,7 +148,10 @@ def _first_terminator(buf: bytes) -> int:
 def _one_line(e: BaseException | str) -> str:
     text = str(e)
     if isinstance(e, OSError) and e.strerror:
-        text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+        name = os.fsdecode(e.filename) if e.filename else ""
+        if len(name) > 200:  # a path too long to show keeps its ends; the reason is kept whole
+            name = f"{name[:80]}...{name[-80:]}"
+        text = f"{name}: {e.strerror}" if name else e.strerror
     return " ".join(text.split())[:300]
 
 
@@ -676,6 +680,9 @@ class LogFollower:
                 self._waker = Waker(self.path, mode=self._mode, mountinfo=self._mountinfo)
             except WakeError as e:
                 raise FollowerError(str(e)) from None
+            except OSError as e:  # the path cannot be looked at (EACCES, ENAMETOOLONG, ...)
+                self._fail(e)
+                raise FollowerError(_one_line(e)) from None
         return self._waker
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -690,8 +697,14 @@ class LogFollower:
         return fired
 
     async def wait_async(self, timeout_s: float | None = None) -> bool:
-        """`wait` for an asyncio loop."""
-        waker = self._ensure_waker()
+        """`wait` for an asyncio loop. With no way to watch the path (an error, said in health),
+        the wait is a sleep: the next read is the retry, at a bounded rate."""
+        try:
+            waker = self._ensure_waker()
+        except FollowerError:
+            await asyncio.sleep(max(self._poll, 1.0) if timeout_s is None else timeout_s)
+            self._woke = "timer"
+            return False
         timeout = waker.timeout_s(self._poll) if timeout_s is None else timeout_s
         fired = await waker.wait_async(timeout)
         self._woke = "event" if fired else "timer"

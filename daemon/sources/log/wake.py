@@ -94,8 +94,12 @@ def _unescape_mount(field: str) -> str:
 def fs_type(path: str | os.PathLike[str], mountinfo: str = "/proc/self/mountinfo") -> str | None:
     """The file-system type the path (or its nearest existing ancestor) lies on, if known."""
     p = Path(os.path.abspath(os.fspath(path)))
-    while not p.exists() and p != p.parent:
-        p = p.parent
+    while p != p.parent:
+        try:
+            os.stat(p)
+            break
+        except OSError:  # missing, or unreachable (EACCES, ENAMETOOLONG): its parent tells
+            p = p.parent
     target = os.path.realpath(p)
     try:
         with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
