@@ -178,6 +178,7 @@ class Publisher:
             last_error=h.last_error,
             last_success_ts=h.last_check_ts,
             mode=h.mode,
+            state_error=h.error_in_state,
         )
 
     def _supervisor_stats(self) -> SupervisorStats | None:

@@ -44,6 +44,7 @@ class LogHealth:
     last_error: str | None
     last_success_ts: float | None
     mode: str | None
+    state_error: bool = False  # last_error is the state directory's (a checkpoint not saved)
 
     @property
     def state(self) -> str:

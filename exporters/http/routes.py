@@ -43,5 +43,6 @@ class BoardMaker:
         log = pub.log
         # The log source failing (not merely absent, as before vLLM starts) is the daemon's
         # own health: it runs, and sees nothing.
-        sick = f"the log source is down: {log.last_error}" if log and log.last_error else ""
+        down = log is not None and log.last_error is not None and not log.state_error
+        sick = f"the log source is down: {log.last_error}" if down and log else ""
         return Board(metrics, status, snap.ready, not_ready, snap.live, snap.not_live or "", sick)

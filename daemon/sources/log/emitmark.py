@@ -144,9 +144,14 @@ class EmitMark:
             events, at = doc.get("events_file"), doc.get("events_at")
             if isinstance(events, str) and isinstance(at, int) and at >= 0:
                 mark = Mark(mark.file_id, mark.done, mark.pending, events, at)
-        except (OSError, ValueError, KeyError, TypeError):
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not a note of ours"
+            self.last_error = f"the emit mark {self.path} is unreadable ({why})"
             return None
         if mark.done < 0 or mark.pending < mark.done:
+            self.last_error = f"the emit mark {self.path} is unreadable (its offsets are not)"
             return None
         return mark
 

@@ -137,6 +137,7 @@ class FollowerHealth:
     # how this follower began: no checkpoint yet, at it, at it in a rotated file, the path from 0
     # because the checkpoint's file was cut back below it ("changed") or is not found ("gone")
     start: StartKind
+    error_in_state: bool = False  # last_error is the state directory's (a save), not the log's
 
 
 def _first_terminator(buf: bytes) -> int:
@@ -759,6 +760,7 @@ class LogFollower:
             offset=src.rs if src is not None else None,
             backlog=self._backlog,
             start=self._start,
+            error_in_state=self._error_in_state,
         )
 
     def _close_sources(self) -> None:

@@ -54,8 +54,14 @@ class Resume:
         self._until: Position | None = None  # replay up to the checkpoint
         self._until_seen = False  # a record of the checkpoint's file was read in the replay
         self._mark_ahead = False  # the mark's file comes after the one reading resumes in
+        # checkpoint or emit mark unreadable: no note of what was written (`_tell_untrusted`)
+        self.untrusted = False
+        cp_error = follower.health().last_error if follower.loaded_checkpoint is None else None
         self._seek_session_start()
-        self.mark = self._place(marks.load())
+        loaded = marks.load()
+        if cp_error is not None or marks.last_error is not None:
+            self._tell_untrusted(cp_error, marks.last_error, loaded is not None)
+        self.mark = self._place(loaded)
         m = self.mark
         if m is not None and m.pending > m.done:
             found = written(events_file, m) if events_file is not None else None
@@ -65,6 +71,30 @@ class Resume:
             self.notices.append(
                 Notice("daemon.cut_run", {"done": m.done, "pending": m.pending, "found": n})
             )
+
+    def _tell_untrusted(self, cp_error: str | None, mark_error: str | None, mark: bool) -> None:
+        """One line for state that cannot be trusted, and the choice it leaves. With the emit
+        mark unreadable (or gone with the checkpoint) nothing tells which of the records read
+        again had their effects written: they are all written again, marked `replay`, until
+        reading catches up with what the log held (`caught_up_with_backlog`); none is lost, and
+        a consumer can drop the repeats."""
+        errors = "; ".join(e for e in (cp_error, mark_error) if e is not None)
+        self.untrusted = mark_error is not None or not mark
+        if self.untrusted:
+            where = "from the checkpoint" if cp_error is None else "from the log's start"
+            then = (
+                f"reading {where}, the events of what is read until it catches up are written "
+                'again, marked "replay": true (some may have been written before)'
+            )
+        else:
+            then = "reading from the start of the emit mark's file; what it says was written "
+            then += "is not written again"
+        line = f"log {self._follower.path}: {errors}: {then}"
+        self.notices.append(Notice("daemon.problem", {"error": line}))
+
+    def caught_up_with_backlog(self) -> None:
+        """A read took all the log held: what comes after is new, whatever the state said."""
+        self.untrusted = False
 
     def _seek_session_start(self) -> None:
         follower = self._follower
@@ -158,6 +188,8 @@ class Resume:
                 return "none"  # a file before the checkpoint's
             # at the checkpoint, or in a file after it (that one ended there, rotated since)
             self._end_replay()
+        if self.untrusted:
+            return "missing"  # with `written` None: all of them, marked replay
         mark = self.mark
         if mark is not None and mark.file_id == file_id:
             self._mark_ahead = False

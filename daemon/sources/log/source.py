@@ -103,8 +103,7 @@ class LogSource:
         cp = self.follower.loaded_checkpoint
         self._error_told: str | None = None
         error = self.follower.health().last_error
-        if cp is None and error is not None:  # said now: the first checkpoint saved clears it
-            self._pending.append(_problem(f"log {path}: {error}: no position to resume from"))
+        if cp is None and error is not None:  # said by `Resume`, with the emit mark's state
             self._error_told = error
         self._pending.extend(self.resume.notices)
         self.resume.notices.clear()
@@ -113,7 +112,10 @@ class LogSource:
         self._offset_at = clock()
         self._backlog_key: tuple[int, int] | None = None
         self._backlog_size = 0
-        st = stat_file(str(path))
+        try:
+            st = stat_file(str(path))
+        except OSError:  # unreachable (EACCES, ENAMETOOLONG): the first read says so
+            st = None
         if st is not None and st.st_size > 0:
             self._backlog_key, self._backlog_size = (st.st_dev, st.st_ino), st.st_size
             if self._offset is None:
@@ -191,6 +193,7 @@ class LogSource:
             self._last_chunk = (time.monotonic(), chunks[-1].file_id, chunks[-1].next_offset)
         if not follower.backlog:
             self._live = True
+            self.resume.caught_up_with_backlog()
             if not chunks and follower.health().file_exists:
                 self.resume.caught_up()
                 out.extend(self._take())
