@@ -140,6 +140,10 @@ class FollowerHealth:
     error_in_state: bool = False  # last_error is the state directory's (a save), not the log's
 
 
+TAIL_BYTES = 256  # the bytes before a place that must still be there to resume at it
+LEFT_KEPT = 16  # files left that are remembered, for one that comes back
+
+
 def _first_terminator(buf: bytes) -> int:
     lf = buf.find(b"\n")
     cr = buf.find(b"\r", 0, lf if lf >= 0 else len(buf))
@@ -207,6 +211,9 @@ class LogFollower:
         self._start: StartKind = "fresh"
         self._since: float | None = None  # when the checkpoint a start comes from was saved
         self._recovered: tuple[str, ...] = ()  # see `recovered`
+        # files left (drained after a rotation), by inode: (identity, first bytes, where we
+        # were, ended in "\r", the bytes before that place), for one that comes back
+        self._left: dict[tuple[int, int], tuple[str, bytes, int, bool, bytes]] = {}
         self._exists = False
         self._at_path = False
         self._backlog = False
@@ -400,6 +407,7 @@ class LogFollower:
         tail = os.pread(src.fd, self._cap, start)
         if _first_terminator(tail) >= 0 or len(tail) == self._cap:
             return False  # it grew since the drain: drain again
+        rs = src.rs
         if src.skipping or tail:
             ident = src.ident or self._fix_identity(src)
             end = start + len(tail)
@@ -411,8 +419,35 @@ class LogFollower:
                 self._cuts += 1
             else:
                 self._unterminated += 1
+            rs = end
+        self._remember(src, rs)
         src.close()
         return True
+
+    def _remember(self, src: OpenFile, rs: int) -> None:
+        """A file we leave may come back to the path (a symlink flipped back to a target read
+        before, a rotation undone): kept by inode with where we were, to resume there."""
+        if src.ident is None:
+            return
+        tail = b"".join(data for _, data in src.recent)[-TAIL_BYTES:]
+        if rs != src.rs:
+            tail = b""  # (an unterminated last record was delivered: its bytes are not kept)
+        self._left[src.key] = (src.ident, src.prefix, rs, src.cr_end, tail)
+        while len(self._left) > LEFT_KEPT:
+            del self._left[next(iter(self._left))]
+
+    def _resume_known(self, f: OpenFile) -> None:
+        """`f` is a file we read before and left: go on where we were, if it still holds what
+        we read (its first bytes, and the bytes just before our place); else it is new."""
+        left = self._left.pop(f.key, None)
+        if left is None:
+            return
+        ident, prefix, rs, cr_end, tail = left
+        if os.fstat(f.fd).st_size < rs or os.pread(f.fd, len(prefix), 0) != prefix:
+            return
+        if tail and os.pread(f.fd, len(tail), rs - len(tail)) != tail:
+            return
+        f.ident, f.prefix, f.rs, f.cr_end = ident, prefix, rs, cr_end
 
     # -- noticing changes -----------------------------------------------------------------------
 
@@ -515,6 +550,7 @@ class LogFollower:
         newer = self._gens.open_newer(names, self._gens.index_of(names, newest.key) - 1, known)
         current = open_file(self._path)
         if current is not None and current.key not in known:
+            self._resume_known(current)
             newer.append(current)
         elif current is not None:
             current.close()
