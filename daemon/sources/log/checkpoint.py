@@ -40,6 +40,14 @@ class Checkpoint:
     offset: int  # the next byte to read: the start of the first record not yet delivered
     extra: Mapping[str, Any] = field(default_factory=dict)
     saved_at: float | None = None  # epoch seconds
+    # "N:HASH": the N bytes before `offset` (sha256, 16 hex digits), so a file rewritten in
+    # place with the same first bytes is not resumed as if it were still ours
+    tail: str | None = None
+
+
+def tail_digest(data: bytes) -> str:
+    """`Checkpoint.tail` for the bytes just before a position."""
+    return f"{len(data)}:{hashlib.sha256(data).hexdigest()[:16]}"
 
 
 def checkpoint_name(path: str | os.PathLike[str]) -> str:
@@ -76,6 +84,9 @@ class CheckpointStore:
             file_id, offset = doc["file_id"], doc["offset"]
             extra = doc.get("extra", {})
             saved_at = doc.get("saved_at")
+            tail = doc.get("tail")
+            if tail is not None and not isinstance(tail, str):
+                raise ValueError("bad tail")
             if not isinstance(file_id, str) or not isinstance(offset, int) or offset < 0:
                 raise ValueError("bad file_id/offset")
             if not isinstance(extra, dict):
@@ -90,6 +101,7 @@ class CheckpointStore:
             offset=offset,
             extra=extra,
             saved_at=None if saved_at is None else float(saved_at),
+            tail=tail,
         )
 
     def save(self, checkpoint: Checkpoint) -> None:
@@ -102,6 +114,8 @@ class CheckpointStore:
             "extra": dict(checkpoint.extra),
             "saved_at": checkpoint.saved_at,
         }
+        if checkpoint.tail is not None:
+            doc["tail"] = checkpoint.tail
         try:
             data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
         except (TypeError, ValueError) as e:

@@ -81,7 +81,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loadwatch.daemon.sources.inputs import Chunk
-from loadwatch.daemon.sources.log.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from loadwatch.daemon.sources.log.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    tail_digest,
+)
 from loadwatch.daemon.sources.log.files import (
     FINGERPRINT_BYTES,
     FileIdentity,
@@ -211,6 +216,8 @@ class LogFollower:
         self._start: StartKind = "fresh"
         self._since: float | None = None  # when the checkpoint a start comes from was saved
         self._recovered: tuple[str, ...] = ()  # see `recovered`
+        self._rewritten: set[str] = set()  # identities whose file was rewritten in place
+        self.rewrites_total = 0  # files found rewritten in place (same first bytes, longer)
         # files left (drained after a rotation), by inode: (identity, first bytes, where we
         # were, ended in "\r", the bytes before that place), for one that comes back
         self._left: dict[tuple[int, int], tuple[str, bytes, int, bool, bytes]] = {}
@@ -252,6 +259,10 @@ class LogFollower:
         if start is None and self.loaded_checkpoint is not None:
             start = Position(self.loaded_checkpoint.file_id, self.loaded_checkpoint.offset)
             self._since = self.loaded_checkpoint.saved_at
+            if not self._tail_holds(self.loaded_checkpoint):
+                # same inode and first bytes, other bytes before our place: rewritten in place
+                # (`> PATH` and a fixed banner) while we were away: not ours past byte 0
+                self._rewritten.add(self.loaded_checkpoint.file_id)
         if start is not None:
             try:
                 self._pending = (FileIdentity.parse(start.file_id), start.offset)
@@ -487,8 +498,22 @@ class LogFollower:
         now = os.pread(src.fd, FINGERPRINT_BYTES, 0)
         if not now.startswith(src.prefix):
             self._truncated(src, size)  # rewritten in place: copytruncate, then new lines
-        elif len(now) > len(src.prefix):
+            return
+        if len(now) > len(src.prefix):
             src.prefix = now
+        if not src.skipping and src.recent:
+            # Same first bytes, but are the bytes before our place still those we delivered?
+            # (`> PATH` by a restart script, a fixed banner, then more than we had read.)
+            tail = b"".join(data for _, data in src.recent)[-TAIL_BYTES:]
+            if os.pread(src.fd, len(tail), src.rs - len(tail)) != tail:
+                self.rewrites_total += 1
+                self._truncations += 1
+                end = self._kept_end(src, size)
+                if end is not None and end > src.recent[0][0]:  # it differs in our window
+                    src.rs, src.skipping, src.head = end, False, b""
+                    src.forget()
+                else:  # before it: read it all again, as a new file
+                    src.reset()
 
     def _truncated(self, src: OpenFile, size: int) -> None:
         self._truncations += 1
@@ -602,10 +627,36 @@ class LogFollower:
         """Which name holds the position's file and reaches its offset, found as `seek` finds
         it: 0 the path, i PATH.i (renamed, or a copy); None when none does (gone or cut back
         below the offset, or an OSError)."""
+        if position.file_id in self._rewritten and position.offset > 0:
+            return None  # rewritten in place: what we read of it is not there any more
         try:
             return self._gens.where(FileIdentity.parse(position.file_id), position.offset)
         except (ValueError, OSError):
             return None
+
+    def _tail_holds(self, cp: Checkpoint) -> bool:
+        """The checkpoint's file (wherever it is found) still has, just before the checkpoint's
+        offset, the bytes that were there when it was saved; True when that cannot be told."""
+        if cp.tail is None or cp.offset == 0:
+            return True
+        try:
+            n = int(cp.tail.split(":", 1)[0])
+            found = self._gens.locate(FileIdentity.parse(cp.file_id), cp.offset)
+        except (ValueError, OSError):
+            return True
+        if found is None or found[1] == "changed":
+            if found is not None:
+                for f in found[0]:
+                    f.close()
+            return True  # gone or cut back: the start says so
+        try:
+            first = found[0][0]
+            return tail_digest(os.pread(first.fd, n, cp.offset - n)) == cp.tail
+        except OSError:
+            return True
+        finally:
+            for f in found[0]:
+                f.close()
 
     def seek(self, position: Position) -> bool:
         """Re-read from a remembered position if its file is still here (the path or PATH.N).
@@ -634,7 +685,11 @@ class LogFollower:
         return True
 
     def _apply_start(self, ident: FileIdentity, offset: int) -> None:
-        found = self._gens.locate(ident, offset)  # an OSError leaves it pending, to retry
+        rewritten = str(ident) in self._rewritten
+        found = self._gens.locate(ident, 0 if rewritten else offset)  # an OSError: retried
+        if found is not None and rewritten:
+            found = (found[0], "changed")
+            self.rewrites_total += 1
         self._pending = None
         since, self._since = self._since, None  # the checkpoint's time: for this start only
         if found is None:
@@ -667,7 +722,9 @@ class LogFollower:
         if pos is None:
             return False
         self._cp_tried = True
-        cp = Checkpoint(self._path, pos.file_id, pos.offset, dict(self._extra), self._wall())
+        cp = Checkpoint(
+            self._path, pos.file_id, pos.offset, dict(self._extra), self._wall(), self._tail(pos)
+        )
         try:
             self._store.save(cp)
         except CheckpointError as e:
@@ -678,6 +735,17 @@ class LogFollower:
         self._checkpoints += 1
         self._cp_saved = (pos, dict(self._extra))
         return True
+
+    def _tail(self, pos: Position) -> str | None:
+        """`Checkpoint.tail` of a position in a file still open."""
+        n = min(TAIL_BYTES, pos.offset)
+        for src in self._sources:
+            if src.ident == pos.file_id and n > 0:
+                try:
+                    return tail_digest(os.pread(src.fd, n, pos.offset - n))
+                except OSError:
+                    return None
+        return None
 
     def maybe_checkpoint(self, extra: Mapping[str, Any] | None = None) -> bool:
         """`checkpoint` once enough records or seconds have passed and something changed, and

@@ -123,6 +123,7 @@ class LogSource:
         # Live once caught up; at once when nothing is there to catch up on.
         self._live = self._backlog_key is None and not self.resume.replaying and cp is None
         self._start_told = False
+        self._rewrites_told = 0  # the follower's rewrites_total said so far
         self._read_any = False  # the last read found records
         self._last_chunk: tuple[float, str, int] | None = None  # (monotonic, file, end) read
 
@@ -188,6 +189,13 @@ class LogSource:
         for chunk in chunks:
             out.extend(self._runs(chunk, now))
         out.extend(self._take())
+        if follower.rewrites_total > self._rewrites_told:
+            self._rewrites_told = follower.rewrites_total
+            warning = (
+                f"log {follower.path} was rewritten in place (the same first bytes, other bytes "
+                "before where reading was): read again from where it differs"
+            )
+            out.append(Notice("daemon.warning", {"warning": warning}))
         self._read_any = bool(chunks)
         if chunks:
             self._last_chunk = (time.monotonic(), chunks[-1].file_id, chunks[-1].next_offset)
@@ -295,6 +303,10 @@ class LogSource:
             why = f"is no longer at {names} (deleted, rotated further, or unreadable)"
         else:
             why = "was cut back below that byte while the daemon was down"
+            if follower.rewrites_total:
+                why = "was rewritten in place while the daemon was down (the same first bytes, "
+                why += "other bytes before that one)"
+        self._rewrites_told = follower.rewrites_total  # (said here, not again)
         if follower.recovered:  # rotated away after the checkpoint: newer than its file
             files = ", ".join((*follower.recovered, str(path)))
             reading = f"{files} from their start (rotated files written after the checkpoint)"
