@@ -78,6 +78,7 @@ class BarReport:
     rate_per_s: float | None
     longest_gap_s: float | None
     updates: int
+    unit: str = "items"  # what done/total count: files, tensors, bytes, items
 
 
 # A warning code as the report shows it: the snapshot's view, verdict included (decided there).
@@ -306,6 +307,7 @@ def _session(cap: SessionCapture, lines: Mapping[int, int]) -> SessionReport:
             rate_per_s=b.rate_per_s,
             longest_gap_s=b.longest_gap_s,
             updates=b.updates,
+            unit=b.unit,
         )
         for b in view.bars
     )
