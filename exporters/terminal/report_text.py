@@ -148,9 +148,7 @@ def _bars_table(s: SessionReport) -> Table:
     for i, least in ((2, 7), (3, 9), (4, 11), (5, 6)):
         t.columns[i].min_width = least
     for b in s.bars:
-        count = (
-            f"{size(b.done)}/{size(b.total)}" if b.unit == "bytes" else f"{b.done}/{b.total}"
-        )
+        count = f"{size(b.done)}/{size(b.total)}" if b.unit == "bytes" else f"{b.done}/{b.total}"
         done = Text(count, "green" if b.done >= b.total > 0 else "yellow")
         took = duration(b.duration_s) if b.duration_s > 0 or b.updates > 1 else "-"
         t.add_row(
