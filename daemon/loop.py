@@ -257,9 +257,7 @@ class Daemon:
                 asyncio.create_task(tasks.sample_io(self, self._supervised_pids), name="io")
             )
         elif source is not None:
-            made.append(
-                asyncio.create_task(tasks.sample_io(self, lambda: self.state.node_pids), name="io")
-            )
+            made.append(asyncio.create_task(tasks.sample_io(self, self._logged_pids), name="io"))
         made.append(asyncio.create_task(VllmWatch(self).run(), name="health"))
         if self.notifier.watchdog_interval_s:
             made.append(asyncio.create_task(self.notifier.run_watchdog(), name="watchdog"))
@@ -289,6 +287,15 @@ class Daemon:
                     self.feed.line("vllm.supervisor_done", state=str(self.supervisor.state))
         self.notifier.stopping("stopping")
         return await self._shutdown(pending)
+
+    def _logged_pids(self) -> tuple[int, ...]:
+        """Watch mode: the pids of the log's prefixes that are vLLM processes here (a handed
+        reader, a simulated one, takes them all)."""
+        if self.io_reader is not None:
+            return self.state.node_pids
+        from loadwatch.daemon.sources.proc.io_counters import vllm_processes
+
+        return vllm_processes(self.state.node_pids)
 
     def _supervised_pids(self) -> tuple[int, ...]:
         pid = self.supervisor.pid if self.supervisor is not None else None

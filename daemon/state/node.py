@@ -239,7 +239,7 @@ def role_view(facts: NodeFacts) -> NodeRoleView:
     if head is not None:
         head = head.removeprefix("tcp://")
     node_rank = a.node_rank
-    if node_rank is None and role == "head":
+    if node_rank is None and role in ("head", "ray_head"):
         node_rank = 0
     return NodeRoleView(
         role=role,

@@ -74,7 +74,9 @@ def track_node(f: Fold, item: Any) -> None:
             )
         elif isinstance(item, NodeLaunch):
             new_facts = new_facts.with_launch(item.mode, item.head_address, item.engines)
-        if item.pid is not None and f.sess is not None:
+        # Ray's remote actors' lines reach the head's log with their own hosts' pids
+        remote = item.process is not None and item.process.startswith("RayWorker")
+        if item.pid is not None and f.sess is not None and not remote:
             pids: tuple[int, ...] = f.get("node_pids")
             if item.pid not in pids:
                 f.changes["node_pids"] = (*pids, item.pid)[-MAX_PIDS:]

@@ -227,3 +227,19 @@ def test_a_saturated_signal_gives_way_to_the_moving_one() -> None:
     p = st.snapshot(10.0).node.progress  # type: ignore[union-attr]
     assert p.gpu_ratio == 1.0 and p.io_ratio is not None and abs(p.io_ratio - 0.1) < 0.01
     assert p.ratio == p.io_ratio and p.eta_s is not None
+
+
+def test_a_ray_head_from_a_real_ray_log() -> None:
+    st = fold((FIXTURES / "gh-vllm-16707-nccl-ray.log").read_bytes())
+    role = st.snapshot(101).node.role  # type: ignore[union-attr]
+    assert (role.role, role.node_rank, role.source) == ("ray_head", 0, "log")
+    assert 880 not in st.node_pids  # a Ray actor's pid may be another host's
+
+
+def test_only_vllm_processes_of_this_host_are_read(tmp_path: Path) -> None:
+    from loadwatch.daemon.sources.proc.io_counters import vllm_processes
+
+    for pid, cmd in ((10, b"VLLM::Worker_TP0\x00"), (11, b"/usr/bin/postgres\x00"), (12, b"python3\x00-m\x00vllm.entrypoints.openai.api_server\x00")):  # fmt: skip
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(cmd)
+    assert vllm_processes([10, 11, 12, 13], tmp_path) == (10, 12)

@@ -57,6 +57,21 @@ def io_field(text: str, name: str) -> int | None:
     return None
 
 
+def vllm_processes(pids: Sequence[int], proc_root: str | Path = "/proc") -> tuple[int, ...]:
+    """The pids that are vLLM processes on this host: their command line (or the title vLLM
+    gives its processes, `VLLM::Worker_TP0`) names vllm. A log read from shared storage names
+    other hosts' pids too, and a number that is some other process here must not count."""
+    out: list[int] = []
+    for pid in pids:
+        try:
+            cmd = (Path(proc_root) / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"vllm" in cmd.lower():
+            out.append(pid)
+    return tuple(out)
+
+
 class ProcIoReader:
     """Reads the bytes read by a process tree; one instance per supervised process."""
 
@@ -179,4 +194,4 @@ class ProcIoReader:
         )
 
 
-__all__ = ["MAX_TREE", "ProcIoReader", "io_field", "io_read_bytes", "stat_fields"]
+__all__ = ["MAX_TREE", "ProcIoReader", "io_field", "io_read_bytes", "stat_fields", "vllm_processes"]
