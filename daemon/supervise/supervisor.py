@@ -27,27 +27,24 @@ within ``crash_loop_window_s`` the state is fatal. The ``preflight`` hook runs b
 its veto backs off and retries (so a patched model directory starts by itself), or is fatal
 under ``never``.
 
-vLLM runs in its own session (so its own process group); its stdout and stderr share one pipe,
-which keeps their interleaving, and a pump thread copies it to the rotating log file. A second
-thread waits for the exit. The process tree is re-scanned from /proc while it runs, so workers
-that called ``setsid`` or outlived their parent are still found and killed at the end.
+This module is the policy. The mechanism of one run is ``RunDriver`` (run_driver.py): vLLM in
+its own session (so its own process group), stdout and stderr on one pipe pumped to the rotating
+log, the exit watched from a thread, the tree re-scanned from /proc so that workers that called
+``setsid`` or outlived their parent are still found and killed at the end (``TreeControl``,
+tree_run.py). It hands back a ``RunOutcome`` that ``_finish`` judges.
 
 OS calls go through ``ProcessOps`` (procops.py); ``PosixOps`` is the real one. Settings live in
-supervisor_config.py and are re-exported here.
+config.py and are re-exported here, as are the records (runs.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import os
 import secrets
 from collections.abc import Callable
 from typing import Any, Literal
 
-from loadwatch.daemon.sdnotify import child_environment
-from loadwatch.daemon.sources.inputs import ProcessEvent, ProcessEventKind
-from loadwatch.daemon.sources.proc.tree import ProcessTree
+from loadwatch.daemon.sources.inputs import ProcessEvent
 from loadwatch.daemon.supervise import leftovers
 from loadwatch.daemon.supervise.config import (
     RestartPolicy,
@@ -57,11 +54,11 @@ from loadwatch.daemon.supervise.config import (
     supervisor_config,
 )
 from loadwatch.daemon.supervise.leftovers import PidFile
-from loadwatch.daemon.supervise.logsink import OutputPump, RotatingLog
-from loadwatch.daemon.supervise.orphans import RUN_MARKER_ENV
+from loadwatch.daemon.supervise.logsink import RotatingLog
 from loadwatch.daemon.supervise.procops import ChildProcess, PosixOps, ProcessOps
-from loadwatch.daemon.supervise.runs import RunRecord, State, StopResult, describe_exit
-from loadwatch.daemon.supervise.tree_run import Run, TreeControl, split_returncode, watch_exit
+from loadwatch.daemon.supervise.run_driver import Requests, RunDriver, RunOutcome, StartRefused
+from loadwatch.daemon.supervise.runs import Reporter, RunRecord, State, StopResult, describe_exit
+from loadwatch.daemon.supervise.tree_run import Run, TreeControl
 from loadwatch.parsers.vllm.catalog import KIND_RANK
 
 __all__ = [
@@ -81,13 +78,6 @@ __all__ = [
 ]
 
 
-# A start that fails with these can never succeed by retrying.
-_PERMANENT_SPAWN_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.ENOEXEC})
-
-
-# -- records --------------------------------------------------------------------------------------
-
-
 class Supervisor:
     def __init__(
         self,
@@ -97,27 +87,24 @@ class Supervisor:
         on_note: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.config = config
-        self._on_event = on_event
-        self._on_note = on_note  # lines of its own for the event log (a leftover tree stopped)
         self._pids = PidFile(config.pid_file) if config.pid_file is not None else None
         self._ops: ProcessOps = ops if ops is not None else PosixOps()
+        # on_note: lines of its own for the event log (a leftover tree stopped)
+        self._report = Reporter(config.argv, self._ops.time, on_event, on_note)
         self._state: State = "idle"
-        self._wake: asyncio.Event | None = None
         self._done: asyncio.Event | None = None
         self._active = False
-        self._stop_reason: str | None = None
-        self._restart_reason: str | None = None
+        self._requests = Requests()
         self._run: Run | None = None
         self._serving = False
         self._starts: list[float] = []  # monotonic times of recent starts
         self._consecutive_failures = 0
-        self._log: RotatingLog | None = None
         self.runs: list[RunRecord] = []
         self.last_reason: str | None = None
-        self.callback_errors_total = 0
         # In every run's environment: a worker that escaped the tree still shows it in /proc.
         self.run_marker = secrets.token_hex(8)
-        self._tree = TreeControl(self._ops, config, self._pids, self.run_marker)
+        tree = TreeControl(self._ops, config, self._pids, self.run_marker)
+        self._driver = RunDriver(self._ops, config, tree, self._requests, self._stopping_run)
 
     # -- what the daemon reads ------------------------------------------------------------------
 
@@ -138,7 +125,11 @@ class Supervisor:
 
     @property
     def log(self) -> RotatingLog | None:
-        return self._log
+        return self._driver.log
+
+    @property
+    def callback_errors_total(self) -> int:
+        return self._report.errors_total
 
     # -- what the daemon tells it ---------------------------------------------------------------
 
@@ -174,17 +165,17 @@ class Supervisor:
 
     def request_restart(self, reason: str) -> bool:
         """End the current run and start again (as after a failure, with backoff)."""
-        if self._run is None or self._state != "running" or self._stop_reason is not None:
+        if self._run is None or self._state != "running" or self._requests.stop is not None:
             return False
-        if self._restart_reason is None:
-            self._restart_reason = reason
+        if self._requests.restart is None:
+            self._requests.restart = reason
         self._poke()
         return True
 
     async def stop(self, reason: str = "stop requested") -> StopResult:
         """End vLLM and its whole tree and stay stopped. Safe to call in any state."""
-        if self._stop_reason is None:
-            self._stop_reason = reason
+        if self._requests.stop is None:
+            self._requests.stop = reason
         self._poke()
         if self._active and self._done is not None:
             await self._done.wait()
@@ -204,18 +195,17 @@ class Supervisor:
         if self._active:
             raise RuntimeError("Supervisor.run() is already running")
         self._active = True
-        self._wake = asyncio.Event()
+        self._requests.wake = asyncio.Event()
         self._done = asyncio.Event()
         self._ops.become_subreaper()
         try:
             if self._pids is not None:
-                await leftovers.stop(self._pids, self._ops, self.config, self._note)
+                await leftovers.stop(self._pids, self._ops, self.config, self._report.note)
             await self._loop()
         finally:
             if self._run is not None:  # cancelled mid-run: leave nothing behind
                 await self._end_run_after_cancel()
-            if self._log is not None:
-                self._log.close()
+            self._driver.close()
             self._active = False
             self._done.set()
         return self._state
@@ -292,145 +282,42 @@ class Supervisor:
         )
         self._set_state("backoff")
         self.last_reason = reason
-        self._emit("backoff", reason=reason, backoff_s=delay)
-        await self._sleep_or_wake(delay)
-
-    async def _sleep_or_wake(self, seconds: float) -> None:
-        assert self._wake is not None
-        if self._stop_reason is not None:
-            return
-        self._wake.clear()
-        sleeper = asyncio.ensure_future(self._ops.sleep(seconds))
-        waker = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (sleeper, waker):
-                t.cancel()
+        self._report.event("backoff", reason=reason, backoff_s=delay)
+        await self._requests.sleep_or_wake(self._ops, delay)
 
     async def _start_and_supervise(self) -> Literal["ran", "retry", "fatal"]:
-        cfg = self.config
-        if self._log is None:
-            try:
-                self._log = RotatingLog(cfg.log_path, cfg.log_max_bytes, cfg.log_keep)
-            except OSError as exc:
-                self._fatal(f"cannot open log {cfg.log_path}: {exc.strerror or exc}")
+        started = self._driver.start()
+        if isinstance(started, StartRefused):
+            if started.permanent:
+                self._fatal(started.reason)
                 return "fatal"
-        env = child_environment(os.environ if cfg.env is None else cfg.env)
-        env[RUN_MARKER_ENV] = self.run_marker
-        try:
-            read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-        except OSError as exc:
-            self.last_reason = f"cannot start {cfg.argv[0]}: no pipe for its output: {exc.strerror}"
+            self.last_reason = started.reason
             return "retry"
-        try:
-            child = self._ops.spawn(cfg.argv, env, cfg.cwd, write_fd)
-        except OSError as exc:
-            os.close(read_fd)
-            where = f" ({exc.filename})" if exc.filename and exc.filename != cfg.argv[0] else ""
-            reason = f"cannot start {cfg.argv[0]}: {exc.strerror or exc}{where}"
-            if exc.errno in _PERMANENT_SPAWN_ERRNOS:
-                self._fatal(reason)
-                return "fatal"
-            self.last_reason = reason
-            return "retry"
-        finally:
-            os.close(write_fd)
-        self._starts.append(self._ops.monotonic())
+        self._starts.append(started.started_mono)
         self._serving = False
-        self._restart_reason = None
-        loop = asyncio.get_running_loop()
-        pump = OutputPump(read_fd, self._log.write, name=f"loadwatch-pump-{child.pid}")
-        pump.start()
-        run = Run(
-            child=child,
-            tree=ProcessTree(child.pid),
-            exited=loop.create_future(),
-            pump=pump,
-            started_at=self._ops.time(),
-            started_mono=self._ops.monotonic(),
-        )
-        self._run = run
-        watch_exit(child, run.exited, loop, self._poke)
+        self._requests.restart = None
+        self._run = started
         self._set_state("running")
-        self._emit("started", pid=child.pid)
-        await self._supervise(run)
+        self._report.event("started", pid=started.child.pid)
+        self._finish(await self._driver.supervise(started))
         self._run = None  # not in a finally: a cancelled run is cleaned up by run()
         return "ran"
 
-    async def _supervise(self, run: Run) -> None:
+    def _finish(self, outcome: RunOutcome) -> None:
+        """Judge how a run ended (failed or not, and why), record it and report it."""
         cfg = self.config
-        assert self._wake is not None
-        await self._tree.scan(run)
-        remaining: list[int] = []
-        ended_by_us = False
-        while not run.exited.done():
-            if self._stop_reason is not None or self._restart_reason is not None:
-                run.stop_reason = self._stop_reason or self._restart_reason
-                self._set_state("stopping")
-                self._emit("stopping", pid=run.child.pid, reason=run.stop_reason)
-                remaining = await self._tree.terminate(run)
-                ended_by_us = True
-                break
-            self._wake.clear()
-            waker = asyncio.ensure_future(self._wake.wait())
-            ticker = asyncio.ensure_future(self._ops.sleep(cfg.tree_scan_interval_s))
-            try:
-                await asyncio.wait({waker, ticker}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waker.cancel()
-                ticker.cancel()
-            await self._tree.scan(run)
-        if not ended_by_us:
-            # Workers can outlive the main process and keep GPU memory: end them too.
-            leftovers = run.tree.alive(await self._tree.scan(run))
-            if leftovers:
-                self._set_state("stopping")
-                self._emit(
-                    "stopping",
-                    pid=run.child.pid,
-                    reason=f"vLLM exited; ending {len(leftovers)} leftover process(es)",
-                )
-                remaining = await self._tree.terminate(run)
-        code, sig = split_returncode(run.exited.result() if run.exited.done() else None)
-        if code == 0 and run.fatal_kind is None and run.stop_reason is None:
-            await self._await_verdict(run)
-        run.pump.stop()
-        await asyncio.to_thread(run.pump.join, 2.0)
-        self._finish(run, code, sig, tuple(remaining))
-
-    async def _await_verdict(self, run: Run) -> None:
-        """After a clean exit, give the log follower a moment to report a fatal failure."""
-        cfg = self.config
-        deadline = self._ops.monotonic() + cfg.exit_verdict_wait_s
-        assert self._wake is not None
-        while run.fatal_kind is None and self._stop_reason is None:
-            left = deadline - self._ops.monotonic()
-            if left <= 0:
-                return
-            await self._sleep_or_wake(left)
-
-    def _note(self, name: str, **fields: Any) -> None:
-        if self._on_note is not None:
-            try:
-                self._on_note(name, fields)
-            except Exception:  # the consumer's bug must not orphan vLLM
-                self.callback_errors_total += 1
-
-    def _finish(
-        self, run: Run, code: int | None, sig: int | None, remaining: tuple[int, ...]
-    ) -> None:
-        cfg = self.config
+        run, remaining = outcome.run, outcome.remaining
+        code, sig, fatal = outcome.exit_code, outcome.signal, outcome.fatal_kind
         ended_mono = self._ops.monotonic()
-        if run.stop_reason is not None and run.stop_reason == self._stop_reason:
+        if outcome.stop_reason is not None and outcome.stop_reason == self._requests.stop:
             failed = False
-            reason = f"stopped: {run.stop_reason}"
-        elif run.stop_reason is not None:
+            reason = f"stopped: {outcome.stop_reason}"
+        elif outcome.stop_reason is not None:
             failed = True
-            reason = f"restarting: {run.stop_reason}"
-        elif run.fatal_kind is not None:
+            reason = f"restarting: {outcome.stop_reason}"
+        elif fatal is not None:
             failed = True
-            reason = f"{describe_exit(code, sig)} after a fatal error in the log ({run.fatal_kind})"
+            reason = f"{describe_exit(code, sig)} after a fatal error in the log ({fatal})"
         else:
             failed = not (code == 0 and sig is None)
             reason = describe_exit(code, sig)
@@ -438,28 +325,11 @@ class Supervisor:
             reason += f"; {len(remaining)} process(es) survived SIGKILL: {list(remaining)}"
         if ended_mono - run.started_mono >= cfg.backoff_reset_after_s:
             self._consecutive_failures = 0
-        record = RunRecord(
-            pid=run.child.pid,
-            argv=cfg.argv,
-            started_at=run.started_at,
-            ended_at=self._ops.time(),
-            exit_code=code,
-            signal=sig,
-            reason=reason,
-            failed=failed,
-            tree_pids=run.tree.pids,
-            remaining_pids=remaining,
-        )
+        record = outcome.record(cfg.argv, self._ops.time(), reason, failed)
         self.runs.append(record)
         del self.runs[:-100]
-        if self._pids is not None:
-            if remaining:  # a later supervisor tries again
-                members = run.tree.members
-                self._pids.save(run.child.pid, {p: members[p] for p in remaining}, self.run_marker)
-            else:
-                self._pids.clear()
         self.last_reason = reason
-        self._emit(
+        self._report.event(
             "exited",
             pid=run.child.pid,
             exit_code=code,
@@ -472,26 +342,22 @@ class Supervisor:
         run = self._run
         if run is None:
             return
-        self._stop_reason = self._stop_reason or "supervisor cancelled"
-        run.stop_reason = self._stop_reason
-        try:
-            remaining = await asyncio.shield(self._tree.terminate(run))
-        except asyncio.CancelledError:
-            remaining = run.tree.alive(self._ops.process_table())
-        run.pump.stop()
-        code, sig = split_returncode(run.exited.result() if run.exited.done() else None)
-        self._finish(run, code, sig, tuple(remaining))
+        self._requests.stop = self._requests.stop or "supervisor cancelled"
+        self._finish(await self._driver.end_after_cancel(run, self._requests.stop))
         self._run = None
         self._set_state("exited")
 
     # -- plumbing ---------------------------------------------------------------------------------
 
     def _stopping(self) -> bool:
-        return self._stop_reason is not None
+        return self._requests.stop is not None
 
     def _poke(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        self._requests.poke()
+
+    def _stopping_run(self, pid: int, reason: str | None) -> None:
+        self._set_state("stopping")
+        self._report.event("stopping", pid=pid, reason=reason)
 
     def _set_state(self, state: State) -> None:
         self._state = state
@@ -499,36 +365,7 @@ class Supervisor:
     def _fatal(self, reason: str) -> None:
         self._set_state("fatal")
         self.last_reason = reason
-        self._emit("fatal", reason=reason)
-
-    def _emit(
-        self,
-        kind: ProcessEventKind,
-        *,
-        pid: int | None = None,
-        exit_code: int | None = None,
-        signal: int | None = None,
-        reason: str | None = None,
-        backoff_s: float | None = None,
-        tree_pids: tuple[int, ...] = (),
-    ) -> None:
-        if self._on_event is None:
-            return
-        event = ProcessEvent(
-            kind=kind,
-            ts=self._ops.time(),
-            pid=pid,
-            argv=self.config.argv,
-            exit_code=exit_code,
-            signal=signal,
-            reason=reason,
-            backoff_s=backoff_s,
-            tree_pids=tree_pids,
-        )
-        try:
-            self._on_event(event)
-        except Exception:  # the consumer's bug must not orphan vLLM
-            self.callback_errors_total += 1
+        self._report.event("fatal", reason=reason)
 
 
 def _rank(kind: str) -> int:

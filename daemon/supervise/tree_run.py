@@ -1,7 +1,7 @@
 """One run of vLLM's process tree, as the supervisor drives it: the record of the run, the scan
 of the tree from /proc (adopting members whose parent exited, while the supervisor is their
-subreaper), ending it (SIGTERM to the group, a grace, SIGKILL for what is left), and the thread
-that waits for the main process's exit."""
+subreaper), ending it (SIGTERM to the group, a grace, SIGKILL for what is left), the pid file of
+what survived, and the thread that waits for the main process's exit."""
 
 from __future__ import annotations
 
@@ -51,6 +51,17 @@ class TreeControl:
         if self._pids is not None:
             self._pids.save(run.child.pid, run.tree.members, self.run_marker)
         return table
+
+    def settle(self, run: Run, remaining: list[int]) -> None:
+        """The run ended: keep in the pid file only what survived, for a later supervisor to try
+        again; clear it when nothing did."""
+        if self._pids is None:
+            return
+        if remaining:
+            members = run.tree.members
+            self._pids.save(run.child.pid, {p: members[p] for p in remaining}, self.run_marker)
+        else:
+            self._pids.clear()
 
     def _adopt_orphans(self, run: Run, table: dict[int, ProcInfo]) -> None:
         """Members whose parent exited are re-parented to us (a subreaper): our children that
