@@ -151,8 +151,14 @@ def _progress_rows(doc: Mapping[str, Any], grid: Table) -> None:
             ratio = done / total
         line = _bar(ratio)
         line.append(f" {100 * (ratio or 0):5.1f}%", "bold")
-        line.append(f"  {done or 0}/{total} shards")
         bd, bt = _n(p.get("bytes_done")), _n(p.get("bytes_total"))
+        # the count in what the weights bar counts; a bar in bytes shows its sizes alone
+        unit = next(
+            (_s(_d(b).get("unit")) for b in _l(s.get("bars")) if _d(b).get("kind") == "weights"),
+            None,
+        )
+        if unit != "bytes" or not bt:
+            line.append(f"  {done or 0}/{total} {'tensors' if unit == 'tensors' else 'shards'}")
         if bt:
             line.append(f"  {size(bd)} / {size(bt)}")
         stage = _i(p.get("stage")) or 0

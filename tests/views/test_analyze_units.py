@@ -1,4 +1,4 @@
-"""analyze says what each bar counts (../shared/vllm-log-formats.md section 9, loaders table)."""
+"""analyze and the status screen say what each bar counts (../shared/vllm-log-formats.md section 9, loaders table)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from pathlib import Path
 
 from loadwatch.daemon.tools.analyze import analyze_log
 from loadwatch.exporters.terminal.report_text import report_text
+from loadwatch.exporters.terminal.watch import status_text
+from loadwatch.parsers import EventStream, split_records
+from tests.state.helpers import T0, fold, started
 from tests.views.test_analyze import REF_TS, fixture
 
 # InstantTensor's bar since vLLM PR #46868, the two lines section 9 quotes
@@ -35,3 +38,11 @@ def test_the_runai_streamers_bar_counts_tensors(tmp_path: Path) -> None:
     assert [b.unit for b in s.bars] == ["tensors"]
     (s,) = analyze_log(fixture(tmp_path, "gh-vllm-19483-bar-prefix-after.log")).sessions
     assert [b.unit for b in s.bars] == ["files"]
+
+
+def test_the_status_screen_shows_a_bytes_bar_by_its_sizes() -> None:
+    evs = EventStream(ref_ts=T0).feed_all(split_records(INSTANTTENSOR))
+    st, _ = fold([(T0, started(T0)), (T0 + 1, evs[0]), (T0 + 2, evs[1])])  # type: ignore[list-item]
+    text = status_text(st.snapshot(T0 + 2).to_dict())
+    assert "12.4 GiB / 144.4 GiB" in text
+    assert "13300000000" not in text and "shards" not in text.split("weights", 1)[1].split("\n")[0]
