@@ -117,7 +117,12 @@ def oversized() -> None:
 
 def unknown(rng: random.Random) -> None:
     while time.monotonic() < END:
-        path = "/" + "".join(rng.choice("abc/%.?&=") for _ in range(rng.randrange(1, 40)))
+        # Never "/" itself (with or without a query): that is the landing page, a known route.
+        path = (
+            "/"
+            + rng.choice("abc%.")
+            + "".join(rng.choice("abc/%.?&=") for _ in range(rng.randrange(0, 39)))
+        )
         try:
             reply = request(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             note(f"unknown path {status(reply)}")
