@@ -156,9 +156,8 @@ def test_servable_fails_when_the_first_completion_fails(
     vllm_and_daemon: tuple[VllmServer, Running],
 ) -> None:
     server, d = vllm_and_daemon
-    end = time.monotonic() + START_S
-    while time.monotonic() < end and (d.status().get("health") or {}).get("ok") is not True:
-        time.sleep(0.2)
+    # /health 200 first (the daemon's /status answers 503 until its first board: retried)
+    d.wait(lambda: d.status()["health"]["ok"] is True, "/health 200", START_S)
     try:
         d.wait(lambda: d.status()["session"]["phase"] == "failed", "failed", 120)
     except AssertionError:
