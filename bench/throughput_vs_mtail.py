@@ -74,7 +74,7 @@ NAIVE = {
 # -- workers: run in a child process, print one JSON line ----------------------------------------
 
 
-def work_loadwatch(path: str, native: bool = True) -> dict[str, object]:
+def work_loadwatch(path: str, native: bool = True, runs: bool = False) -> dict[str, object]:
     from loadwatch.daemon.sources.log.follower import LogFollower
     from loadwatch.daemon.state.loadstate import LoadState
     from loadwatch.parsers import ChunkScanner, EventStream, ShardProgress
@@ -82,7 +82,7 @@ def work_loadwatch(path: str, native: bool = True) -> dict[str, object]:
     clock = time.time
     start = time.perf_counter()
     follower = LogFollower(path, mode="poll")
-    scanner = ChunkScanner(EventStream(ref_ts=clock()), native=native)
+    scanner = ChunkScanner(EventStream(ref_ts=clock()), native=native, runs=runs)
     state = LoadState()
     weight_updates = 0
     while True:
@@ -142,6 +142,7 @@ def work_naive(path: str) -> dict[str, object]:
 WORKERS: dict[str, Callable[[str], dict[str, object]]] = {
     "loadwatch": work_loadwatch,
     "py": lambda path: work_loadwatch(path, native=False),
+    "runs": lambda path: work_loadwatch(path, runs=True),
     "naive": work_naive,
 }
 
@@ -261,6 +262,8 @@ def tools(progs: Path) -> list[Tool]:
         ),
         Tool("naive python", lambda p: [py, me, "--worker", "naive", str(p)], worker_counts),
         Tool("loadwatch", lambda p: [py, me, "--worker", "loadwatch", str(p)], worker_counts),
+        # the scanner handing runs of plain k/v scale warnings over as one event each (`runs`)
+        Tool("lw kv runs", lambda p: [py, me, "--worker", "runs", str(p)], worker_counts),
         # the same pipeline with the candidate search in Python (when the C one is built)
         *(
             [Tool("loadwatch py", lambda p: [py, me, "--worker", "py", str(p)], worker_counts)]
@@ -376,14 +379,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mtail's counts differ from the truth on the serving log: {', '.join(differs)}")
     equal = lw.found == {k: getattr(serving_truth, k) for k in FACTS}
     lw_load = next(t for t in load_tools if t.name == "loadwatch")
-    load_equal = lw_load.found == {k: getattr(load_truth, k) for k in FACTS}
+    truth_load = {k: getattr(load_truth, k) for k in FACTS}
+    load_equal = lw_load.found == truth_load
     print(f"loadwatch's counts equal the truth: load-phase {load_equal}, serving-phase {equal}")
     print(
         f"loadwatch's candidate search: {'C (parsers/_scan.c)' if NATIVE else 'Python (not built)'}"
     )
     print(
         f"load-phase log: loadwatch {fmt_rate(load_rates['loadwatch'])} lines/s = "
-        f"{load_rates['loadwatch'] / load_rates['mtail']:.1f}x mtail (goal >= 3)"
+        f"{load_rates['loadwatch'] / load_rates['mtail']:.1f}x mtail (goal >= 3); "
+        f"with k/v warning runs grouped {fmt_rate(load_rates['lw kv runs'])} lines/s = "
+        f"{load_rates['lw kv runs'] / load_rates['mtail']:.1f}x mtail, counts equal "
+        f"{next(t for t in load_tools if t.name == 'lw kv runs').found == truth_load}"
     )
     print(
         f"lines_per_s={rates['loadwatch']:.0f} "

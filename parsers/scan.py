@@ -170,7 +170,11 @@ class ChunkScanner:
     `stream`: its event stream, when the caller made it."""
 
     def __init__(
-        self, stream: Stream | None = None, native: bool = NATIVE, grammar: Grammar | None = None
+        self,
+        stream: Stream | None = None,
+        native: bool = NATIVE,
+        grammar: Grammar | None = None,
+        runs: bool = False,
     ) -> None:
         self.grammar = g = grammar if grammar is not None else load()
         self.stream = stream if stream is not None else g.new_stream(None)
@@ -181,6 +185,9 @@ class ChunkScanner:
         if native and _native is None:
             raise RuntimeError("the C scanner (loadwatch.parsers._scan) is not built")
         self._native = _native if native else None  # else the Python search: tests compare
+        # `runs`: a run of records of the grammar's run shape (vLLM: plain k/v scale warnings)
+        # comes out as one grouped event (the stream's `run`), not one event per record
+        self._run_needle = g.run_needle if runs else None
         self.quiet = 0  # candidates proven quiet without parsing them
         self._tail = b""  # the last record of the previous chunk, if short
         self._fed_end = -1  # absolute end offset of the last record handed to the stream
@@ -214,6 +221,15 @@ class ChunkScanner:
                 fed = self._fed_end - base
                 if not (fed == start - 1 or (fed == start - 2 and data[start - 1] in _TERMINATORS)):
                     self._before(data, start, base, file_id, out)  # a record between: look at it
+                needle = self._run_needle
+                if needle is not None and data.find(needle, start, end) >= 0:
+                    got = stream.run(data, start, base, self._native is not None)  # type: ignore[attr-defined]
+                    if got is not None:
+                        end, event = got
+                        out.append(event)
+                        self._fed_end = base + end
+                        pos = end + 1
+                        continue
                 events = stream.feed_text(
                     data[start:end].decode("utf-8", "replace"), base + start, True
                 )

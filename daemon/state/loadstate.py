@@ -41,6 +41,7 @@ from typing import Any
 from loadwatch.daemon.sources.inputs import HealthProbe, Tick
 from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.fold import Fold
+from loadwatch.daemon.state.fold_kvrun import on_kv_group
 from loadwatch.daemon.state.fold_log import LOG_HANDLERS, on_kv_run
 from loadwatch.daemon.state.fold_world import WORLD_HANDLERS
 from loadwatch.daemon.state.nodefold import NODE_EVENTS, track_node
@@ -60,10 +61,12 @@ from loadwatch.daemon.state.session import (
 )
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.state.snapshot_builder import build_snapshot
-from loadwatch.parsers.events import KvScaleWarning
+from loadwatch.parsers.events import KvScaleRun, KvScaleWarning
 
 HANDLERS: dict[type, Any] = {**LOG_HANDLERS, **WORLD_HANDLERS, **NODE_EVENTS}
-LOG_INPUTS = frozenset({*LOG_HANDLERS, *NODE_EVENTS})  # their transitions carry the record's offset
+LOG_INPUTS = frozenset(
+    {*LOG_HANDLERS, *NODE_EVENTS, KvScaleRun}
+)  # their transitions carry the record's offset
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,11 @@ class LoadState(StateData):
         while i < n:
             item = seq[i]
             cls = type(item)
+            if cls is KvScaleRun:  # the scanner's one event for a run of them
+                f.record = item.offset  # type: ignore[union-attr]
+                on_kv_group(f, item)  # type: ignore[arg-type]
+                i += 1
+                continue
             if cls is KvScaleWarning:  # the run of them from here, in one call
                 j = i + 1
                 while j < n and type(seq[j]) is KvScaleWarning:

@@ -27,6 +27,7 @@ from loadwatch.parsers.vllm.catalog import (
     KIND_RANK,
     classify,
 )
+from loadwatch.parsers.vllm.kvrun import best_kv_run, kv_run, run_event
 from loadwatch.parsers.vllm.lines import (
     Head,
     StandardHeads,
@@ -256,6 +257,26 @@ class EventStream:
         ts = self.years.stamp(stamp)
         if ts is not None:
             self._last_ts = ts
+
+    def run(
+        self, data: bytes, start: int, base: int, native: bool = True
+    ) -> tuple[int, Event] | None:
+        """The run of plain k/v scale warning records from `start` in a chunk (kvrun.py), as
+        one `KvScaleRun`, and where its last record ends; None: no such record there. What
+        feeding them one by one would leave in the stream, it leaves (outside a traceback)."""
+        got = (best_kv_run if native else kv_run)(data, start)
+        if got is None:
+            return None
+        event = run_event(got, start, base, self.years.stamp)
+        n = event.count
+        stats = self.stats
+        stats.records += n
+        stats.candidates += n
+        stats.events += n
+        stats.by_type["kv_scale_warning"] = stats.by_type.get("kv_scale_warning", 0) + n
+        self._pending_prefix = None
+        self._last_ts = event.last_ts
+        return got[0], event
 
     def feed_all(self, records: Iterable[Record]) -> list[Event]:
         out: list[Event] = []

@@ -186,3 +186,103 @@ def test_more_than_64_groups_and_short_anchors_are_searched_too() -> None:
     data = b"x w069 y\nab\nnothing\nw000\n"
     found, quiet = _scan.candidates(data, 0, groups, False)
     assert found == [(0, 8), (9, 11), (20, 24)] and quiet == []
+
+
+# -- runs of plain k/v scale warnings: _kvrun.c against parsers/vllm/kvrun.py ---------------------
+
+try:
+    from loadwatch.parsers.vllm import _kvrun
+except ImportError:  # the test below says so
+    _kvrun = None  # type: ignore[assignment]
+
+_KV = (
+    b"(Worker_TP0 pid=51300) WARNING 01-28 00:12:58 [weight_utils.py:1398] Found k_scale in the "
+    b"checkpoint (e.g. language_model.model.layers.1.self_attn.k_scale), but not found the "
+    b"expected name in the model (e.g. language_model.model.layers.1.self_attn.mla_attn.k_scale)."
+    b" k_scale is not loaded."
+)  # tests/fixtures/v1-2026-sm120.log
+_KV_PIECES = st.sampled_from(
+    [
+        b"v",
+        b"k",
+        b"(",
+        b")",
+        b" ",
+        b"0m",
+        b"6m",
+        b"layers.",
+        b"layer.",
+        b"1234567",
+        b".",
+        b"9",
+        b"02-29",
+        b"12-31",
+        b"00",
+        b"\r",
+        b"\n",
+        b"\xff",
+        b"-",
+        b"_",
+        b"WARNING",
+        b"] ",
+        b" pid=",
+    ]
+)
+
+
+@st.composite
+def kv_bytes(draw: st.DrawFn) -> bytes:
+    out = []
+    for _ in range(draw(st.integers(1, 5))):
+        line = _KV
+        for _ in range(draw(st.integers(0, 3))):
+            i = draw(st.integers(0, len(line)))
+            j = draw(st.integers(i, min(len(line), i + draw(st.integers(0, 8)))))
+            line = line[:i] + draw(_KV_PIECES) + line[j:]
+        out.append(line)
+    return draw(st.sampled_from([b"\n", b"\r\n", b"\r"])).join(out) + draw(
+        st.sampled_from([b"\n", b""])
+    )
+
+
+def test_the_c_kv_run_is_built() -> None:
+    assert _kvrun is not None, "parsers/vllm/_kvrun.c did not build: is a C compiler there?"
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kv_bytes(), st.integers(0, 3))
+@example(_KV.replace(b"01-28", b"02-30"), 0)  # no such day: the stream has no time for it
+@example(_KV.replace(b"01-28", b"04-31"), 0)
+@example(_KV + b"\n" + _KV.replace(b"00:12:58", b"00:12:57"), 0)  # the stamp goes back
+@example(_KV.replace(b"layers.1.", b"layers.1234567.").replace(b"mla_attn", b"layer.3.x"), 0)
+def test_c_kv_run_equals_python(data: bytes, skip: int) -> None:
+    from loadwatch.parsers.vllm.kvrun import kv_run
+
+    start = 0
+    for _ in range(skip):  # also from a later record's start
+        nl = data.find(b"\n", start)
+        start = nl + 1 if nl >= 0 else start
+    assert _kvrun.kv_run(data, start) == kv_run(data, start)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600), st.integers(0, 50))
+def test_c_kv_run_equals_python_on_any_bytes(data: bytes, start: int) -> None:
+    from loadwatch.parsers.vllm.kvrun import kv_run
+
+    start = min(start, len(data))
+    assert _kvrun.kv_run(data, start) == kv_run(data, start)
+
+
+def test_kv_runs_on_the_generated_load_log() -> None:
+    from loadwatch.parsers.vllm.kvrun import kv_run
+
+    data, _counts = load_log()
+    pos = runs = 0
+    while (i := data.find(b") WARNING ", pos)) >= 0:
+        s = data.rfind(b"\n", 0, i) + 1
+        got = _kvrun.kv_run(data, s)
+        assert got == kv_run(data, s)
+        runs += got is not None
+        pos = (got[0] if got is not None else i) + 1
+    assert runs > 10

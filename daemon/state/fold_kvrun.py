@@ -1,0 +1,61 @@
+"""The fold of a `KvScaleRun`: the chunk scanner's one event for a run of plain k/v scale
+warnings (parsers/vllm/kvrun.py), counted exactly as fold_log.py's `on_kv_run` counts the same
+records one `KvScaleWarning` each (tests/state/test_kv_run_fold.py compares them)."""
+
+from __future__ import annotations
+
+from loadwatch.daemon.state.fold import Fold
+from loadwatch.daemon.state.fold_log import _activity
+from loadwatch.daemon.state.nodefold import track_node
+from loadwatch.daemon.state.session import WarningTally
+from loadwatch.parsers.events import KvScaleRun, KvScaleWarning
+
+
+def on_kv_group(f: Fold, g: KvScaleRun) -> None:
+    """`on_kv_run` of the run's records: the same tally, from the run's sums."""
+    t = f.at(g.ts)
+    s = f.ensure_session(t)
+    if s.stall is not None and s.stall.kind == "quiet":
+        _activity(f, t)
+    cfg = f.cfg
+    warnings = f.mine("warnings")
+    code = "kv_scale_missing"
+    if code not in warnings and len(warnings) >= cfg.max_warning_codes:
+        code = "other"
+    w = warnings.get(code)
+    if w is None:
+        message = (g.checkpoint_name or "")[:300]
+        w = f.made(WarningTally(code, "warning", 0, t, t, 0, 0, frozenset(), frozenset(), message))
+    else:
+        w = f.mine_record(w)
+    warnings[code] = w
+    mask, over, scales, procs = w.layers_mask, w.layers_over, w.scales, w.processes
+    max_layer, max_procs = cfg.max_layer, cfg.max_processes
+    if f.replay and g.count > 1 and g.last_ts is not None:
+        # `Fold.at` of each later record: stamps never go back within a run, so the last decides
+        t = max(t, g.last_ts + f.offset)
+        t = min(t, f.now)
+    for layer, records in g.layers:
+        if 0 <= layer < max_layer:
+            mask |= 1 << layer
+        else:
+            over += records
+    if not scales.issuperset(g.scales):
+        scales = scales | set(g.scales)
+    for p, _pid in g.processes:
+        if p and p not in procs and len(procs) < max_procs:
+            procs = procs | {p}
+    d = w.__dict__
+    d["layers_mask"], d["layers_over"], d["scales"], d["processes"] = mask, over, scales, procs
+    d["count"] = w.count + g.count
+    d["last_at"] = t
+    sess = f.sess
+    assert sess is not None  # (`ensure_session` made it)
+    sd = sess.__dict__  # (the draft: `mine` made it)
+    sd["warnings_total"] += g.count
+    sd["last_event_at"] = t
+    sd["log_seen"] = True
+    seen, sid = f.node_seen, sess.id
+    for p, pid in g.processes:  # the node sees each (process, pid) once, as with one event each
+        if (p, pid, sid) not in seen:  # (`track_node` would return at once)
+            track_node(f, KvScaleWarning(scale="k", process=p, pid=pid))
