@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import IO
 
 from loadwatch.daemon.sources.log.container import spool, spool_if_container
-from loadwatch.daemon.sources.log.files import GZIP_MAGIC, inflate_into
 from loadwatch.daemon.sources.log.follower import DEFAULT_MAX_READ_BYTES, FollowerError, LogFollower
+from loadwatch.daemon.sources.log.gzipped import GZIP_MAGIC, inflate_into
 from loadwatch.exporters.report import LogFacts
 from loadwatch.parsers import ChunkScanner, Event
 from loadwatch.parsers.grammar import load as load_grammar

@@ -9,8 +9,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from loadwatch.daemon.sources.log.files import FINGERPRINT_BYTES, inflate, inflate_into
+from loadwatch.daemon.sources.log.files import FINGERPRINT_BYTES
 from loadwatch.daemon.sources.log.follower import LogFollower, Position
+from loadwatch.daemon.sources.log.gzipped import inflate, inflate_into
 from tests.follower.helpers import Collector, expected
 from tests.follower.test_restart import append, compress, first_run, second_run
 

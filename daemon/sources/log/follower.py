@@ -64,7 +64,8 @@ Waking. `wait(timeout_s)` blocks until a file-system event (watchdog/inotify on 
 the poll interval (with inotify, a one-second safety net); `wait_async` does the same in an
 asyncio loop. ``mode="auto"`` chooses polling on network file systems and falls back to it when
 events do not arrive. `follow()` and `follow_async()` wrap read + wait into iterators of chunk
-lists. Identity, open-file state and the rotated-name lookup live in follower_files.py.
+lists. Identity and open-file state live in files.py, the rotated-name lookup in generations.py,
+compressed rotated files in gzipped.py.
 """
 
 from __future__ import annotations
@@ -90,11 +91,11 @@ from loadwatch.daemon.sources.log.checkpoint import (
 from loadwatch.daemon.sources.log.files import (
     FINGERPRINT_BYTES,
     FileIdentity,
-    Generations,
     OpenFile,
     Position,
     open_file,
 )
+from loadwatch.daemon.sources.log.generations import Generations
 from loadwatch.daemon.sources.log.wake import ActiveMode, Mode, Wake, WakeError, Waker
 from loadwatch.parsers.scan import count_records
 
