@@ -77,11 +77,38 @@ def _declares_fp8_kv(model: Path) -> bool:
 
 
 class _Health(BaseHTTPRequestHandler):
+    """What a ready vLLM answers that loadwatch asks: `/health`, and for the servable check the
+    OpenAI routes' shapes (`/v1/models` lists the served model, `/v1/completions` answers one
+    choice)."""
+
+    served_model = "model"
+
     def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            self._json({"object": "list", "data": [{"id": self.served_model, "object": "model"}]})
+            return
         code = 200 if self.path == "/health" else 404
         self.send_response(code)
         self.send_header("Content-Length", "0")
         self.end_headers()
+
+    def do_POST(self) -> None:
+        size = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(min(size, 1 << 20))
+        if self.path != "/v1/completions":
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self._json({"object": "text_completion", "choices": [{"index": 0, "text": " "}]})
+
+    def _json(self, doc: dict[str, Any]) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -193,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if stall_at is not None:
             while True:
                 time.sleep(3600)
+        _Health.served_model = str(args.model)
         server = ThreadingHTTPServer((args.host, args.port), _Health)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         while True:

@@ -315,7 +315,10 @@ def test_no_traceback_on_unreadable_log(tmp_path: Path) -> None:
     cfg = Config(**{**cfg.__dict__, "log": LogConfig(path=log, poll_interval_s=0.05)})
     with running(cfg) as d:
         d.wait(lambda: any(e["event"] == "daemon.problem" for e in d.events()), "a problem line")
-        assert d.get("/healthz")[0] == 200
+        # The daemon runs on and answers, and /healthz says honestly that its log is unreadable.
+        code, body = d.get("/healthz")
+        assert code == 503 and b"log" in body and b"\n" not in body.rstrip(b"\n"), body
+        assert d.get("/metrics")[0] == 200
         problem = next(e for e in d.events() if e["event"] == "daemon.problem")
         assert "\n" not in problem["error"]
 

@@ -83,6 +83,7 @@ def test_alerts_and_dashboard_against_the_real_daemon(tmp_path: Path) -> None:
             stop_grace_s=3.0,
             preflight="off",
             health_url=f"http://127.0.0.1:{port}/health",
+            servable=True,  # the first completion's latency has its dashboard panel
         ),
         state_dir=tmp_path / "state",
     )
