@@ -24,6 +24,7 @@ from loadwatch.daemon.config import (
 from loadwatch.daemon.sim.kimilog import RealClock, Shape, startup
 from loadwatch.daemon.tools.demo import make_model_dir
 from tests.daemon.harness import running
+from tests.helpers import append
 
 SHARDS = 6
 
@@ -41,11 +42,6 @@ def upto(lines: list[str], marker: str) -> tuple[list[str], list[str]]:
         if marker in line:
             return lines[: i + 1], lines[i + 1 :]
     raise AssertionError(marker)
-
-
-def append(path: Path, lines: list[str]) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write("".join(lines))
 
 
 def config(tmp_path: Path, model: Path | None, **gpu: object) -> Config:

@@ -10,11 +10,7 @@ import pytest
 from loadwatch.daemon.sources.log.follower import FileIdentity, FollowerError, LogFollower, Position
 from loadwatch.parsers import ChunkScanner, split_records
 from tests.follower.helpers import Collector
-
-
-def append(path: Path, data: bytes) -> None:
-    with open(path, "ab") as f:
-        f.write(data)
+from tests.helpers import append
 
 
 def test_records_split_on_lf_crlf_and_lone_cr(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from loadwatch.daemon.sources.log.checkpoint import CheckpointStore, checkpoint_
 from loadwatch.daemon.sources.log.follower import FollowerHealth, LogFollower, Position
 from tests.follower.helpers import Collector, WriterProcess, expected
 from tests.follower.writer import rotate
+from tests.helpers import append
 
 
 def first_run(log: Path, state: Path, lines: int = 100) -> bytes:
@@ -43,11 +44,6 @@ def compress(name: str) -> None:
     with open(name, "rb") as src, gzip.open(f"{name}.gz", "wb") as dst:
         dst.write(src.read())
     os.unlink(name)
-
-
-def append(log: Path | str, data: bytes) -> None:
-    with open(log, "ab") as w:
-        w.write(data)
 
 
 def test_appended_while_down(log: Path, state: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from loadwatch.daemon.sources.log.follower import LogFollower
 from loadwatch.daemon.sources.log.wake import MISSES_TO_FALLBACK, SAFETY_POLL_S, fs_type
 from tests.follower.helpers import Collector, expected, line
+from tests.helpers import append
 
 
 @pytest.fixture
@@ -40,11 +41,6 @@ def later(delay_s: float, action: object) -> threading.Thread:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
-
-
-def append(path: Path, data: bytes) -> None:
-    with open(path, "ab") as w:
-        w.write(data)
 
 
 def test_a_write_wakes_the_waiter(log: Path, follower: LogFollower) -> None:

@@ -25,15 +25,11 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import append as _append
 from tests.reliability.faults import load_steps, unprivileged
 from tests.reliability.proc import DaemonProc, wait_for
 
 SHARDS = 12
-
-
-def _append(path: Path, lines: list[str]) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write("".join(lines))
 
 
 def _write_new(path: Path, lines: list[str], mode: int = 0o644) -> None:

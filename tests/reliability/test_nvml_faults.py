@@ -31,6 +31,7 @@ from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource
 from loadwatch.daemon.sources.gpu.nvml import NvmlSource
 from tests.daemon.harness import Running, running
 from tests.gpu import fake_pynvml as fk
+from tests.helpers import append as _append
 from tests.reliability.faults import load_steps
 
 SHARDS = 12
@@ -46,11 +47,6 @@ def _config(tmp: Path) -> Config:
         forecast=ForecastConfig(stall_floor_s=86400),
         state_dir=tmp / "state",
     )
-
-
-def _append(path: Path, lines: list[str]) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write("".join(lines))
 
 
 class Binding:

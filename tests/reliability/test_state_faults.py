@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
+from tests.helpers import append as _append
 from tests.reliability.faults import load_steps
 from tests.reliability.proc import DaemonProc, wait_for
 
@@ -71,11 +72,6 @@ def fill(path: Path) -> int:
 
 def _about(lines: list[str], word: str) -> bool:
     return any(word in line for line in lines)
-
-
-def _append(path: Path, lines: list[str]) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write("".join(lines))
 
 
 class Trickle(threading.Thread):
