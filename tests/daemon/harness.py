@@ -6,9 +6,6 @@ import dataclasses
 import io
 import json
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +14,7 @@ from loadwatch.daemon.app import run_daemon
 from loadwatch.daemon.config import Config, EventsConfig
 from loadwatch.daemon.loop import Daemon
 from tests.client import DaemonClient
+from tests.helpers import wait_for
 
 
 class Running(DaemonClient):
@@ -31,15 +29,7 @@ class Running(DaemonClient):
         return [json.loads(x) for x in self.out.getvalue().splitlines() if x.strip()]
 
     def wait(self, check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            try:
-                if check():
-                    return
-            except (AssertionError, KeyError, TypeError, urllib.error.URLError):
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}")
+        wait_for(check, what, timeout_s, every_s=0.05)
 
     def stop(self) -> None:
         d = self.daemon

@@ -16,11 +16,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tests.client import DaemonClient
+from tests.helpers import wait_for  # noqa: F401  (the one wait for every test)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,16 +126,3 @@ class DaemonProc(DaemonClient):
         for f in (self._stdout, self._stderr, self.proc.stdin, self.proc.stdout):
             if f is not None and not f.closed:
                 f.close()
-
-
-def wait_for(check: Callable[[], object], what: str, timeout_s: float = 20.0) -> None:
-    end = time.monotonic() + timeout_s
-    last: BaseException | None = None
-    while time.monotonic() < end:
-        try:
-            if check():
-                return
-        except (AssertionError, KeyError, TypeError, ValueError, OSError) as exc:
-            last = exc
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
