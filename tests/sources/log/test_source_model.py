@@ -353,7 +353,7 @@ class LogSourceModel(RuleBasedStateMachine):
 
 _SHRINK = bool(os.environ.get("LOADWATCH_MODEL_SHRINK"))  # a minimal failing sequence
 LogSourceModel.TestCase.settings = settings(
-    max_examples=int(os.environ.get("LOADWATCH_MODEL_EXAMPLES", "40")),
+    max_examples=int(os.environ.get("LOADWATCH_MODEL_EXAMPLES", "150")),
     stateful_step_count=30,
     derandomize=True,  # the same examples in every `make test`; LOADWATCH_MODEL_EXAMPLES for more
     deadline=None,
