@@ -79,8 +79,24 @@ def _session(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The writer puts the script's ~100 s of stamps into the log in ~25 s. A record read live
+# happens at the daemon's clock; one a restarted daemon re-reads is placed at its stamp on the
+# daemon's timeline. So with this compressed writer the two disagree on every *when* (times,
+# durations, rates) by design, and those are left out here: what is compared is what the log
+# says happened (phases in order, bars, counts, layers, failures, milestones). Where re-derived
+# times land is tested with a writer at the stamps' own pace: tests/daemon/test_clock_skew.py.
+def _clock_derived(path: str) -> bool:
+    key = path.rsplit(".", 1)[-1].split("[")[0]
+    return (
+        key.endswith(("_at", "_since"))
+        or key in {"at", "since", "ts", "duration_s", "rate_per_s", "longest_gap_s"}
+        or key in {"time_to_ready_s", "weights_load_s", "elapsed_s", "threshold_s", "expected_s"}
+        or key in {"remaining_s", "low_s", "high_s"}
+    )
+
+
 def diff(a: Any, b: Any, path: str = "") -> list[str]:
-    """Where two JSON values differ, as `path: a != b` lines."""
+    """Where two JSON values differ, as `path: a != b` lines; clock-derived values are skipped."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for k in sorted(set(a) | set(b)):
@@ -90,6 +106,8 @@ def diff(a: Any, b: Any, path: str = "") -> list[str]:
         return [
             x for i, (p, q) in enumerate(zip(a, b, strict=True)) for x in diff(p, q, f"{path}[{i}]")
         ]
+    if _clock_derived(path) and isinstance(a, int | float) and isinstance(b, int | float):
+        return []
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
@@ -198,6 +216,12 @@ def test_fifty_sigkills_leave_the_state_and_the_event_log_exact(tmp_path: Path) 
         spawned += 1
         return DaemonProc(args, tmp_path / f"out-{spawned}.jsonl", prewarm=True)
 
+    # The uninterrupted daemon reads the log as it is written, beside the killed ones: a record
+    # read live happens at the daemon's clock, so the times to compare are those of a daemon
+    # that read it live too.
+    ref = DaemonProc(_args(tmp_path, log, model, "ref"), tmp_path / "out-ref.jsonl", prewarm=True)
+    ref.go()
+    ref.wait_listening()
     nxt = spawn()
     for i in range(KILLS):
         cur = nxt
@@ -235,16 +259,13 @@ def test_fifty_sigkills_leave_the_state_and_the_event_log_exact(tmp_path: Path) 
     finally:
         assert last.stop() == 0
 
-    ref = DaemonProc(_args(tmp_path, log, model, "ref"), tmp_path / "out-ref.jsonl", prewarm=True)
-    ref.go()
-    ref.wait_listening()
     try:
         wait_for(lambda: _caught_up(ref), "the uninterrupted daemon", 60)
         reference = ref.status()
     finally:
         assert ref.stop() == 0
 
-    # The state: the current session, field for field.
+    # The state: the current session, field for field, but for the clock-derived ones.
     assert diff(_session(killed), _session(reference)) == []
     s = reference["session"]
     assert s["phase"] == "ready" and s["time_to_ready_s"] is not None
