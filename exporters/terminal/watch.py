@@ -226,6 +226,20 @@ def _fatal(exc: StatusError) -> bool:
 def _watch_json(
     url: str, interval_s: float, sleep: Callable[[float], None], timeout_s: float
 ) -> int:
+    def line(doc: dict[str, Any]) -> str:
+        return json.dumps(doc, separators=(",", ":")) + "\n"
+
+    return _watch_lines(url, interval_s, sleep, timeout_s, line)
+
+
+def _watch_lines(
+    url: str,
+    interval_s: float,
+    sleep: Callable[[float], None],
+    timeout_s: float,
+    render: Callable[[dict[str, Any]], str],
+) -> int:
+    """Write `render(doc)` each interval; say a passing fault on stderr, stop on a lasting one."""
     while True:
         try:
             doc, _ = fetch_status(url, timeout_s)
@@ -234,7 +248,7 @@ def _watch_json(
                 return _fail(str(exc), exc.code)
             print(f"loadwatch: {exc}", file=sys.stderr)
         else:
-            sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+            sys.stdout.write(render(doc))
             sys.stdout.flush()
         sleep(interval_s)
 
@@ -266,17 +280,11 @@ def _watch_plain(
     """Not a terminal (a pipe, `tee`, a file): one plain frame per interval, each headed by a
     rule, so `loadwatch status --watch | tee status.log` records the load as it goes."""
     width = pipe_width()
-    while True:
-        try:
-            doc, _ = fetch_status(url, timeout_s)
-        except StatusError as exc:
-            if _fatal(exc):
-                return _fail(str(exc), exc.code)
-            print(f"loadwatch: {exc}", file=sys.stderr)
-        else:
-            sys.stdout.write("-" * min(width, 100) + "\n" + status_text(doc, width))
-            sys.stdout.flush()
-        sleep(interval_s)
+
+    def frame(doc: dict[str, Any]) -> str:
+        return "-" * min(width, 100) + "\n" + status_text(doc, width)
+
+    return _watch_lines(url, interval_s, sleep, timeout_s, frame)
 
 
 class _Keys:
