@@ -1,0 +1,313 @@
+"""How a catalog entry turns a match into an event: the entry type, the record levels each kind
+of message is read at, and the builders and number helpers the catalog's entries name."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from itertools import repeat
+from typing import Any
+
+from loadwatch.parsers.events import (
+    EpWeightFilter,
+    Event,
+    KvScaleWarning,
+    Milestone,
+    NodeLaunch,
+    ParallelInit,
+    ScaleFactorWarning,
+    Severity,
+    ShardProgress,
+    StallHint,
+)
+from loadwatch.parsers.vllm.lines import Head
+
+Builder = Callable[["re.Match[str]", Head, dict[str, Any]], Event | None]
+
+
+Level = str | None  # "DEBUG" .. "CRITICAL", or None for a record without a logging header
+MESSAGE: frozenset[Level] = frozenset({"INFO", "DEBUG"})
+# Failures fire only on ERROR/CRITICAL records or records without a header (tracebacks, stderr),
+# so a user prompt echoed at INFO that says "CUDA out of memory" is not a failure.
+FAILURE: frozenset[Level] = frozenset({"ERROR", "CRITICAL", None})
+WARNING: frozenset[Level] = frozenset({"WARNING", "INFO", "DEBUG", None})
+BARE: frozenset[Level] = frozenset({None})
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    id: str
+    needles: tuple[str, ...]
+    pattern: re.Pattern[str]
+    build: Builder
+    severity: Severity
+    levels: frozenset[Level] = MESSAGE  # the record levels this message is printed at
+    serving: bool = False  # still looked for once the server is up (restart markers, stalls)
+    more: bool = False  # the same record may hold a second message: keep looking after a match
+
+
+def _num(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    value = _num(text)
+    return None if value is None else int(value)
+
+
+def hms_seconds(text: str | None) -> float | None:
+    """tqdm's `MM:SS` / `H:MM:SS` (or `?`) to seconds."""
+    if not text or "?" in text:
+        return None
+    total = 0
+    for part in text.split(":"):
+        if not part.isdigit():
+            return None
+        total = total * 60 + int(part)
+    return float(total)
+
+
+def _rate(text: str | None) -> float | None:
+    if not text or "?" in text:
+        return None
+    if text.endswith("s/it"):
+        per = _num(text[:-4])
+        return None if not per else 1.0 / per
+    if text.endswith("it/s"):
+        return _num(text[:-4])
+    return None
+
+
+def bar_kind(desc: str) -> str:
+    d = desc.lower()
+    if "graph" in d:
+        return "graph_capture"
+    if "prefetch" in d:
+        return "prefetch"
+    if "shard" in d or "loading safetensors" in d or "checkpoint" in d or "loader" in d:
+        return "weights"
+    return "other"
+
+
+def bar_unit(desc: str, kind: str) -> str:
+    """What a bar without a byte form counts, by its desc (vllm-log-formats.md section 9)."""
+    d = desc.lower()
+    if "instanttensor" in d or "runai" in d or "run:ai" in d or "model streamer" in d:
+        return "tensors"
+    return "files" if kind in ("weights", "prefetch") else "items"
+
+
+# tqdm's unit-scaled numbers (`unit_scale=True`, divisor 1000): `0.00`, `13.3G`, `155G`, `1.20T`
+_SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def scaled(text: str | None) -> float | None:
+    if not text:
+        return None
+    suffix = text[-1] if text[-1] in _SCALE else ""
+    value = _num(text[: len(text) - len(suffix)])
+    return None if value is None else value * _SCALE[suffix]
+
+
+_PROGRESS_FIELDS = (
+    "desc",
+    "bar",
+    "done",
+    "total",
+    "elapsed_s",
+    "remaining_s",
+    "rate_per_s",
+    "unit",
+    "offset",
+    "ts",
+    "process",
+    "pid",
+)
+assert set(_PROGRESS_FIELDS) == {f.name for f in fields(ShardProgress)}, "ShardProgress changed"
+
+
+def _progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    # A load prints a bar line per shard: built as `__init__` would, with every field set from
+    # C (`map`) instead of one Python-level call per field.
+    desc = m["desc"].strip()
+    kind = bar_kind(desc)
+    values = (
+        desc,
+        kind,
+        int(m["n"]),
+        int(m["total"]),
+        hms_seconds(m["el"]),
+        hms_seconds(m["rem"]),
+        _rate(m["rate"]),
+        bar_unit(desc, kind),
+        ctx["offset"],
+        ctx["ts"],
+        ctx["process"],
+        ctx["pid"],
+    )
+    event = object.__new__(ShardProgress)
+    any(map(object.__setattr__, repeat(event), _PROGRESS_FIELDS, values))
+    return event
+
+
+def _byte_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event | None:
+    """A bar in bytes (`13.3G/155G [00:01<00:10, 14.3GB/s]`): done and total as bytes."""
+    desc = m["desc"].strip()
+    done, total = scaled(m["n"]), scaled(m["total"])
+    if done is None or total is None:
+        return None
+    rate = None if m["rate"].startswith("?") else scaled(m["rate"][:-3])
+    return ShardProgress(
+        desc=desc,
+        bar=bar_kind(desc),  # type: ignore[arg-type]
+        done=int(done),
+        total=int(total),
+        elapsed_s=hms_seconds(m["el"]),
+        remaining_s=hms_seconds(m["rem"]),
+        rate_per_s=rate,
+        unit="bytes",
+        **ctx,
+    )
+
+
+def _prefetch(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    return ShardProgress(
+        desc="Prefetching checkpoint files",
+        bar="prefetch",
+        done=int(m["n"]),
+        total=int(m["total"]),
+        unit="files",
+        **ctx,
+    )
+
+
+def _ep_filter(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    return EpWeightFilter(
+        ep_size=int(m["size"]),
+        ep_rank=int(m["rank"]),
+        experts_loaded=int(m["n"]),
+        experts_total=int(m["total"]),
+        **ctx,
+    )
+
+
+_SCALE_NAMES = {"k": "k", "v": "v", "q": "q", "kv": "kv", "prob": "prob"}
+_LAYER = re.compile(r"layers?\.(\d{1,6}+)\.")
+
+
+def _kv_scale(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    raw = m["name"].lstrip(".").replace("-", "_").replace(" ", "_").lower()
+    if raw.endswith("zero_point"):
+        scale = "zero_point"
+    else:
+        scale = _SCALE_NAMES.get(raw.removesuffix("_scale").rsplit(".", 1)[-1], "other")
+    ckpt = m["ckpt"]
+    layer = _LAYER.search(ckpt or "") or _LAYER.search(m["model"] or "")
+    return KvScaleWarning(
+        scale=scale,  # type: ignore[arg-type]
+        layer=int(layer.group(1)) if layer else None,
+        checkpoint_name=ckpt,
+        model_name=m["model"],
+        deprecated=bool(m["dep"]),
+        **ctx,
+    )
+
+
+def _deprecated_kv(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    return KvScaleWarning(scale="kv", deprecated=True, **ctx)
+
+
+def _scale_factor(code: str) -> Builder:
+    def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+        return ScaleFactorWarning(code=code, message=head.body.strip()[:500], **ctx)  # type: ignore[arg-type]
+
+    return build
+
+
+def _milestone(kind: str, detail: str | None = None, **groups: str) -> Builder:
+    """Build a Milestone; `groups` maps Milestone fields to regex group names."""
+
+    def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+        values: dict[str, Any] = {}
+        for fld, grp in groups.items():
+            text = m[grp]
+            if fld in ("seconds", "gib"):
+                values[fld] = _num(text)
+            elif fld in ("tokens", "blocks", "count"):
+                values[fld] = _int(text)
+            else:
+                values[fld] = text
+        return Milestone(kind=kind, detail=detail, **values, **ctx)  # type: ignore[arg-type]
+
+    return build
+
+
+def _backend(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    # "Triton MLA" and "TRITON_MLA" name the same backend
+    name = m["b"].strip().upper().replace(" ", "_")
+    return Milestone(kind="attention_backend", value=name, **ctx)
+
+
+_KV_ARG = re.compile(r"""['"]?kv_cache_dtype['"]?(?::\s?|=)['"](?P<v>[A-Za-z0-9_]{1,40}+)['"]""")
+
+
+def _launch_args(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    """vLLM logs its arguments at start: the KV-cache dtype is the one watch mode needs.
+    `non-default args` leaves out what was not given, which means `auto`."""
+    kv = _KV_ARG.search(head.body, 0, 20000)
+    value = kv["v"] if kv else ("auto" if head.body.lstrip().startswith("non-default") else None)
+    return Milestone(kind="launch_args", detail="kv_cache_dtype", value=value, **ctx)
+
+
+_ENGINE_KV = re.compile(r"[ ,]kv_cache_dtype=(?P<v>[A-Za-z0-9_]{1,40}+)")
+
+
+def _engine_config(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    """`Initializing a V1 LLM engine (v0.32.0) with config: model='/models/X', ...,
+    kv_cache_dtype=auto, ...`: the engine's own config. `detail` is its `kv_cache_dtype` (None
+    when the line leaves it out), `value` the model path."""
+    kv = _ENGINE_KV.search(head.body, m.end(), 60000)
+    return Milestone(
+        kind="engine_config", detail=kv["v"] if kv else None, value=m["model"] or None, **ctx
+    )
+
+
+def _shutdown(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    return Milestone(kind="shutdown", value=(m["what"] or m["uv"]).strip(), **ctx)
+
+
+def _parallel_init(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    return ParallelInit(
+        world_size=int(m["ws"]),
+        rank=int(m["rank"]),
+        local_rank=int(m["local"]),
+        init_method=m["method"],
+        backend=m["backend"],
+        **ctx,
+    )
+
+
+def _headless(mode: str) -> Builder:
+    def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+        engines = _int(m["n"]) if "n" in m.re.groupindex else None
+        return NodeLaunch(mode=mode, head_address=m["addr"], engines=engines, **ctx)  # type: ignore[arg-type]
+
+    return build
+
+
+def _stall(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    return StallHint(seconds=_num(m["sec"]), **ctx)
+
+
+def _c(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+_SEC = r"(?P<sec>\d{1,9}+(?:\.\d{1,9}+)?)"
+_GIB = r"(?P<gib>\d{1,9}+(?:\.\d{1,9}+)?)"
