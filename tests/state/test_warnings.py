@@ -170,11 +170,32 @@ def test_unrated_codes_come_from_the_message_not_the_line_number() -> None:
         [
             (T0, LogWarning(source="system_utils.py:255", message=real)),
             (T0 + 1, LogWarning(source="system_utils.py:262", message=moved)),
-            (T0 + 2, LogError(source="x.py:1", message="worker 3 lost /dev/shm/psm_1f")),
+            # Real, from tests/fixtures/real-v0.32-kv-too-small.log (multiproc_executor.py:315);
+            # the same message of another worker and exit code is the same code.
+            (
+                T0 + 2,
+                LogError(
+                    source="multiproc_executor.py:315",
+                    message="Worker proc VllmWorker-0 died unexpectedly (exit code: 0), "
+                    "shutting down executor.",
+                ),
+            ),
+            (
+                T0 + 3,
+                LogError(
+                    source="multiproc_executor.py:322",
+                    message="Worker proc VllmWorker-1 died unexpectedly (exit code: 1), "
+                    "shutting down executor.",
+                ),
+            ),
         ]
     )
     assert st.session is not None
-    assert set(st.session.warnings) == {"log.found_ulimit_of_and_failed_to", "error.worker_lost"}
+    assert set(st.session.warnings) == {
+        "log.found_ulimit_of_and_failed_to",
+        "error.worker_proc_died_unexpectedly_exit_code",
+    }
+    assert st.session.warnings["error.worker_proc_died_unexpectedly_exit_code"].count == 2
     assert st.session.warnings["log.found_ulimit_of_and_failed_to"].count == 2
     assert message_code("log", "12 34 ...") == "log.unknown"
 
