@@ -296,6 +296,10 @@ def stall_due(
         eta = bar.eta
         expected = eta.next_item_seconds() if eta is not None and eta.regime else None
         if expected is None:
+            # Files the daemon read too close together to time (a burst, a busy moment): the
+            # bar's own rate says what a file takes.
+            expected = bar.tqdm_item_s
+        if expected is None:
             threshold = max(cfg.stall_first_shard_s, cfg.stall_floor_s)
         else:
             threshold = stall_threshold_s(expected, cfg.stall_k, cfg.stall_floor_s)

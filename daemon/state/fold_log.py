@@ -87,6 +87,18 @@ def _on_ep_filter(f: Fold, ev: EpWeightFilter) -> None:
     f.advance("loading_weights", t, "ep weight filter")
 
 
+def _tqdm_item_s(ev: ShardProgress) -> float | None:
+    """Seconds per file by the bar's own numbers (a duration, never a stamp), or None: a bar
+    counting bytes has no files to time, and one before its first file has no rate yet."""
+    if ev.unit == "bytes" or ev.done <= 0:
+        return None
+    if ev.rate_per_s is not None and ev.rate_per_s > 0:
+        return 1.0 / ev.rate_per_s
+    if ev.elapsed_s is not None and ev.elapsed_s > 0:
+        return ev.elapsed_s / ev.done
+    return None
+
+
 def _on_progress(f: Fold, ev: ShardProgress) -> None:
     t = f.at(ev.ts)
     s = f.ensure_session(t)
@@ -120,6 +132,7 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
             eta=eta,
             unit=ev.unit,
             sizes_from=sizes_from,
+            tqdm_item_s=_tqdm_item_s(ev),
         )
         bars = dict(s.bars)
         bars[key] = bar
@@ -149,6 +162,9 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
         d["updates"] = cur.updates + 1
         d["longest_gap_s"] = gap
         d["tqdm_remaining_s"] = ev.remaining_s
+        item_s = _tqdm_item_s(ev)
+        if item_s is not None:
+            d["tqdm_item_s"] = item_s
         if cur.eta is not None and advanced:
             d["eta"] = cur.eta.update(t, ev.done)
         changes = {}

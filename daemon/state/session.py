@@ -116,6 +116,9 @@ class BarTrack:
     # where the ETA's byte weights come from: "model_dir" (the shards' sizes), "checkpoint_size"
     # (vLLM's `Checkpoint size: N GiB` divided evenly over the files), None (counted as is)
     sizes_from: str | None = None
+    # vLLM's own seconds per file at the last update (tqdm's rate, else elapsed / done): what a
+    # file takes when the daemon saw the updates too close together to time them itself
+    tqdm_item_s: float | None = None
 
 
 @dataclass(frozen=True)

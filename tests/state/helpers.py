@@ -29,6 +29,7 @@ def bar(
     desc: str = DESC,
     remaining_s: float | None = None,
     elapsed_s: float | None = None,
+    rate_per_s: float | None = None,
 ) -> ShardProgress:
     return ShardProgress(
         desc=desc,
@@ -37,6 +38,7 @@ def bar(
         total=total,
         remaining_s=remaining_s,
         elapsed_s=elapsed_s,
+        rate_per_s=rate_per_s,
         process=process,
     )
 

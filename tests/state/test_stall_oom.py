@@ -59,6 +59,31 @@ def test_the_floor_holds_for_fast_shards() -> None:
     assert raised.threshold_s == 30.0
 
 
+def test_files_read_in_one_burst_are_timed_by_the_bars_own_rate() -> None:
+    # The daemon was busy: nine files arrive at one instant, too close for it to time them. The
+    # bar's rate (5 files/s) says what a file takes, so the stall comes after k x 0.2 s (floor
+    # 2 s), not after the wait allowed before the first file.
+    items: list[tuple[float, object]] = [(T0, started(T0)), (T0 + 2, bar(0, 24))]
+    items += [(T0 + 2, bar(i, 24, rate_per_s=5.0, elapsed_s=1.0)) for i in range(1, 10)]
+    items += _ticks(T0 + 3, T0 + 10)
+    _st, tr = fold(items, stall_k=5.0, stall_floor_s=2.0)  # type: ignore[arg-type]
+    (raised,) = [t for t in tr if t.kind == "stall_raised"]
+    assert raised.threshold_s == pytest.approx(2.0)
+    assert raised.since == pytest.approx(T0 + 2)
+    assert raised.at == pytest.approx(T0 + 5)
+    # with only the elapsed time (`s/it` shown as `?`), elapsed / done gives 10 s a file
+    items = [(T0, started(T0)), (T0 + 2, bar(0, 24))]
+    items += [(T0 + 2, bar(i, 24, elapsed_s=90.0)) for i in range(1, 10)]
+    items += _ticks(T0 + 3, T0 + 60)
+    _st, tr = fold(items, stall_k=5.0, stall_floor_s=2.0)  # type: ignore[arg-type]
+    (raised,) = [t for t in tr if t.kind == "stall_raised"]
+    assert raised.threshold_s == pytest.approx(50.0)
+    # before any file is done there is no rate: the first-file allowance holds
+    items = [(T0, started(T0)), (T0 + 1, bar(0, 24)), *_ticks(T0 + 2, T0 + 60)]
+    _st, tr = fold(items, stall_k=5.0, stall_floor_s=2.0)  # type: ignore[arg-type]
+    assert "stall_raised" not in kinds(tr)
+
+
 def test_bytes_still_arriving_mean_a_slow_shard_not_a_stall() -> None:
     items = [*_steady(), (T0 + 41, io(T0 + 41, 0))]
     for i in range(1, 60):  # 60 s with no line, but 50 MB/s being read
