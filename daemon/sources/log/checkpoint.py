@@ -43,6 +43,18 @@ class Checkpoint:
     # "N:HASH": the N bytes before `offset` (sha256, 16 hex digits), so a file rewritten in
     # place with the same first bytes is not resumed as if it were still ours
     tail: str | None = None
+    # the modification time of the file `file_id` names, as last seen (its filesystem's clock):
+    # a rotated file last written at or after it came after that file. Compared with file times
+    # only, never with `saved_at`: the kernel stamps files from a coarser clock than a process
+    # reads, so a file written just after a save can carry an earlier time than the save's.
+    file_mtime_ns: int | None = None
+    # "N:FP": the first N bytes of that file at the save (its fingerprint, as in its identity).
+    # An identity is fixed when the file is first seen, maybe empty then (it names the file by
+    # its inode alone); these bytes find the file again where only its content can (compressed,
+    # copied), and tell a reused inode from it.
+    head: str | None = None
+    # that file's birth time (`birth.born_ns`): a later file given its freed inode has another
+    file_born_ns: int | None = None
 
 
 def tail_digest(data: bytes) -> str:
@@ -85,6 +97,14 @@ class CheckpointStore:
             extra = doc.get("extra", {})
             saved_at = doc.get("saved_at")
             tail = doc.get("tail")
+            file_mtime_ns = doc.get("file_mtime_ns")
+            head = doc.get("head")
+            file_born_ns = doc.get("file_born_ns")
+            for value in (file_mtime_ns, file_born_ns):
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                    raise ValueError("bad file time")
+            if head is not None and not isinstance(head, str):
+                raise ValueError("bad head")
             if tail is not None and not isinstance(tail, str):
                 raise ValueError("bad tail")
             if not isinstance(file_id, str) or not isinstance(offset, int) or offset < 0:
@@ -102,6 +122,9 @@ class CheckpointStore:
             extra=extra,
             saved_at=None if saved_at is None else float(saved_at),
             tail=tail,
+            file_mtime_ns=file_mtime_ns,
+            head=head,
+            file_born_ns=file_born_ns,
         )
 
     def save(self, checkpoint: Checkpoint) -> None:
@@ -116,6 +139,12 @@ class CheckpointStore:
         }
         if checkpoint.tail is not None:
             doc["tail"] = checkpoint.tail
+        if checkpoint.file_mtime_ns is not None:
+            doc["file_mtime_ns"] = checkpoint.file_mtime_ns
+        if checkpoint.head is not None:
+            doc["head"] = checkpoint.head
+        if checkpoint.file_born_ns is not None:
+            doc["file_born_ns"] = checkpoint.file_born_ns
         try:
             data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
         except (TypeError, ValueError) as e:

@@ -82,6 +82,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loadwatch.daemon.sources.inputs import Chunk
+from loadwatch.daemon.sources.log.birth import born_ns
 from loadwatch.daemon.sources.log.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -91,11 +92,13 @@ from loadwatch.daemon.sources.log.checkpoint import (
 from loadwatch.daemon.sources.log.files import (
     FINGERPRINT_BYTES,
     FileIdentity,
+    Found,
     OpenFile,
     Position,
+    fingerprint,
     open_file,
 )
-from loadwatch.daemon.sources.log.generations import Generations
+from loadwatch.daemon.sources.log.generations import Generations, Since
 from loadwatch.daemon.sources.log.wake import ActiveMode, Mode, Wake, WakeError, Waker
 from loadwatch.parsers.scan import count_records
 
@@ -154,6 +157,18 @@ def _first_terminator(buf: bytes) -> int:
     lf = buf.find(b"\n")
     cr = buf.find(b"\r", 0, lf if lf >= 0 else len(buf))
     return cr if cr >= 0 else lf
+
+
+def _longer(file_id: str, head: str | None) -> FileIdentity | None:
+    """The identity `file_id` with the first bytes `head` ("N:FP") names, when they are more
+    than its own; None otherwise (or when either does not parse)."""
+    n, _, fp = (head or "").partition(":")
+    try:
+        ident = FileIdentity.parse(file_id)
+        longer = FileIdentity.parse(f"{ident.dev}:{ident.ino}:{n}:{fp}")
+    except ValueError:
+        return None
+    return longer if longer.fp_len > ident.fp_len else None
 
 
 def _one_line(e: BaseException | str) -> str:
@@ -215,7 +230,12 @@ class LogFollower:
         self._known: list[FileIdentity] = []  # identities given before: see `know`
         self._last_end: Position | None = None  # after the last record delivered
         self._start: StartKind = "fresh"
-        self._since: float | None = None  # when the checkpoint a start comes from was saved
+        # after what the files that came after the checkpoint's were written (see `written_after`)
+        self._since: Since | None = None
+        # the checkpoint's file by its first bytes at the save, when they are more than its
+        # identity holds (`Checkpoint.head`): what looking for that file looks for
+        self._heads: dict[str, FileIdentity] = {}
+        self._born: dict[str, int] = {}  # and its birth time at the save (`Checkpoint`)
         self._recovered: tuple[str, ...] = ()  # see `recovered`
         self._rewritten: set[str] = set()  # identities whose file was rewritten in place
         self.rewrites_total = 0  # files found rewritten in place (same first bytes, longer)
@@ -256,10 +276,16 @@ class LogFollower:
                 self._fail(e, state=True)
         if self.loaded_checkpoint is not None:
             self._extra = dict(self.loaded_checkpoint.extra)
+            cp = self.loaded_checkpoint
+            longer = _longer(cp.file_id, cp.head)
+            if longer is not None:
+                self._heads[cp.file_id] = longer
+            if cp.file_born_ns is not None:
+                self._born[cp.file_id] = cp.file_born_ns
         start = start_at
         if start is None and self.loaded_checkpoint is not None:
             start = Position(self.loaded_checkpoint.file_id, self.loaded_checkpoint.offset)
-            self._since = self.loaded_checkpoint.saved_at
+            self._since = Since.of(self.loaded_checkpoint)
             if not self._tail_holds(self.loaded_checkpoint):
                 # same inode and first bytes, other bytes before our place: rewritten in place
                 # (`> PATH` and a fixed banner) while we were away: not ours past byte 0
@@ -631,7 +657,8 @@ class LogFollower:
         if position.file_id in self._rewritten and position.offset > 0:
             return None  # rewritten in place: what we read of it is not there any more
         try:
-            return self._gens.where(FileIdentity.parse(position.file_id), position.offset)
+            ident = FileIdentity.parse(position.file_id)
+            return self._gens.where(self._look(ident), position.offset)
         except (ValueError, OSError):
             return None
 
@@ -642,7 +669,7 @@ class LogFollower:
             return True
         try:
             n = int(cp.tail.split(":", 1)[0])
-            found = self._gens.locate(FileIdentity.parse(cp.file_id), cp.offset)
+            found = self._locate(FileIdentity.parse(cp.file_id), cp.offset)
         except (ValueError, OSError):
             return True
         if found is None or found[1] == "changed":
@@ -659,6 +686,25 @@ class LogFollower:
             for f in found[0]:
                 f.close()
 
+    def _locate(self, ident: FileIdentity, offset: int) -> tuple[list[OpenFile], Found] | None:
+        """`Generations.locate`, by the longer first bytes the checkpoint knows of the file when
+        it knows them (`_heads`); the file found keeps the identity it was given."""
+        found = self._gens.locate(self._look(ident), offset)
+        if found is not None:
+            found[0][0].ident = str(ident)
+        return found
+
+    def _look(self, ident: FileIdentity) -> FileIdentity:
+        """What to look for to find the file `ident` names: by the longer first bytes the
+        checkpoint kept of it, and not by its inode when a file born later holds that now (the
+        inode was freed and given again; "inode 0" is no file's)."""
+        key = str(ident)
+        look = self._heads.get(key, ident)
+        born = self._born.get(key)
+        if born is not None and self._gens.reborn((look.dev, look.ino), born):
+            look = FileIdentity(look.dev, 0, look.fp_len, look.fp)
+        return look
+
     def seek(self, position: Position) -> bool:
         """Re-read from a remembered position if its file is still here (the path or PATH.N).
 
@@ -667,7 +713,7 @@ class LogFollower:
         try:
             ident = FileIdentity.parse(position.file_id)
             self.know(position.file_id)
-            found = self._gens.locate(ident, position.offset)
+            found = self._locate(ident, position.offset)
             if found is not None:  # named as before when known (the checkpoint's file: as it)
                 first = found[0][0]
                 name = first.known_as(self._known, os.pread(first.fd, FINGERPRINT_BYTES, 0))
@@ -687,7 +733,7 @@ class LogFollower:
 
     def _apply_start(self, ident: FileIdentity, offset: int) -> None:
         rewritten = str(ident) in self._rewritten
-        found = self._gens.locate(ident, 0 if rewritten else offset)  # an OSError: retried
+        found = self._locate(ident, 0 if rewritten else offset)  # an OSError: retried
         if found is not None and rewritten:
             found = (found[0], "changed")
             self.rewrites_total += 1
@@ -724,7 +770,13 @@ class LogFollower:
             return False
         self._cp_tried = True
         cp = Checkpoint(
-            self._path, pos.file_id, pos.offset, dict(self._extra), self._wall(), self._tail(pos)
+            self._path,
+            pos.file_id,
+            pos.offset,
+            dict(self._extra),
+            self._wall(),
+            self._tail(pos),
+            *self._seen(pos),
         )
         try:
             self._store.save(cp)
@@ -747,6 +799,27 @@ class LogFollower:
                 except OSError:
                     return None
         return None
+
+    def _seen(self, pos: Position) -> tuple[int | None, str | None, int | None]:
+        """`Checkpoint.file_mtime_ns`, `.head` and `.file_born_ns`: of the file being read (the
+        position's, or the one after the last record delivered); before any is open, the loaded
+        checkpoint's own."""
+        if self._pending is not None or not self._sources:
+            cp = self.loaded_checkpoint
+            if cp is not None and cp.file_id == pos.file_id:
+                return cp.file_mtime_ns, cp.head, cp.file_born_ns
+            return None, None, None
+        src = self._sources[0]
+        try:
+            mtime = os.fstat(src.fd).st_mtime_ns
+            if src.ident is None and self._last_end is not None:
+                # the position is the end of the file before this one: what was written after
+                # it is this file and what came later; its own first bytes are not this one's
+                return mtime, None, None
+            prefix = os.pread(src.fd, FINGERPRINT_BYTES, 0)
+            return mtime, f"{len(prefix)}:{fingerprint(prefix)}", born_ns(src.fd)
+        except OSError:
+            return None, None, None
 
     def maybe_checkpoint(self, extra: Mapping[str, Any] | None = None) -> bool:
         """`checkpoint` once enough records or seconds have passed and something changed, and

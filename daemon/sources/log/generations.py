@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from loadwatch.daemon.sources.log.birth import born_ns_of
+from loadwatch.daemon.sources.log.checkpoint import Checkpoint
 from loadwatch.daemon.sources.log.files import (
     FileIdentity,
     Found,
@@ -17,6 +20,28 @@ from loadwatch.daemon.sources.log.files import (
     stat_file,
 )
 from loadwatch.daemon.sources.log.gzipped import GZ, _gz_head, _gz_reaches, inflate, open_rotated
+
+
+@dataclass(frozen=True, slots=True)
+class Since:
+    """When the file a checkpoint names was last seen written: a file last written at or after
+    that (its filesystem's clock, `Checkpoint.file_mtime_ns`) came after it. A checkpoint saved
+    without it has only the daemon's clock at the save, which a file written just after can
+    precede by the kernel's timestamp granularity: then strictly after it."""
+
+    mtime_ns: int
+    inclusive: bool
+
+    @staticmethod
+    def of(cp: Checkpoint) -> Since | None:
+        if cp.file_mtime_ns is not None:
+            return Since(cp.file_mtime_ns, True)
+        if cp.saved_at is not None:
+            return Since(int(cp.saved_at * 1e9), False)
+        return None
+
+    def before(self, mtime_ns: int) -> bool:
+        return mtime_ns >= self.mtime_ns if self.inclusive else mtime_ns > self.mtime_ns
 
 
 class Generations:
@@ -68,6 +93,17 @@ class Generations:
                 return i
         return 0
 
+    def reborn(self, key: tuple[int, int], born: int) -> bool:
+        """The (dev, inode) `key` is at the path or a rotated name, held by a file born at
+        another time than `born` (a later file given the inode); False when that cannot be
+        told."""
+        for name in self.names():
+            st = stat_file(name)
+            if st is not None and (st.st_dev, st.st_ino) == key:
+                now = born_ns_of(name)
+                return now is not None and now != born
+        return False
+
     def open_newer(
         self, names: Sequence[str], index: int, known: set[tuple[int, int]]
     ) -> list[OpenFile]:
@@ -85,15 +121,15 @@ class Generations:
             out.append(f)
         return out
 
-    def written_after(self, t: float) -> list[OpenFile]:
-        """The rotated files (plain or compressed) last written after `t`, open, oldest first:
-        when the file a checkpoint saved at `t` names is gone, these came after it."""
+    def written_after(self, since: Since) -> list[OpenFile]:
+        """The rotated files (plain or compressed) last written after `since`, open, oldest
+        first: when the file a checkpoint names is gone, these came after it."""
         names = self.names()
-        found: dict[tuple[int, int], tuple[float, str]] = {}
+        found: dict[tuple[int, int], tuple[int, str]] = {}
         for name in names[1:]:
             st = stat_file(name) or stat_file(name + GZ)
-            if st is not None and st.st_mtime > t:
-                found.setdefault((st.st_dev, st.st_ino), (st.st_mtime, name))
+            if st is not None and since.before(st.st_mtime_ns):
+                found.setdefault((st.st_dev, st.st_ino), (st.st_mtime_ns, name))
         out: list[OpenFile] = []
         for _, name in sorted(found.values()):
             f = open_rotated(name)
