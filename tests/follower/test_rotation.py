@@ -346,3 +346,24 @@ def test_copytruncate_in_the_middle_of_a_long_read(log: Path, tmp_path: Path) ->
     finally:
         child.kill()
         child.wait()
+
+
+def test_copytruncate_then_rename_between_two_reads(log: Path) -> None:
+    """The file we read is copied and cut (copytruncate), written again, then renamed away
+    (a second rotation, by rename) before we read again: the cut is seen at the old file's own
+    size, so the copy's rest, the old file's new lines and the new file each come once."""
+    log.parent.mkdir(parents=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(fd, expected("a", 0, 20))
+    f = LogFollower(log, poll_interval_s=0.05)
+    col = Collector(f)
+    col.read()
+    os.write(fd, expected("a", 20, 5))  # after the read: in the copy only
+    fd = rotate(str(log), fd, "copytruncate")
+    os.write(fd, expected("b", 0, 10))
+    fd = rotate(str(log), fd, "rename")
+    os.write(fd, expected("c", 0, 10))
+    os.close(fd)
+    col.read()
+    f.close()
+    assert bytes(col.data) == expected("a", 0, 25) + expected("b", 0, 10) + expected("c", 0, 10)

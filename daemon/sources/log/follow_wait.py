@@ -1,0 +1,54 @@
+"""Waking the follower: `wait(timeout_s)` blocks until a file-system event (watchdog/inotify on the directory) or
+the poll interval (with inotify, a one-second safety net); `wait_async` does the same in an
+asyncio loop. ``mode="auto"`` chooses polling on network file systems and falls back to it when
+events do not arrive. `follow()` and `follow_async()` wrap read + wait into iterators of chunk
+lists. Identity and open-file state live in files.py, the rotated-name lookup in generations.py,
+compressed rotated files in gzipped.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from loadwatch.daemon.sources.log.follow_state import FollowerError, FollowerState, _one_line
+from loadwatch.daemon.sources.log.wake import WakeError, Waker
+
+
+class FollowerWaiting(FollowerState):
+    """`wait` and `wait_async`, over the path's `Waker`."""
+
+    def _ensure_waker(self) -> Waker:
+        if self._waker is None:
+            try:
+                self._waker = Waker(self.path, mode=self._mode, mountinfo=self._mountinfo)
+            except WakeError as e:
+                raise FollowerError(str(e)) from None
+            except OSError as e:  # the path cannot be looked at (EACCES, ENAMETOOLONG, ...)
+                self._fail(e)
+                raise FollowerError(_one_line(e)) from None
+        return self._waker
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the file may have changed or the poll interval passed; True on an event.
+
+        With inotify the default wait is the safety net's (at least `SAFETY_POLL_S`), not the poll
+        interval: events wake it sooner.
+        """
+        waker = self._ensure_waker()
+        fired = waker.wait(waker.timeout_s(self._poll) if timeout_s is None else timeout_s)
+        self._woke = "event" if fired else "timer"
+        return fired
+
+    async def wait_async(self, timeout_s: float | None = None) -> bool:
+        """`wait` for an asyncio loop. With no way to watch the path (an error, said in health),
+        the wait is a sleep: the next read is the retry, at a bounded rate."""
+        try:
+            waker = self._ensure_waker()
+        except FollowerError:
+            await asyncio.sleep(max(self._poll, 1.0) if timeout_s is None else timeout_s)
+            self._woke = "timer"
+            return False
+        timeout = waker.timeout_s(self._poll) if timeout_s is None else timeout_s
+        fired = await waker.wait_async(timeout)
+        self._woke = "event" if fired else "timer"
+        return fired
