@@ -2,7 +2,7 @@
 
 The synchronous core, `LogFollower`, needs no threads: `read()` returns what the file holds now as
 `Chunk`s (runs of whole records, bounded per call) and keeps its place. Call it again later, or
-after `wait()` / `await wait_async()` says the file may have changed (see follower_wake.py). The
+after `wait()` / `await wait_async()` says the file may have changed (see follow_wait.py). The
 daemon loop::
 
     follower = LogFollower(path, state_dir=state)        # resumes from its checkpoint, if any
