@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -172,18 +173,41 @@ def _run_daemon(
     gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None,
     io_reader: IoReader | None = None,
 ) -> int:
+    with _early_stop() as early:
+        try:
+            lock = lock_state_dir(cfg.state_dir)
+        except StateDirBusy as exc:
+            return fail(str(exc), EX_TEMPFAIL)
+        except OSError as exc:
+            return fail(
+                f"cannot lock the state directory {cfg.state_dir}: {exc.strerror}", EX_CANTCREAT
+            )
+        try:
+            return _run_locked(
+                cfg, supervisor_factory, on_started, stdout, gpu_factory, io_reader, early
+            )
+        finally:
+            os.close(lock)
+
+
+@contextlib.contextmanager
+def _early_stop() -> Iterator[list[int]]:
+    """A stop asked for (SIGTERM, SIGINT) before the loop's own handlers are in place, as soon
+    as "listening" is printed say, is kept (in the list) and honoured by the loop, not met by
+    the default handler's exit, which would skip the last checkpoint. The handlers before are
+    put back after. Signal handlers belong to the main thread; tests run the daemon on others."""
+    early: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield early
+        return
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in before:
+        signal.signal(sig, lambda signum, _frame: early.append(signum))
     try:
-        lock = lock_state_dir(cfg.state_dir)
-    except StateDirBusy as exc:
-        return fail(str(exc), EX_TEMPFAIL)
-    except OSError as exc:
-        return fail(
-            f"cannot lock the state directory {cfg.state_dir}: {exc.strerror}", EX_CANTCREAT
-        )
-    try:
-        return _run_locked(cfg, supervisor_factory, on_started, stdout, gpu_factory, io_reader)
+        yield early
     finally:
-        os.close(lock)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _run_locked(
@@ -192,7 +216,8 @@ def _run_locked(
     on_started: Callable[[Daemon, HttpProcess], None] | None,
     stdout: Any,
     gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None,
-    io_reader: IoReader | None = None,
+    io_reader: IoReader | None,
+    early: list[int],
 ) -> int:
     redactor = Redactor()
     if cfg.vllm is not None:
@@ -247,7 +272,7 @@ def _run_locked(
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
     try:
-        return asyncio.run(_main(daemon, server, on_started))
+        return asyncio.run(_main(daemon, server, on_started, early))
     finally:
         server.stop()
         gpu.close()
@@ -255,7 +280,10 @@ def _run_locked(
 
 
 async def _main(
-    daemon: Daemon, server: HttpProcess, on_started: Callable[[Daemon, HttpProcess], None] | None
+    daemon: Daemon,
+    server: HttpProcess,
+    on_started: Callable[[Daemon, HttpProcess], None] | None,
+    early: list[int],
 ) -> int:
     loop = asyncio.get_running_loop()
     # Signal handlers belong to the main thread; tests run the daemon on another one.
@@ -264,6 +292,8 @@ async def _main(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, daemon.eventlog.reopen)
+        if early:
+            daemon.stop_event.set()
     if on_started is not None:
         loop.call_soon(on_started, daemon, server)
     try:

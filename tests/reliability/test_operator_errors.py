@@ -147,3 +147,26 @@ def test_second_daemon_on_one_state_dir_exits_75(tmp_path: Path) -> None:
     again = DaemonProc([*args, "--listen", "127.0.0.1:0"], tmp_path / "again.jsonl")
     again.wait_listening()
     assert again.stop() == 0
+
+
+def test_a_stop_asked_for_while_starting_is_a_clean_stop(tmp_path: Path) -> None:
+    """SIGTERM the moment the daemon holds its state directory (its pid in the lock), long
+    before it listens: it is kept, and the daemon stops as asked (exit 0, `daemon.stopped`), not
+    killed by the default handler half-way through its start."""
+    log = tmp_path / "vllm.log"
+    log.write_text("")
+    state = tmp_path / "st"
+    args = ["--log", str(log), "--state-dir", str(state), "--gpu", "none"]
+    for n in range(3):
+        out = tmp_path / f"run{n}.jsonl"
+        d = DaemonProc([*args, "--listen", "127.0.0.1:0"], out)
+
+        def holds_the_lock(d: DaemonProc = d) -> bool:
+            try:
+                return (state / "lock").read_text().strip() == str(d.pid)
+            except OSError:
+                return False
+
+        wait_for(holds_the_lock, "the daemon holding its state directory", timeout_s=20)
+        assert d.stop() == 0, d.stderr()
+        assert "daemon.stopped" in [e.get("event") for e in d.events()]
