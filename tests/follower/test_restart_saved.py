@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from loadwatch.daemon.sources.log.checkpoint import CheckpointStore
-from loadwatch.daemon.sources.log.follower import LogFollower
+from loadwatch.daemon.sources.log.follower import LogFollower, Position
 from tests.follower.helpers import Collector, expected
 from tests.follower.test_restart import compress, second_run
 from tests.helpers import append
@@ -68,3 +68,32 @@ def test_a_file_first_seen_empty_is_found_compressed_by_the_bytes_it_had_at_the_
     data, health = second_run(log, state)
     assert data == expected("p", 10, 10)
     assert health.start == "rotated"
+
+
+def test_another_file_first_seen_empty_is_found_compressed_by_its_saved_bytes(
+    log: Path, state: Path
+) -> None:
+    """The checkpoint keeps the first bytes of the other files read too (`heads`): a file first
+    seen empty, read, rotated away, and then compressed while the daemon is down is still
+    found (`where`, as a restart looks for the file a session began in)."""
+    log.write_bytes(b"")
+    f = LogFollower(log, state_dir=state)
+    Collector(f).read()
+    f.close()
+    cp = CheckpointStore(state, log).load()
+    assert cp is not None
+    ours = cp.file_id  # the identity of an empty file: no bytes
+    append(log, expected("p", 0, 10))
+    os.rename(log, f"{log}.1")
+    log.write_bytes(expected("q", 0, 5))
+    data, _ = second_run(log, state)
+    assert data == expected("p", 0, 10) + expected("q", 0, 5)
+    cp = CheckpointStore(state, log).load()
+    assert cp is not None and cp.file_id != ours and ours in cp.heads
+    compress(f"{log}.1")
+    f = LogFollower(log, state_dir=state)
+    try:
+        assert f.where(Position(ours, 0)) == 1
+        assert f.where(Position(ours, 10**6)) is None  # it does not reach that far
+    finally:
+        f.close()

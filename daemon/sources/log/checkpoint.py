@@ -55,6 +55,13 @@ class Checkpoint:
     head: str | None = None
     # that file's birth time (`birth.born_ns`): a later file given its freed inode has another
     file_born_ns: int | None = None
+    # `head` of the other files the follower read and still knows (open, or left after a
+    # rotation), by identity, when their identity holds fewer bytes: the file a session began
+    # in (named in `extra`) is found again by them as the checkpoint's own file is
+    heads: Mapping[str, str] = field(default_factory=dict)
+
+
+MAX_HEADS = 64  # more is not a checkpoint of ours
 
 
 def tail_digest(data: bytes) -> str:
@@ -100,6 +107,13 @@ class CheckpointStore:
             file_mtime_ns = doc.get("file_mtime_ns")
             head = doc.get("head")
             file_born_ns = doc.get("file_born_ns")
+            heads = doc.get("heads", {})
+            if (
+                not isinstance(heads, dict)
+                or len(heads) > MAX_HEADS
+                or not all(isinstance(v, str) for v in heads.values())
+            ):
+                raise ValueError("bad heads")
             for value in (file_mtime_ns, file_born_ns):
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                     raise ValueError("bad file time")
@@ -125,6 +139,7 @@ class CheckpointStore:
             file_mtime_ns=file_mtime_ns,
             head=head,
             file_born_ns=file_born_ns,
+            heads=heads,
         )
 
     def save(self, checkpoint: Checkpoint) -> None:
@@ -145,6 +160,8 @@ class CheckpointStore:
             doc["head"] = checkpoint.head
         if checkpoint.file_born_ns is not None:
             doc["file_born_ns"] = checkpoint.file_born_ns
+        if checkpoint.heads:
+            doc["heads"] = dict(checkpoint.heads)
         try:
             data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
         except (TypeError, ValueError) as e:

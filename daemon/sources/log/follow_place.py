@@ -33,9 +33,10 @@ class FollowerPlacing(FollowerState):
         """Where the first read starts: `start_at`, else the loaded checkpoint's place."""
         cp = self.loaded_checkpoint
         if cp is not None:
-            longer = _longer(cp.file_id, cp.head)
-            if longer is not None:
-                self._heads[cp.file_id] = longer
+            for file_id, head in [(cp.file_id, cp.head), *cp.heads.items()]:
+                longer = _longer(file_id, head)
+                if longer is not None:
+                    self._heads.setdefault(file_id, longer)
             if cp.file_born_ns is not None:
                 self._born[cp.file_id] = cp.file_born_ns
         start = start_at

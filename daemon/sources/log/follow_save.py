@@ -16,13 +16,19 @@ from typing import Any
 
 from loadwatch.daemon.sources.log.birth import born_ns
 from loadwatch.daemon.sources.log.checkpoint import (
+    MAX_HEADS,
     Checkpoint,
     CheckpointError,
     CheckpointStore,
     tail_digest,
 )
-from loadwatch.daemon.sources.log.files import FINGERPRINT_BYTES, Position, fingerprint
-from loadwatch.daemon.sources.log.follow_state import TAIL_BYTES, FollowerState
+from loadwatch.daemon.sources.log.files import (
+    FINGERPRINT_BYTES,
+    FileIdentity,
+    Position,
+    fingerprint,
+)
+from loadwatch.daemon.sources.log.follow_state import TAIL_BYTES, FollowerState, first_bytes
 
 
 class FollowerSaving(FollowerState):
@@ -73,6 +79,7 @@ class FollowerSaving(FollowerState):
             self._wall(),
             self._tail(pos),
             *self._seen(pos),
+            self._known_heads(),
         )
         try:
             self._store.save(cp)
@@ -95,6 +102,25 @@ class FollowerSaving(FollowerState):
                 except OSError:
                     return None
         return None
+
+    def _known_heads(self) -> dict[str, str]:
+        """`Checkpoint.heads`: the first bytes of the files read that their identity lacks."""
+        out: dict[str, str] = {}
+        seen = [(src.ident, first_bytes(src)) for src in self._sources]
+        seen += [(ident, prefix) for ident, prefix, *_ in self._left.values()]
+        for ident, prefix in seen:
+            if ident is None or ident in out:
+                continue
+            try:
+                short = FileIdentity.parse(ident).fp_len < len(prefix)
+            except ValueError:
+                continue
+            if short:
+                out[ident] = f"{len(prefix)}:{fingerprint(prefix)}"
+        cp = self.loaded_checkpoint  # what the last daemon knew and this one has not read
+        for ident, head in cp.heads.items() if cp is not None else ():
+            out.setdefault(ident, head)
+        return dict(list(out.items())[:MAX_HEADS])
 
     def _seen(self, pos: Position) -> tuple[int | None, str | None, int | None]:
         """`Checkpoint.file_mtime_ns`, `.head` and `.file_born_ns`: of the file being read (the
