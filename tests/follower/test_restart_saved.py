@@ -6,11 +6,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from loadwatch.daemon.sources.log.checkpoint import CheckpointStore
+from loadwatch.daemon.sources.log.checkpoint import Checkpoint, CheckpointStore
 from loadwatch.daemon.sources.log.follower import LogFollower, Position
 from tests.follower.helpers import Collector, expected
 from tests.follower.test_restart import compress, second_run
 from tests.helpers import append
+
+
+def seen_empty(log: Path, state: Path) -> Checkpoint:
+    """A follower that saw the log empty, stopped cleanly: the checkpoint it saved."""
+    log.write_bytes(b"")
+    f = LogFollower(log, state_dir=state)
+    Collector(f).read()
+    f.close()
+    cp = CheckpointStore(state, log).load()
+    assert cp is not None
+    return cp
 
 
 def test_gone_while_down_a_file_stamped_before_the_save_by_the_kernels_coarse_clock(
@@ -21,12 +32,8 @@ def test_gone_while_down_a_file_stamped_before_the_save_by_the_kernels_coarse_cl
     `saved_at`. What came after ours is decided by file times alone: ours as last seen
     (`file_mtime_ns`) against the rotated files'. Here ours was empty at the save; lines came,
     it was rotated and compressed away, and its compressed copy keeps a time before the save."""
-    log.write_bytes(b"")
-    f = LogFollower(log, state_dir=state)
-    Collector(f).read()
-    f.close()
-    cp = CheckpointStore(state, log).load()
-    assert cp is not None and cp.saved_at is not None and cp.file_mtime_ns is not None
+    cp = seen_empty(log, state)
+    assert cp.saved_at is not None and cp.file_mtime_ns is not None
     assert cp.file_mtime_ns == log.stat().st_mtime_ns
     stamp = cp.file_mtime_ns  # the next write in the same tick of that clock
     assert stamp < cp.saved_at * 1e9  # so by the daemon's clock it looks older than the save
@@ -51,10 +58,7 @@ def test_a_file_first_seen_empty_is_found_compressed_by_the_bytes_it_had_at_the_
     file by its inode alone, which a compressed copy does not keep. The checkpoint also keeps
     the file's first bytes at the save (`head`), so a restart finds it compressed and reads on
     after what was read, not from the start of it, and not as a file that is gone."""
-    log.write_bytes(b"")
-    f = LogFollower(log, state_dir=state)
-    Collector(f).read()
-    f.close()
+    seen_empty(log, state)
     append(log, expected("p", 0, 10))
     data, _ = second_run(log, state)
     assert data == expected("p", 0, 10)
@@ -76,13 +80,7 @@ def test_another_file_first_seen_empty_is_found_compressed_by_its_saved_bytes(
     """The checkpoint keeps the first bytes of the other files read too (`heads`): a file first
     seen empty, read, rotated away, and then compressed while the daemon is down is still
     found (`where`, as a restart looks for the file a session began in)."""
-    log.write_bytes(b"")
-    f = LogFollower(log, state_dir=state)
-    Collector(f).read()
-    f.close()
-    cp = CheckpointStore(state, log).load()
-    assert cp is not None
-    ours = cp.file_id  # the identity of an empty file: no bytes
+    ours = seen_empty(log, state).file_id  # the identity of an empty file: no bytes
     append(log, expected("p", 0, 10))
     os.rename(log, f"{log}.1")
     log.write_bytes(expected("q", 0, 5))

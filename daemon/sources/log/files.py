@@ -112,6 +112,17 @@ class OpenFile:
         self.recent: deque[tuple[int, bytes]] = deque()  # the last chunks, contiguous, to `rs`
         self.recent_bytes = 0
 
+    def first_bytes(self) -> bytes:
+        """Its first bytes as far as they are known: those seen (`prefix`), grown to what it
+        holds now when it still begins with them (a file given a known identity saw none)."""
+        if len(self.prefix) >= FINGERPRINT_BYTES:
+            return self.prefix
+        try:
+            now = os.pread(self.fd, FINGERPRINT_BYTES, 0)
+        except OSError:
+            return self.prefix
+        return now if now.startswith(self.prefix) else self.prefix
+
     def reset(self) -> None:
         """Its content was replaced: start over, as a new file."""
         self.rs = 0

@@ -25,7 +25,6 @@ from loadwatch.daemon.sources.log.follow_state import (
     LEFT_KEPT,
     TAIL_BYTES,
     FollowerState,
-    first_bytes,
 )
 
 
@@ -134,7 +133,7 @@ class FollowerChanges(FollowerState):
         tail = b"".join(data for _, data in src.recent)[-TAIL_BYTES:]
         if rs != src.rs:
             tail = b""  # (an unterminated last record was delivered: its bytes are not kept)
-        self._left[src.key] = (src.ident, first_bytes(src), rs, src.cr_end, tail)
+        self._left[src.key] = (src.ident, src.first_bytes(), rs, src.cr_end, tail)
         while len(self._left) > LEFT_KEPT:
             del self._left[next(iter(self._left))]
 

@@ -28,7 +28,7 @@ from loadwatch.daemon.sources.log.files import (
     Position,
     fingerprint,
 )
-from loadwatch.daemon.sources.log.follow_state import TAIL_BYTES, FollowerState, first_bytes
+from loadwatch.daemon.sources.log.follow_state import TAIL_BYTES, FollowerState
 
 
 class FollowerSaving(FollowerState):
@@ -106,7 +106,7 @@ class FollowerSaving(FollowerState):
     def _known_heads(self) -> dict[str, str]:
         """`Checkpoint.heads`: the first bytes of the files read that their identity lacks."""
         out: dict[str, str] = {}
-        seen = [(src.ident, first_bytes(src)) for src in self._sources]
+        seen = [(src.ident, src.first_bytes()) for src in self._sources]
         seen += [(ident, prefix) for ident, prefix, *_ in self._left.values()]
         for ident, prefix in seen:
             if ident is None or ident in out:

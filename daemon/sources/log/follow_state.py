@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from loadwatch.daemon.sources.log.checkpoint import Checkpoint
-from loadwatch.daemon.sources.log.files import FINGERPRINT_BYTES, FileIdentity, OpenFile, Position
+from loadwatch.daemon.sources.log.files import FileIdentity, OpenFile, Position
 from loadwatch.daemon.sources.log.generations import Generations, Since
 from loadwatch.daemon.sources.log.wake import ActiveMode, Mode, Wake, Waker
 
@@ -91,18 +91,6 @@ def _one_line(e: BaseException | str) -> str:
             name = f"{name[:80]}...{name[-80:]}"
         text = f"{name}: {e.strerror}" if name else e.strerror
     return " ".join(text.split())[:300]
-
-
-def first_bytes(src: OpenFile) -> bytes:
-    """The file's first bytes as far as we know them: those seen, grown to what it holds now
-    when it still begins with them (a file given a known identity has seen none)."""
-    if len(src.prefix) >= FINGERPRINT_BYTES:
-        return src.prefix
-    try:
-        now = os.pread(src.fd, FINGERPRINT_BYTES, 0)
-    except OSError:
-        return src.prefix
-    return now if now.startswith(src.prefix) else src.prefix
 
 
 class FollowerState:
