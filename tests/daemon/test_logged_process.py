@@ -5,14 +5,27 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from loadwatch.daemon.sources.proc.logged_process import LoggedProcess, is_vllm
 
 
 def _child(*argv: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    """A child whose command line is `argv` once it has exec'd (until then, between fork and
+    exec, /proc shows the parent's: waited out, bounded)."""
+    proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)", *argv], stdin=subprocess.DEVNULL
     )
+    want = "\0".join(argv).encode()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            if want in f.read():
+                return proc
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    raise AssertionError(f"child {proc.pid} did not exec within 10 s")
 
 
 def test_a_vllm_running_here_is_seen_with_its_argv_then_gone_once_killed() -> None:
