@@ -21,13 +21,13 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from loadwatch.daemon import tasks
 from loadwatch.daemon.aftercare import ModelDirs, OrphanChecks
 from loadwatch.daemon.config import Config
-from loadwatch.daemon.eventfeed import EventFeed
+from loadwatch.daemon.eventfeed import EventFeed, RunEffects
 from loadwatch.daemon.publish import VERSION, Publisher, Tally, status_line
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
@@ -40,7 +40,8 @@ from loadwatch.daemon.state.session import StateConfig
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
-from loadwatch.parsers import ChunkScanner
+from loadwatch.parsers import ChunkScanner, Event, KvScaleWarning, ShardProgress
+from loadwatch.parsers.events import KvScaleRun
 from loadwatch.parsers.grammar import load as load_grammar
 from loadwatch.parsers.scan import NATIVE
 from loadwatch.parsers.vllm.argv_secrets import Redactor
@@ -144,28 +145,52 @@ class Daemon:
     def _apply_run(self, source: LogSource, run: Run) -> None:
         source.begin(run, self.feed.position())
         out = self.feed.effects(run)
-        counts = self.tally.events
-        clock = self.clock
-        for ev in run.events:
-            counts[ev.type] += 1
-            before = self.state
-            now = clock()
-            self.state = before.apply(ev, now, replay=run.replay, stamp_offset_s=run.stamp_offset_s)
-            if self.state.session is not None and (
-                before.session is None or self.state.session.id != before.session.id
-            ):
-                source.session_began(run, ev.offset)
-            for t in self.state.transitions:
-                if t.kind == "session_started":
-                    self.tally.retire(before, now)
-                out.transition(t, ev.offset)
-                if run.emit == "new":
-                    self._tell_supervisor(t)
-            out.event(ev)
-            info = self.models.read_logged()
-            if info is not None:
-                self.apply(info)
+        for part in bulk_parts(run.events):
+            self._fold_part(source, run, out, part)
         source.end(run, self.feed.position())
+
+    def _fold_part(self, source: LogSource, run: Run, out: RunEffects, part: list[Event]) -> None:
+        """Fold a part of a run in one `apply_run` and write its effects in record order: the
+        transitions a record caused before that record's event, as one event at a time would.
+        A part that opened a session is folded again one event at a time: the tally keeps the
+        old session's counts as they stood just before the record that replaced it."""
+        before = self.state
+        now = self.clock()
+        after = before.apply_run(part, now, replay=run.replay, stamp_offset_s=run.stamp_offset_s)
+        if len(part) > 1 and any(t.kind == "session_started" for t in after.transitions):
+            for ev in part:
+                self._fold_part(source, run, out, [ev])
+            return
+        self.state = after
+        counts = self.tally.events
+        for ev in part:
+            counts[ev.type] += 1
+        if after.session is not None and (
+            before.session is None or after.session.id != before.session.id
+        ):
+            source.session_began(run, part[0].offset)
+        transitions = after.transitions
+        i, n = 0, len(transitions)
+        for ev in part:
+            while i < n and transitions[i].offset == ev.offset:
+                self._effect(out, before, now, run, transitions[i], ev.offset)
+                i += 1
+            out.event(ev)
+        while i < n:  # judged after the part's last record (a stall, a cleared forecast)
+            self._effect(out, before, now, run, transitions[i], part[-1].offset)
+            i += 1
+        info = self.models.read_logged()
+        if info is not None:
+            self.apply(info)
+
+    def _effect(
+        self, out: RunEffects, before: LoadState, now: float, run: Run, t: Transition, at: int
+    ) -> None:
+        if t.kind == "session_started":
+            self.tally.retire(before, now)
+        out.transition(t, at)
+        if run.emit == "new":
+            self._tell_supervisor(t)
 
     def on_process_event(self, ev: ProcessEvent) -> None:
         """The supervisor's callback (on the loop's thread)."""
@@ -329,3 +354,24 @@ class Daemon:
         self.publish()
         self.feed.line("daemon.stopped")
         return 0
+
+
+BULK = (KvScaleWarning, KvScaleRun, ShardProgress)  # a load's many records: bars and warnings
+
+
+def bulk_parts(events: Sequence[Event]) -> list[list[Event]]:
+    """A run's events as the parts folded in one call each: the bulk events back to back
+    together, every other one (a milestone, a failure: rare, and one may name the model whose
+    shard sizes the next bar needs) a part of its own."""
+    parts: list[list[Event]] = []
+    bulk: list[Event] | None = None
+    for ev in events:
+        if isinstance(ev, BULK):
+            if bulk is None:
+                bulk = []
+                parts.append(bulk)
+            bulk.append(ev)
+        else:
+            bulk = None
+            parts.append([ev])
+    return parts

@@ -102,6 +102,34 @@ def test_watch_mode_follows_a_scripted_load(tmp_path: Path) -> None:
     assert d.code == 0
 
 
+def test_a_load_read_in_one_burst_is_written_in_record_order(tmp_path: Path) -> None:
+    # A whole load arrives in one read: its bars and warnings are folded a part at a time, and
+    # the event log still reads as one record at a time would write it: each record's event
+    # once, in file order, and every transition a record caused just before that record's event.
+    model = make_model_dir(tmp_path, fp8_kv=False, shards=SHARDS, total_bytes=6 * 10**9)
+    cfg = config(tmp_path, model)
+    lines = script(model)
+    with running(cfg) as d:
+        append(cfg.log.path, lines)  # type: ignore[arg-type]
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+        written = d.events()
+    logged = [e for e in written if e["event"].startswith("log.")]
+    offsets = [e["offset"] for e in logged]
+    assert offsets == sorted(set(offsets))
+    bar_lines = sum(line.count("checkpoint shards:") for line in lines)
+    assert sum(e["event"] == "log.shard_progress" for e in logged) == bar_lines
+    caused = 0
+    for i, e in enumerate(written):
+        if not e["event"].startswith("transition.") or "offset" not in e:
+            continue
+        caused += 1
+        after = next(x for x in written[i + 1 :] if x["event"].startswith("log."))
+        assert after["offset"] == e["offset"], e
+    phases = [e["phase_to"] for e in written if e["event"] == "transition.phase"]
+    assert phases[0] == "loading_weights" and phases[-1] == "ready", phases
+    assert len(phases) == len(set(phases)) and caused >= len(phases) + 1  # + session_started
+
+
 def test_live_metrics_pass_promtool(tmp_path: Path) -> None:
     model = make_model_dir(tmp_path, fp8_kv=True, shards=SHARDS, total_bytes=6 * 10**9)
     cfg = config(tmp_path, model)

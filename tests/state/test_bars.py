@@ -223,3 +223,25 @@ def test_a_bar_first_seen_without_its_process_is_adopted_by_the_prefixed_updates
     assert snap.session is not None
     (b,) = snap.session.bars
     assert (b.process, b.done, b.total, b.updates) == ("VllmWorker_rank0", 8, 37, 3)
+
+
+def test_updates_read_in_one_burst_are_timed_by_the_bars_own_clock() -> None:
+    # A backlog (or a busy daemon) hands over the bar's start and its first files at one instant
+    # of the daemon's clock, which then times nothing. The bar's elapsed time says 6 files took
+    # 30 s: the ETA for the other 14 is 70 s, and a real later update times files as usual.
+    items = [(T0, started(T0)), (T0 + 1, bar(0, 20))]
+    items += [(T0 + 1, bar(i, 20, elapsed_s=5.0 * i, rate_per_s=0.2)) for i in range(1, 7)]
+    st, _ = fold(items)
+    prog = st.snapshot(T0 + 1).session.progress  # type: ignore[union-attr]
+    assert prog.eta is not None and prog.eta.remaining_s == pytest.approx(70.0, rel=0.01)
+    # under a second, tqdm's whole seconds say 0: the files done at its rate give the time
+    items = [(T0, started(T0)), (T0 + 1, bar(0, 20))]
+    items += [(T0 + 1, bar(i, 20, elapsed_s=0.0, rate_per_s=40.0)) for i in range(1, 11)]
+    st, _ = fold(items)
+    prog = st.snapshot(T0 + 1).session.progress  # type: ignore[union-attr]
+    assert prog.eta is not None and prog.eta.remaining_s == pytest.approx(0.25, rel=0.01)
+    # with neither, the daemon's clock has nothing to time: no ETA yet, rather than a made-up one
+    items = [(T0, started(T0)), (T0 + 1, bar(0, 20))]
+    items += [(T0 + 1, bar(i, 20)) for i in range(1, 4)]
+    st, _ = fold(items)
+    assert st.snapshot(T0 + 1).session.progress.eta is None  # type: ignore[union-attr]
