@@ -164,7 +164,10 @@ class Daemon:
         self.state = after
         counts = self.tally.events
         for ev in part:
-            counts[ev.type] += 1
+            if type(ev) is KvScaleRun:  # the event log's one line for them; counted each
+                counts[KvScaleWarning.type] += ev.count
+            else:
+                counts[ev.type] += 1
         if after.session is not None and (
             before.session is None or after.session.id != before.session.id
         ):
@@ -231,7 +234,9 @@ class Daemon:
             path,
             container=fmt,
             state_dir=self.cfg.state_dir / "follower",
-            scanner=lambda: ChunkScanner(grammar.new_stream(self.clock()), grammar=grammar),
+            scanner=lambda: ChunkScanner(
+                grammar.new_stream(self.clock()), grammar=grammar, runs=self.cfg.events.fold
+            ),
             events_file=self.cfg.events_file,
             cap_bytes=self.cfg.log.max_record_bytes,
             poll_interval_s=self.cfg.log.poll_interval_s,

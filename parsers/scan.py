@@ -192,6 +192,15 @@ class ChunkScanner:
         self._tail = b""  # the last record of the previous chunk, if short
         self._fed_end = -1  # absolute end offset of the last record handed to the stream
 
+    @property
+    def runs(self) -> bool:
+        """Whether a run of records of the grammar's run shape comes out as one event."""
+        return self._run_needle is not None
+
+    @runs.setter
+    def runs(self, on: bool) -> None:
+        self._run_needle = self.grammar.run_needle if on else None
+
     def feed(self, data: bytes, base: int = 0, file_id: str | None = None) -> list[Event]:
         out: list[Event] = []
         n = len(data)

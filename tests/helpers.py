@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 
 def append(path: Path | str, data: bytes | str | Iterable[str]) -> None:
@@ -34,3 +35,32 @@ def wait_for(
             last = exc
         time.sleep(every_s)
     raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
+
+
+def per_record(events: list[dict[str, Any]], logs: Iterable[bytes]) -> list[dict[str, Any]]:
+    """The event log's lines with each folded `log.kv_scale_run` line written out as the records
+    it stands for, one `log.kv_scale_warning` line each at its own offset (event, offset and the
+    replay mark only), as `[events] fold = false` writes them. `logs`: the bytes of the files
+    the offsets point into; a folded line must stand for exactly `count` k/v warning records of
+    one of them, from its first offset to its last, or this fails."""
+    from loadwatch.parsers import ChunkScanner, KvScaleWarning
+
+    kv: list[list[int]] = []
+    for data in logs:
+        scanner = ChunkScanner()
+        evs = scanner.feed(data) + scanner.stream.flush()
+        kv.append([e.offset for e in evs if type(e) is KvScaleWarning])
+    out: list[dict[str, Any]] = []
+    for e in events:
+        if e.get("event") != "log.kv_scale_run":
+            out.append(e)
+            continue
+        first, last, count = e["offset"], e["last_offset"], e["count"]
+        spans = [[o for o in offsets if first <= o <= last] for offsets in kv]
+        records = next(
+            (s for s in spans if len(s) == count and s[0] == first and s[-1] == last), None
+        )
+        assert records is not None, f"a folded line stands for no {count} records: {e}"
+        mark = {"replay": True} if e.get("replay") else {}
+        out += [{"event": "log.kv_scale_warning", "offset": o, **mark} for o in records]
+    return out

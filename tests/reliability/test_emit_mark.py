@@ -23,7 +23,14 @@ from typing import Any
 
 import pytest
 
-from loadwatch.daemon.config import Config, ForecastConfig, GpuConfig, HttpConfig, LogConfig
+from loadwatch.daemon.config import (
+    Config,
+    EventsConfig,
+    ForecastConfig,
+    GpuConfig,
+    HttpConfig,
+    LogConfig,
+)
 from loadwatch.daemon.loop import Daemon
 from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, startup
 from loadwatch.daemon.sources.gpu.guard import NullGpuSource
@@ -33,6 +40,7 @@ from loadwatch.daemon.sources.log.files import FINGERPRINT_BYTES, FileIdentity, 
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner
 from tests.daemon.harness import running
+from tests.helpers import per_record
 
 
 def _lines() -> list[str]:
@@ -62,19 +70,25 @@ class Cut:
     end: int
 
 
-def _config(tmp_path: Path, name: str, events_file: Path | None = None) -> Config:
+def _config(
+    tmp_path: Path, name: str, events_file: Path | None = None, fold: bool = False
+) -> Config:
+    """These tests follow each record's own line (`[events] fold = false`), the unit a restart
+    knows as written; with `fold`, runs of k/v warnings are folded lines, read back by their
+    first and last offset (`per_record` writes them out again to compare)."""
     return Config(
         log=LogConfig(path=tmp_path / "vllm.log", poll_interval_s=0.05),
         http=HttpConfig(port=0),
         gpu=GpuConfig(source="none"),
         forecast=ForecastConfig(stall_floor_s=86400),
+        events=EventsConfig(stdout="all", fold=fold),
         state_dir=tmp_path / name,
         events_file=events_file,
     )
 
 
-def _cut(tmp_path: Path, events_file: Path | None = None) -> Cut:
-    cfg = _config(tmp_path, "state", events_file)
+def _cut(tmp_path: Path, events_file: Path | None = None, fold: bool = False) -> Cut:
+    cfg = _config(tmp_path, "state", events_file, fold)
     log = tmp_path / "vllm.log"
     lines = _lines()
     starts = _offsets(lines)
@@ -134,23 +148,32 @@ def _unmarked(events: list[dict[str, Any]]) -> Counter[Identity]:
     )
 
 
-def test_the_cut_run_is_completed_from_the_event_log(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fold", [False, True], ids=["a line per record", "folded lines"])
+def test_the_cut_run_is_completed_from_the_event_log(tmp_path: Path, fold: bool) -> None:
     """The killed daemon wrote the cut run's events up to its first shard bar; a restart writes
-    the rest of them as usual and none of the first again (the event log file is read back)."""
+    the rest of them as usual and none of the first again (the event log file is read back).
+    With folded lines the restart writes the rest of the cut run a line per record and knows
+    the records a folded line stands for as written; compared record by record."""
     events = tmp_path / "events.jsonl"
-    c = _cut(tmp_path, events)
+    c = _cut(tmp_path, events, fold)
     first_daemon = _read(events)
     # What an uninterrupted daemon writes for the whole log; its lines from the start of the
     # cut run through the first bar's line are what the killed daemon wrote before the kill.
     ref_file = tmp_path / "events-ref.jsonl"
-    with running(_config(tmp_path, "state-ref", ref_file)) as d:
+    with running(_config(tmp_path, "state-ref", ref_file, fold)) as d:
         d.wait(lambda: d.status()["phase"] == "ready", "ready (reference)")
     ref = _read(ref_file)
+    assert any(e["event"] == "log.kv_scale_run" for e in ref) is fold
     logged = [i for i, e in enumerate(ref) if e["event"].startswith("log.")]
     begin = 1 + max(i for i in logged if ref[i]["offset"] < c.dd)
     bar = next(b for b in c.bars if c.dd <= c.starts[b] < c.p)
     bar_at = c.starts[bar] + c.lines[bar].index("\r") + 1
     stop = 1 + next(i for i in logged if ref[i]["offset"] == bar_at)
+    if fold:  # and the folded line of the k/v warnings after it: the restart skips its records
+        stop = 1 + next(
+            i for i in logged if ref[i]["event"] == "log.kv_scale_run" and c.dd < ref[i]["offset"]
+        )
+        assert ref[stop - 1]["last_offset"] < c.p
     assert any(ref[i]["offset"] >= c.p for i in logged), "the log goes on after the cut run"
     with events.open("a") as f:
         f.writelines(json.dumps(e) + "\n" for e in ref[begin:stop])
@@ -166,10 +189,11 @@ def test_the_cut_run_is_completed_from_the_event_log(tmp_path: Path) -> None:
     assert not [e for e in restart if e["event"].startswith("log.") and e.get("replay")]
     # every event from the cut run on once, unmarked, across the kill: those before the bar from
     # the killed daemon, the rest from the restart
-    want = _unmarked(ref[begin:])
-    have = _unmarked(got[len(first_daemon) :])
+    log = [(tmp_path / "vllm.log").read_bytes()]
+    want = _unmarked(per_record(ref[begin:], log))
+    have = _unmarked(per_record(got[len(first_daemon) :], log))
     assert have == want, (sorted(have - want)[:5], sorted(want - have)[:5])
-    assert _unmarked(restart) == _unmarked(ref[stop:])
+    assert _unmarked(per_record(restart, log)) == _unmarked(per_record(ref[stop:], log))
 
 
 def test_read_back_takes_the_lines_from_where_the_run_began(tmp_path: Path) -> None:
@@ -187,18 +211,25 @@ def test_read_back_takes_the_lines_from_where_the_run_began(tmp_path: Path) -> N
         {"event": "log.progress", "offset": 120, "replay": True},  # a marked copy: not written
         {"event": "log.progress", "offset": 250},  # past the run: not the run's
         {"event": "log.milestone", "offset": 130},
+        # a folded line: the k/v warnings from 140 to 180, each then known as written
+        {"event": "log.kv_scale_run", "offset": 140, "last_offset": 180, "count": 5},
     ]
     head = "".join(json.dumps(x) + "\n" for x in before)
     path.write_text(head + "".join(json.dumps(x) + "\n" for x in run) + "garbage\n" + '{"ev')
     st = path.stat()
     ident = f"{st.st_dev}:{st.st_ino}"
     mark = Mark("1:2:3:0123456789abcdef", 100, 200, ident, len(head))
-    assert written(path, mark) == {
+    found = written(path, mark)
+    assert found is not None and found.keys == {
         ("log.progress", 100, 0),
         ("log.milestone", 130, 0),
         ("transition.phase", 110, 0),
         ("transition.phase", 110, 1),
+        ("log.kv_scale_run", 140, 0),
     }
+    assert found.spans == {"log.kv_scale_warning": [(140, 180)]}
+    assert ("log.kv_scale_warning", 140, 0) in found and ("log.kv_scale_warning", 180, 0) in found
+    assert ("log.kv_scale_warning", 181, 0) not in found and ("log.progress", 150, 0) not in found
     assert identity("transition.phase", t_new) == ("transition.phase", 110)
     assert identity("transition.stall_raised", {"at": 3.0}) is None  # a tick's: no record
     # not known: no position in the mark, another file there now, or a shorter one

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -123,9 +124,15 @@ def test_model_dir_that_is_not_there_is_said(tmp_path: Path) -> None:
     )  # fmt: skip
     d.wait_listening()
     try:
-        problems = [e for e in d.events() if e.get("event") == "daemon.problem"]
-        said = [e["error"] for e in problems if str(missing) in e["error"]]
-        assert len(said) == 1 and "No such file" in said[0] and "byte progress" in said[0]
+
+        def said() -> list[str]:
+            problems = [e for e in d.events() if e.get("event") == "daemon.problem"]
+            return [e["error"] for e in problems if str(missing) in e["error"]]
+
+        wait_for(said, "the model directory's problem line", 5)  # (it may follow `listening`)
+        time.sleep(0.3)  # and no second one
+        (line,) = said()
+        assert "No such file" in line and "byte progress" in line
     finally:
         assert d.stop() == 0
 

@@ -41,9 +41,11 @@ def test_events_fifo_with_no_reader(tmp_path: Path) -> None:
     log = _log(tmp_path)
     fifo = tmp_path / "events.fifo"
     os.mkfifo(fifo)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[events]\nfold = false\n")  # a line per record: enough to fill the FIFO
     d = DaemonProc(
-        ["--log", str(log), "--state-dir", str(tmp_path / "st"), "--gpu", "none",
-         "--listen", "127.0.0.1:0", "--events-file", str(fifo)],
+        ["--config", str(cfg), "--log", str(log), "--state-dir", str(tmp_path / "st"),
+         "--gpu", "none", "--listen", "127.0.0.1:0", "--events-file", str(fifo)],
         tmp_path / "out.jsonl",
     )  # fmt: skip
     d.wait_listening()
@@ -68,6 +70,7 @@ def test_stdout_pipe_nobody_reads(tmp_path: Path) -> None:
     cfg.write_text(
         f"state_dir = '{tmp_path / 'st'}'\nevents_file = '{events}'\n[log]\npath = '{log}'\n"
         "[gpu]\nsource = 'none'\n[http]\nlisten = '127.0.0.1:0'\n[events]\nstdout = 'all'\n"
+        "fold = false\n"  # a line per record: enough to fill the pipe
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadwatch.daemon.cli", "run", "--config", str(cfg)],

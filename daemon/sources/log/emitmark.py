@@ -37,7 +37,7 @@ import json
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,29 @@ class Ordinals:
         return (*key, k)
 
 
-def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identity] | None:
+# A line that stands for a run of records (the event log's folded line) and the name each of
+# its records has on a line of its own: a restart writing a cut run one record at a time knows
+# a record as written when a folded line's first and last offset enclose it.
+FOLDED = {"log.kv_scale_run": "log.kv_scale_warning"}
+
+
+@dataclass
+class Written:
+    """What the event log holds of a cut-short run: lines by identity, and the records that
+    folded lines cover, by name and (first, last) offset."""
+
+    keys: set[Identity] = field(default_factory=set)
+    spans: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+
+    def __contains__(self, key: object) -> bool:
+        if key in self.keys:
+            return True
+        if not isinstance(key, tuple) or len(key) < 2 or not isinstance(key[1], int):
+            return False
+        return any(a <= key[1] <= b for a, b in self.spans.get(key[0], ()))
+
+
+def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> Written | None:
     """The events of the cut-short run [mark.done, mark.pending) that the event log holds
     (unmarked); None when that cannot be known: the mark does not say where the run's events
     began, the file there is another one (rotated since) or shorter, or it cannot be read.
@@ -95,7 +117,7 @@ def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identi
             tail = f.read(st.st_size - mark.events_at)
     except OSError:
         return None
-    found: set[Identity] = set()
+    found = Written()
     ordinal = Ordinals()
     for raw in tail.split(b"\n"):
         try:
@@ -108,7 +130,10 @@ def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> set[Identi
         key = identity(name, doc) if isinstance(name, str) else None
         if key is None or not mark.done <= key[1] < mark.pending:
             continue
-        found.add(ordinal(key))
+        found.keys.add(ordinal(key))
+        last = doc.get("last_offset")
+        if name in FOLDED and isinstance(last, int):
+            found.spans.setdefault(FOLDED[name], []).append((key[1], last))
     return found
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loadwatch.daemon.sources.inputs import Chunk
-from loadwatch.daemon.sources.log.emitmark import EmitMark, Identity, Mark, written
+from loadwatch.daemon.sources.log.emitmark import EmitMark, Mark, Written, written
 from loadwatch.daemon.sources.log.follower import LogFollower, Position
 
 # What the event log still needs of a run's effects: nothing (written before), those the event
@@ -49,7 +49,7 @@ class Resume:
     ) -> None:
         self.notices: list[Notice] = []
         self.session_start: dict[str, Any] | None = None  # where the current session began
-        self.written: frozenset[Identity] | None = None  # what the event log has of the cut run
+        self.written: Written | None = None  # what the event log has of the cut run
         self._follower = follower
         self._until: Position | None = None  # replay up to the checkpoint
         self._until_seen = False  # a record of the checkpoint's file was read in the replay
@@ -65,9 +65,9 @@ class Resume:
         m = self.mark
         if m is not None and m.pending > m.done:
             found = written(events_file, m) if events_file is not None else None
-            self.written = None if found is None else frozenset(found)
+            self.written = found
             # the last daemon was killed while writing the effects of [done, pending)
-            n = None if found is None else len(found)
+            n = None if found is None else len(found.keys)
             self.notices.append(
                 Notice("daemon.cut_run", {"done": m.done, "pending": m.pending, "found": n})
             )

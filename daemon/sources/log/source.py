@@ -34,12 +34,13 @@ from typing import Any
 from loadwatch.daemon.sources.inputs import Chunk
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
 from loadwatch.daemon.sources.log.container import ContainerLogDecoder, LogFormat, decode_bytes
-from loadwatch.daemon.sources.log.emitmark import EmitMark, Identity
+from loadwatch.daemon.sources.log.emitmark import EmitMark, Written
 from loadwatch.daemon.sources.log.files import stat_file
 from loadwatch.daemon.sources.log.follower import FollowerError, LogFollower
 from loadwatch.daemon.sources.log.resume import Emit, Notice, Resume
 from loadwatch.daemon.sources.log.wake import Mode
 from loadwatch.parsers import ChunkScanner, Event
+from loadwatch.parsers.events import KvScaleRun
 
 __all__ = ["Emit", "LogSource", "Notice", "Run"]
 
@@ -59,7 +60,7 @@ class Run:
     replay: bool
     emit: Emit
     stamp_offset_s: float
-    written: frozenset[Identity] | None = None  # emit "missing": what the event log holds
+    written: Written | None = None  # emit "missing": what the event log holds
     # emit "missing": where the killed daemon began writing the run's effects in the event log
     # file (the emit mark's note; None: not known), so a kill now still finds them
     events_from: tuple[str, int] | None = None
@@ -85,6 +86,7 @@ class LogSource:
         self._clock = clock
         self._new_scanner = scanner
         self.scanner = scanner()
+        self._grouped = self.scanner.runs  # (the scanner's choice: runs of records as one event)
         self.follower = LogFollower(
             path,
             state_dir=state_dir,
@@ -150,12 +152,13 @@ class LogSource:
         data = data[: max(data.rfind(b"\n"), data.rfind(b"\r")) + 1]
         if self._format != "plain":
             data = decode_bytes(data, self._format)
-        stamps = [ev.ts for ev in self._new_scanner().feed(data, at) if ev.ts is not None]
+        peeked = (_last_stamp(ev) for ev in self._new_scanner().feed(data, at))
+        stamps = [ts for ts in peeked if ts is not None]
         return mtime - max(stamps) if stamps else None
 
     def _measure(self, events: list[Event], now: float) -> None:
         for ev in events:
-            ts = ev.ts
+            ts = _last_stamp(ev)
             if ts is None:
                 continue
             c = now - ts
@@ -261,6 +264,9 @@ class LogSource:
         for data, start, end in resume.split(chunk):
             emit = resume.emit(chunk.file_id, start, end)
             out.extend(self._take())  # (the replay's end before the run it lets through)
+            # A run a kill cut short is read one event per record: the event log may hold
+            # any part of it, and is asked record by record (a folded line covers its records).
+            self.scanner.runs = self._grouped and emit != "missing"
             events = self.scanner.feed(data, start, chunk.file_id)
             if not self._live and self._backlog_key is not None and emit == "new":
                 key = _file_key(chunk.file_id)
@@ -353,6 +359,13 @@ class LogSource:
         self.follower.checkpoint(self._extra())
         self.follower.close(checkpoint=False)
         self.marks.close()
+
+
+def _last_stamp(ev: Event) -> float | None:
+    """The event's stamp; of one event for a run of records, the last record's."""
+    if type(ev) is KvScaleRun and ev.last_ts is not None:
+        return ev.last_ts
+    return ev.ts
 
 
 def _problem(line: str) -> Notice:

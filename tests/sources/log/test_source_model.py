@@ -45,7 +45,7 @@ from loadwatch.daemon.sources.log.source import LogSource, Notice, Run
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.session import StateConfig
 from loadwatch.exporters.eventlog import EventLog
-from loadwatch.parsers import ChunkScanner, EventStream
+from loadwatch.parsers import ChunkScanner, EventStream, KvScaleWarning
 from tests.helpers import append
 
 SHAPE = Shape(model="/models/m", shards=4, workers=2, layers=2, shard_s=(1.0, 3.0))
@@ -70,6 +70,24 @@ def _content(e: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(sorted((k, json.dumps(v)) for k, v in e.items() if k not in ("offset", "time")))
 
 
+KV_LINES = ("log.kv_scale_warning", "log.kv_scale_run")
+
+
+def _kv_layers(lines: list[dict[str, Any]]) -> Counter[int | None]:
+    """The k/v warning records the lines stand for, by layer (None: records without one)."""
+    out: Counter[int | None] = Counter()
+    for e in lines:
+        if e["event"] == "log.kv_scale_warning":
+            out[e.get("layer")] += 1
+        elif e["event"] == "log.kv_scale_run":
+            layered = 0
+            for layer, records in e.get("layers", []):
+                out[layer] += records
+                layered += records
+            out[None] += e["count"] - layered
+    return +out
+
+
 def _fact(e: dict[str, Any]) -> tuple[Any, ...]:
     """A transition without its times (a replayed one's come from stamps) and its record."""
     keep = ("event", "phase_from", "phase_to", "reason", "failure_kind", "forecast")
@@ -79,14 +97,14 @@ def _fact(e: dict[str, Any]) -> tuple[Any, ...]:
 class Daemon:
     """The loop's side of the log source: fold, and write each run's effects once."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, fold: bool = False) -> None:
         self.eventlog = EventLog(io.StringIO(), tmp / "events.jsonl", console=False)
         self.feed = EventFeed(self.eventlog)
         self.state = LoadState(config=CONFIG)
         self.source = LogSource(
             tmp / "vllm.log",
             state_dir=tmp / "state",
-            scanner=lambda: ChunkScanner(EventStream()),
+            scanner=lambda: ChunkScanner(EventStream(), runs=fold),
             events_file=tmp / "events.jsonl",
             poll_interval_s=0.05,
             mode="poll",
@@ -135,6 +153,8 @@ class Daemon:
 
 
 class LogSourceModel(RuleBasedStateMachine):
+    FOLD = False  # runs of k/v warnings as one event (the event log's folded line)
+
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="lw-model-"))
@@ -287,7 +307,7 @@ class LogSourceModel(RuleBasedStateMachine):
     @rule()
     def start(self) -> None:
         """As the daemon starts: the log source opened, and read at once."""
-        self.daemon = Daemon(self.tmp)
+        self.daemon = Daemon(self.tmp, self.FOLD)
         self.daemon.take(self.daemon.source.read())
         self.caught_up = False
 
@@ -310,9 +330,11 @@ class LogSourceModel(RuleBasedStateMachine):
 
     def _check(self) -> None:
         lines = [json.loads(x) for x in (self.tmp / "events.jsonl").read_text().splitlines() if x]
-        got_events = Counter(
-            _content(e) for e in lines if e["event"].startswith("log.") and not e.get("replay")
-        )
+        logged = [e for e in lines if e["event"].startswith("log.") and not e.get("replay")]
+        got_kv = _kv_layers(logged)
+        if self.FOLD:  # a folded line's records are known by their sums: compared as sums
+            logged = [e for e in logged if e["event"] not in KV_LINES]
+        got_events = Counter(_content(e) for e in logged)
         got_transitions = Counter(
             _fact(e) for e in lines if e["event"].startswith("transition.") and not e.get("replay")
         )
@@ -322,8 +344,17 @@ class LogSourceModel(RuleBasedStateMachine):
         want_transitions: Counter[tuple[Any, ...]] = Counter()
         state = LoadState(config=CONFIG)
         feed_lines: list[dict[str, Any]] = []
+        want_kv = _kv_layers(
+            [
+                {"event": "log.kv_scale_warning", "layer": e.layer}
+                for e in events
+                if type(e) is KvScaleWarning
+            ]
+        )
         for ev in events:
             fields = {k: v for k, v in ev.to_dict().items() if v is not None and k != "type"}
+            if self.FOLD and type(ev) is KvScaleWarning:
+                continue
             want_events[
                 _content({"event": f"log.{ev.type}", **json.loads(json.dumps(fields))})
             ] += 1
@@ -340,6 +371,7 @@ class LogSourceModel(RuleBasedStateMachine):
             n = sum(got_events.values()) + sum(got_transitions.values())
             with open(stats, "a") as f:
                 f.write(f"kills={self.kills} cut_runs={cut} effects={n} rotations={self.rotated}\n")
+        assert got_kv == want_kv
         assert got_events == want_events, (
             sorted(got_events - want_events)[:3],
             sorted(want_events - got_events)[:3],
@@ -360,3 +392,15 @@ LogSourceModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_log_source_against_its_model = LogSourceModel.TestCase
+
+
+class FoldedLogSourceModel(LogSourceModel):
+    """The same with the daemon's default, runs of k/v warnings folded into one line each: a
+    kill cuts a run short, the restart writes its rest a line per record and knows a folded
+    line's records as written by its first and last offset."""
+
+    FOLD = True
+
+
+FoldedLogSourceModel.TestCase.settings = LogSourceModel.TestCase.settings
+test_folded_log_source_against_its_model = FoldedLogSourceModel.TestCase
