@@ -49,6 +49,7 @@ bench: venv
 	$(BIN)/python bench/load_breakdown.py $(if $(QUICK),--lines 20000,)
 	$(BIN)/python bench/scaling.py $(BENCH_QUICK)
 	$(BIN)/python bench/daemon_bench.py $(BENCH_QUICK)
+	$(BIN)/python bench/daemon_catchup.py $(BENCH_QUICK)
 	$(BIN)/python bench/follower_bench.py $(BENCH_QUICK)
 	$(BIN)/python bench/state_fold.py
 	$(BIN)/python bench/capture.py
