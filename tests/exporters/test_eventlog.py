@@ -27,6 +27,46 @@ def test_one_json_object_per_event_to_stdout_and_file(tmp_path: Path) -> None:
     assert oct(path.stat().st_mode & 0o777) == "0o640"
 
 
+def test_each_line_is_what_structlogs_json_chain_renders() -> None:
+    # The same object, key for key and byte for byte but the time: the fields in order, then
+    # `event`, then `time`; every value redacted; a value JSON has no type for by its repr.
+    from datetime import datetime
+
+    import structlog
+
+    redactor = Redactor()
+    fields = {
+        "offset": 4447,
+        "layers": ((0, 4), (1, 4)),
+        "argv": ["vllm", "serve", "--api-key=s3cret"],
+        "message": "caf\u00e9 \u2014 \x00",
+        "path": Path("/models/m"),
+        "ratio": 0.5,
+        "none": None,
+    }
+
+    def redact(_l: object, _m: str, d: dict[str, object]) -> dict[str, object]:
+        return {k: redactor.value(v) for k, v in d.items()}
+
+    chain = structlog.wrap_logger(
+        structlog.ReturnLogger(),
+        processors=[
+            redact,
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="time"),
+            structlog.processors.JSONRenderer(sort_keys=False),
+        ],
+    )
+    want = chain.info("log.kv_scale_run", **fields)
+    out = io.StringIO()
+    log = EventLog(out, console=False, redactor=redactor)
+    log.emit("log.kv_scale_run", **fields)
+    got = out.getvalue().rstrip("\n")
+    cut = got.rindex('"time": "')
+    assert got[:cut] == want[: want.rindex('"time": "')]
+    stamp = json.loads(got)["time"]
+    assert stamp.endswith("Z") and datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
 def test_reopen_follows_logrotate(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     log = EventLog(io.StringIO(), path, console=False)
