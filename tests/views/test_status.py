@@ -370,6 +370,9 @@ def test_the_real_command(daemon: tuple[HttpServer, float]) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: a test run started in the background (SIGINT ignored, which a
+        # child inherits and Python then keeps) must not make Ctrl-C mean nothing here
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert p.stdout is not None
     first = p.stdout.readline()
