@@ -12,7 +12,7 @@ from typing import Any
 
 from loadwatch.daemon.state.failures import fold_failure, session_kind, shutdown_noise
 from loadwatch.daemon.state.fold import Fold
-from loadwatch.daemon.state.forecast import EtaState
+from loadwatch.daemon.state.forecast import EtaState, eta_update
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import (
     LOADING_MILESTONES,
@@ -99,29 +99,6 @@ def _tqdm_item_s(ev: ShardProgress) -> float | None:
     return None
 
 
-def _eta_update(eta: EtaState, t: float, ev: ShardProgress) -> EtaState:
-    """The estimator after a bar update at `t`. Updates read in one burst (a backlog, a busy
-    moment) all happen at one instant of the daemon's clock, which then times nothing: until
-    it has, the bar's own elapsed time (a duration, never a stamp) anchors the estimator."""
-    if eta.regime is None and eta.last_t >= t:
-        took = _tqdm_elapsed_s(ev)
-        if took is not None:
-            return EtaState.start(t, ev.done, ev.total, eta.cum, took, eta.cfg)
-    return eta.update(t, ev.done)
-
-
-def _tqdm_elapsed_s(ev: ShardProgress) -> float | None:
-    """How long the bar has run by its own numbers: its elapsed time, or under a second (tqdm
-    prints whole seconds) the files done at its rate."""
-    if ev.done <= 0:
-        return None
-    if ev.elapsed_s is not None and ev.elapsed_s >= 1.0:
-        return ev.elapsed_s
-    if ev.rate_per_s is not None and ev.rate_per_s > 0:
-        return ev.done / ev.rate_per_s
-    return ev.elapsed_s or None
-
-
 def _on_progress(f: Fold, ev: ShardProgress) -> None:
     t = f.at(ev.ts)
     s = f.ensure_session(t)
@@ -189,7 +166,7 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
         if item_s is not None:
             d["tqdm_item_s"] = item_s
         if cur.eta is not None and advanced:
-            d["eta"] = _eta_update(cur.eta, t, ev)
+            d["eta"] = eta_update(cur.eta, t, ev)
         changes = {}
         if adopted is not None:  # the bar drawn before its process was known is this one
             d["process"] = ev.process

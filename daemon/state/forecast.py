@@ -23,6 +23,11 @@ Stall threshold (`stall_threshold_s`)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from loadwatch.parsers.events import ShardProgress
+
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -417,3 +422,26 @@ __all__ = [
     "Units",
     "stall_threshold_s",
 ]
+
+
+def eta_update(eta: EtaState, t: float, ev: ShardProgress) -> EtaState:
+    """The estimator after a bar update at `t`. Updates read in one burst (a backlog, a busy
+    moment) all happen at one instant of the daemon's clock, which then times nothing: until
+    it has, the bar's own elapsed time (a duration, never a stamp) anchors the estimator."""
+    if eta.regime is None and eta.last_t >= t:
+        took = tqdm_elapsed_s(ev)
+        if took is not None:
+            return EtaState.start(t, ev.done, ev.total, eta.cum, took, eta.cfg)
+    return eta.update(t, ev.done)
+
+
+def tqdm_elapsed_s(ev: ShardProgress) -> float | None:
+    """How long the bar has run by its own numbers: its elapsed time, or under a second (tqdm
+    prints whole seconds) the files done at its rate."""
+    if ev.done <= 0:
+        return None
+    if ev.elapsed_s is not None and ev.elapsed_s >= 1.0:
+        return ev.elapsed_s
+    if ev.rate_per_s is not None and ev.rate_per_s > 0:
+        return ev.done / ev.rate_per_s
+    return ev.elapsed_s or None
