@@ -234,8 +234,8 @@ class ChunkScanner:
                 if needle is not None and data.find(needle, start, end) >= 0:
                     got = stream.run(data, start, base, self._native is not None)  # type: ignore[attr-defined]
                     if got is not None:
-                        end, event = got
-                        out.append(event)
+                        end, events = got
+                        out += events
                         self._fed_end = base + end
                         pos = end + 1
                         continue

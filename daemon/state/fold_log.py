@@ -177,13 +177,18 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
         io = s.io
         changes["last_progress_at"] = t
         changes["io"] = evolve(io, line_bytes=io.last_bytes) if io is not None else None
-    f.upd(last_event_at=t, log_seen=True, **changes)
+    sd = f.draft().__dict__
+    sd["last_event_at"] = t
+    sd["log_seen"] = True
+    if changes:
+        sd.update(changes)
     if advanced and f.s.stall is not None:
         f.progressed(t, f"{ev.desc}: {ev.done}/{ev.total}")
     if weights:
         f.advance("loading_weights", t, "weights bar")
         if (
-            bar.kind == "weights"
+            bar.finished_at is not None  # (else this bar is one of those not finished)
+            and bar.kind == "weights"
             and bar.index == 0
             and all(
                 b.finished_at is not None

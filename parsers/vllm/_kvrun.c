@@ -1,6 +1,7 @@
-/* `kv_run(data, start)`: kvrun.py's `kv_run` in C, the same result for the same input
- * (tests/perf/test_scan_native.py compares them): the run of strict k/v scale warning records
- * from `start`, each recognised in one pass over its bytes, with no Python object per record. */
+/* `kv_run(data, start)` and `load_run(data, start)`: kvrun.py's in C, the same result for the
+ * same input (tests/perf/test_scan_native.py compares them): the run of strict k/v scale warning
+ * records from `start`, and that run going on across a loader's bar records, each recognised in
+ * one pass over its bytes, with no Python object per warning record. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
@@ -24,13 +25,28 @@ static int digits(Cur *c, int lo, int hi) { /* [0-9]{lo,hi}, greedy */
     return k >= lo;
 }
 
+/* The end of the record from `s`: the first `\n` or `\r`, or `end`. */
+static const unsigned char *record_end(const unsigned char *s, const unsigned char *end) {
+    const unsigned char *lf = memchr(s, '\n', end - s);
+    if (lf == NULL) lf = end;
+    const unsigned char *cr = memchr(s, '\r', lf - s);
+    return cr != NULL ? cr : lf;
+}
+
+/* Whether [s, e) holds a colour code's "0m" or "6m" (then it is no plain record). */
+static int coloured(const unsigned char *s, const unsigned char *e) {
+    for (const unsigned char *q = s; q < e && (q = memchr(q, 'm', e - q)) != NULL; q++)
+        if (q > s && (q[-1] == '0' || q[-1] == '6')) return 1;
+    return 0;
+}
+
 static int two(const unsigned char *p) { return (p[0] - '0') * 10 + (p[1] - '0'); }
 
 static int is_digit(unsigned char ch) { return ch >= '0' && ch <= '9'; }
 
 /* `layers?\.(\d{1,6}+)\.` searched in [p, end): the layer, or -1 */
 static long layer_in(const unsigned char *p, const unsigned char *end) {
-    for (; p + 5 <= end; p++) {
+    for (; p + 5 <= end && (p = memchr(p, 'l', end - p - 4)) != NULL; p++) {
         if (memcmp(p, "layer", 5) != 0) continue;
         const unsigned char *q = p + 5;
         if (q < end && *q == 's') q++;
@@ -107,28 +123,37 @@ static int record(const unsigned char *s, const unsigned char *e, Rec *r) {
         c.p++;
         if (!lit(&c, "_scale is not loaded.") || c.p != e) return 0;
     }
-    for (const unsigned char *q = s; q + 1 < e; q++) /* colour codes' "0m", "6m": not plain */
-        if (q[1] == 'm' && (q[0] == '0' || q[0] == '6')) return 0;
-    return 1;
+    return !coloured(s, e);
 }
 
-static PyObject *kv_run(PyObject *self, PyObject *args) {
-    Py_buffer buf;
-    Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "y*n", &buf, &start)) return NULL;
-    const unsigned char *d = buf.buf, *end = d + buf.len;
+#define MAX_PROCS 64     /* kvrun.py's MAX_RUN_PROCESSES: a run ends before a 65th process */
+#define DENSE_LAYERS 1024 /* layers counted in an array; higher ones (none known) in the dict */
+
+/* The run of k/v warning records from `start`: kvrun.py's `kv_run` result, or None. Processes
+ * and layers are tallied in C arrays, so a record costs no Python object. */
+static PyObject *stretch(const unsigned char *d, const unsigned char *end, Py_ssize_t start) {
     const unsigned char *s = d + (start < 0 ? 0 : start);
     Py_ssize_t count = 0, last_start = 0, last_end = 0;
     Rec first = {0}, last = {0}, r;
     char scales[2];
-    int nscales = 0;
-    PyObject *procs = PyList_New(0), *layers = PyDict_New(), *seen = PySet_New(NULL), *out = NULL;
-    if (procs == NULL || layers == NULL || seen == NULL) goto done;
+    int nscales = 0, nprocs = 0, nlayers = 0;
+    Rec procs[MAX_PROCS];
+    int counts[DENSE_LAYERS], order[DENSE_LAYERS];
+    memset(counts, 0, sizeof counts);
+    PyObject *layers = PyDict_New(), *plist = NULL, *out = NULL;
+    if (layers == NULL) goto done;
     while (s < end) {
-        const unsigned char *e = s;
-        while (e < end && *e != '\n' && *e != '\r') e++;
+        const unsigned char *e = record_end(s, end);
         if (!record(s, e, &r)) break;
         if (count && memcmp(r.stamp, last.stamp, 14) < 0) break;
+        int p = 0;
+        while (p < nprocs && !(procs[p].pid == r.pid && procs[p].name_n == r.name_n &&
+                               memcmp(procs[p].name, r.name, r.name_n) == 0))
+            p++;
+        if (p == nprocs) {
+            if (nprocs == MAX_PROCS) break;
+            procs[nprocs++] = r;
+        }
         if (!count) first = r;
         count++;
         last = r;
@@ -136,15 +161,11 @@ static PyObject *kv_run(PyObject *self, PyObject *args) {
         last_end = e - d;
         if (!(nscales > 0 && scales[0] == r.scale) && !(nscales > 1 && scales[1] == r.scale))
             scales[nscales++] = r.scale;
-        PyObject *key = Py_BuildValue("(y#L)", r.name, r.name_n, r.pid);
-        if (key == NULL) goto done;
-        int has = PySet_Contains(seen, key);
-        if (has == 0 && (PySet_Add(seen, key) < 0 || PyList_Append(procs, key) < 0)) has = -1;
-        Py_DECREF(key);
-        if (has < 0) goto done;
         long layer = layer_in(r.ckpt, r.ckpt + r.ckpt_n);
         if (layer < 0) layer = layer_in(r.model, r.model + r.model_n);
-        if (layer >= 0) {
+        if (layer >= 0 && layer < DENSE_LAYERS) {
+            if (counts[layer]++ == 0) order[nlayers++] = (int)layer;
+        } else if (layer >= 0) {
             PyObject *k = PyLong_FromLong(layer);
             if (k == NULL) goto done;
             PyObject *v = PyDict_GetItemWithError(layers, k);
@@ -162,23 +183,159 @@ static PyObject *kv_run(PyObject *self, PyObject *args) {
         out = Py_NewRef(Py_None);
         goto done;
     }
+    for (int i = 0; i < nlayers; i++) {
+        PyObject *k = PyLong_FromLong(order[i]), *v = PyLong_FromLong(counts[order[i]]);
+        int bad = k == NULL || v == NULL || PyDict_SetItem(layers, k, v) < 0;
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (bad) goto done;
+    }
+    plist = PyList_New(nprocs);
+    if (plist == NULL) goto done;
+    for (int i = 0; i < nprocs; i++) {
+        PyObject *key = Py_BuildValue("(y#L)", procs[i].name, procs[i].name_n, procs[i].pid);
+        if (key == NULL) goto done;
+        PyList_SET_ITEM(plist, i, key);
+    }
     PyObject *sc = PyList_New(nscales);
     if (sc == NULL) goto done;
     for (int i = 0; i < nscales; i++)
         PyList_SET_ITEM(sc, i, PyBytes_FromStringAndSize(&scales[i], 1));
     out = Py_BuildValue("(nnny#y#y#y#NOO)", last_end, count, last_start, first.stamp,
                         (Py_ssize_t)14, last.stamp, (Py_ssize_t)14, first.ckpt, first.ckpt_n,
-                        first.model, first.model_n, sc, procs, layers);
+                        first.model, first.model_n, sc, plist, layers);
 done:
-    Py_XDECREF(procs);
+    Py_XDECREF(plist);
     Py_XDECREF(layers);
-    Py_XDECREF(seen);
+    return out;
+}
+
+static PyObject *kv_run(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &start)) return NULL;
+    if (start > buf.len) start = buf.len;
+    PyObject *out = stretch(buf.buf, (const unsigned char *)buf.buf + buf.len, start);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+static int in_desc(unsigned char ch) { /* printable ASCII but ( ) : [ ] | */
+    return ch >= 0x20 && ch <= 0x7e && ch != '(' && ch != ')' && ch != ':' && ch != '[' &&
+           ch != ']' && ch != '|';
+}
+
+static int spaces(Cur *c, int hi) { /* " {0,hi}" */
+    int k = 0;
+    while (k < hi && c->p < c->end && *c->p == ' ') c->p++, k++;
+    return 1;
+}
+
+static int number(Cur *c, long long *v) { /* [0-9]{1,9} as a number */
+    const unsigned char *d = c->p;
+    if (!digits(c, 1, 9)) return 0;
+    *v = 0;
+    for (; d < c->p; d++) *v = *v * 10 + (*d - '0');
+    return 1;
+}
+
+static int span(Cur *c, const char *set, int hi, const unsigned char **at, Py_ssize_t *n) {
+    *at = c->p; /* [set]{1,hi}: digits and the characters of `set` */
+    while (c->p < c->end && c->p - *at < hi && (is_digit(*c->p) || strchr(set, *c->p) != NULL) &&
+           *c->p != 0)
+        c->p++;
+    *n = c->p - *at;
+    return *n > 0;
+}
+
+/* kvrun.py's `bar_pair`: the prefix record at `s`, `\r`, the strict bar record after it. */
+static PyObject *bar_pair(const unsigned char *d, const unsigned char *end, const unsigned char *s) {
+    Cur c = {s, end};
+    if (!lit(&c, "(") || c.p >= end || !((*c.p | 0x20) >= 'a' && (*c.p | 0x20) <= 'z')) return NULL;
+    const unsigned char *name = c.p++;
+    while (c.p < end && c.p - name < 64 &&
+           (is_digit(*c.p) || ((*c.p | 0x20) >= 'a' && (*c.p | 0x20) <= 'z') || *c.p == '_'))
+        c.p++;
+    if (!lit(&c, " pid=") || !digits(&c, 1, 10) || !lit(&c, ") \r")) return NULL;
+    const unsigned char *b = c.p, *e = record_end(b, end);
+    c.end = e;
+    const unsigned char *desc = c.p;
+    if (c.p >= e || !((*c.p | 0x20) >= 'a' && (*c.p | 0x20) <= 'z')) return NULL;
+    c.p++;
+    while (c.p < e && c.p - desc < 200 && in_desc(*c.p)) c.p++;
+    Py_ssize_t desc_n = c.p - desc;
+    long long done, total;
+    const unsigned char *el, *rem, *rate;
+    Py_ssize_t el_n, rem_n, rate_n;
+    if (!lit(&c, ":") || !spaces(&c, 8) || !digits(&c, 1, 3) || !lit(&c, "% Completed | ") ||
+        !number(&c, &done) || !lit(&c, "/") || !number(&c, &total) || !lit(&c, " [") ||
+        !span(&c, ":", 12, &el, &el_n) || !lit(&c, "<") || !span(&c, ":?", 12, &rem, &rem_n) ||
+        !lit(&c, ",") || !spaces(&c, 8))
+        return NULL;
+    rate = c.p;
+    if (!lit(&c, "?it/s")) {
+        if (!digits(&c, 1, 9)) return NULL;
+        if (c.p < e && *c.p == '.') {
+            c.p++;
+            if (!digits(&c, 1, 9)) return NULL;
+        }
+        if (!lit(&c, "it/s") && !lit(&c, "s/it")) return NULL;
+    }
+    rate_n = c.p - rate;
+    if (!lit(&c, "]") || c.p != e) return NULL;
+    if (coloured(b, e)) return NULL;
+    return Py_BuildValue("(nnny#LLy#y#y#)", s - d, b - d, e - d, desc, desc_n, done, total, el,
+                         el_n, rem, rem_n, rate, rate_n);
+}
+
+/* kvrun.py's `load_run`: k/v warning runs and bar pairs from `start`, in order. */
+static PyObject *load_run(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &start)) return NULL;
+    const unsigned char *d = buf.buf, *end = d + buf.len;
+    if (start < 0) start = 0;
+    if (start > buf.len) start = buf.len;
+    const unsigned char *s = d + start;
+    Py_ssize_t last_end = start;
+    PyObject *pieces = PyList_New(0), *out = NULL;
+    if (pieces == NULL) goto done;
+    while (s < end) {
+        PyObject *got = stretch(d, end, s - d), *piece;
+        if (got == NULL) goto done;
+        if (got != Py_None) {
+            last_end = PyLong_AsSsize_t(PyTuple_GET_ITEM(got, 0));
+            piece = Py_BuildValue("(nN)", s - d, got);
+        } else {
+            Py_DECREF(got);
+            if (PyList_GET_SIZE(pieces) == 0) break;
+            piece = bar_pair(d, end, s);
+            if (piece == NULL) {
+                if (PyErr_Occurred()) goto done;
+                break;
+            }
+            last_end = PyLong_AsSsize_t(PyTuple_GET_ITEM(piece, 2));
+        }
+        if (piece == NULL) goto done;
+        int bad = PyList_Append(pieces, piece) < 0;
+        Py_DECREF(piece);
+        if (bad) goto done;
+        s = d + last_end;
+        while (s < end && (*s == '\n' || *s == '\r')) s++;
+    }
+    if (PyList_GET_SIZE(pieces) == 0)
+        out = Py_NewRef(Py_None);
+    else
+        out = Py_BuildValue("(nO)", last_end, pieces);
+done:
+    Py_XDECREF(pieces);
     PyBuffer_Release(&buf);
     return out;
 }
 
 static PyMethodDef methods[] = {
     {"kv_run", kv_run, METH_VARARGS, "kv_run(data, start) -> kvrun.py's kv_run"},
+    {"load_run", load_run, METH_VARARGS, "load_run(data, start) -> kvrun.py's load_run"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,4 +1,5 @@
-"""Runs of plain k/v scale warnings, recognised without parsing each record.
+"""Runs of plain k/v scale warnings and the weights bar between them, recognised without
+parsing each record.
 
 A Kimi-K2.5-shaped load writes a `Found k_scale in the checkpoint (e.g. ...)` warning per layer,
 scale and worker: nearly every record of its log. Of a run of them back to back the state needs
@@ -14,15 +15,32 @@ The result: None, or (end of the last record, count, start of the last record, f
 stamp, first checkpoint name, first model name, scales, processes, layers): scales in order of
 first appearance as b"k"/b"v", processes as (name bytes, pid) likewise, layers as
 {layer: records}.
+
+A loader draws its bar between the warnings: `(Worker_TP0 pid=7) ` alone in a record, `\r`, then
+`Loading safetensors checkpoint shards:  42% Completed | 50/119 [01:40<02:18,  2.01s/it]`.
+`load_run` goes on across such pairs of the one strict shape (`BAR_PAIR`), so a load's warnings
+and bar updates are one run however they interleave: (end of the last record, pieces), each
+piece `(start, kv_run result)` for warnings back to back, or a `BarPair` for a bar record and the
+prefix before it. The stream turns a bar piece into the event feeding both records would give
+(stream.py's `run`); `_kvrun.c`'s `load_run` is the same search in C.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from dataclasses import fields
+from itertools import repeat
+from typing import Any, NamedTuple
 
-from loadwatch.parsers.events import KvScaleRun
+from loadwatch.parsers.events import KvScaleRun, ShardProgress
+from loadwatch.parsers.vllm.builders import (
+    _PROGRESS_FIELDS,
+    _rate,
+    bar_kind,
+    bar_unit,
+    hms_seconds,
+)
 from loadwatch.parsers.vllm.catalog import _LAYER
 
 _NAME_CHARS = rb"[\x21-\x27\x2a-\x7e]{0,400}"  # printable ASCII but ( ): the catalog's [^()\s]
@@ -35,6 +53,7 @@ KV_RECORD = re.compile(
 )
 _DAYS = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February: 29 may be no date
 _TERMINATORS = b"\r\n"
+MAX_RUN_PROCESSES = 64  # a run ends before a 65th process (the C one tallies them in an array)
 
 KvRunResult = tuple[
     int,
@@ -87,6 +106,9 @@ def kv_run(data: bytes, start: int) -> KvRunResult | None:
         stamp = m.group(3)
         if not valid_stamp(stamp) or (count and stamp < last_stamp):
             break
+        proc = (m.group(1), int(m.group(2)))
+        if proc not in procs and len(procs) >= MAX_RUN_PROCESSES:
+            break
         if not count:
             first_stamp, first_ckpt, first_model = stamp, m.group(5), m.group(6)
         count += 1
@@ -94,7 +116,6 @@ def kv_run(data: bytes, start: int) -> KvRunResult | None:
         scale = m.group(4)
         if scale not in scales:
             scales.append(scale)
-        proc = (m.group(1), int(m.group(2)))
         if proc not in procs:
             procs.append(proc)
         layer = layer_of(m.group(5), m.group(6))
@@ -119,37 +140,204 @@ def kv_run(data: bytes, start: int) -> KvRunResult | None:
     )
 
 
-def _native_kv_run() -> Callable[[bytes, int], Any] | None:
+class BarPair(NamedTuple):
+    """A strict bar record and the lone process prefix before it, as found in a chunk."""
+
+    prefix_start: int
+    start: int  # of the bar record (just after the prefix's `\r`)
+    end: int
+    desc: bytes
+    done: int
+    total: int
+    elapsed: bytes
+    remaining: bytes
+    rate: bytes
+
+
+PREFIX_RECORD = re.compile(rb"\(([A-Za-z][A-Za-z0-9_]{0,63}) pid=([0-9]{1,10})\) ")
+# printable ASCII but ( ) : [ ] |, a letter first
+_DESC_CHARS = rb"[A-Za-z][\x20-\x27\x2a-\x39\x3b-\x5a\x5c\x5e-\x7b\x7d\x7e]{0,199}"
+BAR_RECORD = re.compile(
+    rb"(" + _DESC_CHARS + rb"): {0,8}[0-9]{1,3}% Completed \| ([0-9]{1,9})/([0-9]{1,9}) "
+    rb"\[([0-9:]{1,12})<([0-9:?]{1,12}), {0,8}(\?it/s|[0-9]{1,9}(?:\.[0-9]{1,9})?(?:it/s|s/it))\]"
+)
+
+
+def bar_pair(data: bytes, s: int) -> BarPair | None:
+    """The prefix record at `s`, `\r`, and the strict bar record after it; None: not that."""
+    n = len(data)
+    cr = data.find(b"\r", s, s + 90)  # a prefix is at most 83 bytes
+    if cr < 0 or data.find(b"\n", s, cr) >= 0 or PREFIX_RECORD.fullmatch(data, s, cr) is None:
+        return None
+    b = cr + 1
+    lf = data.find(b"\n", b)
+    e = data.find(b"\r", b, lf if lf >= 0 else n)
+    e = e if e >= 0 else (lf if lf >= 0 else n)
+    m = BAR_RECORD.fullmatch(data, b, e)
+    if m is None or b"0m" in data[b:e] or b"6m" in data[b:e]:
+        return None
+    return BarPair(
+        s, b, e, m.group(1), int(m.group(2)), int(m.group(3)), m.group(4), m.group(5), m.group(6)
+    )
+
+
+LoadPiece = tuple[int, KvRunResult] | BarPair
+
+
+def load_run(data: bytes, start: int) -> tuple[int, list[LoadPiece]] | None:
+    """The run from `start` of k/v warning records and bar pairs, in order; None: no k/v
+    warning record at `start` (a run starts with one)."""
+    n = len(data)
+    s = start
+    end = start
+    pieces: list[LoadPiece] = []
+    while s < n:
+        got = kv_run(data, s)
+        if got is not None:
+            pieces.append((s, got))
+            end = got[0]
+        elif pieces:
+            bar = bar_pair(data, s)
+            if bar is None:
+                break
+            pieces.append(bar)
+            end = bar.end
+        else:
+            break
+        s = end
+        while s < n and data[s] in _TERMINATORS:
+            s += 1
+    return (end, pieces) if pieces else None
+
+
+# A load's bars repeat their descriptions, times and rates: each is read once (bounded).
+_DESCS: dict[bytes, tuple[str, str, str]] = {}
+_SECONDS: dict[bytes, float | None] = {}
+_RATES: dict[bytes, float | None] = {}
+_CACHE_MAX = 4096
+
+
+def _cached(cache: dict[bytes, Any], key: bytes, read: Callable[[str], Any]) -> Any:
+    if key in cache:
+        return cache[key]
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
+    value = cache[key] = read(key.decode())
+    return value
+
+
+def _desc(text: str) -> tuple[str, str, str]:
+    desc = text.strip()
+    kind = bar_kind(desc)
+    return desc, kind, bar_unit(desc, kind)
+
+
+def bar_event(
+    desc_b: bytes,
+    done: int,
+    total: int,
+    elapsed: bytes,
+    remaining: bytes,
+    rate: bytes,
+    offset: int,
+    process: tuple[str, int],
+) -> ShardProgress:
+    """The `ShardProgress` of a `bar_pair`'s fields, with no time yet (the stream gives it),
+    as builders.py's `_progress` makes it."""
+    desc, kind, unit = _cached(_DESCS, desc_b, _desc)
+    values = (
+        desc,
+        kind,
+        done,
+        total,
+        _cached(_SECONDS, elapsed, hms_seconds),
+        _cached(_SECONDS, remaining, hms_seconds),
+        _cached(_RATES, rate, _rate),
+        unit,
+        offset,
+        None,
+        *process,
+    )
+    event = object.__new__(ShardProgress)
+    any(map(object.__setattr__, repeat(event), _PROGRESS_FIELDS, values))
+    return event
+
+
+def same_bar(a: ShardProgress, b: ShardProgress) -> bool:
+    """Equal but for the time (the stream gives it after)."""
+    return all(getattr(a, f) == getattr(b, f) for f in _PROGRESS_FIELDS if f != "ts")
+
+
+def _native() -> Any:
     try:
         from loadwatch.parsers.vllm import _kvrun
     except ImportError:  # built without a C compiler: the Python search, same result
         return None
-    return _kvrun.kv_run
+    return _kvrun
 
 
-NATIVE_KV_RUN = _native_kv_run()
+_NATIVE = _native()
+NATIVE_KV_RUN: Callable[[bytes, int], Any] | None = _NATIVE.kv_run if _NATIVE else None
 best_kv_run: Callable[[bytes, int], Any] = NATIVE_KV_RUN if NATIVE_KV_RUN is not None else kv_run
+best_load_run: Callable[[bytes, int], Any] = _NATIVE.load_run if _NATIVE else load_run
 RUN_NEEDLE = b"_scale in the checkpoint (e.g. "  # in every record a run can start with
+
+
+_RUN_FIELDS = (
+    "offset",
+    "ts",
+    "process",
+    "pid",
+    "count",
+    "last_offset",
+    "last_ts",
+    "scales",
+    "layers",
+    "processes",
+    "checkpoint_name",
+    "model_name",
+)
+assert set(_RUN_FIELDS) == {f.name for f in fields(KvScaleRun)}, "KvScaleRun changed"
+_PROCESSES: dict[tuple[tuple[bytes, int], ...], tuple[tuple[str, int], ...]] = {}
+_SCALES: dict[tuple[bytes, ...], tuple[str, ...]] = {}
+_NAMES: dict[bytes, str] = {}
+
+
+def _decoded(cache: dict[Any, Any], key: Any, make: Callable[[Any], Any]) -> Any:
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        value = cache[key] = make(key)
+    return value
+
+
+def _processes(procs: tuple[tuple[bytes, int], ...]) -> tuple[tuple[str, int], ...]:
+    return tuple((name.decode(), pid) for name, pid in procs)
 
 
 def run_event(
     got: KvRunResult, start: int, base: int, stamp: Callable[[bytes], float | None]
 ) -> KvScaleRun:
     """The `KvScaleRun` of the `kv_run` result `got` for the run from `start` in a chunk at
-    offset `base`; `stamp`: the stream's stamp resolver."""
+    offset `base`; `stamp`: the stream's stamp resolver. A load's runs repeat their processes,
+    scales and names: each is decoded once (bounded caches)."""
     _end, count, last_start, first_stamp, last_stamp, ckpt, model, scales, procs, layers = got
-    processes = tuple((name.decode(), pid) for name, pid in procs)
-    return KvScaleRun(
-        offset=base + start,
-        ts=stamp(first_stamp),
-        process=processes[0][0],
-        pid=processes[0][1],
-        count=count,
-        last_offset=base + last_start,
-        last_ts=stamp(last_stamp),
-        scales=tuple(x.decode() for x in scales),
-        layers=tuple(sorted(layers.items())),
-        processes=processes,
-        checkpoint_name=ckpt.decode(),
-        model_name=model.decode(),
+    processes = _decoded(_PROCESSES, tuple(procs), _processes)
+    values = (
+        base + start,
+        stamp(first_stamp),
+        processes[0][0],
+        processes[0][1],
+        count,
+        base + last_start,
+        stamp(last_stamp),
+        _decoded(_SCALES, tuple(scales), lambda k: tuple(x.decode() for x in k)),
+        tuple(sorted(layers.items())),
+        processes,
+        _decoded(_NAMES, ckpt, bytes.decode),
+        _decoded(_NAMES, model, bytes.decode),
     )
+    event = object.__new__(KvScaleRun)
+    any(map(object.__setattr__, repeat(event), _RUN_FIELDS, values))
+    return event

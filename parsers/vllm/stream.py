@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from loadwatch.parsers.events import (
     Event,
@@ -27,7 +28,6 @@ from loadwatch.parsers.vllm.catalog import (
     KIND_RANK,
     classify,
 )
-from loadwatch.parsers.vllm.kvrun import best_kv_run, kv_run, run_event
 from loadwatch.parsers.vllm.lines import (
     Head,
     StandardHeads,
@@ -36,6 +36,7 @@ from loadwatch.parsers.vllm.lines import (
     split_segments,
     strip_ansi,
 )
+from loadwatch.parsers.vllm.runs import read_run
 from loadwatch.parsers.vllm.segment import (
     CHAIN_MARKERS,
     MAX_MESSAGE_CHARS,
@@ -154,6 +155,10 @@ class EventStream:
         self._bar_owner: dict[str, tuple[str, int | None]] = {}
         self._heads = StandardHeads(self.years)
         self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
+        # `run`'s bar records: prefixes read (process, pid; False: not plain), and descriptions
+        # whose general parse agreed with load_run's fields (True) or did not (False)
+        self._bar_prefixes: dict[str, tuple[str, int] | Literal[False]] = {}
+        self._bar_descs: dict[bytes, bool] = {}
         self.mode: Mode = "startup"
 
     def set_reference(self, ts: float) -> None:
@@ -260,23 +265,11 @@ class EventStream:
 
     def run(
         self, data: bytes, start: int, base: int, native: bool = True
-    ) -> tuple[int, Event] | None:
-        """The run of plain k/v scale warning records from `start` in a chunk (kvrun.py), as
-        one `KvScaleRun`, and where its last record ends; None: no such record there. What
-        feeding them one by one would leave in the stream, it leaves (outside a traceback)."""
-        got = (best_kv_run if native else kv_run)(data, start)
-        if got is None:
-            return None
-        event = run_event(got, start, base, self.years.stamp)
-        n = event.count
-        stats = self.stats
-        stats.records += n
-        stats.candidates += n
-        stats.events += n
-        stats.by_type["kv_scale_warning"] = stats.by_type.get("kv_scale_warning", 0) + n
-        self._pending_prefix = None
-        self._last_ts = event.last_ts
-        return got[0], event
+    ) -> tuple[int, list[Event]] | None:
+        """The run of plain k/v scale warning records from `start` in a chunk and the bar
+        records between them (runs.py), and where its last record ends; None: no such record
+        there. What feeding the records one by one would leave in the stream, it leaves."""
+        return read_run(self, data, start, base, native)  # type: ignore[arg-type]
 
     def feed_all(self, records: Iterable[Record]) -> list[Event]:
         out: list[Event] = []

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.parsers import ChunkScanner, EventStream
-from loadwatch.parsers.events import KvScaleRun, KvScaleWarning
+from loadwatch.parsers.events import KvScaleRun, KvScaleWarning, ShardProgress
 from loadwatch.parsers.scan import split_records
 from loadwatch.parsers.vllm.kvrun import kv_run
 from tests.perf.logs import load_log
@@ -27,6 +27,16 @@ REAL = [
     for name in ("real-v0.32-deepseek-kvscales.log", "v1-2026-sm120.log")
     for line in (FIXTURES / name).read_bytes().splitlines()
     if b"_scale in the checkpoint (e.g." in line
+]
+
+
+# Real bar records after their lone prefix and `\r` (tests/fixtures/v1-2026-sm120.log, and
+# tests/fixtures/tp1-enginecore.log, a real vLLM run here)
+REAL_BARS = [
+    line
+    for name in ("v1-2026-sm120.log", "tp1-enginecore.log")
+    for line in (FIXTURES / name).read_bytes().split(b"\n")
+    if b") \r" in line and b"Completed |" in line
 ]
 
 
@@ -157,3 +167,52 @@ def test_a_run_stops_where_the_stamp_goes_back() -> None:
     later = re.sub(rb"\d\d:\d\d:\d\d", b"23:59:59", a, count=1)
     got = kv_run(later + b"\n" + b + b"\n", 0)
     assert got is not None and got[1] == 1
+
+
+def stream_view(data: bytes, runs: bool, chunk: int) -> tuple[object, ...]:
+    """Every event but the k/v warnings, their count, and what the stream holds after."""
+    scanner = ChunkScanner(EventStream(ref_ts=REF_TS), runs=runs)
+    events = []
+    pos = 0
+    while pos < len(data):
+        cut = data.rfind(b"\n", pos, pos + chunk) + 1 or len(data)
+        if cut <= pos:
+            cut = data.find(b"\n", pos) + 1 or len(data)
+        events += scanner.feed(data[pos:cut], pos)
+        pos = cut
+    s = scanner.stream
+    kv = sum(ev.count if type(ev) is KvScaleRun else 1 for ev in events if "kv_scale" in ev.type)
+    others = [ev for ev in events if "kv_scale" not in ev.type]
+    anchors = {k: (a.start_ts, a.last_done) for k, a in s._bars.items()}
+    held = (s._last_ts, s._bar_owner, anchors, s._pending_prefix, s.mode, s.in_traceback)
+    return others, kv, vars(s.stats), held
+
+
+@st.composite
+def load_records(draw: st.DrawFn) -> bytes:
+    """Real k/v warnings and real bar pairs interleaved, some mutated (`_PIECES`)."""
+    lines = draw(st.lists(st.sampled_from(REAL + REAL_BARS), min_size=1, max_size=10))
+    out = []
+    for line in lines:
+        if draw(st.integers(0, 3)) == 0:
+            i = draw(st.integers(0, len(line)))
+            j = draw(st.integers(i, min(len(line), i + draw(st.integers(0, 6)))))
+            line = line[:i] + draw(_PIECES) + line[j:]
+        out.append(line)
+    return b"\n".join(out) + b"\n"
+
+
+def test_real_bars_are_read_within_runs() -> None:
+    assert len(REAL_BARS) >= 10
+    data = b"\n".join(x for pair in zip(REAL, REAL_BARS, strict=False) for x in pair) + b"\n"
+    got = ChunkScanner(EventStream(ref_ts=REF_TS), runs=True).feed(data)
+    assert [type(ev) for ev in got[:2]] == [KvScaleRun, ShardProgress]
+    assert stream_view(data, True, 1 << 20) == stream_view(data, False, 1 << 20)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(load_records(), st.sampled_from([300, 1 << 20]))
+def test_bars_within_runs_come_out_as_fed_one_by_one(data: bytes, chunk: int) -> None:
+    assert stream_view(data, True, chunk) == stream_view(data, False, chunk)
+    for replay in (False, True):
+        assert fold(data, True, replay, chunk)[:4] == fold(data, False, replay, chunk)[:4]

@@ -286,3 +286,95 @@ def test_kv_runs_on_the_generated_load_log() -> None:
         runs += got is not None
         pos = (got[0] if got is not None else i) + 1
     assert runs > 10
+
+
+# -- a load's run across its bars: _kvrun.c's load_run against kvrun.py's ------------------------
+
+_BARS = [  # tests/fixtures/v1-2026-sm120.log: a bar record after its lone prefix and `\r`
+    b"(Worker_TP0 pid=51300) \rLoading safetensors checkpoint shards:   0% Completed | 0/119 "
+    b"[00:00<?, ?it/s]",
+    b"(Worker_TP0 pid=51300) \rLoading safetensors checkpoint shards:   1% Completed | 2/119 "
+    b"[00:17<16:50, 8.64s/it]",
+    b"(Worker_TP0 pid=51300) \rLoading safetensors checkpoint shards: 100% Completed | 119/119 "
+    b"[15:31<00:00, 7.83s/it]",
+]
+_BAR_PIECES = st.sampled_from(
+    [
+        b"?",
+        b"s/it",
+        b"it/s",
+        b"%",
+        b"|",
+        b":",
+        b" ",
+        b"Completed",
+        b"1234567890",
+        b".",
+        b"0m",
+        b"\r",
+        b"\n",
+        b"(",
+        b")",
+        b"[",
+        b"]",
+        b",",
+        b"\xff",
+        b"9",
+        b" pid=",
+    ]
+)
+
+
+@st.composite
+def load_bytes(draw: st.DrawFn) -> bytes:
+    """k/v warning records and bar pairs in any order, some mutated."""
+    out = []
+    for _ in range(draw(st.integers(1, 8))):
+        bar = draw(st.booleans())
+        line = draw(st.sampled_from(_BARS)) if bar else _KV
+        for _ in range(draw(st.integers(0, 2))):
+            i = draw(st.integers(0, len(line)))
+            j = draw(st.integers(i, min(len(line), i + draw(st.integers(0, 6)))))
+            line = line[:i] + draw(_BAR_PIECES if bar else _KV_PIECES) + line[j:]
+        out.append(line)
+    return draw(st.sampled_from([b"\n", b"\r\n"])).join(out) + draw(st.sampled_from([b"\n", b""]))
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(load_bytes(), st.integers(0, 3))
+@example(_KV + b"\n" + _BARS[1] + b"\n" + _KV + b"\n", 0)
+@example(_KV + b"\n" + _BARS[1].replace(b"8.64s/it", b"1234567890s/it") + b"\n", 0)
+@example(_KV + b"\n" + _BARS[0].replace(b"Loading", b"L0ma") + b"\n" + _KV, 0)
+def test_c_load_run_equals_python(data: bytes, skip: int) -> None:
+    from loadwatch.parsers.vllm.kvrun import load_run
+
+    start = 0
+    for _ in range(skip):
+        nl = data.find(b"\n", start)
+        start = nl + 1 if nl >= 0 else start
+    assert _kvrun.load_run(data, start) == load_run(data, start)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600), st.integers(0, 50))
+def test_c_load_run_equals_python_on_any_bytes(data: bytes, start: int) -> None:
+    from loadwatch.parsers.vllm.kvrun import load_run
+
+    data = _KV + b"\n" + data  # a run can start: what follows decides how far it goes
+    assert _kvrun.load_run(data, start) == load_run(data, start)
+
+
+def test_load_runs_on_the_generated_load_log() -> None:
+    from loadwatch.parsers.vllm.kvrun import load_run
+
+    data, _counts = load_log()
+    pos = runs = bars = 0
+    while (i := data.find(b") WARNING ", pos)) >= 0:
+        s = data.rfind(b"\n", 0, i) + 1
+        got = _kvrun.load_run(data, s)
+        assert got == load_run(data, s)
+        if got is not None:
+            runs += 1
+            bars += sum(1 for piece in got[1] if len(piece) != 2)
+        pos = (got[0] if got is not None else i) + 1
+    assert runs >= 1 and bars > 100  # a load's warnings and bars: few runs, long ones
