@@ -42,6 +42,7 @@ from loadwatch.daemon.sources.inputs import HealthProbe, Tick
 from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.fold import Fold
 from loadwatch.daemon.state.fold_kvrun import on_kv_group
+from loadwatch.daemon.state.fold_lane import LANE_INPUTS, fold_lane, lane_end
 from loadwatch.daemon.state.fold_log import LOG_HANDLERS, on_kv_run
 from loadwatch.daemon.state.fold_world import WORLD_HANDLERS
 from loadwatch.daemon.state.nodefold import NODE_EVENTS, track_node
@@ -74,10 +75,18 @@ class LoadState(StateData):
     """The daemon's judgement of the load; see the module doc. Fields: `StateData`."""
 
     def apply(
-        self, item: Input, now: float, *, replay: bool = False, stamp_offset_s: float = 0.0
+        self,
+        item: Input,
+        now: float,
+        *,
+        replay: bool = False,
+        stamp_offset_s: float = 0.0,
+        lanes: bool = True,
     ) -> LoadState:
         """`apply_run` of one input."""
-        return self.apply_run((item,), now, replay=replay, stamp_offset_s=stamp_offset_s)
+        return self.apply_run(
+            (item,), now, replay=replay, stamp_offset_s=stamp_offset_s, lanes=lanes
+        )
 
     def apply_run(
         self,
@@ -86,12 +95,15 @@ class LoadState(StateData):
         *,
         replay: bool = False,
         stamp_offset_s: float = 0.0,
+        lanes: bool = True,
     ) -> LoadState:
         """Fold a run of inputs observed at `now`, in order, in one call; the result's
         `transitions` are every transition of the run. `replay`: the inputs are log events
         re-read after a restart (the log source says so), placed at their own stamps plus
         `stamp_offset_s` (`Fold.at`), and no stall is judged; live, the run arrived at `now`
-        and stalls are judged once, after it."""
+        and stalls are judged once, after it. `lanes=False`: a load's warnings and bar
+        updates each through their own handler, not in one pass (fold_lane.py; the same
+        state, which the tests check this way)."""
         f = Fold(self, now, replay, stamp_offset_s)
         handlers = HANDLERS
         logged = LOG_INPUTS
@@ -100,6 +112,12 @@ class LoadState(StateData):
         while i < n:
             item = seq[i]
             cls = type(item)
+            if lanes and cls in LANE_INPUTS:
+                j = lane_end(f, seq, i)
+                if j > i:
+                    fold_lane(f, seq, i, j)
+                    i = j
+                    continue
             if cls is KvScaleRun:  # the scanner's one event for a run of them
                 f.record = item.offset  # type: ignore[union-attr]
                 on_kv_group(f, item)  # type: ignore[arg-type]

@@ -56,14 +56,28 @@ _PLAIN = frozenset(
 )
 
 
+def _known(f: Fold, process: str | None, pid: int | None, sid: int | None) -> bool:
+    """Whether the node has this process and pid already (an earlier run saw them): what
+    `track_node` would then do for a plain event is nothing."""
+    ray = process is not None and process.startswith("RayWorker")
+    if ray and not f.get("node").ray:
+        return False
+    if pid is not None and sid is not None and not ray and pid not in f.get("node_pids"):
+        return False
+    return bool(f.get("node_load").session == sid)
+
+
 def track_node(f: Fold, item: Any) -> None:
     """Update the node's record for one input (after the session's handler ran)."""
     if type(item) in _PLAIN:
-        key = (item.process, item.pid, f.sess.id if f.sess is not None else None)
+        sid = f.sess.id if f.sess is not None else None
+        key = (item.process, item.pid, sid)
         seen = f.node_seen
         if key in seen:
             return
         seen.add(key)
+        if _known(f, item.process, item.pid, sid):
+            return
     facts: NodeFacts = f.get("node")
     new_facts = facts
     if isinstance(item, Event):

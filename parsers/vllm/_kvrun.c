@@ -248,6 +248,40 @@ static int span(Cur *c, const char *set, int hi, const unsigned char **at, Py_ss
     return *n > 0;
 }
 
+/* builders.py's `hms_seconds`: tqdm's `MM:SS` / `H:MM:SS` to seconds; None with a `?` or an
+ * empty part. */
+static PyObject *hms(const unsigned char *p, Py_ssize_t n) {
+    long long total = 0, part = 0;
+    int nd = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i] == ':') {
+            if (!nd) Py_RETURN_NONE;
+            total = total * 60 + part, part = 0, nd = 0;
+        } else if (is_digit(p[i])) {
+            part = part * 10 + (p[i] - '0'), nd++;
+        } else {
+            Py_RETURN_NONE;
+        }
+    }
+    if (!nd) Py_RETURN_NONE;
+    return PyFloat_FromDouble((double)(total * 60 + part));
+}
+
+/* builders.py's `_rate`: items per second of `?it/s`, `N.Nit/s` or `N.Ns/it`, or None. */
+static PyObject *rate_of(const unsigned char *p, Py_ssize_t n) {
+    char num[32];
+    if (n < 5 || n - 4 >= (Py_ssize_t)sizeof num || p[0] == '?') Py_RETURN_NONE;
+    memcpy(num, p, n - 4);
+    num[n - 4] = 0;
+    double v = PyOS_string_to_double(num, NULL, NULL);
+    if (v == -1.0 && PyErr_Occurred()) return NULL;
+    if (memcmp(p + n - 4, "s/it", 4) == 0) {
+        if (v == 0.0) Py_RETURN_NONE;
+        v = 1.0 / v;
+    }
+    return PyFloat_FromDouble(v);
+}
+
 /* kvrun.py's `bar_pair`: the prefix record at `s`, `\r`, the strict bar record after it. */
 static PyObject *bar_pair(const unsigned char *d, const unsigned char *end, const unsigned char *s) {
     Cur c = {s, end};
@@ -284,8 +318,8 @@ static PyObject *bar_pair(const unsigned char *d, const unsigned char *end, cons
     rate_n = c.p - rate;
     if (!lit(&c, "]") || c.p != e) return NULL;
     if (coloured(b, e)) return NULL;
-    return Py_BuildValue("(nnny#LLy#y#y#)", s - d, b - d, e - d, desc, desc_n, done, total, el,
-                         el_n, rem, rem_n, rate, rate_n);
+    return Py_BuildValue("(nnny#LLNNN)", s - d, b - d, e - d, desc, desc_n, done, total,
+                         hms(el, el_n), hms(rem, rem_n), rate_of(rate, rate_n));
 }
 
 /* kvrun.py's `load_run`: k/v warning runs and bar pairs from `start`, in order. */

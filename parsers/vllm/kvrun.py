@@ -149,9 +149,9 @@ class BarPair(NamedTuple):
     desc: bytes
     done: int
     total: int
-    elapsed: bytes
-    remaining: bytes
-    rate: bytes
+    elapsed_s: float | None  # as builders.py reads the bar's fields
+    remaining_s: float | None
+    rate_per_s: float | None
 
 
 PREFIX_RECORD = re.compile(rb"\(([A-Za-z][A-Za-z0-9_]{0,63}) pid=([0-9]{1,10})\) ")
@@ -177,7 +177,15 @@ def bar_pair(data: bytes, s: int) -> BarPair | None:
     if m is None or b"0m" in data[b:e] or b"6m" in data[b:e]:
         return None
     return BarPair(
-        s, b, e, m.group(1), int(m.group(2)), int(m.group(3)), m.group(4), m.group(5), m.group(6)
+        s,
+        b,
+        e,
+        m.group(1),
+        int(m.group(2)),
+        int(m.group(3)),
+        hms_seconds(m.group(4).decode()),
+        hms_seconds(m.group(5).decode()),
+        _rate(m.group(6).decode()),
     )
 
 
@@ -210,54 +218,27 @@ def load_run(data: bytes, start: int) -> tuple[int, list[LoadPiece]] | None:
     return (end, pieces) if pieces else None
 
 
-# A load's bars repeat their descriptions, times and rates: each is read once (bounded).
+# A load's bars repeat their descriptions: each is read once (bounded).
 _DESCS: dict[bytes, tuple[str, str, str]] = {}
-_SECONDS: dict[bytes, float | None] = {}
-_RATES: dict[bytes, float | None] = {}
 _CACHE_MAX = 4096
 
 
-def _cached(cache: dict[bytes, Any], key: bytes, read: Callable[[str], Any]) -> Any:
-    if key in cache:
-        return cache[key]
-    if len(cache) >= _CACHE_MAX:
-        cache.clear()
-    value = cache[key] = read(key.decode())
-    return value
+def _desc(desc_b: bytes) -> tuple[str, str, str]:
+    got = _DESCS.get(desc_b)
+    if got is None:
+        if len(_DESCS) >= _CACHE_MAX:
+            _DESCS.clear()
+        desc = desc_b.decode().strip()
+        kind = bar_kind(desc)
+        got = _DESCS[desc_b] = (desc, kind, bar_unit(desc, kind))
+    return got
 
 
-def _desc(text: str) -> tuple[str, str, str]:
-    desc = text.strip()
-    kind = bar_kind(desc)
-    return desc, kind, bar_unit(desc, kind)
-
-
-def bar_event(
-    desc_b: bytes,
-    done: int,
-    total: int,
-    elapsed: bytes,
-    remaining: bytes,
-    rate: bytes,
-    offset: int,
-    process: tuple[str, int],
-) -> ShardProgress:
-    """The `ShardProgress` of a `bar_pair`'s fields, with no time yet (the stream gives it),
-    as builders.py's `_progress` makes it."""
-    desc, kind, unit = _cached(_DESCS, desc_b, _desc)
-    values = (
-        desc,
-        kind,
-        done,
-        total,
-        _cached(_SECONDS, elapsed, hms_seconds),
-        _cached(_SECONDS, remaining, hms_seconds),
-        _cached(_RATES, rate, _rate),
-        unit,
-        offset,
-        None,
-        *process,
-    )
+def bar_event(pair: BarPair, offset: int, process: tuple[str, int]) -> ShardProgress:
+    """The `ShardProgress` of a `bar_pair`, with no time yet (the stream gives it), as
+    builders.py's `_progress` makes it."""
+    desc, kind, unit = _desc(pair[3])
+    values = (desc, kind, *pair[4:9], unit, offset, None, *process)
     event = object.__new__(ShardProgress)
     any(map(object.__setattr__, repeat(event), _PROGRESS_FIELDS, values))
     return event

@@ -73,7 +73,7 @@ def _kv_stretch(stream: EventStream, got: KvRunResult, start: int, base: int) ->
 def _bar_pair(stream: EventStream, data: bytes, pair: BarPair, base: int) -> list[Event]:
     """The events of a bar record and the prefix record before it, as the chunk scanner would
     feed them."""
-    ps, b, e, desc_b, done, total, el, rem, rate = pair
+    ps, b, e, desc_b = pair[:4]
     prefix = data[ps : b - 1].decode()
     known = stream._bar_prefixes.get(prefix)
     if known is None:
@@ -92,7 +92,7 @@ def _bar_pair(stream: EventStream, data: bytes, pair: BarPair, base: int) -> lis
             stream.plain(prefix)
         got = stream.feed_text(data[b:e].decode(), base + b, True)
         if desc is None and known is not False:
-            fast = bar_event(desc_b, done, total, el, rem, rate, base + b, known)
+            fast = bar_event(pair, base + b, known)
             stream._bar_descs[desc_b] = (
                 len(got) == 1 and type(got[0]) is ShardProgress and same_bar(got[0], fast)
             )
@@ -103,9 +103,7 @@ def _bar_pair(stream: EventStream, data: bytes, pair: BarPair, base: int) -> lis
     stats.events += 1
     stats.by_type["shard_progress"] = stats.by_type.get("shard_progress", 0) + 1
     stream._pending_prefix = None
-    event: Event = stream._bar_process(
-        bar_event(desc_b, done, total, el, rem, rate, base + b, known)
-    )
+    event: Event = stream._bar_process(bar_event(pair, base + b, known))
     if stream._last_ts is not None:
         event = stream._timed(event)
     return [event]
