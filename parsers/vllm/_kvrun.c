@@ -62,7 +62,7 @@ static long layer_in(const unsigned char *p, const unsigned char *end) {
     return -1;
 }
 
-typedef struct {
+typedef struct Rec {
     const unsigned char *name, *stamp, *ckpt, *model;
     Py_ssize_t name_n, ckpt_n, model_n;
     long long pid;
@@ -126,6 +126,15 @@ static int record(const unsigned char *s, const unsigned char *e, Rec *r) {
     return !coloured(s, e);
 }
 
+static int by_value(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* kvrun.py's `kv_run` result of a run tallied in C: names decoded, layers in layer order (those
+ * counted in `counts` first, then the rare higher ones of `high`). */
+static PyObject *result(Py_ssize_t count, Py_ssize_t last_start, Py_ssize_t last_end,
+                        const struct Rec *first, const struct Rec *last, const char *scales,
+                        int nscales, const struct Rec *procs, int nprocs, const int *counts,
+                        int *order, int nlayers, PyObject *high);
+
 #define MAX_PROCS 64     /* kvrun.py's MAX_RUN_PROCESSES: a run ends before a 65th process */
 #define DENSE_LAYERS 1024 /* layers counted in an array; higher ones (none known) in the dict */
 
@@ -140,7 +149,7 @@ static PyObject *stretch(const unsigned char *d, const unsigned char *end, Py_ss
     Rec procs[MAX_PROCS];
     int counts[DENSE_LAYERS], order[DENSE_LAYERS];
     memset(counts, 0, sizeof counts);
-    PyObject *layers = PyDict_New(), *plist = NULL, *out = NULL;
+    PyObject *layers = PyDict_New(), *out = NULL;
     if (layers == NULL) goto done;
     while (s < end) {
         const unsigned char *e = record_end(s, end);
@@ -183,30 +192,51 @@ static PyObject *stretch(const unsigned char *d, const unsigned char *end, Py_ss
         out = Py_NewRef(Py_None);
         goto done;
     }
-    for (int i = 0; i < nlayers; i++) {
-        PyObject *k = PyLong_FromLong(order[i]), *v = PyLong_FromLong(counts[order[i]]);
-        int bad = k == NULL || v == NULL || PyDict_SetItem(layers, k, v) < 0;
-        Py_XDECREF(k);
-        Py_XDECREF(v);
-        if (bad) goto done;
-    }
-    plist = PyList_New(nprocs);
-    if (plist == NULL) goto done;
-    for (int i = 0; i < nprocs; i++) {
-        PyObject *key = Py_BuildValue("(y#L)", procs[i].name, procs[i].name_n, procs[i].pid);
-        if (key == NULL) goto done;
-        PyList_SET_ITEM(plist, i, key);
-    }
-    PyObject *sc = PyList_New(nscales);
-    if (sc == NULL) goto done;
-    for (int i = 0; i < nscales; i++)
-        PyList_SET_ITEM(sc, i, PyBytes_FromStringAndSize(&scales[i], 1));
-    out = Py_BuildValue("(nnny#y#y#y#NOO)", last_end, count, last_start, first.stamp,
-                        (Py_ssize_t)14, last.stamp, (Py_ssize_t)14, first.ckpt, first.ckpt_n,
-                        first.model, first.model_n, sc, plist, layers);
+    out = result(count, last_start, last_end, &first, &last, scales, nscales, procs, nprocs, counts,
+                 order, nlayers, layers);
 done:
-    Py_XDECREF(plist);
     Py_XDECREF(layers);
+    return out;
+}
+
+static PyObject *result(Py_ssize_t count, Py_ssize_t last_start, Py_ssize_t last_end,
+                        const struct Rec *first, const struct Rec *last, const char *scales,
+                        int nscales, const struct Rec *procs, int nprocs, const int *counts,
+                        int *order, int nlayers, PyObject *high) {
+    PyObject *sc = NULL, *pt = NULL, *lt = NULL, *items = NULL, *out = NULL;
+    qsort(order, nlayers, sizeof *order, by_value);
+    items = PyDict_Items(high);
+    if (items == NULL || PyList_Sort(items) < 0) goto done;
+    Py_ssize_t nhigh = PyList_GET_SIZE(items);
+    lt = PyTuple_New(nlayers + nhigh);
+    sc = PyTuple_New(nscales);
+    pt = PyTuple_New(nprocs);
+    if (lt == NULL || sc == NULL || pt == NULL) goto done;
+    for (int i = 0; i < nlayers; i++) {
+        PyObject *pair = Py_BuildValue("(ii)", order[i], counts[order[i]]);
+        if (pair == NULL) goto done;
+        PyTuple_SET_ITEM(lt, i, pair);
+    }
+    for (Py_ssize_t i = 0; i < nhigh; i++)
+        PyTuple_SET_ITEM(lt, nlayers + i, Py_NewRef(PyList_GET_ITEM(items, i)));
+    for (int i = 0; i < nscales; i++) {
+        PyObject *x = PyUnicode_FromStringAndSize(&scales[i], 1);
+        if (x == NULL) goto done;
+        PyTuple_SET_ITEM(sc, i, x);
+    }
+    for (int i = 0; i < nprocs; i++) {
+        PyObject *x = Py_BuildValue("(s#L)", procs[i].name, procs[i].name_n, procs[i].pid);
+        if (x == NULL) goto done;
+        PyTuple_SET_ITEM(pt, i, x);
+    }
+    out = Py_BuildValue("(nnny#y#s#s#OOO)", last_end, count, last_start, first->stamp,
+                        (Py_ssize_t)14, last->stamp, (Py_ssize_t)14, first->ckpt, first->ckpt_n,
+                        first->model, first->model_n, sc, pt, lt);
+done:
+    Py_XDECREF(sc);
+    Py_XDECREF(pt);
+    Py_XDECREF(lt);
+    Py_XDECREF(items);
     return out;
 }
 

@@ -12,9 +12,9 @@ the same fields (tests/parsers/test_kv_run.py); anything else takes the usual pa
 search in C is `_scan.c`'s `kv_run` (tests/perf/test_scan_native.py compares them).
 
 The result: None, or (end of the last record, count, start of the last record, first stamp, last
-stamp, first checkpoint name, first model name, scales, processes, layers): scales in order of
-first appearance as b"k"/b"v", processes as (name bytes, pid) likewise, layers as
-{layer: records}.
+stamp, first checkpoint name, first model name, scales, processes, layers), as `KvScaleRun`
+holds them: scales in order of first appearance ("k", "v"), processes as (name, pid) likewise,
+layers as (layer, records) in layer order; the stamps as bytes.
 
 A loader draws its bar between the warnings: `(Worker_TP0 pid=7) ` alone in a record, `\r`, then
 `Loading safetensors checkpoint shards:  42% Completed | 50/119 [01:40<02:18,  2.01s/it]`.
@@ -61,11 +61,11 @@ KvRunResult = tuple[
     int,
     bytes,
     bytes,
-    bytes,
-    bytes,
-    list[bytes],
-    list[tuple[bytes, int]],
-    dict[int, int],
+    str,
+    str,
+    tuple[str, ...],
+    tuple[tuple[str, int], ...],
+    tuple[tuple[int, int], ...],
 ]
 
 
@@ -132,11 +132,11 @@ def kv_run(data: bytes, start: int) -> KvRunResult | None:
         last_start,
         first_stamp,
         last_stamp,
-        first_ckpt,
-        first_model,
-        scales,
-        procs,
-        layers,
+        first_ckpt.decode(),
+        first_model.decode(),
+        tuple(x.decode() for x in scales),
+        tuple((name.decode(), pid) for name, pid in procs),
+        tuple(sorted(layers.items())),
     )
 
 
@@ -223,7 +223,8 @@ _DESCS: dict[bytes, tuple[str, str, str]] = {}
 _CACHE_MAX = 4096
 
 
-def _desc(desc_b: bytes) -> tuple[str, str, str]:
+def bar_desc(desc_b: bytes) -> tuple[str, str, str]:
+    """A bar's description as builders.py reads it: (desc, bar kind, unit)."""
     got = _DESCS.get(desc_b)
     if got is None:
         if len(_DESCS) >= _CACHE_MAX:
@@ -234,11 +235,12 @@ def _desc(desc_b: bytes) -> tuple[str, str, str]:
     return got
 
 
-def bar_event(pair: BarPair, offset: int, process: tuple[str, int]) -> ShardProgress:
-    """The `ShardProgress` of a `bar_pair`, with no time yet (the stream gives it), as
-    builders.py's `_progress` makes it."""
-    desc, kind, unit = _desc(pair[3])
-    values = (desc, kind, *pair[4:9], unit, offset, None, *process)
+def bar_event(
+    pair: BarPair, offset: int, process: tuple[str, int], ts: float | None
+) -> ShardProgress:
+    """The `ShardProgress` of a `bar_pair`, as builders.py's `_progress` makes it."""
+    desc, kind, unit = bar_desc(pair[3])
+    values = (desc, kind, *pair[4:9], unit, offset, ts, *process)
     event = object.__new__(ShardProgress)
     any(map(object.__setattr__, repeat(event), _PROGRESS_FIELDS, values))
     return event
@@ -279,45 +281,27 @@ _RUN_FIELDS = (
     "model_name",
 )
 assert set(_RUN_FIELDS) == {f.name for f in fields(KvScaleRun)}, "KvScaleRun changed"
-_PROCESSES: dict[tuple[tuple[bytes, int], ...], tuple[tuple[str, int], ...]] = {}
-_SCALES: dict[tuple[bytes, ...], tuple[str, ...]] = {}
-_NAMES: dict[bytes, str] = {}
-
-
-def _decoded(cache: dict[Any, Any], key: Any, make: Callable[[Any], Any]) -> Any:
-    value = cache.get(key)
-    if value is None:
-        if len(cache) >= _CACHE_MAX:
-            cache.clear()
-        value = cache[key] = make(key)
-    return value
-
-
-def _processes(procs: tuple[tuple[bytes, int], ...]) -> tuple[tuple[str, int], ...]:
-    return tuple((name.decode(), pid) for name, pid in procs)
 
 
 def run_event(
     got: KvRunResult, start: int, base: int, stamp: Callable[[bytes], float | None]
 ) -> KvScaleRun:
     """The `KvScaleRun` of the `kv_run` result `got` for the run from `start` in a chunk at
-    offset `base`; `stamp`: the stream's stamp resolver. A load's runs repeat their processes,
-    scales and names: each is decoded once (bounded caches)."""
+    offset `base`; `stamp`: the stream's stamp resolver."""
     _end, count, last_start, first_stamp, last_stamp, ckpt, model, scales, procs, layers = got
-    processes = _decoded(_PROCESSES, tuple(procs), _processes)
     values = (
         base + start,
         stamp(first_stamp),
-        processes[0][0],
-        processes[0][1],
+        procs[0][0],
+        procs[0][1],
         count,
         base + last_start,
         stamp(last_stamp),
-        _decoded(_SCALES, tuple(scales), lambda k: tuple(x.decode() for x in k)),
-        tuple(sorted(layers.items())),
-        processes,
-        _decoded(_NAMES, ckpt, bytes.decode),
-        _decoded(_NAMES, model, bytes.decode),
+        scales,
+        layers,
+        procs,
+        ckpt,
+        model,
     )
     event = object.__new__(KvScaleRun)
     any(map(object.__setattr__, repeat(event), _RUN_FIELDS, values))

@@ -17,6 +17,7 @@ from loadwatch.parsers.events import Event, KvScaleRun, ShardProgress
 from loadwatch.parsers.vllm.kvrun import (
     BarPair,
     KvRunResult,
+    bar_desc,
     bar_event,
     best_kv_run,
     best_load_run,
@@ -80,8 +81,8 @@ def _bar_pair(stream: EventStream, data: bytes, pair: BarPair, base: int) -> lis
         lone = stream._heads.lone_prefix(prefix)
         known = lone if lone is not None and not has_needle(prefix, stream.mode) else False
         stream._bar_prefixes[prefix] = known
-    desc = stream._bar_descs.get(desc_b)
-    if known is False or desc is not True:
+    trusted = stream._bar_descs.get(desc_b)
+    if known is False or trusted is not True:
         # the general path: the prefix as the scanner hands it over, then the bar
         out: list[Event]
         if known is False and has_needle(prefix, stream.mode):
@@ -91,8 +92,8 @@ def _bar_pair(stream: EventStream, data: bytes, pair: BarPair, base: int) -> lis
             stream.forget_pending()
             stream.plain(prefix)
         got = stream.feed_text(data[b:e].decode(), base + b, True)
-        if desc is None and known is not False:
-            fast = bar_event(pair, base + b, known)
+        if trusted is None and known is not False:
+            fast = bar_event(pair, base + b, known, None)
             stream._bar_descs[desc_b] = (
                 len(got) == 1 and type(got[0]) is ShardProgress and same_bar(got[0], fast)
             )
@@ -103,7 +104,10 @@ def _bar_pair(stream: EventStream, data: bytes, pair: BarPair, base: int) -> lis
     stats.events += 1
     stats.by_type["shard_progress"] = stats.by_type.get("shard_progress", 0) + 1
     stream._pending_prefix = None
-    event: Event = stream._bar_process(bar_event(pair, base + b, known))
-    if stream._last_ts is not None:
-        event = stream._timed(event)
-    return [event]
+    name = bar_desc(desc_b)[0]
+    stream._bar_owner[name] = known  # (the stream's `_bar_process`: this bar's owner)
+    ts = stream._last_ts  # (the stream's `_timed`)
+    elapsed = pair[6]
+    if ts is not None and elapsed is not None:
+        ts = stream.bar_time(known[0], name, pair[4], elapsed)
+    return [bar_event(pair, base + b, known, ts)]

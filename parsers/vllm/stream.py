@@ -408,13 +408,21 @@ class EventStream:
         """Give a record without a header a time: bars from their own elapsed field."""
         assert self._last_ts is not None
         if isinstance(event, ShardProgress) and event.elapsed_s is not None:
-            key = (event.process, event.desc)
-            anchor = self._bars.get(key)
-            if anchor is None or event.done < anchor.last_done or event.done == 0:
-                anchor = _BarAnchor(self._last_ts - event.elapsed_s, event.done)
-                self._bars[key] = anchor
-            anchor.last_done = event.done
-            set_fields(event, ts=anchor.start_ts + event.elapsed_s)
+            set_fields(
+                event, ts=self.bar_time(event.process, event.desc, event.done, event.elapsed_s)
+            )
         else:
             set_fields(event, ts=self._last_ts)
         return event
+
+    def bar_time(self, process: str | None, desc: str, done: int, elapsed_s: float) -> float:
+        """A bar update's time (its record has no header, a record before it had): the bar's
+        start, from its own elapsed field when it began (or went back), plus its elapsed."""
+        assert self._last_ts is not None
+        key = (process, desc)
+        anchor = self._bars.get(key)
+        if anchor is None or done < anchor.last_done or done == 0:
+            anchor = _BarAnchor(self._last_ts - elapsed_s, done)
+            self._bars[key] = anchor
+        anchor.last_done = done
+        return anchor.start_ts + elapsed_s
