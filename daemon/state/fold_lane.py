@@ -18,7 +18,7 @@ from typing import Any
 
 from loadwatch.daemon.state.fold import Fold
 from loadwatch.daemon.state.fold_log import _tqdm_item_s, on_kv_run
-from loadwatch.daemon.state.forecast import eta_update
+from loadwatch.daemon.state.forecast import eta_updates
 from loadwatch.daemon.state.nodefold import track_node
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import WarningTally
@@ -154,20 +154,21 @@ def _bar_updates(f: Fold, key: str, ups: list[ShardProgress]) -> None:
     done = cur.done
     gap = cur.longest_gap_s
     prev = cur.last_progress_at if cur.last_progress_at is not None else cur.started_at
-    eta = cur.eta
     item_s = cur.tqdm_item_s
-    advanced = False
+    advancing: list[ShardProgress] = []
     for ev in ups:
         if ev.done > done:
             gap = max(gap or 0.0, t - prev)
             prev = t
-            advanced = True
-            if eta is not None:
-                eta = eta_update(eta, t, ev)
+            advancing.append(ev)
             done = ev.done
         x = _tqdm_item_s(ev)
         if x is not None:
             item_s = x
+    advanced = bool(advancing)
+    eta = cur.eta
+    if eta is not None and advancing:
+        eta = eta_updates(eta, t, advancing)
     bars = f.mine("bars")
     bar = bars[key] = f.mine_record(cur)
     d = bar.__dict__

@@ -319,17 +319,22 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
     key = ev.kind if ev.detail is None or ev.kind == "engine_config" else f"{ev.kind}.{ev.detail}"
     m = s.milestones.get(key)
     if m is None:
-        m = MilestoneSeen(ev.kind, ev.detail, 0, t, t, None, None, None, None, None)
-    m = replace(
-        m,
-        count=m.count + 1,
-        last_at=t,
-        seconds=ev.seconds if ev.seconds is not None else m.seconds,
-        gib=ev.gib if ev.gib is not None else m.gib,
-        tokens=ev.tokens if ev.tokens is not None else m.tokens,
-        blocks=ev.blocks if ev.blocks is not None else m.blocks,
-        value=ev.value if ev.value is not None else m.value,
-    )
+        m = MilestoneSeen(
+            ev.kind, ev.detail, 1, t, t, ev.seconds, ev.gib, ev.tokens, ev.blocks, ev.value
+        )
+    else:  # each value the latest the milestone gave
+        m = MilestoneSeen(
+            m.kind,
+            m.detail,
+            m.count + 1,
+            m.first_at,
+            t,
+            ev.seconds if ev.seconds is not None else m.seconds,
+            ev.gib if ev.gib is not None else m.gib,
+            ev.tokens if ev.tokens is not None else m.tokens,
+            ev.blocks if ev.blocks is not None else m.blocks,
+            ev.value if ev.value is not None else m.value,
+        )
     f.mine("milestones")[key] = m
     if ev.kind == "version" and ev.value:
         f.upd(version=ev.value)
