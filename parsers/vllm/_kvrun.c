@@ -397,7 +397,30 @@ done:
     return out;
 }
 
+/* `build(cls, names, values)`: `object.__new__(cls)` with each of `names` set to its value as
+ * `object.__setattr__` sets it (a frozen dataclass's own `__setattr__` is not called): how the
+ * stream makes the events of a run, the fields given in one call. */
+static PyObject *build(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
+        PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "build(cls, names, values): a type and two tuples");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    PyObject *obj = cls->tp_alloc(cls, 0);
+    if (obj == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[1]); i++) {
+        if (PyObject_GenericSetAttr(obj, PyTuple_GET_ITEM(args[1], i),
+                                    PyTuple_GET_ITEM(args[2], i)) < 0) {
+            Py_DECREF(obj);
+            return NULL;
+        }
+    }
+    return obj;
+}
+
 static PyMethodDef methods[] = {
+    {"build", (PyCFunction)(void (*)(void))build, METH_FASTCALL, "build(cls, names, values)"},
     {"kv_run", kv_run, METH_VARARGS, "kv_run(data, start) -> kvrun.py's kv_run"},
     {"load_run", load_run, METH_VARARGS, "load_run(data, start) -> kvrun.py's load_run"},
     {NULL, NULL, 0, NULL},

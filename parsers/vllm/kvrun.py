@@ -235,15 +235,21 @@ def bar_desc(desc_b: bytes) -> tuple[str, str, str]:
     return got
 
 
+def _build(cls: type[Any], names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
+    """`object.__new__(cls)` with its fields set (a frozen dataclass's own way bypassed); the
+    same in C is `_kvrun.c`'s `build`."""
+    event = object.__new__(cls)
+    any(map(object.__setattr__, repeat(event), names, values))
+    return event
+
+
 def bar_event(
     pair: BarPair, offset: int, process: tuple[str, int], ts: float | None
 ) -> ShardProgress:
     """The `ShardProgress` of a `bar_pair`, as builders.py's `_progress` makes it."""
     desc, kind, unit = bar_desc(pair[3])
     values = (desc, kind, *pair[4:9], unit, offset, ts, *process)
-    event = object.__new__(ShardProgress)
-    any(map(object.__setattr__, repeat(event), _PROGRESS_FIELDS, values))
-    return event
+    return build(ShardProgress, _PROGRESS_FIELDS, values)  # type: ignore[no-any-return]
 
 
 def same_bar(a: ShardProgress, b: ShardProgress) -> bool:
@@ -263,6 +269,9 @@ _NATIVE = _native()
 NATIVE_KV_RUN: Callable[[bytes, int], Any] | None = _NATIVE.kv_run if _NATIVE else None
 best_kv_run: Callable[[bytes, int], Any] = NATIVE_KV_RUN if NATIVE_KV_RUN is not None else kv_run
 best_load_run: Callable[[bytes, int], Any] = _NATIVE.load_run if _NATIVE else load_run
+build: Callable[[type[Any], tuple[str, ...], tuple[Any, ...]], Any] = (
+    _NATIVE.build if _NATIVE else _build
+)
 RUN_NEEDLE = b"_scale in the checkpoint (e.g. "  # in every record a run can start with
 
 
@@ -303,6 +312,4 @@ def run_event(
         ckpt,
         model,
     )
-    event = object.__new__(KvScaleRun)
-    any(map(object.__setattr__, repeat(event), _RUN_FIELDS, values))
-    return event
+    return build(KvScaleRun, _RUN_FIELDS, values)  # type: ignore[no-any-return]

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from loadwatch.parsers.events import Event, KvScaleRun, ShardProgress
+from loadwatch.parsers.events import Event, ShardProgress
+from loadwatch.parsers.vllm.builders import _PROGRESS_FIELDS
 from loadwatch.parsers.vllm.kvrun import (
     BarPair,
     KvRunResult,
@@ -21,6 +22,7 @@ from loadwatch.parsers.vllm.kvrun import (
     bar_event,
     best_kv_run,
     best_load_run,
+    build,
     kv_run,
     load_run,
     run_event,
@@ -49,65 +51,76 @@ def read_run(
         return None
     end, pieces = got
     out: list[Event] = []
+    stamp = stream.years.stamp
+    warnings = bars = 0  # records of each, counted into the stream's stats once
     for piece in pieces:  # (start, kv_run result) or a bar pair's fields
         if len(piece) == 2:
             at, kv = cast(tuple[int, KvRunResult], piece)
-            out.append(_kv_stretch(stream, kv, at, base))
+            event = run_event(kv, at, base, stamp)
+            warnings += kv[1]
+            stream._last_ts = event.last_ts
+            out.append(event)
+            continue
+        pair = cast(BarPair, piece)
+        bar = _fast_bar(stream, data, pair, base)
+        if bar is not None:
+            bars += 1
+            out.append(bar)
         else:
-            out += _bar_pair(stream, data, cast(BarPair, piece), base)
+            stream._pending_prefix = None
+            out += _bar_pair(stream, data, pair, base)
+    stream._pending_prefix = None
+    stats = stream.stats
+    stats.records += warnings + 2 * bars  # a bar's record and the prefix record before it
+    stats.candidates += warnings + bars
+    stats.events += warnings + bars
+    by_type = stats.by_type
+    if warnings:
+        by_type["kv_scale_warning"] = by_type.get("kv_scale_warning", 0) + warnings
+    if bars:
+        by_type["shard_progress"] = by_type.get("shard_progress", 0) + bars
     return end, out
 
 
-def _kv_stretch(stream: EventStream, got: KvRunResult, start: int, base: int) -> KvScaleRun:
-    event = run_event(got, start, base, stream.years.stamp)
-    n = event.count
-    stats = stream.stats
-    stats.records += n
-    stats.candidates += n
-    stats.events += n
-    stats.by_type["kv_scale_warning"] = stats.by_type.get("kv_scale_warning", 0) + n
-    stream._pending_prefix = None
-    stream._last_ts = event.last_ts
-    return event
+def _fast_bar(stream: EventStream, data: bytes, pair: BarPair, base: int) -> Event | None:
+    """The `ShardProgress` of a bar pair whose prefix and description are known to read as
+    load_run read them (the stream's `_bar_process` and `_timed` applied); None: not known."""
+    known = stream._bar_prefixes.get(data[pair[0] : pair[1] - 1])
+    if not known or stream._bar_descs.get(pair[3]) is not True:
+        return None
+    desc, kind, unit = bar_desc(pair[3])
+    stream._bar_owner[desc] = known  # (`_bar_process`: this bar's owner)
+    ts = stream._last_ts  # (`_timed`)
+    elapsed = pair[6]
+    if ts is not None and elapsed is not None:
+        ts = stream.bar_time(known[0], desc, pair[4], elapsed)
+    values = (desc, kind, *pair[4:9], unit, base + pair[1], ts, *known)
+    return build(ShardProgress, _PROGRESS_FIELDS, values)  # type: ignore[no-any-return]
 
 
 def _bar_pair(stream: EventStream, data: bytes, pair: BarPair, base: int) -> list[Event]:
-    """The events of a bar record and the prefix record before it, as the chunk scanner would
-    feed them."""
+    """The events of a bar record and the prefix record before it, fed as the chunk scanner
+    would feed them; and whether its prefix and description read as load_run read them (then
+    `_fast_bar` makes the next ones)."""
     ps, b, e, desc_b = pair[:4]
-    prefix = data[ps : b - 1].decode()
-    known = stream._bar_prefixes.get(prefix)
+    prefix_b = data[ps : b - 1]
+    prefix = prefix_b.decode()
+    known = stream._bar_prefixes.get(prefix_b)
     if known is None:
         lone = stream._heads.lone_prefix(prefix)
         known = lone if lone is not None and not has_needle(prefix, stream.mode) else False
-        stream._bar_prefixes[prefix] = known
-    trusted = stream._bar_descs.get(desc_b)
-    if known is False or trusted is not True:
-        # the general path: the prefix as the scanner hands it over, then the bar
-        out: list[Event]
-        if known is False and has_needle(prefix, stream.mode):
-            out = stream.feed_text(prefix, base + ps, True)
-        else:
-            out = []
-            stream.forget_pending()
-            stream.plain(prefix)
-        got = stream.feed_text(data[b:e].decode(), base + b, True)
-        if trusted is None and known is not False:
-            fast = bar_event(pair, base + b, known, None)
-            stream._bar_descs[desc_b] = (
-                len(got) == 1 and type(got[0]) is ShardProgress and same_bar(got[0], fast)
-            )
-        return out + got
-    stats = stream.stats
-    stats.records += 2
-    stats.candidates += 1
-    stats.events += 1
-    stats.by_type["shard_progress"] = stats.by_type.get("shard_progress", 0) + 1
-    stream._pending_prefix = None
-    name = bar_desc(desc_b)[0]
-    stream._bar_owner[name] = known  # (the stream's `_bar_process`: this bar's owner)
-    ts = stream._last_ts  # (the stream's `_timed`)
-    elapsed = pair[6]
-    if ts is not None and elapsed is not None:
-        ts = stream.bar_time(known[0], name, pair[4], elapsed)
-    return [bar_event(pair, base + b, known, ts)]
+        stream._bar_prefixes[prefix_b] = known
+    out: list[Event]
+    if known is False and has_needle(prefix, stream.mode):
+        out = stream.feed_text(prefix, base + ps, True)
+    else:
+        out = []
+        stream.forget_pending()
+        stream.plain(prefix)
+    got = stream.feed_text(data[b:e].decode(), base + b, True)
+    if desc_b not in stream._bar_descs and known is not False:
+        fast = bar_event(pair, base + b, known, None)
+        stream._bar_descs[desc_b] = (
+            len(got) == 1 and type(got[0]) is ShardProgress and same_bar(got[0], fast)
+        )
+    return out + got

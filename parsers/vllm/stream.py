@@ -157,7 +157,7 @@ class EventStream:
         self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
         # `run`'s bar records: prefixes read (process, pid; False: not plain), and descriptions
         # whose general parse agreed with load_run's fields (True) or did not (False)
-        self._bar_prefixes: dict[str, tuple[str, int] | Literal[False]] = {}
+        self._bar_prefixes: dict[bytes, tuple[str, int] | Literal[False]] = {}
         self._bar_descs: dict[bytes, bool] = {}
         self.mode: Mode = "startup"
 
