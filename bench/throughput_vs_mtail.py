@@ -13,9 +13,9 @@ process, `--runs` times (median):
 - `grep -c -E` with the alternation of loadwatch's pre-filter needles;
 - mtail (`--one_shot`) with bench/vllm_load.mtail, which extracts the same facts;
 - a naive Python loop: every line through every regex of that mtail program;
-- loadwatch's pipeline as the daemon runs it: `LogFollower(path, mode="poll")` reads,
-  `ChunkScanner.feed(chunk.data, chunk.offset, chunk.file_id)`, `LoadState.apply_run(events,
-  now)` (a chunk's events in one call); with the C candidate search (parsers/_scan.c) when it is
+- loadwatch's pipeline as the daemon runs it: `LogFollower(path, mode="poll")` reads, its
+  chunks `joined` as the log source joins them, `ChunkScanner.feed(chunk.data, chunk.offset,
+  chunk.file_id)`, `LoadState.apply_run(events, now)` (a chunk's events in one call); with the C candidate search (parsers/_scan.c) when it is
   built; beside it the same pipeline with `[events] fold = true` ("lw folded": a run of plain
   k/v scale warnings is one event, `ChunkScanner(runs=True)`) and with the Python search
   ("loadwatch py").
@@ -76,6 +76,7 @@ NAIVE = {
 
 
 def work_loadwatch(path: str, native: bool = True, runs: bool = False) -> dict[str, object]:
+    from loadwatch.daemon.sources.inputs import joined
     from loadwatch.daemon.sources.log.follower import LogFollower
     from loadwatch.daemon.state.loadstate import LoadState
     from loadwatch.parsers import ChunkScanner, EventStream, ShardProgress
@@ -87,7 +88,7 @@ def work_loadwatch(path: str, native: bool = True, runs: bool = False) -> dict[s
     state = LoadState()
     weight_updates = 0
     while True:
-        for chunk in follower.read():
+        for chunk in joined(follower.read()):  # as the daemon's log source hands them over
             events = scanner.feed(chunk.data, chunk.offset, chunk.file_id)
             for ev in events:
                 if type(ev) is ShardProgress and ev.bar == "weights":

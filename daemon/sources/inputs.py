@@ -27,6 +27,48 @@ class Chunk:
     cut: bool = False
 
 
+JOIN_BYTES = 256 * 1024  # a backlog read as pieces of this size (see `joined`)
+
+
+def joined(chunks: list[Chunk], limit: int = JOIN_BYTES) -> list[Chunk]:
+    """Back-to-back chunks of one file's own bytes as chunks of up to `limit` bytes. The
+    follower reads at most a record's cap at a time; handing a backlog over in larger pieces
+    costs a copy and saves the per-piece work of everything after it. Larger pieces gain
+    nothing: a chunk's candidate records are searched again from where the log's mode changed
+    (a vLLM start, a server up), so that search grows with the piece."""
+    out: list[Chunk] = []
+    run: list[Chunk] = []
+    size = 0
+
+    def close() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            first, last = run[0], run[-1]
+            data = b"".join(c.data for c in run)
+            out.append(Chunk(data, first.offset, first.file_id, last.next_offset))
+
+    for c in chunks:
+        whole = not c.cut and c.offset + len(c.data) == c.next_offset
+        follows = (
+            run
+            and whole
+            and c.file_id == run[-1].file_id
+            and c.offset == run[-1].next_offset
+            and size + len(c.data) <= limit
+        )
+        if not follows:
+            close()
+            run, size = [], 0
+        if whole:
+            run.append(c)
+            size += len(c.data)
+        else:
+            out.append(c)
+    close()
+    return out
+
+
 # -- GPUs -------------------------------------------------------------------------------------
 
 GpuHealth = Literal["ok", "lost", "error", "stale", "unknown"]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from loadwatch.daemon.sources.inputs import joined
 from loadwatch.daemon.sources.log.container import spool, spool_if_container
 from loadwatch.daemon.sources.log.follower import DEFAULT_MAX_READ_BYTES, FollowerError, LogFollower
 from loadwatch.daemon.sources.log.gzipped import GZIP_MAGIC, inflate_into
@@ -200,7 +201,7 @@ class LogReader:
             raise InputError(f"{self.path}: {exc}", EX_USAGE) from None
         try:
             while True:
-                for chunk in follower.read():
+                for chunk in joined(follower.read()):
                     names.feed(chunk.data)
                     for ev in scanner.feed(chunk.data, chunk.offset, chunk.file_id):
                         self.events_total += 1

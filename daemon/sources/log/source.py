@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadwatch.daemon.sources.inputs import Chunk
+from loadwatch.daemon.sources.inputs import Chunk, joined
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
 from loadwatch.daemon.sources.log.container import ContainerLogDecoder, LogFormat, decode_bytes
 from loadwatch.daemon.sources.log.emitmark import EmitMark, Written
@@ -179,6 +179,7 @@ class LogSource:
             chunks = follower.read()
             if self._decoder is not None:
                 chunks = self._decoder.decode(chunks)
+            chunks = joined(chunks)
         except FollowerError as exc:
             out.append(_problem(f"log {follower.path}: {exc}"))
             chunks = []
