@@ -96,7 +96,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class EventsConfig:
     stdout: Literal["transitions", "all", "none"] = "transitions"
-    fold: bool = False  # true: a run of plain k/v scale warnings is one `log.kv_scale_run` line
+    fold: bool = True  # a run of plain k/v scale warnings is one `log.kv_scale_run` line (false: a line per record)
 
 
 @dataclass(frozen=True)
@@ -298,7 +298,7 @@ def _vllm_fields(t: _Table) -> dict[str, Any]:
 def _events_fields(t: _Table) -> dict[str, Any]:
     return {
         "stdout": t.choice("stdout", "transitions", ("transitions", "all", "none")),
-        "fold": t.boolean("fold", False),
+        "fold": t.boolean("fold", True),
     }
 
 

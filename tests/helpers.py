@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -39,17 +40,21 @@ def wait_for(
 
 def per_record(events: list[dict[str, Any]], logs: Iterable[bytes]) -> list[dict[str, Any]]:
     """The event log's lines with each folded `log.kv_scale_run` line written out as the records
-    it stands for, one `log.kv_scale_warning` line each at its own offset (event, offset and the
-    replay mark only), as `[events] fold = false` writes them. `logs`: the bytes of the files
-    the offsets point into; a folded line must stand for exactly `count` k/v warning records of
-    one of them, from its first offset to its last, or this fails."""
+    it stands for, one `log.kv_scale_warning` line each with that record's fields (and the
+    folded line's replay mark), as `[events] fold = false` writes them. `logs`: the bytes of the
+    files the offsets point into; a folded line must stand for exactly `count` k/v warning
+    records of one of them, from its first offset to its last, or this fails."""
     from loadwatch.parsers import ChunkScanner, KvScaleWarning
 
     kv: list[list[int]] = []
+    fields: dict[int, dict[str, Any]] = {}  # a record's line, by its offset
     for data in logs:
         scanner = ChunkScanner()
-        evs = scanner.feed(data) + scanner.stream.flush()
-        kv.append([e.offset for e in evs if type(e) is KvScaleWarning])
+        evs = [e for e in scanner.feed(data) + scanner.stream.flush() if type(e) is KvScaleWarning]
+        kv.append([e.offset for e in evs])
+        for e in evs:
+            doc = {k: v for k, v in e.to_dict().items() if v is not None and k != "type"}
+            fields.setdefault(e.offset, json.loads(json.dumps(doc)))
     out: list[dict[str, Any]] = []
     for e in events:
         if e.get("event") != "log.kv_scale_run":
@@ -62,5 +67,5 @@ def per_record(events: list[dict[str, Any]], logs: Iterable[bytes]) -> list[dict
         )
         assert records is not None, f"a folded line stands for no {count} records: {e}"
         mark = {"replay": True} if e.get("replay") else {}
-        out += [{"event": "log.kv_scale_warning", "offset": o, **mark} for o in records]
+        out += [{"event": "log.kv_scale_warning", **fields[o], **mark} for o in records]
     return out

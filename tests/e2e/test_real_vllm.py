@@ -43,6 +43,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.realdaemon import DaemonProc, kill_leftovers, leftovers, supervise_config
+from tests.helpers import per_record
 from tests.realvllm.vllmproc import ServerSpec, free_port, server_argv, server_env, vllm_python
 
 # Each test may wait on vLLM starts of a minute or more; the module fixtures count towards the
@@ -503,7 +504,8 @@ def test_load_to_ready_and_a_real_completion(serving: Serving) -> None:
     assert w["count"] == 2 * LAYERS and w["layers"] == list(range(LAYERS))
     assert sorted(w["scales"]) == ["k", "v"] and w["processes"]
     assert "fp8" in w["reason"].lower() or "not" in w["reason"].lower(), w["reason"]
-    scale_events = d.named("log.kv_scale_warning")
+    lines = per_record(d.events(), [d.vllm_log.read_bytes()])  # folded lines written out
+    scale_events = [e for e in lines if e["event"] == "log.kv_scale_warning"]
     assert sorted((e["layer"], e["scale"]) for e in scale_events) == sorted(
         (layer, kv) for layer in range(LAYERS) for kv in "kv"
     )
