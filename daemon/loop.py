@@ -73,7 +73,7 @@ class Daemon:
         self.notifier = notifier or SdNotifier({})
         self.redactor = self.feed.redactor
         self.started_at = clock()
-        self.state = LoadState(config=self._state_config())
+        self.state = LoadState(config=state_config(self.cfg))
         self.tally = Tally()
         self.publisher = Publisher(self)
         self.on_publish = self.publisher.hooks
@@ -84,15 +84,6 @@ class Daemon:
         self.models = ModelDirs(self)
         self.orphans = OrphanChecks(self)
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _state_config(self) -> StateConfig:
-        f = self.cfg.forecast
-        return StateConfig(
-            max_sessions=self.cfg.sessions_kept,
-            stall_k=f.stall_factor,
-            stall_floor_s=f.stall_floor_s,
-            require_completion=self.cfg.vllm is not None and self.cfg.vllm.servable,
-        )
 
     @property
     def published(self) -> Published | None:
@@ -287,7 +278,9 @@ class Daemon:
                 asyncio.create_task(tasks.sample_io(self, self._supervised_pids), name="io")
             )
         elif source is not None:
-            made.append(asyncio.create_task(tasks.sample_io(self, self._logged_pids), name="io"))
+            made.append(
+                asyncio.create_task(tasks.sample_io(self, lambda: logged_pids(self)), name="io")
+            )
         made.append(asyncio.create_task(VllmWatch(self).run(), name="health"))
         if self.notifier.watchdog_interval_s:
             made.append(asyncio.create_task(self.notifier.run_watchdog(), name="watchdog"))
@@ -317,15 +310,6 @@ class Daemon:
                     self.feed.line("vllm.supervisor_done", state=str(self.supervisor.state))
         self.notifier.stopping("stopping")
         return await self._shutdown(pending)
-
-    def _logged_pids(self) -> tuple[int, ...]:
-        """Watch mode: the pids of the log's prefixes that are vLLM processes here (a handed
-        reader, a simulated one, takes them all)."""
-        if self.io_reader is not None:
-            return self.state.node_pids
-        from loadwatch.daemon.sources.proc.io_counters import vllm_processes
-
-        return vllm_processes(self.state.node_pids)
 
     def _supervised_pids(self) -> tuple[int, ...]:
         pid = self.supervisor.pid if self.supervisor is not None else None
@@ -359,6 +343,27 @@ class Daemon:
         self.publish()
         self.feed.line("daemon.stopped")
         return 0
+
+
+def state_config(cfg: Config) -> StateConfig:
+    """The state's settings, from the daemon's."""
+    f = cfg.forecast
+    return StateConfig(
+        max_sessions=cfg.sessions_kept,
+        stall_k=f.stall_factor,
+        stall_floor_s=f.stall_floor_s,
+        require_completion=cfg.vllm is not None and cfg.vllm.servable,
+    )
+
+
+def logged_pids(d: Daemon) -> tuple[int, ...]:
+    """Watch mode: the pids of the log's prefixes that are vLLM processes here (a handed
+    reader, a simulated one, takes them all)."""
+    if d.io_reader is not None:
+        return d.state.node_pids
+    from loadwatch.daemon.sources.proc.io_counters import vllm_processes
+
+    return vllm_processes(d.state.node_pids)
 
 
 BULK = (KvScaleWarning, KvScaleRun, ShardProgress)  # a load's many records: bars and warnings

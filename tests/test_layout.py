@@ -115,3 +115,22 @@ def test_no_import_cycle_between_daemon_and_exporters() -> None:
         if m not in seen:
             cycle = visit(m, [m])
             assert cycle is None, " -> ".join(cycle)
+
+
+MODULE_MAX_LINES = 500
+CLASS_MAX_LINES = 300
+
+
+def test_modules_and_classes_stay_small() -> None:
+    too_long = []
+    for name, path in modules().items():
+        src = path.read_text()
+        lines = src.count("\n")
+        if lines > MODULE_MAX_LINES:
+            too_long.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                size = node.end_lineno - node.lineno + 1
+                if size > CLASS_MAX_LINES:
+                    too_long.append(f"{name}.{node.name}: {size} lines")
+    assert len(modules()) > 100 and not too_long, too_long
