@@ -4,9 +4,11 @@
 
 The load-phase log of bench/throughput_vs_mtail.py (generated the same way, seeded: Kimi-K2.5-like
 starts, ~200,000 lines, nearly every line an event) through the same pipeline, one stage at a
-time in one process: the follower reads every chunk, the chunk scanner turns them into events,
-`LoadState.apply_run` folds each chunk's events in one call as the daemon does (and, to split
-the fold's time by event type, `LoadState.apply` one event at a time, timed per event). Beside
+time in one process: the follower reads every chunk (joined as the log source joins them), the
+chunk scanner turns them into events, one per record and (the daemon's default) with runs of
+plain k/v warnings grouped, `LoadState.apply_run` folds each chunk's events in one call as the
+daemon does (and, to split the fold's time by event type, `LoadState.apply` one event at a
+time, timed per event). Beside
 it, in the same run, two floors for the per-layer k/v scale warnings, which are most of the lines: one compiled regex
 matching the whole warning record over the file (`finditer`, nothing per match), and a bare
 Python loop over the lines. The last line is key=value pairs.
@@ -17,10 +19,9 @@ the time loadwatch would have for the whole file at 3x mtail; beside it the cost
 events the file yields, alone: every event made again from its own field values, the cheapest way
 Python has (`object.__new__` and `object.__setattr__`, as the stream's recipes make them), with no
 parsing and no folding, the least a fold can do per k/v warning, and the weights bars' ETA
-estimator alone, fed every bar update as the fold feeds it. The design gives one event per parsed
-record (the event log writes each) and an ETA from every bar update: what reading the file,
-building its events, that least fold and the estimator leave of the budget (`floors_s` against
-`budget_3x_s`) is all that parsing ~200,000 records and every other fold could take.
+estimator alone, fed every bar update as the fold feeds it: the floors of one event per parsed
+record and an ETA from every bar update, taken one by one (`floors_s` against `budget_3x_s`),
+which grouping runs and folding a burst in one pass (fold_lane.py) get below.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pathlib import Path
 from loggen import load_log
 from throughput_vs_mtail import MTAIL_PROGRAM, measured, mtail_counts, tools
 
+from loadwatch.daemon.sources.inputs import joined
 from loadwatch.daemon.sources.log.follower import LogFollower
 from loadwatch.daemon.state.forecast import EtaConfig, EtaState
 from loadwatch.daemon.state.loadstate import LoadState
@@ -162,7 +164,7 @@ def main() -> int:
         follower = LogFollower(path, mode="poll")
         chunks = []
         while True:
-            chunks += follower.read()
+            chunks += joined(follower.read())  # as the daemon's log source hands them over
             if not follower.backlog:
                 break
         lines = follower.health().records_total
@@ -176,7 +178,8 @@ def main() -> int:
         for run in runs:  # as the daemon folds them: a chunk's events in one call
             state = state.apply_run(run, now)
         t3 = time.perf_counter()
-        # the same with runs of plain k/v warnings grouped (ChunkScanner `runs=True`)
+        # the same with runs of plain k/v warnings grouped (ChunkScanner `runs=True`: the
+        # daemon's default, `[events] fold = true`)
         grouped_scanner = ChunkScanner(EventStream(ref_ts=time.time()), runs=True)
         gruns = [grouped_scanner.feed(c.data, c.offset, c.file_id) for c in chunks]
         t4 = time.perf_counter()
@@ -225,7 +228,8 @@ def main() -> int:
         print(f"{name:28} {s:6.2f} {s / lines * 1e6:8.2f} {s / len(events) * 1e6:9.2f}")
     print(f"{'all':28} {total:6.2f} {total / lines * 1e6:8.2f}   = {lines / total:,.0f} records/s")
     print(
-        f"k/v warning runs grouped ({gevents:,} events; state {'equal' if same else 'DIFFERENT'}):"
+        f"k/v warning runs grouped, the default ({gevents:,} events; state "
+        f"{'equal' if same else 'DIFFERENT'}):"
     )
     for name, s in (("  scan + parse", gparse_s), ("  fold (per chunk)", gfold_s)):
         print(f"{name:28} {s:6.2f} {s / lines * 1e6:8.2f} {s / gevents * 1e6:9.2f}")
@@ -268,8 +272,8 @@ def main() -> int:
             f"{third:.2f} s for the whole file. Reading it, building the events and the least "
             f"fold of the k/v warnings take {least:.2f} s of that ({least / third:.0%}); with "
             f"the ETA estimator's updates {floors:.2f} s ({floors / third:.0%}), before any "
-            f"parsing and any other fold; loadwatch now: {mtail_net / total:.2f}x mtail, "
-            f"{mtail_net / gtotal:.2f}x with k/v warning runs grouped"
+            f"parsing and any other fold; loadwatch now: {mtail_net / gtotal:.2f}x mtail with "
+            f"k/v warning runs grouped (the default), {mtail_net / total:.2f}x one event per record"
         )
         budget = (
             f" floors_s={floors:.2f} mtail_s={mtail_net:.2f} budget_3x_s={third:.2f}"
