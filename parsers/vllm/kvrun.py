@@ -9,7 +9,7 @@ prefix, a bracketed WARNING header whose stamp is a real date, nothing else afte
 but its own `. X_scale is not loaded.`), stopping at the first record of any other shape or
 whose stamp goes back. Whatever it accepts, the event stream parses to one `KvScaleWarning` with
 the same fields (tests/parsers/test_kv_run.py); anything else takes the usual path. The same
-search in C is `_scan.c`'s `kv_run` (tests/perf/test_scan_native.py compares them).
+search in C is `_kvrun.c`'s `kv_run` (tests/perf/test_scan_native.py compares them).
 
 The result: None, or (end of the last record, count, start of the last record, first stamp, last
 stamp, first checkpoint name, first model name, scales, processes, layers), as `KvScaleRun`
@@ -18,11 +18,12 @@ layers as (layer, records) in layer order; the stamps as bytes.
 
 A loader draws its bar between the warnings: `(Worker_TP0 pid=7) ` alone in a record, `\r`, then
 `Loading safetensors checkpoint shards:  42% Completed | 50/119 [01:40<02:18,  2.01s/it]`.
-`load_run` goes on across such pairs of the one strict shape (`BAR_PAIR`), so a load's warnings
+`load_run` goes on across such pairs of the one strict shape (`bar_pair`), so a load's warnings
 and bar updates are one run however they interleave: (end of the last record, pieces), each
 piece `(start, kv_run result)` for warnings back to back, or a `BarPair` for a bar record and the
-prefix before it. The stream turns a bar piece into the event feeding both records would give
-(stream.py's `run`); `_kvrun.c`'s `load_run` is the same search in C.
+prefix before it. runs.py turns a bar piece into the event feeding both records would give;
+`_kvrun.c`'s `load_run` is the same search in C. It stops at a record of any other shape, and
+reads bars only in the modes in which they are candidates (runs.py's `BAR_MODES`).
 """
 
 from __future__ import annotations
