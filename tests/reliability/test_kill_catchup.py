@@ -28,6 +28,9 @@ from tests.reliability.test_kill_restart import _args, _identity, _read_events
 SEED = 20261201
 KILLS = 20
 PER_KILL = 3  # loads appended before each restart: a backlog the daemon is still reading
+# The event log a line per record: its writing is what a kill must land in (`cut_runs`), and
+# folded lines leave little of it (tests/sources/log/test_source_model.py's folded model kills
+# at any record)
 
 
 def _loads(n: int) -> list[str]:
@@ -53,7 +56,7 @@ def test_kills_while_catching_up_leave_every_event_once_and_none_marked(tmp_path
     loads = _loads(PER_KILL * KILLS + 1)
     log = tmp_path / "vllm.log"
     log.write_text(loads[0])
-    args = _args(tmp_path, log, None, "killed")
+    args = _args(tmp_path, log, None, "killed", fold=False)
     mark = tmp_path / "state-killed" / "follower" / checkpoint_name(log)
     mark = mark.with_name(mark.name.replace("follower-", "events-", 1))
     cut_runs = 0
@@ -72,7 +75,7 @@ def test_kills_while_catching_up_leave_every_event_once_and_none_marked(tmp_path
     got, ref = {}, {}
     for name, store in (("killed", got), ("ref", ref)):
         d = DaemonProc(
-            _args(tmp_path, log, None, name), tmp_path / f"out-{name}.jsonl", prewarm=True
+            _args(tmp_path, log, None, name, fold=False), tmp_path / f"out-{name}.jsonl", prewarm=True
         )
         d.go()
         d.wait_listening()
