@@ -75,7 +75,9 @@ def test_kills_while_catching_up_leave_every_event_once_and_none_marked(tmp_path
     got, ref = {}, {}
     for name, store in (("killed", got), ("ref", ref)):
         d = DaemonProc(
-            _args(tmp_path, log, None, name, fold=False), tmp_path / f"out-{name}.jsonl", prewarm=True
+            _args(tmp_path, log, None, name, fold=False),
+            tmp_path / f"out-{name}.jsonl",
+            prewarm=True,
         )
         d.go()
         d.wait_listening()
