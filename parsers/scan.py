@@ -39,6 +39,7 @@ from loadwatch.parsers.events import Event, Record
 from loadwatch.parsers.grammar import Grammar, Stream, load
 
 DENSE_SHARE = 0.5  # candidates this share of a chunk: search the other anchors between them
+WINDOW_BYTES = 64 * 1024  # the C search's reach in one call (records past it: the next call)
 
 
 def _load_native() -> ModuleType | None:
@@ -212,9 +213,17 @@ class ChunkScanner:
                 pos = self._walk(data, pos, base, file_id, out)
                 continue
             mode = stream.mode
+            stop = n
             if self._native is not None:
+                # A window of whole records: what a mode change makes be searched again (the
+                # rest of the window, with the new mode's needles) stays this small
+                if n - pos > WINDOW_BYTES:
+                    stop = data.find(b"\n", pos + WINDOW_BYTES) + 1 or n
                 candidates, quiet = self._native.candidates(
-                    data, pos, self._plans[mode], mode in self._native_quiet
+                    data if stop == n else memoryview(data)[:stop],
+                    pos,
+                    self._plans[mode],
+                    mode in self._native_quiet,
                 )
             else:
                 if cr is None:
@@ -251,6 +260,9 @@ class ChunkScanner:
             else:
                 if r < len(quiet):  # after the last candidate: at most one run
                     pos = self._quiet(quiet[r], base)
+                if stop < n:  # the next window
+                    pos = max(pos, stop)
+                    continue
                 break
         if stream.in_traceback:
             self._walk(data, pos, base, file_id, out)

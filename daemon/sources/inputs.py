@@ -33,9 +33,9 @@ JOIN_BYTES = 256 * 1024  # a backlog read as pieces of this size (see `joined`)
 def joined(chunks: list[Chunk], limit: int = JOIN_BYTES) -> list[Chunk]:
     """Back-to-back chunks of one file's own bytes as chunks of up to `limit` bytes. The
     follower reads at most a record's cap at a time; handing a backlog over in larger pieces
-    costs a copy and saves the per-piece work of everything after it. Larger pieces gain
-    nothing: a chunk's candidate records are searched again from where the log's mode changed
-    (a vLLM start, a server up), so that search grows with the piece."""
+    costs a copy and saves the per-piece work of everything after it (on the load-phase log of
+    bench/throughput_vs_mtail.py, 64 KiB to 256 KiB: the scan and fold about 20% faster; 1 MiB
+    gains nothing more)."""
     out: list[Chunk] = []
     run: list[Chunk] = []
     size = 0

@@ -35,7 +35,7 @@ LOAD, LOAD_COUNTS = load_log()
         ("serving-coloured", coloured(SERVING)),
     ],
 )
-@pytest.mark.parametrize("chunk", [977, 65536])
+@pytest.mark.parametrize("chunk", [977, 65536, 1 << 20])  # the last: several search windows
 @pytest.mark.parametrize("native", [True, False], ids=["C", "python"])
 def test_chunk_scanner_equals_record_by_record_on_generated_logs(
     name: str, data: bytes, chunk: int, native: bool
