@@ -110,6 +110,7 @@ static int record(const unsigned char *s, const unsigned char *e, Rec *r) {
     const unsigned char *src = c.p;
     while (c.p < e && c.p - src < 200 && *c.p >= 0x21 && *c.p <= 0x7e && *c.p != ']') c.p++;
     if (c.p == src) return 0;
+    const unsigned char *src_end = c.p;
     if (!lit(&c, "] Found ")) return 0;
     if (c.p >= e || (*c.p != 'k' && *c.p != 'v')) return 0;
     r->scale = (char)*c.p++;
@@ -123,7 +124,10 @@ static int record(const unsigned char *s, const unsigned char *e, Rec *r) {
         c.p++;
         if (!lit(&c, "_scale is not loaded.") || c.p != e) return 0;
     }
-    return !coloured(s, e);
+    /* A colour code's "0m" or "6m" can only be within the parts that vary: the literals hold
+     * none, and none ends in a digit before a part or starts with "m" after one. */
+    return !(coloured(r->name, r->name + r->name_n) || coloured(src, src_end) ||
+             coloured(r->ckpt, r->ckpt + r->ckpt_n) || coloured(r->model, r->model + r->model_n));
 }
 
 static int by_value(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
