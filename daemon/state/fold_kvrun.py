@@ -4,6 +4,8 @@ records one `KvScaleWarning` each (tests/state/test_kv_run_fold.py compares them
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from loadwatch.daemon.state.fold import Fold
 from loadwatch.daemon.state.fold_log import _activity
 from loadwatch.daemon.state.nodefold import track_node
@@ -17,6 +19,21 @@ def on_kv_group(f: Fold, g: KvScaleRun) -> None:
     s = f.ensure_session(t)
     if s.stall is not None and s.stall.kind == "quiet":
         _activity(f, t)
+    last = t
+    if f.replay and g.count > 1 and g.last_ts is not None:
+        # `Fold.at` of each later record: stamps never go back within a run, so the last decides
+        last = min(max(t, g.last_ts + f.offset), f.now)
+    tally_groups(f, (g,), t, last)
+    seen, sid = f.node_seen, f.s.id
+    for p, pid in g.processes:  # the node sees each (process, pid) once, as with one event each
+        if (p, pid, sid) not in seen:  # (`track_node` would return at once)
+            track_node(f, KvScaleWarning(scale="k", process=p, pid=pid))
+
+
+def tally_groups(f: Fold, groups: Sequence[KvScaleRun], first: float, last: float) -> None:
+    """The session's k/v warning tally after `groups`, runs back to back whose first record
+    happened at `first` and last at `last`: what their records one at a time would leave (the
+    node's part aside). fold_lane.py tallies a live burst's runs in one call."""
     cfg = f.cfg
     warnings = f.mine("warnings")
     code = "kv_scale_missing"
@@ -24,38 +41,32 @@ def on_kv_group(f: Fold, g: KvScaleRun) -> None:
         code = "other"
     w = warnings.get(code)
     if w is None:
-        message = (g.checkpoint_name or "")[:300]
-        w = f.made(WarningTally(code, "warning", 0, t, t, 0, 0, frozenset(), frozenset(), message))
+        message = (groups[0].checkpoint_name or "")[:300]
+        w = WarningTally(code, "warning", 0, first, first, 0, 0, frozenset(), frozenset(), message)
+        w = f.made(w)
     else:
         w = f.mine_record(w)
     warnings[code] = w
     mask, over, scales, procs = w.layers_mask, w.layers_over, w.scales, w.processes
     max_layer, max_procs = cfg.max_layer, cfg.max_processes
-    if f.replay and g.count > 1 and g.last_ts is not None:
-        # `Fold.at` of each later record: stamps never go back within a run, so the last decides
-        t = max(t, g.last_ts + f.offset)
-        t = min(t, f.now)
-    for layer, records in g.layers:
-        if 0 <= layer < max_layer:
-            mask |= 1 << layer
-        else:
-            over += records
-    if not scales.issuperset(g.scales):
-        scales = scales | set(g.scales)
-    for p, _pid in g.processes:
-        if p and p not in procs and len(procs) < max_procs:
-            procs = procs | {p}
+    count = 0
+    for g in groups:
+        count += g.count
+        for layer, records in g.layers:
+            if 0 <= layer < max_layer:
+                mask |= 1 << layer
+            else:
+                over += records
+        if not scales.issuperset(g.scales):
+            scales = scales | set(g.scales)
+        for p, _pid in g.processes:
+            if p and p not in procs and len(procs) < max_procs:
+                procs = procs | {p}
     d = w.__dict__
     d["layers_mask"], d["layers_over"], d["scales"], d["processes"] = mask, over, scales, procs
-    d["count"] = w.count + g.count
-    d["last_at"] = t
-    sess = f.sess
-    assert sess is not None  # (`ensure_session` made it)
-    sd = sess.__dict__  # (the draft: `mine` made it)
-    sd["warnings_total"] += g.count
-    sd["last_event_at"] = t
+    d["count"] = w.count + count
+    d["last_at"] = last
+    sd = f.draft().__dict__
+    sd["warnings_total"] += count
+    sd["last_event_at"] = last
     sd["log_seen"] = True
-    seen, sid = f.node_seen, sess.id
-    for p, pid in g.processes:  # the node sees each (process, pid) once, as with one event each
-        if (p, pid, sid) not in seen:  # (`track_node` would return at once)
-            track_node(f, KvScaleWarning(scale="k", process=p, pid=pid))

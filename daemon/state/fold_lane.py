@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadwatch.daemon.state.fold import Fold
+from loadwatch.daemon.state.fold_kvrun import tally_groups
 from loadwatch.daemon.state.fold_log import _tqdm_item_s, on_kv_run
 from loadwatch.daemon.state.forecast import eta_updates
 from loadwatch.daemon.state.nodefold import track_node
 from loadwatch.daemon.state.records import evolve
-from loadwatch.daemon.state.session import WarningTally
 from loadwatch.parsers.events import KvScaleRun, KvScaleWarning, ShardProgress
 
 LANE_INPUTS = frozenset({KvScaleRun, KvScaleWarning, ShardProgress})
@@ -82,7 +82,7 @@ def fold_lane(f: Fold, seq: Sequence[Any], i: int, j: int) -> None:
                     track_node(f, KvScaleWarning(scale="k", process=p, pid=pid))
         elif cls is KvScaleWarning:
             if groups:  # the tally in record order (its first message, its process cap)
-                _kv_groups(f, groups)
+                tally_groups(f, groups, f.now, f.now)
                 groups = []
             m = k + 1
             while m < j and type(seq[m]) is KvScaleWarning:
@@ -101,50 +101,9 @@ def fold_lane(f: Fold, seq: Sequence[Any], i: int, j: int) -> None:
                 track_node(f, item)
         k += 1
     if groups:
-        _kv_groups(f, groups)
+        tally_groups(f, groups, f.now, f.now)
     for key, ups in updates.items():
         _bar_updates(f, key, ups)
-
-
-def _kv_groups(f: Fold, groups: list[KvScaleRun]) -> None:
-    """fold_kvrun.py's `on_kv_group` of each of `groups` (live, no stall), but the node's part
-    (`fold_lane` did it in order): one tally update for all."""
-    t = f.now
-    cfg = f.cfg
-    warnings = f.mine("warnings")
-    code = "kv_scale_missing"
-    if code not in warnings and len(warnings) >= cfg.max_warning_codes:
-        code = "other"
-    w = warnings.get(code)
-    if w is None:
-        message = (groups[0].checkpoint_name or "")[:300]
-        w = f.made(WarningTally(code, "warning", 0, t, t, 0, 0, frozenset(), frozenset(), message))
-    else:
-        w = f.mine_record(w)
-    warnings[code] = w
-    mask, over, scales, procs = w.layers_mask, w.layers_over, w.scales, w.processes
-    max_layer, max_procs = cfg.max_layer, cfg.max_processes
-    count = 0
-    for g in groups:
-        count += g.count
-        for layer, records in g.layers:
-            if 0 <= layer < max_layer:
-                mask |= 1 << layer
-            else:
-                over += records
-        if not scales.issuperset(g.scales):
-            scales = scales | set(g.scales)
-        for p, _pid in g.processes:
-            if p and p not in procs and len(procs) < max_procs:
-                procs = procs | {p}
-    d = w.__dict__
-    d["layers_mask"], d["layers_over"], d["scales"], d["processes"] = mask, over, scales, procs
-    d["count"] = w.count + count
-    d["last_at"] = t
-    sd = f.draft().__dict__
-    sd["warnings_total"] += count
-    sd["last_event_at"] = t
-    sd["log_seen"] = True
 
 
 def _bar_updates(f: Fold, key: str, ups: list[ShardProgress]) -> None:

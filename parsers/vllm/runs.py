@@ -33,6 +33,8 @@ from loadwatch.parsers.vllm.segment import PREFILTER, has_needle
 if TYPE_CHECKING:
     from loadwatch.parsers.vllm.stream import EventStream
 
+CACHE_MAX = 4096  # prefixes and descriptions read (bounded: a long-lived daemon sees many)
+
 # The modes in which a bar record is a candidate (holds a needle): only then does a run go on
 # across bars, as feeding every candidate would see them.
 BAR_MODES = frozenset(m for m in PREFILTER if has_needle("s/it]", m) and has_needle("it/s]", m))
@@ -109,6 +111,8 @@ def _bar_pair(stream: EventStream, data: bytes, pair: BarPair, base: int) -> lis
     if known is None:
         lone = stream._heads.lone_prefix(prefix)
         known = lone if lone is not None and not has_needle(prefix, stream.mode) else False
+        if len(stream._bar_prefixes) >= CACHE_MAX:  # a process per prefix: restarts add more
+            stream._bar_prefixes.clear()
         stream._bar_prefixes[prefix_b] = known
     out: list[Event]
     if known is False and has_needle(prefix, stream.mode):
@@ -120,6 +124,8 @@ def _bar_pair(stream: EventStream, data: bytes, pair: BarPair, base: int) -> lis
     got = stream.feed_text(data[b:e].decode(), base + b, True)
     if desc_b not in stream._bar_descs and known is not False:
         fast = bar_event(pair, base + b, known, None)
+        if len(stream._bar_descs) >= CACHE_MAX:
+            stream._bar_descs.clear()
         stream._bar_descs[desc_b] = (
             len(got) == 1 and type(got[0]) is ShardProgress and same_bar(got[0], fast)
         )

@@ -230,16 +230,20 @@ _KV_PIECES = st.sampled_from(
 )
 
 
+def _mutated(
+    draw: st.DrawFn, line: bytes, pieces: st.SearchStrategy[bytes], times: int, width: int
+) -> bytes:
+    """`line` with up to `times` spans of up to `width` bytes replaced by one of `pieces`."""
+    for _ in range(draw(st.integers(0, times))):
+        i = draw(st.integers(0, len(line)))
+        j = draw(st.integers(i, min(len(line), i + draw(st.integers(0, width)))))
+        line = line[:i] + draw(pieces) + line[j:]
+    return line
+
+
 @st.composite
 def kv_bytes(draw: st.DrawFn) -> bytes:
-    out = []
-    for _ in range(draw(st.integers(1, 5))):
-        line = _KV
-        for _ in range(draw(st.integers(0, 3))):
-            i = draw(st.integers(0, len(line)))
-            j = draw(st.integers(i, min(len(line), i + draw(st.integers(0, 8)))))
-            line = line[:i] + draw(_KV_PIECES) + line[j:]
-        out.append(line)
+    out = [_mutated(draw, _KV, _KV_PIECES, 3, 8) for _ in range(draw(st.integers(1, 5)))]
     return draw(st.sampled_from([b"\n", b"\r\n", b"\r"])).join(out) + draw(
         st.sampled_from([b"\n", b""])
     )
@@ -330,13 +334,10 @@ def load_bytes(draw: st.DrawFn) -> bytes:
     """k/v warning records and bar pairs in any order, some mutated."""
     out = []
     for _ in range(draw(st.integers(1, 8))):
-        bar = draw(st.booleans())
-        line = draw(st.sampled_from(_BARS)) if bar else _KV
-        for _ in range(draw(st.integers(0, 2))):
-            i = draw(st.integers(0, len(line)))
-            j = draw(st.integers(i, min(len(line), i + draw(st.integers(0, 6)))))
-            line = line[:i] + draw(_BAR_PIECES if bar else _KV_PIECES) + line[j:]
-        out.append(line)
+        if draw(st.booleans()):
+            out.append(_mutated(draw, draw(st.sampled_from(_BARS)), _BAR_PIECES, 2, 6))
+        else:
+            out.append(_mutated(draw, _KV, _KV_PIECES, 2, 6))
     return draw(st.sampled_from([b"\n", b"\r\n"])).join(out) + draw(st.sampled_from([b"\n", b""]))
 
 
