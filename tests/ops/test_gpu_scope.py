@@ -116,7 +116,12 @@ def test_two_daemons_on_one_8_gpu_host_each_report_only_their_gpus(tmp_path: Pat
         first.start()
         second.start()
         for d, want in ((first, [0, 1, 2, 3]), (second, [4, 5, 6, 7])):
-            d.wait(lambda d=d: len(d.status()["gpus"]) == 4, "four GPUs", 30)
+            # (/status answers 503 "starting" until the first state is published)
+            d.wait(
+                lambda d=d: d.get("/status")[0] == 200 and len(d.status()["gpus"]) == 4,
+                "four GPUs",
+                30,
+            )
             gpus = d.status()["gpus"]
             assert [g["index"] for g in gpus] == want
             assert [g["uuid"] for g in gpus] == [SIM.uuid(i) for i in want]
