@@ -207,6 +207,15 @@ def _sessions(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     c = CounterMetricFamily("loadwatch_sessions", "vLLM sessions seen.")
     c.add_metric([], snap.sessions_total)
     yield c
+    c = CounterMetricFamily(
+        "loadwatch_log_client_text_records",
+        "Log records of text a client of vLLM chose (request ids, prompts, model names, request "
+        "paths) that held words of the grammar, set aside unread, by kind.",
+        labels=["kind"],
+    )
+    for kind, n in sorted(snap.client_text.items()):
+        c.add_metric([kind], n)
+    yield c
     c = CounterMetricFamily("loadwatch_vllm_restarts", "Sessions after the first.")
     c.add_metric([], snap.restarts)
     yield c

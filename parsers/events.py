@@ -163,6 +163,10 @@ class Failure(Event):
     first_line: str = ""
     records: int = 1  # how many records the failure spans
     last_offset: int = 0
+    # The engine's own word that it died (`EngineCore encountered a fatal error`, a worker's
+    # death), not an error it reported: once vLLM serves, only such a failure (or the process's
+    # exit, or /health failing) fails the session; any other error may be a request's.
+    engine_fatal: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,6 +193,29 @@ class LogError(Event):
     type: ClassVar[str] = "log_error"
     source: str | None = None
     message: str = ""
+
+
+ClientTextKind = Literal[
+    "request_received",  # `Received request ID: prompt: ...`, `Request ID details: ...`
+    "request_added",  # `Added request ID.` (V1, `--enable-log-requests`)
+    "request_aborted",  # `Aborted request ID.`
+    "request_finished",  # `Finished request ID.` (V0)
+    "response_generated",  # `Generated response ID: output: ...` (`--enable-log-outputs`)
+    "model_error",  # `Error with model ...`: an unknown model name a request asked for
+    "request_error",  # `Request ID failed with ...`, `Exception caught. Request id: ID`
+    "request_fields_ignored",  # the request's own JSON keys, echoed in a validation warning
+    "access",  # uvicorn's access line: the client's address and request path
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientText(Event):
+    """A record that carries text a client of vLLM chose (a request id, a prompt, a model name,
+    a request path): counted as serving traffic and never read for anything else, whatever it
+    holds. Only its kind is kept, never its text."""
+
+    type: ClassVar[str] = "client_text"
+    kind: ClientTextKind
 
 
 # How many of a message's words name an unrated warning's code: enough to tell messages apart,
@@ -267,6 +294,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ParallelInit,
         NodeLaunch,
         EpWeightFilter,
+        ClientText,
     )
 }
 
@@ -280,6 +308,8 @@ def event_from_dict(data: dict[str, Any]) -> Event:
 
 __all__ = [
     "EVENT_TYPES",
+    "ClientText",
+    "ClientTextKind",
     "EpWeightFilter",
     "Event",
     "Failure",

@@ -198,18 +198,17 @@ class Fold:
 
     def set_phase(self, to: str, at: float, reason: str, failure_kind: str | None = None) -> None:
         s = self.s
-        if s.phase == to:
+        was = s.phase  # (read before `upd`: the draft it changes may be `s` itself)
+        if was == to:
             return
-        span = PhaseSpan(
-            s.phase, s.phase_entered_at, at, s.failure_kind if s.phase == "failed" else None
-        )
+        span = PhaseSpan(was, s.phase_entered_at, at, s.failure_kind if was == "failed" else None)
         history = (*s.history, span)[-self.cfg.max_phase_history :]
         kind = failure_kind if to == "failed" else s.failure_kind
         self.upd(phase=to, phase_entered_at=at, history=history, failure_kind=kind)
         self.emit(
             "phase",
             at,
-            phase_from=s.phase,
+            phase_from=was,
             phase_to=to,
             reason=reason,
             failure_kind=kind if to == "failed" else None,

@@ -10,7 +10,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from loadwatch.daemon.state.failures import fold_failure, session_kind, shutdown_noise
+from loadwatch.daemon.state.failures import (
+    FailureTally,
+    fold_failure,
+    session_kind,
+    shutdown_noise,
+)
 from loadwatch.daemon.state.fold import Fold
 from loadwatch.daemon.state.forecast import EtaState, eta_update
 from loadwatch.daemon.state.records import evolve
@@ -27,6 +32,7 @@ from loadwatch.daemon.state.session import (
 )
 from loadwatch.daemon.state.snapshot import SessionSummary
 from loadwatch.parsers.events import (
+    ClientText,
     EpWeightFilter,
     Event,
     Failure,
@@ -289,6 +295,13 @@ def _on_log_error(f: Fold, ev: LogError) -> None:
     _tally(f, (ev,), message_code("error", ev.message), "error", ev.message)
 
 
+def _on_client_text(f: Fold, ev: ClientText) -> None:
+    """Text a client chose, echoed by vLLM: counted, and nothing else (not even activity: it
+    says nothing of how vLLM's own work goes)."""
+    counts = f.get("client_text")
+    f.changes["client_text"] = {**counts, ev.kind: counts.get(ev.kind, 0) + 1}
+
+
 def _on_stall_hint(f: Fold, ev: StallHint) -> None:
     t = f.at(ev.ts)
     f.ensure_session(t)
@@ -403,9 +416,49 @@ def _ready(f: Fold, t: float, reason: str) -> None:
 
 
 def _fatal(s: Session, ev: Failure) -> bool:
+    """Before vLLM serves, every failure the log shows is fatal. Once it serves, clients choose
+    text vLLM logs (a model name, a request id) and a request's error is logged like any other:
+    an error alone is a warning, and the session fails only on corroboration: the engine's own
+    word that it died (`engine_fatal`), or, through `corroborate`, the process's exit or
+    /health failing."""
     if s.stop_requested:
         return False
-    return ev.kind != "other" or s.ready_at is None
+    if ev.kind == "completion_failed":
+        return True  # loadwatch's own check, not the log's
+    return s.ready_at is None or ev.engine_fatal or s.phase == "failed"
+
+
+def corroborate(f: Fold, t: float, why: str) -> bool:
+    """The server is gone or failing (`why`): the failures the log showed shortly before, held
+    as warnings while it served, were fatal after all. The session fails with the most telling
+    of them; False when there were none (then the caller decides what the end was)."""
+    s = f.s
+    if s.stop_requested or s.phase in TERMINAL:
+        return False
+    held = _held_failures(f, t)
+    if not held:
+        return False
+    kind = session_kind(f.s.failures) or "other"
+    if f.s.stall is not None:
+        f.clear_stall(t, "failed")
+    f.clear_forecasts(t, "session failed")
+    best = min(held, key=lambda v: failure_rank(v.kind))
+    f.set_phase("failed", t, f"{kind}: {best.message[:200]} ({why})", failure_kind=kind)
+    return True
+
+
+def _held_failures(f: Fold, t: float) -> list[FailureTally]:
+    """The failures held as warnings within the corroboration window before `t` that say why
+    an engine dies (an `other` error is a request's), now made fatal (in the session's draft)."""
+    s = f.s
+    since = t - f.cfg.corroboration_window_s
+    held = [
+        v for v in s.failures.values() if not v.fatal and v.kind != "other" and v.last_at >= since
+    ]
+    if held:
+        failures = {k: replace(v, fatal=True) if v in held else v for k, v in s.failures.items()}
+        f.upd(failures=failures)
+    return held
 
 
 def _on_failure(f: Fold, ev: Failure) -> None:
@@ -430,6 +483,9 @@ def _on_failure(f: Fold, ev: Failure) -> None:
     if shutdown_noise(ev, s.stop_requested):
         return  # the shutdown that was asked for, not a failure
     fatal = _fatal(s, ev)
+    if fatal and s.ready_at is not None and s.phase != "failed":
+        _held_failures(f, t)  # the engine died: the errors just before it say why
+        s = f.s
     folded = fold_failure(s.failures, ev, t, fatal, f.cfg.max_failures, f.cfg.max_processes)
     f.upd(failures=folded.failures, failures_total=s.failures_total + 1)
     if folded.new_root:
@@ -490,4 +546,5 @@ LOG_HANDLERS: dict[type, Any] = {
     Milestone: _on_milestone,
     Failure: _on_failure,
     EpWeightFilter: _on_ep_filter,
+    ClientText: _on_client_text,
 }

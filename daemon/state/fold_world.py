@@ -16,7 +16,7 @@ from loadwatch.daemon.sources.inputs import (
     Tick,
 )
 from loadwatch.daemon.state.fold import Fold
-from loadwatch.daemon.state.fold_log import _on_failure, _ready
+from loadwatch.daemon.state.fold_log import _on_failure, _ready, corroborate
 from loadwatch.daemon.state.memfit import MemoryFit
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import (
@@ -63,6 +63,8 @@ def _on_process(f: Fold, ev: ProcessEvent) -> None:
             how = f"killed by signal {ev.signal}"
         else:
             how = f"exited with code {ev.exit_code}"
+        if corroborate(f, t, f"then vLLM {how}"):
+            return  # (vLLM exits with code 0 when its engine died while serving)
         if s.stop_requested:
             f.set_phase("stopped", t, f"stopped on request, {how}")
         elif ev.exit_code == 0 and ev.signal is None:
@@ -83,6 +85,9 @@ def _on_health(f: Fold, ev: HealthProbe) -> None:
         and s.phase not in TERMINAL
     ):
         _ready(f, ev.ts, "health 200 after the API server started")
+    failures = f.get("health_failures")
+    if not ev.ok and s is not None and failures >= f.cfg.health_failures_not_ready:
+        corroborate(f, ev.ts, f"then /health failed {failures} times in a row")
 
 
 def _on_completion(f: Fold, ev: CompletionProbe) -> None:
@@ -109,6 +114,8 @@ def _on_logged_process(f: Fold, ev: LoggedProcessSeen) -> None:
         return
     if s.phase not in TERMINAL:
         f.upd(ended_at=ev.ts)
+        if corroborate(f, ev.ts, f"then vLLM process {ev.pid} was gone"):
+            return
         f.clear_forecasts(ev.ts, "process gone")
         if f.s.stall is not None:
             f.clear_stall(ev.ts, "process gone")

@@ -80,6 +80,9 @@ class StateConfig:
     quiet_stall_s: float | None = 1800.0  # nothing logged at all outside the weights bar
     io_progress_bytes: int = 4 * 1024**2  # bytes read that count as progress
     adopt_window_s: float = 30.0  # a log-opened session adopts a process start this soon
+    # Once serving, a failure the log showed is fatal only if the server dies or /health fails
+    # within this many seconds of it (fold_log.py `corroborate`).
+    corroboration_window_s: float = 120.0
     eta: EtaConfig = field(default_factory=EtaConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
 
@@ -275,6 +278,8 @@ class StateData:
     node: NodeFacts = field(default_factory=NodeFacts)  # this node's place in the deployment
     node_load: NodeLoad = field(default_factory=NodeLoad)  # the load as this node sees it
     node_pids: tuple[int, ...] = ()  # vLLM pids from the log's prefixes (watch mode reads them)
+    # records of text a client chose (parsers' `ClientText`), by kind, set aside unread
+    client_text: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -398,6 +399,7 @@ class Snapshot:
     supervisor: SupervisorView | None
     health: HealthView | None
     node: NodeView | None = None
+    client_text: Mapping[str, int] = field(default_factory=dict)  # records set aside, by kind
 
     def to_dict(self) -> dict[str, Any]:
         """The `/status` JSON (see the module doc)."""

@@ -390,6 +390,7 @@ def build_snapshot(state: StateData, now: float) -> Snapshot:
         not_live=not_live,
         restarts=state.restarts,
         sessions_total=state.sessions_total,
+        client_text=state.client_text,
         session=sv,
         sessions=state.past,
         model=ModelView(m.path, len(m.shards), m.total_bytes, m.checkpoint_kv_dtype, m.errors)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from loadwatch.parsers.events import Event, Failure, FailureKind
+from loadwatch.parsers.events import ClientTextKind, Event, Failure, FailureKind
 from loadwatch.parsers.vllm.builders import _KV_ARG as _KV_ARG
 from loadwatch.parsers.vllm.builders import _LAYER as _LAYER
 from loadwatch.parsers.vllm.builders import _SEC, _c, _stall
@@ -32,7 +32,7 @@ from loadwatch.parsers.vllm.catalog_load import LOAD
 from loadwatch.parsers.vllm.lines import Head
 
 
-def _failure(kind: FailureKind | None) -> Builder:
+def _failure(kind: FailureKind | None, engine_fatal: bool = False) -> Builder:
     def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
         message = head.body.strip()
         exc = EXCEPTION_LINE.match(message)
@@ -44,11 +44,101 @@ def _failure(kind: FailureKind | None) -> Builder:
             exc_type=exc_type,
             first_line=message[:500],
             last_offset=ctx["offset"],
+            engine_fatal=engine_fatal,
             **ctx,
         )
 
     return build
 
+
+# -- text a client of vLLM chose ---------------------------------------------------------
+# vLLM logs what its clients send: request ids (the `X-Request-Id` header, the `request_id`
+# field), prompts and sampling parameters, the model name a request asked for, the request's
+# own JSON keys, the request path. A record of one of these shapes is set aside before any
+# entry is tried, whatever it holds and whichever logger printed it: it is counted
+# (`ClientText`) and never read for a milestone, a failure, a warning, a URL, a pid or a path,
+# nor cut at a process prefix inside it. The one statement of that class: (kind, record levels,
+# the start of the message, the loggers and versions it was read from).
+CLIENT_TEXT: tuple[tuple[ClientTextKind, frozenset[Level], re.Pattern[str]], ...] = (
+    # logger.py (0.5-0.10), entrypoints/serve/utils/request_logger.py (0.11-): `Received
+    # request cmpl-5f2: prompt: '...'`, `... : params: SamplingParams(...)`; DEBUG `Request ID
+    # details: prompt: ...` and `Request ID JSON body: ...` (2025-)
+    # anthropic/serving.py (2026, DEBUG): `Received messages request {...}`, `Convert to
+    # OpenAI request {...}`
+    (
+        "request_received",
+        MESSAGE,
+        _c(
+            r"Received (?:messages )?request \S|Request \S{1,400}+ (?:details|JSON body): "
+            r"|Convert to OpenAI request "
+        ),
+    ),
+    # v1/engine/async_llm.py (0.8-, with --enable-log-requests): `Added request cmpl-...-0.`,
+    # `Aborted request cmpl-....`; V0 engine/async_llm_engine.py: `Finished request ...`
+    ("request_added", MESSAGE, _c(r"Added request \S")),
+    ("request_aborted", MESSAGE, _c(r"Aborted request(?:s|\(s\))? \S")),
+    ("request_finished", MESSAGE, _c(r"Finished request \S")),
+    # logger.py / request_logger.py with --enable-log-outputs: `Generated response ID: output:`
+    ("response_generated", MESSAGE, _c(r"Generated response \S")),
+    # openai/serving_engine.py (0.6-), serving.py (2026): an unknown model name, at ERROR, on
+    # every such request with default flags: `Error with model error=ErrorInfo(message='The
+    # model `...` does not exist.', ...)`
+    ("model_error", FAILURE | MESSAGE | WARNING, _c(r"Error with model ")),
+    # A request's error with its id first (generate/base/serving.py 2026, at ERROR: `Request ID
+    # failed with an internal error during generation`), and the API server's exception
+    # handlers with --log-error-stack (serve/exception_handling/handlers/*.py 2026: `Exception
+    # caught. Request id: ID`, `HTTPException caught. ...`, `RequestValidationError caught. ...`,
+    # `Engine Exception caught. ...`): a traceback of the request's own error may follow, which
+    # the state holds as a warning while vLLM serves (daemon/state/fold_log.py `_fatal`)
+    (
+        "request_error",
+        FAILURE | MESSAGE | WARNING,
+        _c(
+            r"Request \S{1,400}+ failed with "
+            r"|(?:Engine |HTTP)?(?:Exception|RequestValidationError) caught\. Request id: "
+        ),
+    ),
+    # openai/protocol.py, serve/engine/protocol.py: the request's unknown JSON keys, at WARNING
+    (
+        "request_fields_ignored",
+        WARNING,
+        _c(r"The following fields were present in the request but ignored"),
+    ),
+    # uvicorn's access line (its own `INFO:     ` head, or vLLM's header with uvicorn's
+    # h11_impl.py / httptools_impl.py): `127.0.0.1:40312 - "POST /v1/chat/completions HTTP/1.1"
+    # 200 OK`, the path as the client sent it
+    ("access", MESSAGE | WARNING, _c(r"[^\s\"]{1,300}+ - \"")),
+)
+CLIENT_TEXT_NEEDLES: tuple[str, ...] = (
+    "Received request ",
+    "Received messages request ",
+    "Convert to OpenAI request ",
+    "Request ",
+    "Exception caught.",
+    "HTTPException caught.",
+    "Engine Exception caught.",
+    "RequestValidationError caught.",
+    "Added request",
+    "Aborted request",
+    "Finished request ",
+    "Generated response ",
+    "Error with model ",
+    "The following fields were present",
+)
+
+
+def client_text(body: str, level: Level) -> ClientTextKind | None:
+    """The client-text class a message belongs to, or None: vLLM's own words."""
+    if not body.startswith(CLIENT_TEXT_NEEDLES) and ' - "' not in body[:320]:
+        return None
+    for kind, levels, pattern in CLIENT_TEXT:
+        if level in levels and pattern.match(body) is not None:
+            return kind
+    return None
+
+
+# `torch.OutOfMemoryError: `, `RuntimeError: `: the head of an exception line.
+EXCEPTION_HEAD = r"(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Z][A-Za-z0-9_]{0,80}+: "
 
 CATALOG: tuple[Entry, ...] = (
     *LOAD,
@@ -78,7 +168,7 @@ CATALOG: tuple[Entry, ...] = (
             r"(?:EngineCore encountered a fatal error|WorkerProc hit an exception"
             r"|Worker proc \S{1,80}+ died unexpectedly|Worker \S{1,80}+ pid \d{1,10}+ died, exit code)"
         ),
-        _failure("worker_died"),
+        _failure("worker_died", engine_fatal=True),
         "error",
         levels=FAILURE,
     ),
@@ -107,12 +197,17 @@ CATALOG: tuple[Entry, ...] = (
             "Timed out waiting for engine",
             "Did not receive response from front-end",
         ),
+        # At the start of the message, or in the message of an exception line that starts it
+        # (vLLM repeats its header on every line of a logged traceback: `ERROR ... [core.py:700]
+        # ValueError: No available memory for the cache blocks. ...`).
         _c(
-            r"CUDA out of memory|out of memory|not enough GPU memory|No available memory for the cache"
+            r"(?:" + EXCEPTION_HEAD + r"[^\r\n]{0,4000}?)?"
+            r"(?:CUDA out of memory|out of memory|Failed to load model - not enough GPU memory"
+            r"|not enough GPU memory|No available memory for the cache"
             r"|KV cache is needed|stored in KV cache|max_model_len|NCCL error|FP8 Triton MLA"
             r"|FP8 KV cache not yet supported|No valid attention backend"
             r"|Engine core initialization failed|Timed out waiting for engines?"
-            r"|Did not receive response from front-end"
+            r"|Did not receive response from front-end)"
         ),
         _failure(None),
         "error",

@@ -243,7 +243,13 @@ LOAD: tuple[Entry, ...] = (
     Entry(
         "ms.runai_stream",
         ("Overall time to stream",),
-        _c(r"Overall time to stream " + _GIB + r" ?GiB of all files(?: to cpu)?: " + _SEC + r" ?s"),
+        _c(
+            r"(?:\[RunAI Streamer\] )?Overall time to stream "
+            + _GIB
+            + r" ?GiB of all files(?: to cpu)?: "
+            + _SEC
+            + r" ?s"
+        ),
         _milestone("weights_loaded", detail="runai_stream", gib="gib", seconds="sec"),
         "info",
         levels=WARNING,  # the streamer prints it without a header; vLLM may log it

@@ -336,8 +336,10 @@ def parse_head(segment: str, years: YearResolver) -> Head:
         rest = _RAY_REPEAT.sub("", rest)
 
     h = _HEADER.match(rest)
-    if h is None and len(rest) > 20 and rest[:1] not in " \t":
+    if h is None and len(rest) > 20 and rest[:1] not in " \t" and _UVICORN.match(rest) is None:
         h = _HEADER.search(rest, 0, _HEADER_WINDOW)  # a VLLM_LOGGING_PREFIX before the header
+        if h is not None and not _logging_prefix(rest[: h.start()]):
+            h = None  # a header inside somebody's text (a request path, an exception message)
     if h is not None:
         level, stamp, src, osrc = h.group("level", "stamp", "src", "osrc")
         if level == "WARN":
@@ -356,6 +358,16 @@ def parse_head(segment: str, years: YearResolver) -> Head:
             ts2 = None
         return Head(process, pid, d["level"], ts2, None, rest[d.end() :])
     return Head(process, pid, None, None, None, rest)
+
+
+def _logging_prefix(text: str) -> bool:
+    """Whether `text` can be a VLLM_LOGGING_PREFIX (a constant the operator sets: `[node-1] `,
+    `vllm | `): short, and none of what a quoted path, a repr or an exception message holds."""
+    return len(text) <= _LOGGING_PREFIX_MAX and not any(c in text for c in _NOT_IN_PREFIX)
+
+
+_LOGGING_PREFIX_MAX = 64
+_NOT_IN_PREFIX = ('"', "'", "`", "(", ")", "=", ": ", "/")
 
 
 def _process_name(m: re.Match[str]) -> str:

@@ -5,12 +5,12 @@ events out). Repeated messages are built once and copied after that (`recipe_of`
 
 from __future__ import annotations
 
-import re
 from dataclasses import fields
 from itertools import repeat
 from typing import Any, Literal
 
 from loadwatch.parsers.events import (
+    ClientText,
     Event,
     KvScaleWarning,
     LogError,
@@ -23,6 +23,7 @@ from loadwatch.parsers.vllm.catalog import (
     MESSAGE,
     Entry,
     Level,
+    client_text,
 )
 from loadwatch.parsers.vllm.lines import (
     Head,
@@ -65,6 +66,11 @@ PREFILTER: dict[Mode, tuple[str, ...]] = {
     "serving": _needles("serving"),
 }
 PREFILTER_NEEDLES = PREFILTER["startup"]
+# The catalog's own words per mode, without the level words ("WARNING", "Traceback", ...)
+_WORDS: dict[Mode, tuple[str, ...]] = {
+    mode: tuple(n for n in needles if n not in _LEVEL_NEEDLES)
+    for mode, needles in PREFILTER.items()
+}
 MAX_TRACEBACK_RECORDS = 2000
 PREFIX_RECORD_MAX = 256  # a record holding only a process prefix (colour codes included)
 MAX_MESSAGE_CHARS = 2000
@@ -112,15 +118,6 @@ def set_fields(event: Event, **values: Any) -> None:
         object.__setattr__(event, name, value)
 
 
-# vLLM's request logging (vllm/entrypoints/serve/utils/request_logger.py; 0.6's logger.py):
-# `Received request ID: prompt: '...'` (0.6) or `...: params: ...` (stop strings are the user's),
-# `Request ID details: prompt: ...` and `... JSON body: ...`, `Generated response ID: output: ...`.
-_ECHOES = ("Received request ", "Request ", "Generated response ")
-_ECHO = re.compile(
-    r"(?:Received request |Generated response |Request \S{1,200} (?:details|JSON body): )"
-)
-
-
 def has_needle(text: str, mode: Mode = "startup") -> bool:
     for n in PREFILTER[mode]:  # noqa: SIM110 (a plain loop: no generator per record)
         if n in text:
@@ -128,15 +125,29 @@ def has_needle(text: str, mode: Mode = "startup") -> bool:
     return False
 
 
+def _after_separator(body: str, end: int) -> int:
+    """Where a second message on the same line starts (`CPU KV cache size: N tokens, Maximum
+    concurrency for ...`): after the `, ` or `. ` that ends the first."""
+    while end < len(body) and body[end] in ",.; ":
+        end += 1
+    return end
+
+
 def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event]:
     """Catalog lookup for one segment whose head has been peeled off. Pure."""
     body = head.body
-    if head.level in MESSAGE and body.startswith(_ECHOES) and _ECHO.match(body):
-        return []  # request logging echoes what a user sent or the model said: never an event
+    kind = client_text(body, head.level)
+    if kind is not None:  # what a client sent or the model said: counted, never read
+        if head.level in MESSAGE and not any(n in body for n in _WORDS[mode]):
+            return []  # only a level word in it: a quiet record (plans.py), not counted
+        return [
+            ClientText(kind=kind, offset=offset, ts=head.ts, process=head.process, pid=head.pid)
+        ]
     out: list[Event] = []
     # An indented line is a traceback's frame or quoted source (`raise RuntimeError("Engine core
     # initialization failed. "`): never a failure of its own; exception lines start at column 0.
     indented = body[:1] in (" ", "\t") or body.startswith(">   ")  # pytest quotes source so
+    at = 0  # where the next message starts: 0, or after one that `more` says may be followed
     for entry in DISPATCH[(mode, head.level)]:
         if indented and entry.severity == "error":
             continue
@@ -145,7 +156,8 @@ def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event
                 break
         else:
             continue
-        m = entry.pattern.search(body)
+        # Only where a message starts: text a client put inside a message is never read.
+        m = entry.pattern.match(body, at)
         if m is None:
             continue
         ctx = {"offset": offset, "ts": head.ts, "process": head.process, "pid": head.pid}
@@ -154,6 +166,7 @@ def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event
             out.append(event)
             if not entry.more:
                 return out
+            at = _after_separator(body, m.end())
     if out or indented or head.level not in ("WARNING", "ERROR", "CRITICAL"):
         return out  # an indented line is part of a traceback whose head came before
     message = body.strip()[:MAX_MESSAGE_CHARS]

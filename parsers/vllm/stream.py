@@ -27,6 +27,7 @@ from loadwatch.parsers.vllm.catalog import (
     EXCEPTION_LINE_LOOSE,
     KIND_RANK,
     classify,
+    client_text,
 )
 from loadwatch.parsers.vllm.lines import (
     Head,
@@ -232,6 +233,8 @@ class EventStream:
             if i == 0 and head.process is None and pending is not None:
                 head = head._replace(process=pending[0], pid=pending[1])
             out.extend(self._segment(head, offset))
+            if client_text(head.body, head.level) is not None:
+                break  # a process prefix after it is the client's text, not another line
         return out
 
     def plain(self, text: str) -> None:
@@ -312,7 +315,11 @@ class EventStream:
             # Not part of the traceback after all: close it, then parse the record as usual.
             return [tb.close(), *self._parse(head, offset)]
         # `EngineCore hit an exception: Traceback (most recent call last):` opens one too.
-        if head.level in TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START):
+        if (
+            head.level in TRACEBACK_LEVELS
+            and body.rstrip().endswith(TRACEBACK_START)
+            and client_text(body, head.level) is None  # a client may end its text so too
+        ):
             self.stats.tracebacks += 1
             self.in_traceback = True
             self._tracebacks[key] = _Traceback(

@@ -1,4 +1,4 @@
-"""A user's prompt (or the model's answer) echoed by vLLM's request logging never becomes an event.
+"""A user's prompt (or the model's answer) echoed by vLLM's request logging is only counted.
 
 The records are vLLM's own request-logging formats with a hostile prompt in them:
 - `Received request ID: prompt: '...', params: ...` at INFO, as vLLM 0.6 wrote it
@@ -8,7 +8,8 @@ The records are vLLM's own request-logging formats with a hostile prompt in them
   log_outputs, in the vLLM installed here).
 The hostile text is a real k/v-scale warning (tests/fixtures/real-v0.32-deepseek-kvscales.log,
 line 50, without its header). The same text as the warning vLLM prints is an event (the control);
-inside an echo it is none, through `loadwatch events` (the chunk scanner and the stream).
+inside an echo it is only a `client_text` event, through `loadwatch events` (the chunk scanner and
+the stream).
 """
 
 from __future__ import annotations
@@ -54,4 +55,10 @@ def test_echoed_prompt_is_no_event(tmp_path: Path) -> None:
     assert [e["type"] for e in control].count("kv_scale_warning") == 1  # the text alone is one
     quiet = _events(tmp_path, START)
     echoed = _events(tmp_path, [*START, *ECHOES])
-    assert [e["type"] for e in echoed] == [e["type"] for e in quiet]
+    # each echo is counted as a client's text, and is nothing else
+    assert [e["type"] for e in echoed if e["type"] != "client_text"] == [e["type"] for e in quiet]
+    assert [e.get("kind") for e in echoed if e["type"] == "client_text"] == [
+        "request_received",
+        "request_received",
+        "response_generated",
+    ]

@@ -146,6 +146,7 @@ def test_status_json_has_the_documented_shape() -> None:
         "supervisor",
         "health",
         "node",
+        "client_text",
     }
     assert set(d["node"]) == {"role", "progress", "ready"}
     assert d["node"]["role"]["role"] == "head"

@@ -195,7 +195,8 @@ def test_request_traceback_while_serving_is_not_fatal_but_engine_death_is() -> N
     ]
     st, _ = fold(items)  # type: ignore[arg-type]
     assert st.session is not None and st.session.phase == "ready"
-    st, tr = fold([(t + 60, fail("worker_died", "Worker proc VllmWorker-0 died unexpectedly"))], st)
+    death = fail("worker_died", "Worker proc VllmWorker-0 died unexpectedly", engine_fatal=True)
+    st, tr = fold([(t + 60, death)], st)
     assert phases(tr) == ["failed"]
     assert st.session is not None and st.session.failure_kind == "worker_died"
 
@@ -448,3 +449,74 @@ def test_servable_ready_waits_for_the_completion_and_its_failure_is_a_kind_of_it
     assert not snap.ready and snap.phase == "failed"
     assert snap.session is not None and snap.session.failure_kind == "completion_failed"
     assert "HTTP 500" in snap.session.failures[0].message
+
+
+def test_every_phase_transition_names_the_phase_it_leaves() -> None:
+    """The event log's `transition.phase` says where a session came from: never the phase it
+    goes to (the fold once read the phase after setting it)."""
+    _st, tr = fold(_happy_path())  # type: ignore[arg-type]
+    moves = [(t.phase_from, t.phase_to) for t in tr if t.kind == "phase"]
+    assert moves == [
+        ("starting", "loading_weights"),
+        ("loading_weights", "post_load"),
+        ("post_load", "ready"),
+    ]
+
+
+# -- once vLLM serves, an error in the log needs corroboration ---------------------------------
+
+_OOM = "CUDA out of memory. Tried to allocate 20.00 GiB"
+
+
+def _serving_with_an_error(t: float) -> LoadState:
+    """Ready, then an ERROR record of the OOM kind that nothing else confirms (a request's error,
+    or a client's model name echoed into the log)."""
+    st, tr = fold([(t, started(t)), *_ready_session(t)])  # type: ignore[arg-type]
+    assert st.session is not None and st.session.phase == "ready"
+    st, tr = fold([(t + 10, fail("cuda_oom", _OOM, exc_type="torch.OutOfMemoryError"))], st)
+    assert phases(tr) == []
+    assert [(x.kind, x.fatal) for x in tr] == [("failure", False)]
+    snap = st.snapshot(t + 11)
+    assert snap.phase == "ready" and snap.ready and snap.live
+    assert snap.session is not None and [f.fatal for f in snap.session.failures] == [False]
+    return st
+
+
+def test_an_error_alone_while_serving_is_a_warning_not_a_failed_session() -> None:
+    st = _serving_with_an_error(T0)
+    # /health goes on answering 200 and the process lives: it stays a warning
+    st = st.apply(HealthProbe(ok=True, ts=T0 + 60, status=200), T0 + 60)
+    assert st.snapshot(T0 + 60).ready and st.session is not None
+    assert st.session.failure_kind is None
+
+
+@pytest.mark.parametrize(
+    "confirm",
+    [
+        # the engine's own word that it died
+        [fail("worker_died", "EngineCore encountered a fatal error.", engine_fatal=True)],
+        # the process ends (vLLM exits 0 when its engine died while serving)
+        [exited(T0 + 30, code=0)],
+        # /health fails twice in a row
+        [
+            HealthProbe(ok=False, ts=T0 + 25, status=503, error="HTTP 503"),
+            HealthProbe(ok=False, ts=T0 + 30, status=503, error="HTTP 503"),
+        ],
+    ],
+    ids=["engine_fatal", "exit", "health"],
+)
+def test_a_confirmed_error_fails_the_session_with_its_own_kind(confirm: list[object]) -> None:
+    st = _serving_with_an_error(T0)
+    st, tr = fold([(T0 + 30, item) for item in confirm], st)  # type: ignore[misc]
+    assert phases(tr) == ["failed"]
+    assert st.session is not None and st.session.failure_kind == "cuda_oom"
+    snap = st.snapshot(T0 + 31)
+    assert not snap.ready and snap.phase == "failed"
+
+
+def test_an_error_long_before_the_end_does_not_name_it() -> None:
+    """The window: an error logged minutes before an exit explains nothing of it."""
+    st = _serving_with_an_error(T0)
+    st, tr = fold([(T0 + 300, exited(T0 + 300, code=0))], st)  # type: ignore[list-item]
+    assert phases(tr) == ["stopped"]
+    assert st.session is not None and st.session.failure_kind is None

@@ -400,10 +400,19 @@ def test_only_serving_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     code, out, err = run_cli(["analyze", str(log)], capsys)
     assert (code, err) == (2, "")
     assert "Verdict: incomplete: no vLLM start in the log" in out
-    # a warning among them opens a session, but still no start-up to judge
+    # a validation warning echoing the request's own keys is the client's text: still nothing
     lines.insert(
         10,
         f"{api}WARNING 01-28 01:05:00 [protocol.py:70] The following fields were present in the request but ignored: {{'foo'}}\n",
+    )
+    r = analyze_log(write_log(tmp_path / "serving1.log", "".join(lines).encode()))
+    assert r.sessions_total == 0
+    # a warning of vLLM's own among them opens a session, but still no start-up to judge
+    # (the line from real-v0.32-pp2-head.log)
+    lines.insert(
+        10,
+        f"{api}WARNING 01-28 01:05:00 [system_utils.py:255] Found ulimit of 20000 and failed to "
+        "automatically increase with error current limit exceeds maximum limit.\n",
     )
     r = analyze_log(write_log(tmp_path / "serving2.log", "".join(lines).encode()))
     assert r.sessions_total == 1
