@@ -8,6 +8,7 @@ never silently falls back to a default. The typed table reader is config_table.p
 from __future__ import annotations
 
 import ipaddress
+import pwd
 import ssl
 import tomllib
 from collections.abc import Callable, Mapping
@@ -79,11 +80,14 @@ class VllmConfig:
     servable: bool = False  # ready only once one tiny completion succeeded after /health
     servable_prompt: str = "Hello"
     servable_timeout_s: float = 120.0
+    # Watch mode: the uid vLLM runs as, which a pid the log names must run as to be taken for
+    # vLLM's (sources/proc/logged_process.py); None: the log file's owner.
+    user: int | None = None
 
 
-# The [vllm] keys that also apply in watch mode (a [vllm] table without argv).
+# The [vllm] keys that also apply in watch mode (a [vllm] table without argv); `user` only there.
 WATCH_KEYS = frozenset(
-    {"health_url", "health_interval_s", "servable", "servable_prompt", "servable_timeout_s"}
+    {"health_url", "health_interval_s", "servable", "servable_prompt", "servable_timeout_s", "user"}
 )
 
 
@@ -292,7 +296,26 @@ def _vllm_fields(t: _Table) -> dict[str, Any]:
         "servable_timeout_s": t.number(
             "servable_timeout_s", d.servable_timeout_s, minimum=1.0, maximum=3600
         ),
+        "user": _vllm_user(t, argv),
     }
+
+
+def _vllm_user(t: _Table, argv: tuple[str, ...]) -> int | None:
+    """A user name this host knows, or a uid (which needs no name here: a container's user
+    often has none on the host)."""
+    value = t.user("user")
+    if value is None:
+        return None
+    if argv:
+        raise ConfigError(
+            t.key("user"), "applies in watch mode only: the supervised vLLM is loadwatch's child"
+        )
+    if isinstance(value, int):
+        return value
+    try:
+        return pwd.getpwnam(value).pw_uid
+    except KeyError:
+        raise ConfigError(t.key("user"), f"no such user on this host: {value!r}") from None
 
 
 def _events_fields(t: _Table) -> dict[str, Any]:

@@ -104,6 +104,13 @@ DOCS: dict[str, str] = {
     "(the served model from `/v1/models`) succeeded; its failure is `completion_failed`",
     "[vllm] servable_prompt": "the servable check's prompt",
     "[vllm] servable_timeout_s": "how long the servable check's requests may take",
+    "[vllm] user": "watch mode: the user vLLM runs as (a name, or a uid, which needs no name "
+    "here). A pid the log names is taken for vLLM's (its argv read, its exit a stop) only when "
+    "that process runs as this user and is vLLM by its command line (`vllm serve`, `python -m "
+    "vllm.entrypoints...`, `VLLM::...`) or was spawned by one; else one `daemon.problem` line. "
+    "Default: the owner of the log file, as the vLLM that writes a log owns it; set it when "
+    "another writes the file (systemd's `StandardOutput=file:`, a container runtime: root) or "
+    "for `journal_unit`. Not with argv",
 }
 
 DEFAULT_SHOWN = {"state_dir": "see meaning", "[http] listen": "`127.0.0.1:9321`"}

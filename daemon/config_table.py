@@ -135,6 +135,20 @@ class Table:
 
         return self._get(key, (), check, "list of strings")
 
+    def user(self, key: str) -> int | str | None:
+        """A user name, or a uid (an integer, or a string of digits)."""
+
+        def check(v: Any) -> int | str:
+            if isinstance(v, str) and v.isdigit():
+                v = int(v)
+            if isinstance(v, bool) or not isinstance(v, int | str) or v == "":
+                raise ValueError(f"expected a user name or uid, got {_show(v)}")
+            if isinstance(v, int) and not 0 <= v < 2**32 - 1:
+                raise ValueError(f"a uid is 0 to {2**32 - 2}, got {v}")
+            return v
+
+        return self._get(key, None, check, "user name or uid")
+
     def devices(self, key: str) -> tuple[int | str, ...] | None:
         def check(v: Any) -> tuple[int | str, ...]:
             if not isinstance(v, list):

@@ -11,8 +11,11 @@ With `[vllm] servable = true`, the first `/health` 200 of a session is followed 
 completion (sources/health.py `probe_completion`): `/readyz` says 200 only once it succeeded.
 
 In watch mode the process the log names (the API server's pid) is looked for in /proc: when it
-runs here, its argv is the launch's (the KV-cache dtype), and when it is gone the session is
-stopped, whatever the log says (a SIGKILL or the OOM killer leave no line).
+runs here as vLLM's user and is vLLM (sources/proc/logged_process.py says how it is judged),
+its argv is the launch's (the KV-cache dtype), and when it is gone the session is stopped,
+whatever the log says (a SIGKILL or the OOM killer leave no line). A pid that runs here and fails
+the check (a forged prefix: the log holds text vLLM's clients chose) is said once in the event
+log and changes nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +31,11 @@ from loadwatch.daemon.sources.health import (
     probe_completion,
 )
 from loadwatch.daemon.sources.inputs import CompletionProbe, HealthProbe, LoggedProcessSeen
-from loadwatch.daemon.sources.proc.logged_process import LoggedProcess
+from loadwatch.daemon.sources.proc.logged_process import (
+    ExpectedUser,
+    LoggedProcess,
+    expected_user,
+)
 from loadwatch.daemon.state.session import TERMINAL, Session
 
 PROBE_TIMEOUT_S = 2.0
@@ -41,7 +48,7 @@ class VllmWatch:
         self.cfg: VllmConfig | None = daemon.cfg.vllm
         self.interval_s = self.cfg.health_interval_s if self.cfg is not None else 5.0
         self._probers: dict[str, HealthProber] = {}
-        self._process = LoggedProcess(proc_root)
+        self._process = LoggedProcess(proc_root, user=self._expected_user, on_refused=self._refused)
         self._completion_for: int | None = None  # the session the servable check ran for
 
     def url(self, s: Session) -> str | None:
@@ -75,6 +82,12 @@ class VllmWatch:
         elif what == "gone":
             d.apply(LoggedProcessSeen(ts=d.clock(), pid=seen.pid, alive=False))
             d.publish()
+
+    def _expected_user(self) -> ExpectedUser:
+        return expected_user(self.cfg.user if self.cfg else None, self.daemon.cfg.log.path)
+
+    def _refused(self, pid: int, why: str) -> None:
+        self.daemon.feed.problem(f"the log names pid {pid}, not taken for vLLM's: {why}")
 
     async def _probe(self, s: Session) -> None:
         url = self.url(s)

@@ -73,6 +73,11 @@ dir = "/models/k"
         ("log = 3\n", "[log]", "must be a table"),
         ("bogus = 1\n", "bogus", "unknown key"),
         ("[vllm]\nargv = ['x']\ncrash_loop_starts = 0\n", "[vllm] crash_loop_starts", "between 1"),
+        ("[vllm]\nuser = 'no-such-user-here'\n", "[vllm] user", "no such user"),
+        ("[vllm]\nuser = -1\n", "[vllm] user", "a uid is 0 to"),
+        ("[vllm]\nuser = 1.5\n", "[vllm] user", "user name or uid"),
+        ("[vllm]\nuser = ''\n", "[vllm] user", "user name or uid"),
+        ("[vllm]\nargv = ['x']\nuser = 'root'\n", "[vllm] user", "watch mode only"),
     ],
 )
 def test_each_problem_names_its_key(tmp_path: Path, text: str, key: str, words: str) -> None:
@@ -93,6 +98,17 @@ def test_unreadable_files_are_one_line_errors(tmp_path: Path) -> None:
     bad.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_config(bad)
+
+
+def test_vllm_user_is_a_name_this_host_knows_or_a_uid() -> None:
+    def user(value: object) -> int | None:
+        cfg = parse_config({"vllm": {"user": value}})
+        assert cfg.vllm is not None and not cfg.supervise  # a watch-mode key
+        return cfg.vllm.user
+
+    assert user("root") == 0 and user("nobody") == 65534
+    assert user(1234) == 1234 and user("1234") == 1234  # a container's uid needs no name here
+    assert parse_config({"vllm": {"health_interval_s": 5}}).vllm.user is None  # type: ignore[union-attr]
 
 
 def test_overrides_win_over_the_file(tmp_path: Path) -> None:

@@ -246,9 +246,22 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
     assert replayed and all(e["event"].startswith("transition.") for e in replayed)
 
 
-def test_bad_config_is_one_line_and_exit_78(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (
+            "[log]\npoll_interval_s = 'soon'\n",
+            "[log] poll_interval_s: expected a number, got 'soon'",
+        ),
+        (
+            "[vllm]\nuser = 'no-such-user'\n",
+            "[vllm] user: no such user on this host: 'no-such-user'",
+        ),
+    ],
+)
+def test_bad_config_is_one_line_and_exit_78(tmp_path: Path, text: str, line: str) -> None:
     cfg = tmp_path / "bad.toml"
-    cfg.write_text("[log]\npoll_interval_s = 'soon'\n")
+    cfg.write_text(text)
     out = subprocess.run(
         [sys.executable, "-m", "loadwatch.daemon.cli", "run", "--config", str(cfg)],
         capture_output=True,
@@ -256,9 +269,7 @@ def test_bad_config_is_one_line_and_exit_78(tmp_path: Path) -> None:
         timeout=30,
     )
     assert out.returncode == 78
-    assert out.stderr.strip().splitlines() == [
-        "loadwatch: config error: [log] poll_interval_s: expected a number, got 'soon'"
-    ]
+    assert out.stderr.strip().splitlines() == [f"loadwatch: config error: {line}"]
 
 
 def test_nothing_to_watch_is_a_config_error(tmp_path: Path) -> None:
