@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from loadwatch.parsers.events import (
     ClientText,
+    ClientTextKind,
     Event,
     KvScaleWarning,
     LogError,
@@ -23,7 +24,6 @@ from loadwatch.parsers.vllm.catalog import (
     MESSAGE,
     Entry,
     Level,
-    client_text,
 )
 from loadwatch.parsers.vllm.lines import (
     Head,
@@ -133,16 +133,21 @@ def _after_separator(body: str, end: int) -> int:
     return end
 
 
+def client_events(
+    kind: ClientTextKind, head: Head, offset: int, mode: Mode = "startup"
+) -> list[Event]:
+    """The event of a record of text a client chose (catalog.py's CLIENT_TEXT): one count of
+    its kind. An INFO or DEBUG one holding no word of the catalog (only a level word, such as
+    "Traceback") yields nothing, as the chunk scanner's quiet records do (plans.py)."""
+    if head.level in MESSAGE and not any(n in head.body for n in _WORDS[mode]):
+        return []
+    return [ClientText(kind=kind, offset=offset, ts=head.ts, process=head.process, pid=head.pid)]
+
+
 def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event]:
-    """Catalog lookup for one segment whose head has been peeled off. Pure."""
+    """Catalog lookup for one segment whose head has been peeled off (and that is not a
+    client's text: the stream sets those aside first). Pure."""
     body = head.body
-    kind = client_text(body, head.level)
-    if kind is not None:  # what a client sent or the model said: counted, never read
-        if head.level in MESSAGE and not any(n in body for n in _WORDS[mode]):
-            return []  # only a level word in it: a quiet record (plans.py), not counted
-        return [
-            ClientText(kind=kind, offset=offset, ts=head.ts, process=head.process, pid=head.pid)
-        ]
     out: list[Event] = []
     # An indented line is a traceback's frame or quoted source (`raise RuntimeError("Engine core
     # initialization failed. "`): never a failure of its own; exception lines start at column 0.

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loadwatch.parsers.events import (
+    ClientTextKind,
     Event,
     Failure,
     FailureKind,
@@ -49,6 +50,7 @@ from loadwatch.parsers.vllm.segment import (
     TRACEBACK_START,
     Mode,
     Recipe,
+    client_events,
     cook,
     has_needle,
     parse_segment,
@@ -161,6 +163,8 @@ class EventStream:
         self._bar_prefixes: dict[bytes, tuple[str, int] | Literal[False]] = {}
         self._bar_descs: dict[bytes, bool] = {}
         self.mode: Mode = "startup"
+        # the last record of a client's text: (its offset, its header, its kind)
+        self._client_head: tuple[int, tuple[object, ...], ClientTextKind] | None = None
 
     def set_reference(self, ts: float) -> None:
         """The daemon's clock, for the year of stamps that have none (vLLM's)."""
@@ -206,7 +210,12 @@ class EventStream:
                 out = self._segment(head, offset)
             else:  # `_segment` for the common case: no traceback to join, none to open
                 self._last_ts = ts
-                out = self._parse(head, offset)
+                kind = self._client(head)
+                out = (
+                    self._parse(head, offset)
+                    if kind is None
+                    else self._set_aside(kind, head, offset)
+                )
         if out:
             stats.events += len(out)
             by_type = stats.by_type
@@ -233,7 +242,7 @@ class EventStream:
             if i == 0 and head.process is None and pending is not None:
                 head = head._replace(process=pending[0], pid=pending[1])
             out.extend(self._segment(head, offset))
-            if client_text(head.body, head.level) is not None:
+            if self._client_head is not None and self._client_head[0] == offset:
                 break  # a process prefix after it is the client's text, not another line
         return out
 
@@ -292,9 +301,32 @@ class EventStream:
 
     # -- internals --------------------------------------------------------------------------
 
+    def _client(self, head: Head) -> ClientTextKind | None:
+        """Whether the record is text a client chose: of a client-text shape (catalog.py's
+        CLIENT_TEXT), or a further line of one. vLLM repeats a message's header on each of its
+        lines, and a client can put line breaks into a request id: a record with the very
+        header (process, level, time, file:line) of the client-text record before it is more of
+        that text."""
+        key = (head.process, head.pid, head.level, head.ts, head.source)
+        last = self._client_head
+        if last is not None and head.source is not None and last[1] == key:
+            return last[2]
+        kind = client_text(head.body, head.level)
+        if kind is not None:
+            self._client_head = (-1, key, kind)
+        return kind
+
+    def _set_aside(self, kind: ClientTextKind, head: Head, offset: int) -> list[Event]:
+        assert self._client_head is not None
+        self._client_head = (offset, self._client_head[1], kind)
+        return client_events(kind, head, offset, self.mode)
+
     def _segment(self, head: Head, offset: int) -> list[Event]:
         if head.ts is not None:
             self._last_ts = head.ts
+        kind = self._client(head)
+        if kind is not None:  # never part of a traceback, never the start of one
+            return self._set_aside(kind, head, offset)
         if self._wrapped is not None:
             return self._wrapped_piece(head, offset)
         key = (head.process, head.pid)
@@ -315,11 +347,7 @@ class EventStream:
             # Not part of the traceback after all: close it, then parse the record as usual.
             return [tb.close(), *self._parse(head, offset)]
         # `EngineCore hit an exception: Traceback (most recent call last):` opens one too.
-        if (
-            head.level in TRACEBACK_LEVELS
-            and body.rstrip().endswith(TRACEBACK_START)
-            and client_text(body, head.level) is None  # a client may end its text so too
-        ):
+        if head.level in TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START):
             self.stats.tracebacks += 1
             self.in_traceback = True
             self._tracebacks[key] = _Traceback(
