@@ -95,15 +95,23 @@ DOCS: dict[str, str] = {
     "to start, or skip",
     "[vllm] log_max_bytes": "the captured log is rotated at this size",
     "[vllm] log_keep": "rotated logs kept",
-    "[vllm] health_url": "vLLM's `/health` (default: from `--host`/`--port` in argv, or in watch "
-    "mode the URL the log printed, `0.0.0.0` meaning loopback); a `[vllm]` table without argv "
-    "may hold this and the keys below for watch mode",
+    "[vllm] health_url": "vLLM's `/health`, `http` or `https` (default: from `--host`/`--port` "
+    "in argv, or in watch mode the first URL the session's log printed, `0.0.0.0` meaning "
+    "loopback); a `[vllm]` table without argv may hold this and the keys below for watch mode. "
+    "Every probe goes to this one host and port, follows no redirect (a 3xx is a failed probe) "
+    "and no proxy from the environment",
+    "[vllm] allowed_hosts": "hosts besides loopback that the URL in the log may name (the log "
+    "holds text vLLM's clients choose): without them, or `health_url`, a logged URL that is not "
+    "`http` to loopback is not probed and is said in one `daemon.problem` line",
     "[vllm] health_interval_s": "seconds between `/health` probes once the API server is up: "
     "a server that stops answering is not ready within two",
     "[vllm] servable": "ready only once, after `/health` answered, one completion of one token "
     "(the served model from `/v1/models`) succeeded; its failure is `completion_failed`",
     "[vllm] servable_prompt": "the servable check's prompt",
     "[vllm] servable_timeout_s": "how long the servable check's requests may take",
+    "[vllm] api_key_file": "a file holding the API key vLLM asks for (its `--api-key`), sent by "
+    "the servable check as `Authorization: Bearer`; read once at start, never shown (default: "
+    "the supervised argv's `--api-key`)",
 }
 
 DEFAULT_SHOWN = {"state_dir": "see meaning", "[http] listen": "`127.0.0.1:9321`"}
