@@ -28,6 +28,7 @@ from loadwatch.daemon.config import (
     VllmConfig,
     http_files_problem,
     load_config,
+    with_api_key,
 )
 from loadwatch.daemon.loop import Daemon
 from loadwatch.daemon.sdnotify import SdNotifier
@@ -136,6 +137,10 @@ def run_daemon(
     problem = http_files_problem(cfg.http)
     if problem:
         return fail(f"config error: {problem}", EX_CONFIG)
+    try:
+        cfg = with_api_key(cfg)
+    except ConfigError as exc:
+        return fail(f"config error: {exc}", EX_CONFIG)
     problem = prepare_state_dir(cfg.state_dir)
     if problem:
         return fail(problem, EX_CANTCREAT)
@@ -222,6 +227,8 @@ def _run_locked(
     redactor = Redactor()
     if cfg.vllm is not None:
         redactor.learn(cfg.vllm.argv, cfg.vllm.env)
+        if cfg.vllm.api_key is not None:
+            redactor.add(cfg.vllm.api_key)
         if cfg.vllm.inherit_env:
             redactor.learn((), os.environ)
     eventlog = EventLog(stdout, cfg.events_file, redactor=redactor, stdout=cfg.events.stdout)

@@ -18,8 +18,10 @@ from typing import Any, Literal, TypeVar
 
 from loadwatch.daemon.config_table import ConfigError as ConfigError
 from loadwatch.daemon.config_table import Table as _Table
+from loadwatch.daemon.sources.health import UrlRefused, endpoint_from_config
 from loadwatch.exporters.http.settings import DEFAULT_PORT as DEFAULT_PORT
 from loadwatch.exporters.http.settings import HttpConfig as HttpConfig
+from loadwatch.parsers.vllm.argv import option
 
 EX_CONFIG = 78
 
@@ -76,6 +78,11 @@ class VllmConfig:
     log_max_bytes: int = 256 * 1024 * 1024
     log_keep: int = 3
     health_url: str | None = None  # default: from --host/--port in argv, or the URL vLLM logs
+    # Hosts besides loopback that the URL vLLM logs may name (the log is untrusted input).
+    allowed_hosts: tuple[str, ...] = ()
+    api_key_file: Path | None = None  # the key the servable check sends (else argv's --api-key)
+    # The key itself, read once from api_key_file before the daemon starts (`with_api_key`).
+    api_key: str | None = field(default=None, repr=False)
     health_interval_s: float = 5.0  # /health probes once the API server is up
     servable: bool = False  # ready only once one tiny completion succeeded after /health
     servable_prompt: str = "Hello"
@@ -87,7 +94,16 @@ class VllmConfig:
 
 # The [vllm] keys that also apply in watch mode (a [vllm] table without argv); `user` only there.
 WATCH_KEYS = frozenset(
-    {"health_url", "health_interval_s", "servable", "servable_prompt", "servable_timeout_s", "user"}
+    {
+        "user",
+        "health_url",
+        "allowed_hosts",
+        "health_interval_s",
+        "servable",
+        "servable_prompt",
+        "servable_timeout_s",
+        "api_key_file",
+    }
 )
 
 
@@ -287,7 +303,8 @@ def _vllm_fields(t: _Table) -> dict[str, Any]:
         "preflight": t.choice("preflight", d.preflight, ("warn", "refuse", "off")),
         "log_max_bytes": t.integer("log_max_bytes", d.log_max_bytes, minimum=4096, maximum=1 << 40),
         "log_keep": t.integer("log_keep", d.log_keep, minimum=1, maximum=100),
-        "health_url": t.string("health_url", None),
+        "health_url": _health_url(t),
+        "allowed_hosts": t.hosts("allowed_hosts"),
         "health_interval_s": t.number(
             "health_interval_s", d.health_interval_s, minimum=0.1, maximum=3600
         ),
@@ -297,6 +314,7 @@ def _vllm_fields(t: _Table) -> dict[str, Any]:
             "servable_timeout_s", d.servable_timeout_s, minimum=1.0, maximum=3600
         ),
         "user": _vllm_user(t, argv),
+        "api_key_file": t.path("api_key_file", None),
     }
 
 
@@ -316,6 +334,16 @@ def _vllm_user(t: _Table, argv: tuple[str, ...]) -> int | None:
         return pwd.getpwnam(value).pw_uid
     except KeyError:
         raise ConfigError(t.key("user"), f"no such user on this host: {value!r}") from None
+
+
+def _health_url(t: _Table) -> str | None:
+    url = t.string("health_url", None)
+    if url is not None:
+        try:
+            endpoint_from_config(url)
+        except UrlRefused as exc:
+            raise ConfigError(t.key("health_url"), str(exc)) from None
+    return url
 
 
 def _events_fields(t: _Table) -> dict[str, Any]:
@@ -388,6 +416,25 @@ def http_files_problem(http: HttpConfig) -> str | None:
         except (OSError, ssl.SSLError) as exc:
             return f"[http] tls_cert: {http.tls_cert} and {http.tls_key} are no certificate and key: {exc}"
     return None
+
+
+def with_api_key(cfg: Config) -> Config:
+    """`[vllm] api_key_file` read (once, stripped), else the supervised argv's `--api-key`: the
+    key the servable check sends. An unreadable or empty file is a ConfigError."""
+    vllm = cfg.vllm
+    if vllm is None:
+        return cfg
+    key = option(vllm.argv, "--api-key") if vllm.argv else None
+    path = vllm.api_key_file
+    if path is not None:
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise ConfigError("[vllm] api_key_file", f"cannot read {path}: {why}") from None
+        if not key:
+            raise ConfigError("[vllm] api_key_file", f"{path} is empty")
+    return replace(cfg, vllm=replace(vllm, api_key=key or None))
 
 
 def with_overrides(cfg: Config, **sections: Any) -> Config:

@@ -95,9 +95,14 @@ DOCS: dict[str, str] = {
     "to start, or skip",
     "[vllm] log_max_bytes": "the captured log is rotated at this size",
     "[vllm] log_keep": "rotated logs kept",
-    "[vllm] health_url": "vLLM's `/health` (default: from `--host`/`--port` in argv, or in watch "
-    "mode the URL the log printed, `0.0.0.0` meaning loopback); a `[vllm]` table without argv "
-    "may hold this and the keys below for watch mode",
+    "[vllm] health_url": "vLLM's `/health`, `http` or `https` (default: from `--host`/`--port` "
+    "in argv, or in watch mode the first URL the session's log printed, `0.0.0.0` meaning "
+    "loopback); a `[vllm]` table without argv may hold this and the keys below for watch mode. "
+    "Every probe goes to this one host and port, follows no redirect (a 3xx is a failed probe) "
+    "and no proxy from the environment",
+    "[vllm] allowed_hosts": "hosts besides loopback that the URL in the log may name (the log "
+    "holds text vLLM's clients choose): without them, or `health_url`, a logged URL that is not "
+    "`http` to loopback is not probed and is said in one `daemon.problem` line",
     "[vllm] health_interval_s": "seconds between `/health` probes once the API server is up: "
     "a server that stops answering is not ready within two",
     "[vllm] servable": "ready only once, after `/health` answered, one completion of one token "
@@ -111,6 +116,9 @@ DOCS: dict[str, str] = {
     "Default: the owner of the log file, as the vLLM that writes a log owns it; set it when "
     "another writes the file (systemd's `StandardOutput=file:`, a container runtime: root) or "
     "for `journal_unit`. Not with argv",
+    "[vllm] api_key_file": "a file holding the API key vLLM asks for (its `--api-key`), sent by "
+    "the servable check as `Authorization: Bearer`; read once at start, never shown (default: "
+    "the supervised argv's `--api-key`)",
 }
 
 DEFAULT_SHOWN = {"state_dir": "see meaning", "[http] listen": "`127.0.0.1:9321`"}

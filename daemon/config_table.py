@@ -5,6 +5,7 @@ getters also record what they read, so the configuration's schema is the code th
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -149,6 +150,16 @@ class Table:
 
         return self._get(key, None, check, "user name or uid")
 
+    def hosts(self, key: str) -> tuple[str, ...]:
+        """Host names or IP addresses (an IPv6 one with or without brackets), lower-cased."""
+
+        def check(v: Any) -> tuple[str, ...]:
+            if not isinstance(v, list):
+                raise ValueError("expected a list of host names or IP addresses")
+            return tuple(_host(x) for x in v)
+
+        return self._get(key, (), check, "list of host names or IP addresses")
+
     def devices(self, key: str) -> tuple[int | str, ...] | None:
         def check(v: Any) -> tuple[int | str, ...]:
             if not isinstance(v, list):
@@ -181,6 +192,30 @@ class Table:
         unknown = sorted(set(self.data) - self.seen - tables)
         if unknown:
             raise ConfigError(self.key(unknown[0]), "unknown key")
+
+
+def _host(v: Any) -> str:
+    """One host: an IP address (not a wildcard) or a DNS name of letters, digits, `-` and `.`."""
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"expected a host name or IP address, got {_show(v)}")
+    text = v[1:-1] if v.startswith("[") and v.endswith("]") else v
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        pass
+    else:
+        if ip.is_unspecified:
+            raise ValueError(f"{_show(v)} is a wildcard, no host (a wildcard bind is loopback)")
+        return str(ip)
+    labels = text.lower().removesuffix(".").split(".")
+    if len(text) > 253 or not all(_label(x) for x in labels):
+        raise ValueError(f"not a host name or IP address: {_show(v)}")
+    return ".".join(labels)
+
+
+def _label(x: str) -> bool:
+    ok = set("abcdefghijklmnopqrstuvwxyz0123456789-")
+    return 0 < len(x) <= 63 and set(x) <= ok and not x.startswith("-") and not x.endswith("-")
 
 
 def _show(v: Any) -> str:

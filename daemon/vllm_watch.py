@@ -3,12 +3,21 @@
 A task on the daemon's loop. Once the log says the API server started, it probes `/health`
 every `[vllm] health_interval_s` for as long as the session lives, so a server that stops
 answering turns `/readyz` to 503 within two intervals (the state's `health_failures_not_ready`
-failures in a row). The URL: `[vllm] health_url` when configured, else the supervised argv's
-`--host`/`--port`, else the one the log printed (`Starting vLLM API server 0 on
-http://0.0.0.0:8000`, a wildcard host meaning loopback here).
+failures in a row). Where (sources/health.py `Endpoint`): `[vllm] health_url` when configured,
+else the supervised argv's `--host`/`--port`, else the URL the log printed (`Starting vLLM API
+server 0 on http://0.0.0.0:8000`, a wildcard host meaning loopback here).
+
+The log is untrusted input, so the URL it printed is bounded by configuration: `http` to a
+loopback host or one of `[vllm] allowed_hosts` (sources/health.py `endpoint_from_log`). The
+session's first URL is the one (the fold keeps it: vLLM prints it before it serves, so no
+client's text comes first), and once accepted it stays the session's. A URL refused is said in
+one `daemon.problem` line and not probed. A round that raises is said (once while it repeats)
+and the next goes on: nothing a log line holds ends this task.
 
 With `[vllm] servable = true`, the first `/health` 200 of a session is followed by one tiny
-completion (sources/health.py `probe_completion`): `/readyz` says 200 only once it succeeded.
+completion (sources/health.py `probe_completion`) at the same endpoint, with the API key vLLM
+asks for (`[vllm] api_key_file`, else the supervised argv's `--api-key`): `/readyz` says 200
+only once it succeeded.
 
 In watch mode the process the log names (the API server's pid) is looked for in /proc: when it
 runs here as vLLM's user and is vLLM (sources/proc/logged_process.py says how it is judged),
@@ -25,9 +34,12 @@ from typing import Any
 
 from loadwatch.daemon.config import VllmConfig
 from loadwatch.daemon.sources.health import (
+    Endpoint,
     HealthProber,
-    health_url,
-    health_url_from_argv,
+    UrlRefused,
+    endpoint_from_argv,
+    endpoint_from_config,
+    endpoint_from_log,
     probe_completion,
 )
 from loadwatch.daemon.sources.inputs import CompletionProbe, HealthProbe, LoggedProcessSeen
@@ -47,30 +59,74 @@ class VllmWatch:
         self.daemon = daemon
         self.cfg: VllmConfig | None = daemon.cfg.vllm
         self.interval_s = self.cfg.health_interval_s if self.cfg is not None else 5.0
-        self._probers: dict[str, HealthProber] = {}
+        self._prober: HealthProber | None = None
         self._process = LoggedProcess(proc_root, user=self._expected_user, on_refused=self._refused)
         self._completion_for: int | None = None  # the session the servable check ran for
+        self._configured: Endpoint | UrlRefused | None = None  # health_url or argv, resolved
+        self._logged: tuple[int, str, Endpoint | None] | None = None  # session, its URL, verdict
+        self._last_error: str | None = None  # the last round's exception, said once
 
-    def url(self, s: Session) -> str | None:
+    def endpoint(self, s: Session) -> Endpoint | None:
+        """Where this session's probes go; None while nowhere (or nowhere allowed)."""
         cfg = self.cfg
-        if cfg is not None and cfg.health_url:
-            return cfg.health_url
-        if cfg is not None and cfg.argv:
-            return health_url_from_argv(cfg.argv)
+        if cfg is not None and (cfg.health_url or cfg.argv):
+            return self._configured_endpoint(cfg)
         logged = s.milestones.get("api_server_start")
-        return health_url(logged.value) if logged is not None and logged.value else None
+        if logged is None or not logged.value:
+            return None
+        seen = self._logged
+        if (
+            seen is not None
+            and seen[0] == s.id
+            and (seen[2] is not None or seen[1] == logged.value)
+        ):
+            return seen[2]  # accepted for the session, or this very URL refused already
+        try:
+            ep: Endpoint | None = endpoint_from_log(
+                logged.value, cfg.allowed_hosts if cfg is not None else ()
+            )
+        except UrlRefused as exc:
+            self.daemon.feed.problem(f"vLLM's logged API server URL is not probed: {exc}")
+            ep = None
+        self._logged = (s.id, logged.value, ep)
+        return ep
+
+    def _configured_endpoint(self, cfg: VllmConfig) -> Endpoint | None:
+        if self._configured is None:
+            try:
+                self._configured = (
+                    endpoint_from_config(cfg.health_url)
+                    if cfg.health_url
+                    else endpoint_from_argv(cfg.argv)
+                )
+            except UrlRefused as exc:  # (an argv vLLM itself would refuse: `--port x`)
+                self.daemon.feed.problem(f"vLLM's /health is not probed: {exc}")
+                self._configured = exc
+        return self._configured if isinstance(self._configured, Endpoint) else None
 
     async def run(self) -> None:
         d = self.daemon
         while not d.stop_event.is_set():
-            s = d.state.session
-            if s is not None and s.phase not in TERMINAL:
-                if not d.cfg.supervise:
-                    self._check_process(s)
-                    s = d.state.session
-                if s is not None and s.api_server_at is not None and s.phase not in TERMINAL:
-                    await self._probe(s)
+            try:
+                await self._round()
+                self._last_error = None
+            except Exception as exc:  # one bad round must not end the probes for good
+                error = f"vLLM health probe round failed: {type(exc).__name__}: {exc}"
+                if error != self._last_error:
+                    d.feed.problem(error)
+                self._last_error = error
             await self._sleep(self.interval_s)
+
+    async def _round(self) -> None:
+        d = self.daemon
+        s = d.state.session
+        if s is None or s.phase in TERMINAL:
+            return
+        if not d.cfg.supervise:
+            self._check_process(s)
+            s = d.state.session
+        if s is not None and s.api_server_at is not None and s.phase not in TERMINAL:
+            await self._probe(s)
 
     def _check_process(self, s: Session) -> None:
         what, seen = self._process.check(s.server_pid)
@@ -90,12 +146,13 @@ class VllmWatch:
         self.daemon.feed.problem(f"the log names pid {pid}, not taken for vLLM's: {why}")
 
     async def _probe(self, s: Session) -> None:
-        url = self.url(s)
-        if url is None:
+        ep = self.endpoint(s)
+        if ep is None:
             return
         d = self.daemon
-        prober = self._probers.setdefault(url, HealthProber(url, PROBE_TIMEOUT_S))
-        result = await prober.probe()
+        if self._prober is None or self._prober.endpoint != ep:
+            self._prober = HealthProber(ep, PROBE_TIMEOUT_S)
+        result = await self._prober.probe()
         d.tally.health_up = result.ok
         d.apply(
             HealthProbe(
@@ -113,14 +170,19 @@ class VllmWatch:
             and self._completion_for != now.id
         ):
             self._completion_for = now.id
-            await self._servable(url)
+            await self._servable(ep)
 
-    async def _servable(self, url: str) -> None:
+    async def _servable(self, ep: Endpoint) -> None:
         cfg = self.cfg
         assert cfg is not None
         d = self.daemon
         r = await asyncio.to_thread(
-            probe_completion, url, cfg.servable_prompt, cfg.servable_timeout_s, d.clock
+            probe_completion,
+            ep,
+            cfg.servable_prompt,
+            cfg.servable_timeout_s,
+            d.clock,
+            cfg.api_key,
         )
         d.feed.line(
             "vllm.servable",

@@ -335,7 +335,7 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
         m = MilestoneSeen(
             ev.kind, ev.detail, 1, t, t, ev.seconds, ev.gib, ev.tokens, ev.blocks, ev.value
         )
-    else:  # each value the latest the milestone gave
+    else:  # each value the latest the milestone gave, but the API server's URL: the first
         m = MilestoneSeen(
             m.kind,
             m.detail,
@@ -346,7 +346,11 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
             ev.gib if ev.gib is not None else m.gib,
             ev.tokens if ev.tokens is not None else m.tokens,
             ev.blocks if ev.blocks is not None else m.blocks,
-            ev.value if ev.value is not None else m.value,
+            # (vLLM prints it before it serves, so no client's text comes first; the daemon
+            # probes it: a later line of the same shape must not move the probes)
+            m.value
+            if ev.value is None or (ev.kind == "api_server_start" and m.value is not None)
+            else ev.value,
         )
     f.mine("milestones")[key] = m
     if ev.kind == "version" and ev.value:

@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.config import ConfigError, load_config, parse_config, parse_listen
+from loadwatch.daemon.app import run_daemon
+from loadwatch.daemon.config import (
+    ConfigError,
+    load_config,
+    parse_config,
+    parse_listen,
+    with_api_key,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -78,6 +85,17 @@ dir = "/models/k"
         ("[vllm]\nuser = 1.5\n", "[vllm] user", "user name or uid"),
         ("[vllm]\nuser = ''\n", "[vllm] user", "user name or uid"),
         ("[vllm]\nargv = ['x']\nuser = 'root'\n", "[vllm] user", "watch mode only"),
+        ("[vllm]\nallowed_hosts = '10.0.0.5'\n", "[vllm] allowed_hosts", "expected a list"),
+        ("[vllm]\nallowed_hosts = ['0.0.0.0']\n", "[vllm] allowed_hosts", "a wildcard"),
+        ("[vllm]\nallowed_hosts = ['::']\n", "[vllm] allowed_hosts", "a wildcard"),
+        ("[vllm]\nallowed_hosts = ['a host']\n", "[vllm] allowed_hosts", "not a host name"),
+        ("[vllm]\nallowed_hosts = ['*.example']\n", "[vllm] allowed_hosts", "not a host name"),
+        ("[vllm]\nallowed_hosts = ['']\n", "[vllm] allowed_hosts", "expected a host name"),
+        ("[vllm]\nallowed_hosts = [8000]\n", "[vllm] allowed_hosts", "expected a host name"),
+        ("[vllm]\nhealth_url = 'ftp://127.0.0.1/health'\n", "[vllm] health_url", "http or https"),
+        ("[vllm]\nhealth_url = 'http://127.0.0.1:80x/health'\n", "[vllm] health_url", "port"),
+        ("[vllm]\nhealth_url = 'file:///etc/passwd'\n", "[vllm] health_url", "no host"),
+        ("[vllm]\napi_key_file = ''\n", "[vllm] api_key_file", "non-empty"),
     ],
 )
 def test_each_problem_names_its_key(tmp_path: Path, text: str, key: str, words: str) -> None:
@@ -123,3 +141,52 @@ def test_parse_listen_forms() -> None:
     assert parse_listen(":9000") == ("127.0.0.1", 9000)
     assert parse_listen("[::1]:9000") == ("::1", 9000)
     assert parse_listen("localhost:1") == ("localhost", 1)
+
+
+def test_watch_mode_bounds_of_the_probes(tmp_path: Path) -> None:
+    cfg = parse_config(
+        {
+            "vllm": {
+                "allowed_hosts": ["10.0.0.5", "[FD00::2]", "VLLM.internal."],
+                "api_key_file": str(tmp_path / "key"),
+            }
+        }
+    )
+    assert cfg.vllm is not None and not cfg.supervise
+    assert cfg.vllm.allowed_hosts == ("10.0.0.5", "fd00::2", "vllm.internal")
+    assert cfg.vllm.api_key_file == tmp_path / "key" and cfg.vllm.api_key is None
+
+
+def test_the_api_key_is_read_once_stripped_and_never_shown(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("\n  sk-from-file-123  \n")
+    argv = ["vllm", "serve", "/m", "--api-key", "sk-from-argv-456"]
+    from_argv = with_api_key(parse_config({"vllm": {"argv": argv}}))
+    assert from_argv.vllm is not None and from_argv.vllm.api_key == "sk-from-argv-456"
+    both = with_api_key(parse_config({"vllm": {"argv": argv, "api_key_file": str(key)}}))
+    assert both.vllm is not None and both.vllm.api_key == "sk-from-file-123"
+    assert "sk-from-file" not in repr(both)
+    assert with_api_key(parse_config({})).vllm is None
+
+
+@pytest.mark.parametrize(("content", "words"), [(None, "cannot read"), ("  \n", "is empty")])
+def test_an_unusable_api_key_file_is_a_config_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, words: str
+) -> None:
+    key = tmp_path / "key"
+    if content is not None:
+        key.write_text(content)
+    cfg = parse_config(
+        {
+            "state_dir": str(tmp_path / "st"),
+            "log": {"path": str(tmp_path / "vllm.log")},
+            "gpu": {"source": "none"},
+            "vllm": {"api_key_file": str(key)},
+        }
+    )
+    with pytest.raises(ConfigError) as info:
+        with_api_key(cfg)
+    assert info.value.key == "[vllm] api_key_file" and words in info.value.problem
+    assert run_daemon(cfg) == 78  # before anything starts
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "[vllm] api_key_file" in line and words in line

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.sources.health import HealthProber, health_url_from_argv
+from loadwatch.daemon.sources.health import HealthProber, endpoint_from_argv
 from loadwatch.daemon.sources.model.model_info import read_model_dir
 from loadwatch.daemon.supervise.supervisor import Supervisor, SupervisorConfig
 from loadwatch.daemon.tools.patch import drop_fp8_kv_cache, revert_model
@@ -97,7 +97,7 @@ def test_engine_death_with_exit_code_zero_is_restarted(fp8_model: Path, tmp_path
     )
     rec = Recorder()
     sup = Supervisor(cfg, on_event=rec)
-    prober = HealthProber(health_url_from_argv(argv), timeout_s=2.0)
+    prober = HealthProber(endpoint_from_argv(argv), timeout_s=2.0)
     failures: list[str] = []
     seen = {"api_up": False, "ready": False, "request_status": 0}
 
