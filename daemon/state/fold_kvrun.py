@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from loadwatch.daemon.state.fold import Fold
-from loadwatch.daemon.state.fold_log import _activity
+from loadwatch.daemon.state.fold_log import activity
 from loadwatch.daemon.state.nodefold import track_node
 from loadwatch.daemon.state.session import WarningTally
 from loadwatch.parsers.events import KvScaleRun, KvScaleWarning
@@ -18,7 +18,7 @@ def on_kv_group(f: Fold, g: KvScaleRun) -> None:
     t = f.at(g.ts)
     s = f.ensure_session(t)
     if s.stall is not None and s.stall.kind == "quiet":
-        _activity(f, t)
+        activity(f, t)
     last = t
     if f.replay and g.count > 1 and g.last_ts is not None:
         # `Fold.at` of each later record: stamps never go back within a run, so the last decides

@@ -10,12 +10,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from loadwatch.daemon.state.failures import (
-    FailureTally,
-    fold_failure,
-    session_kind,
-    shutdown_noise,
-)
 from loadwatch.daemon.state.fold import Fold
 from loadwatch.daemon.state.forecast import EtaState, eta_update
 from loadwatch.daemon.state.records import evolve
@@ -28,14 +22,11 @@ from loadwatch.daemon.state.session import (
     MilestoneSeen,
     Session,
     WarningTally,
-    failure_rank,
 )
-from loadwatch.daemon.state.snapshot import SessionSummary
 from loadwatch.parsers.events import (
     ClientText,
     EpWeightFilter,
     Event,
-    Failure,
     KvScaleWarning,
     LogError,
     LogWarning,
@@ -87,7 +78,7 @@ def _on_ep_filter(f: Fold, ev: EpWeightFilter) -> None:
     """`EP weight filter: ...`: this rank reads its own experts only (the ETA's inputs say so)."""
     t = f.at(ev.ts)
     f.ensure_session(t)
-    _activity(f, t)
+    activity(f, t)
     seen = EpFilterSeen(ev.ep_size, ev.ep_rank, ev.experts_loaded, ev.experts_total, t, ev.process)
     f.upd(ep_filter=seen)
     f.advance("loading_weights", t, "ep weight filter")
@@ -206,7 +197,7 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
     else:
         if ev.bar == "graph_capture":
             f.advance("post_load", t, "graph capture")
-        _activity(f, t)
+        activity(f, t)
 
 
 def _tally(
@@ -218,7 +209,7 @@ def _tally(
     t = f.at(evs[0].ts)
     s = f.ensure_session(t)
     if s.stall is not None and s.stall.kind == "quiet":
-        _activity(f, t)
+        activity(f, t)
     cfg = f.cfg
     warnings = f.mine("warnings")
     if code not in warnings and len(warnings) >= cfg.max_warning_codes:
@@ -265,7 +256,7 @@ def _tally(
     sd["log_seen"] = True
 
 
-def _activity(f: Fold, t: float) -> None:
+def activity(f: Fold, t: float) -> None:
     f.upd(last_event_at=t, log_seen=True)
     st = f.s.stall
     if st is not None and st.kind == "quiet":
@@ -305,7 +296,7 @@ def _on_client_text(f: Fold, ev: ClientText) -> None:
 def _on_stall_hint(f: Fold, ev: StallHint) -> None:
     t = f.at(ev.ts)
     f.ensure_session(t)
-    _activity(f, t)
+    activity(f, t)
     f.upd(stall_hints=f.s.stall_hints + 1, last_hint_s=ev.seconds)
 
 
@@ -326,7 +317,7 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
     ):
         f.open_session(t, "log_model_load_start")
     s = f.ensure_session(t)
-    _activity(f, t)
+    activity(f, t)
     s = f.s
     # (the engine config's detail is a value, the KV-cache dtype it names: not a sub-kind)
     key = ev.kind if ev.detail is None or ev.kind == "engine_config" else f"{ev.kind}.{ev.detail}"
@@ -374,7 +365,7 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
         # Not ready at `Available routes are:`: vLLM 0.32 lists its routes before uvicorn
         # listens, and a request then is refused (tests/e2e/test_real_vllm.py saw it).
     elif ev.kind == "app_startup_complete":
-        _ready(f, t, "application startup complete")
+        ready(f, t, "application startup complete")
     elif ev.kind == "shutdown":
         _shutdown(f, t, ev.value or "")
     elif ev.kind == "launch_args" and ev.detail == "kv_cache_dtype" and ev.value:
@@ -410,133 +401,13 @@ STOP_LINES = frozenset(
 )
 
 
-def _ready(f: Fold, t: float, reason: str) -> None:
+def ready(f: Fold, t: float, reason: str) -> None:
     s = f.s
     if s.phase in TERMINAL:
         return
     if s.ready_at is None:
         f.upd(ready_at=t)
     f.advance("ready", t, reason)
-
-
-def _fatal(s: Session, ev: Failure) -> bool:
-    """Before vLLM serves, every failure the log shows is fatal. Once it serves, clients choose
-    text vLLM logs (a model name, a request id) and a request's error is logged like any other:
-    an error alone is a warning, and the session fails only on corroboration: the engine's own
-    word that it died (`engine_fatal`), or, through `corroborate`, the process's exit or
-    /health failing."""
-    if s.stop_requested:
-        return False
-    if ev.kind == "completion_failed":
-        return True  # loadwatch's own check, not the log's
-    return s.ready_at is None or ev.engine_fatal or s.phase == "failed"
-
-
-def corroborate(f: Fold, t: float, why: str) -> bool:
-    """The server is gone or failing (`why`): the failures the log showed shortly before, held
-    as warnings while it served, were fatal after all. The session fails with the most telling
-    of them; False when there were none (then the caller decides what the end was)."""
-    s = f.s
-    if s.stop_requested or s.phase in TERMINAL:
-        return False
-    held = _held_failures(f, t)
-    if not held:
-        return False
-    kind = session_kind(f.s.failures) or "other"
-    if f.s.stall is not None:
-        f.clear_stall(t, "failed")
-    f.clear_forecasts(t, "session failed")
-    best = min(held, key=lambda v: failure_rank(v.kind))
-    f.set_phase("failed", t, f"{kind}: {best.message[:200]} ({why})", failure_kind=kind)
-    return True
-
-
-def _held_failures(f: Fold, t: float) -> list[FailureTally]:
-    """The failures held as warnings within the corroboration window before `t` that say why
-    an engine dies (an `other` error is a request's), now made fatal (in the session's draft)."""
-    s = f.s
-    since = t - f.cfg.corroboration_window_s
-    held = [
-        v for v in s.failures.values() if not v.fatal and v.kind != "other" and v.last_at >= since
-    ]
-    if held:
-        failures = {k: replace(v, fatal=True) if v in held else v for k, v in s.failures.items()}
-        f.upd(failures=failures)
-    return held
-
-
-def _on_failure(f: Fold, ev: Failure) -> None:
-    t = f.at(ev.ts)
-    s = f.sess
-    past = f.get("past")
-    # A failure the previous process logged, read after the next one started: the new
-    # process has logged nothing yet (live, the record's stamp says nothing about the clock),
-    # or, replayed, its time is before the start.
-    if (
-        s is not None
-        and s.reason == "process_start"
-        and past
-        and not s.log_seen
-        and (not f.replay or t < s.started_at - 1.0)
-    ):
-        _late_failure(f, ev, t, past)
-        return
-    s = f.ensure_session(t)
-    _activity(f, t)
-    s = f.s
-    if shutdown_noise(ev, s.stop_requested):
-        return  # the shutdown that was asked for, not a failure
-    fatal = _fatal(s, ev)
-    if fatal and s.ready_at is not None and s.phase != "failed":
-        _held_failures(f, t)  # the engine died: the errors just before it say why
-        s = f.s
-    folded = fold_failure(s.failures, ev, t, fatal, f.cfg.max_failures, f.cfg.max_processes)
-    f.upd(failures=folded.failures, failures_total=s.failures_total + 1)
-    if folded.new_root:
-        f.emit(
-            "failure",
-            t,
-            failure_kind=ev.kind,
-            message=(ev.exc_type + ": " if ev.exc_type else "") + ev.message[:300],
-            fatal=fatal,
-        )
-    if not fatal:
-        return
-    kind = session_kind(folded.failures) or ev.kind
-    s = f.s
-    if s.stall is not None:
-        f.clear_stall(t, "failed")
-    s = f.s
-    if s.phase == "failed":
-        if kind != s.failure_kind:
-            f.upd(failure_kind=kind)
-        return
-    f.clear_forecasts(t, "session failed")
-    f.set_phase("failed", t, f"{kind}: {ev.message[:200]}", failure_kind=kind)
-
-
-def _late_failure(f: Fold, ev: Failure, t: float, past: tuple[SessionSummary, ...]) -> None:
-    """A failure logged by the previous process, read after the next one started."""
-    last = past[-1]
-    kind = last.failure_kind
-    phase = last.phase
-    if not last.stop_requested:
-        if failure_rank(ev.kind) < failure_rank(kind):
-            kind = ev.kind
-        if phase == "stopped":
-            phase = "failed"
-    f.changes["past"] = (
-        *past[:-1],
-        replace(last, failure_kind=kind, phase=phase, failures_total=last.failures_total + 1),
-    )
-    f.emit(
-        "failure",
-        t,
-        session=last.id,
-        failure_kind=ev.kind,
-        message=ev.message[:300],
-        fatal=not last.stop_requested,
-    )
 
 
 # Every log event type and its handler. Their transitions carry the record's offset.
@@ -548,7 +419,6 @@ LOG_HANDLERS: dict[type, Any] = {
     LogError: _on_log_error,
     StallHint: _on_stall_hint,
     Milestone: _on_milestone,
-    Failure: _on_failure,
     EpWeightFilter: _on_ep_filter,
     ClientText: _on_client_text,
 }

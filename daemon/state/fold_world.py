@@ -16,7 +16,8 @@ from loadwatch.daemon.sources.inputs import (
     Tick,
 )
 from loadwatch.daemon.state.fold import Fold
-from loadwatch.daemon.state.fold_log import _on_failure, _ready, corroborate
+from loadwatch.daemon.state.fold_failure import corroborate, on_failure
+from loadwatch.daemon.state.fold_log import ready
 from loadwatch.daemon.state.memfit import MemoryFit
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import (
@@ -84,7 +85,7 @@ def _on_health(f: Fold, ev: HealthProbe) -> None:
         and ev.ts >= s.api_server_at
         and s.phase not in TERMINAL
     ):
-        _ready(f, ev.ts, "health 200 after the API server started")
+        ready(f, ev.ts, "health 200 after the API server started")
     failures = f.get("health_failures")
     if not ev.ok and s is not None and failures >= f.cfg.health_failures_not_ready:
         corroborate(f, ev.ts, f"then /health failed {failures} times in a row")
@@ -100,7 +101,7 @@ def _on_completion(f: Fold, ev: CompletionProbe) -> None:
         why = ev.error or "failed"
         model = f" (model {ev.model})" if ev.model else ""
         message = f"the first completion failed: {why}{model}"
-        _on_failure(f, Failure(kind="completion_failed", message=message, ts=ev.ts))
+        on_failure(f, Failure(kind="completion_failed", message=message, ts=ev.ts))
 
 
 def _on_logged_process(f: Fold, ev: LoggedProcessSeen) -> None:

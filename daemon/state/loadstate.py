@@ -41,6 +41,7 @@ from typing import Any
 from loadwatch.daemon.sources.inputs import HealthProbe, Tick
 from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.fold import Fold
+from loadwatch.daemon.state.fold_failure import on_failure
 from loadwatch.daemon.state.fold_kvrun import on_kv_group
 from loadwatch.daemon.state.fold_lane import LANE_INPUTS, fold_lane, lane_end
 from loadwatch.daemon.state.fold_log import LOG_HANDLERS, on_kv_run
@@ -62,11 +63,11 @@ from loadwatch.daemon.state.session import (
 )
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.state.snapshot_builder import build_snapshot
-from loadwatch.parsers.events import KvScaleRun, KvScaleWarning
+from loadwatch.parsers.events import Failure, KvScaleRun, KvScaleWarning
 
-HANDLERS: dict[type, Any] = {**LOG_HANDLERS, **WORLD_HANDLERS, **NODE_EVENTS}
+HANDLERS: dict[type, Any] = {**LOG_HANDLERS, Failure: on_failure, **WORLD_HANDLERS, **NODE_EVENTS}
 LOG_INPUTS = frozenset(
-    {*LOG_HANDLERS, *NODE_EVENTS, KvScaleRun}
+    {*LOG_HANDLERS, Failure, *NODE_EVENTS, KvScaleRun}
 )  # their transitions carry the record's offset
 
 
