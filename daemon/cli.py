@@ -151,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
         "examples:\n  loadwatch run --log /var/log/vllm/vllm.log\n"
         "  loadwatch run --config /etc/loadwatch/loadwatch.toml\n"
         "  loadwatch run --model-dir /models/M -- vllm serve /models/M\n\n"
-        "Flags override the config file. A bad config exits 78 with one line naming the key.",
+        "Flags override the config file: -- COMMAND replaces [vllm] argv, and the file's other\n"
+        "[vllm] keys apply to it. A bad config exits 78 with one line naming the key.",
     )
     run.add_argument("--config", type=Path, metavar="FILE", help="TOML configuration file")
     run.add_argument(
@@ -187,7 +188,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the checkpoint directory (shard sizes for byte progress, KV-cache dtype)",
     )
-    run.add_argument("vllm", nargs=argparse.REMAINDER, help="-- then the vLLM command to supervise")
+    run.add_argument(
+        "vllm", nargs=argparse.REMAINDER, help="-- then the vLLM command to supervise ([vllm] argv)"
+    )
 
     st = command(
         "status",
