@@ -25,7 +25,6 @@ from loadwatch.daemon.cli import EX_CANTCREAT, EX_CONFIG, fail
 from loadwatch.daemon.config import (
     Config,
     ConfigError,
-    VllmConfig,
     http_files_problem,
     load_config,
     with_api_key,
@@ -50,7 +49,11 @@ DEFAULT_STATE_DIR = Path("/var/lib/loadwatch")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
+    # `-- COMMAND` is `[vllm] argv`: it replaces the file's, or completes a [vllm] table that
+    # holds only the other keys, which apply to it as they would to the file's own argv.
+    argv = [a for a in (args.vllm or []) if a != "--"]
     overrides: dict[str, Any] = {
+        "vllm.argv": argv or None,
         "log.path": str(args.log) if args.log else None,
         "state_dir": str(args.state_dir) if args.state_dir else None,
         "http.listen": args.listen,
@@ -60,10 +63,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
         "model.dir": str(args.model_dir) if args.model_dir else None,
     }
     cfg = load_config(args.config, overrides)
-    argv = [a for a in (args.vllm or []) if a != "--"] if args.vllm else []
-    if argv:
-        base = cfg.vllm or VllmConfig(argv=tuple(argv))
-        cfg = replace(cfg, vllm=replace(base, argv=tuple(argv)))
     if args.state_dir is None and args.config is None and not os.access("/var/lib", os.W_OK):
         # A user running `loadwatch run --log X` by hand gets a state dir it can write.
         cfg = replace(cfg, state_dir=Path.home() / ".local" / "state" / "loadwatch")

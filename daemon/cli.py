@@ -28,7 +28,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from loadwatch.daemon.tools.plan_args import add_plan_flags, needs_nvml, plan_capacity, plan_layout
+from loadwatch.daemon.tools.plan_args import (
+    add_plan_flags,
+    gpu_model_cc,
+    needs_nvml,
+    plan_capacity,
+    plan_layout,
+)
 
 EX_USAGE = 64
 EX_DATAERR = 65
@@ -67,7 +73,15 @@ EXAMPLES = """examples:
 
 
 class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Epilogs keep their lines; every option with a default shows it."""
+    """Epilogs keep their lines; every option with a default shows it, once: a help text that
+    says its default itself (one that depends on something else) is left as written, and an
+    unset option (None) shows no default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or "(default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -137,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
         "examples:\n  loadwatch run --log /var/log/vllm/vllm.log\n"
         "  loadwatch run --config /etc/loadwatch/loadwatch.toml\n"
         "  loadwatch run --model-dir /models/M -- vllm serve /models/M\n\n"
-        "Flags override the config file. A bad config exits 78 with one line naming the key.",
+        "Flags override the config file: -- COMMAND replaces [vllm] argv, and the file's other\n"
+        "[vllm] keys apply to it. A bad config exits 78 with one line naming the key.",
     )
     run.add_argument("--config", type=Path, metavar="FILE", help="TOML configuration file")
     run.add_argument(
@@ -173,7 +188,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the checkpoint directory (shard sizes for byte progress, KV-cache dtype)",
     )
-    run.add_argument("vllm", nargs=argparse.REMAINDER, help="-- then the vLLM command to supervise")
+    run.add_argument(
+        "vllm", nargs=argparse.REMAINDER, help="-- then the vLLM command to supervise ([vllm] argv)"
+    )
 
     st = command(
         "status",
@@ -245,7 +262,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the --kv-cache-dtype vLLM will be started with (default: auto)",
     )
     pf.add_argument(
-        "--gpu-cc", metavar="X.Y", help="compute capability, e.g. 12.0 (default: read by NVML)"
+        "--gpu-cc",
+        metavar="X.Y",
+        help="compute capability, e.g. 12.0 (default: --gpu-model's, else read by NVML)",
     )
     add_plan_flags(pf, _positive)
     pf.add_argument("--json", action="store_true", help="the report as JSON")
@@ -405,12 +424,17 @@ def _preflight(args: argparse.Namespace) -> int:
 
     from loadwatch.daemon.tools.preflight import parse_gpu_cc, preflight_cli
 
+    if not args.model_dir.is_dir():
+        what = "not a directory" if args.model_dir.exists() else "no such directory"
+        return fail(f"preflight: model directory {args.model_dir}: {what}", EX_NOINPUT)
     cc: tuple[int, int] | None = None
     if args.gpu_cc:
         try:
             cc = parse_gpu_cc(args.gpu_cc)
         except ValueError as exc:
             raise UsageError(f"--gpu-cc: {exc}") from None
+    elif args.gpu_model:
+        cc = gpu_model_cc(args.gpu_model)  # an unknown model is said by the capacity below
     nvml_cc, nvml_total = _nvml_gpu() if needs_nvml(args, for_cc=True) else (None, None)
     layout, capacity = _plan_inputs(args, nvml_total)
     text, doc, code = preflight_cli(
@@ -444,7 +468,9 @@ def _patch_model(args: argparse.Namespace) -> int:
         layout, capacity = _plan_inputs(args, nvml_total)
         lines = patch_effect_lines(before, layout, capacity, args.dry_run)
         text += "".join(line + "\n" for line in lines)
-    print(text, file=sys.stdout if code == 0 else sys.stderr)
+    if code != 0:
+        return fail(text.rstrip("\n"), code)
+    print(text)
     return code
 
 

@@ -8,6 +8,8 @@ object; stdout gets what `[events] stdout` says: `transitions` (the default: eve
 parsed log events, failures excepted: about 20 lines for a load that writes 1,300 events, so
 journald's rate limit never drops a `daemon.problem`), `all`, or `none`. `reopen()` (SIGHUP) closes
 and reopens the file so logrotate can move it. Every string passes through the redactor first.
+A line goes to a regular file whole or not at all (linefile.py), to a pipe without waiting
+(nbwrite.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Literal, TextIO
 
 import structlog
 
+from loadwatch.exporters.linefile import LineFile
 from loadwatch.exporters.nbwrite import NonBlockingWriter, for_stream
 from loadwatch.parsers.vllm.argv_secrets import Redactor
 
@@ -35,6 +38,20 @@ def _fallback(obj: Any) -> Any:
     """A value JSON has no type for: its `__structlog__()`, else its repr (structlog's rule)."""
     method = getattr(obj, "__structlog__", None)
     return method() if callable(method) else repr(obj)
+
+
+def _regular_file(stream: object) -> LineFile | None:
+    """Whole-line writes for a stream on a regular file; None for anything else."""
+    try:
+        fd = stream.fileno()  # type: ignore[attr-defined]
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        flush = getattr(stream, "flush", None)
+        if flush is not None:
+            flush()  # what was printed before goes first
+    except (AttributeError, OSError, ValueError):
+        return None
+    return LineFile(fd, own=False)
 
 
 StdoutLevel = Literal["transitions", "all", "none"]
@@ -72,9 +89,11 @@ class EventLog:
         self.write_errors = 0
         self.last_error: str | None = None
         self._lock = threading.Lock()
-        self._file: TextIO | None = None
+        self._file: LineFile | None = None
         self._pipe: NonBlockingWriter | None = None  # the events file is a FIFO: never wait on it
         self._out = for_stream(self.stream)  # stdout on a pipe or socket: never wait on it
+        # stdout on a regular file (`loadwatch run >> events.jsonl`): whole lines, as the file
+        self._out_file = _regular_file(self.stream) if self._out is None else None
         self._open_file()
         self._console_renderer = structlog.dev.ConsoleRenderer(colors=False, event_key="event")
 
@@ -100,10 +119,9 @@ class EventLog:
                     )
             if self._file is not None:
                 try:
-                    self._file.write(line + "\n")
-                    self._file.flush()
+                    self._file.write(line.encode() + b"\n")
                     self.last_error = None  # written again (a full disk was emptied)
-                except OSError as exc:
+                except OSError as exc:  # nothing of the line is left (a size limit, a full disk)
                     self._fault(f"cannot write the event log {self.path}: {exc.strerror or exc}")
             if not to_stdout:
                 return
@@ -112,6 +130,9 @@ class EventLog:
                 if self._out is not None:
                     if not self._out.write(text.encode() + b"\n"):
                         self.write_errors += 1  # nobody reads stdout: dropped, never waited on
+                    return
+                if self._out_file is not None:
+                    self._out_file.write(text.encode() + b"\n")
                     return
                 self.stream.write(text + "\n")
                 self.stream.flush()
@@ -125,7 +146,7 @@ class EventLog:
             if self._file is None:
                 return None
             try:
-                st = os.fstat(self._file.fileno())
+                st = os.fstat(self._file.fd)
             except OSError:
                 return None
             if not stat.S_ISREG(st.st_mode):  # a pipe or a terminal: nothing to read back
@@ -152,9 +173,7 @@ class EventLog:
             if not stat.S_ISREG(st.st_mode):  # a FIFO (or a device): written, never waited on
                 self._pipe = NonBlockingWriter(fd, own=True)
                 return
-            if stat.S_ISREG(st.st_mode) and st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
-                os.write(fd, b"\n")  # a line a killed writer left torn stays a line of its own
-            self._file = os.fdopen(fd, "a", encoding="utf-8")
+            self._file = LineFile(fd, own=True)  # a line a killed writer left torn stays apart
         except OSError as exc:
             self._file = None
             self._fault(f"cannot open the event log {self.path}: {exc.strerror or exc}")
@@ -181,6 +200,7 @@ class EventLog:
             if self._out is not None:
                 self._out.close()
                 self._out = None
+            self._out_file = None  # the descriptor is the stream's
             if self._file is not None:
                 try:
                     self._file.close()

@@ -3,8 +3,8 @@
 It builds, in a temporary directory, a Kimi-K2.5-NVFP4-shaped checkpoint (119 shards adding up
 to 540 GB, as sparse files that take no disk), then runs the real daemon supervising the
 simulated vLLM of simvllm.py over eight simulated Blackwell GPUs (SM120, 96 GiB) whose memory
-grows with the load. The status screen updates live; /metrics and /status are served on
-localhost meanwhile. At the end it prints the post-mortem (`loadwatch analyze`) of the log.
+grows with the load. The status screen updates live (on a pipe: a plain status line per
+update); /metrics and /status are served on localhost meanwhile. At the end it prints the post-mortem (`loadwatch analyze`) of the log.
 
 Scenarios: success, stall, oom, crash-loop, fp8-kv-on-sm120 (preflight flags the FP8 KV cache,
 the start fails as vLLM does on SM120, the demo applies `patch-model --drop-fp8-kv-cache`, and the
@@ -302,8 +302,14 @@ def _watch(daemon: Any, server: Any, model: Path, end: _Ending, console: Any, sc
         f"status: {server.url}/status  ready: {server.url}/readyz"
     )
     deadline = time.monotonic() + 600
+    # Not a terminal (`loadwatch demo | tee f`): rich's live screen would show only its last
+    # frame, at the end; a plain line per update instead, as the load goes.
+    plain = screen and not console.is_terminal
+    if plain:
+        console.print(header.plain, highlight=False, soft_wrap=True)
+    last, printed_at = "", 0.0
     with Live(console=console, refresh_per_second=4, transient=False) as live:
-        if not screen:
+        if not screen or plain:
             live.stop()
         while time.monotonic() < deadline:
             time.sleep(0.25)
@@ -311,7 +317,15 @@ def _watch(daemon: Any, server: Any, model: Path, end: _Ending, console: Any, sc
             if pub is None:
                 continue
             snap = pub.snapshot(time.time())
-            if screen:
+            if plain:  # a line when the phase moves, else at most one a second
+                line, now = status_line(snap), time.monotonic()
+                moved = line.split("  ")[0] != last.split("  ")[0]
+                if line != last and (moved or now - printed_at >= 1.0):
+                    console.print(
+                        f"{time.strftime('%H:%M:%S')} {line}", highlight=False, soft_wrap=True
+                    )
+                    last, printed_at = line, now
+            elif screen:
                 live.update(Group(header, render_status(snap.to_dict(), width=console.width)))
             sup = daemon.supervisor
             state = str(sup.state) if sup is not None else ""
@@ -333,6 +347,28 @@ def _watch(daemon: Any, server: Any, model: Path, end: _Ending, console: Any, sc
             if end.done(snap, state):
                 break
     daemon.loop_call(daemon.stop_event.set)
+
+
+def status_line(snap: Any) -> str:
+    """The load in one plain line: phase, weights, ETA, stall, the fullest GPU's memory."""
+    s = snap.session
+    parts = [snap.phase or "waiting for vLLM"]
+    if s is not None:
+        p = s.progress
+        if p.shards_total:
+            ratio = p.ratio if p.ratio is not None else (p.shards_done or 0) / p.shards_total
+            parts.append(f"{100 * ratio:.1f}% {p.shards_done or 0}/{p.shards_total} shards")
+        if p.eta is not None and s.phase in ("starting", "loading_weights", "stalled"):
+            parts.append(f"ETA {p.eta.remaining_s:.0f}s")
+        if s.stall.active:
+            parts.append(f"STALLED: {s.stall.reason or 'no progress'}")
+    used = [g for g in snap.gpus if g.memory_used_bytes is not None and g.memory_total_bytes]
+    if used:
+        top = max(used, key=lambda g: g.memory_used_bytes)
+        parts.append(
+            f"GPU memory {top.memory_used_bytes / GIB:.1f}/{top.memory_total_bytes / GIB:.1f} GiB"
+        )
+    return "  ".join(parts)
 
 
 def _real(args: argparse.Namespace) -> int:

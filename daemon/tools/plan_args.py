@@ -8,7 +8,12 @@ import os
 from collections.abc import Callable
 
 from loadwatch.daemon.state.memplan import Layout
-from loadwatch.daemon.state.memplan_inputs import gpu_model_capacity, layout_from_argv, parse_bytes
+from loadwatch.daemon.state.memplan_inputs import (
+    GPU_MODELS_MIB,
+    gpu_model_capacity,
+    layout_from_argv,
+    parse_bytes,
+)
 
 # vLLM's own flags that the memory plan reads, spelled as vLLM spells them.
 PLAN_FLAGS = (
@@ -21,6 +26,23 @@ PLAN_FLAGS = (
     "--block-size",
 )
 Capacity = tuple[int, str]
+
+# The compute capability of each GPU that --gpu-model knows (memplan_inputs.GPU_MODELS_MIB, by
+# the same name fragment), as NVIDIA lists it: Hopper 9.0, datacenter Blackwell 10.0, Blackwell
+# workstation and GeForce (SM120) 12.0, Ampere A100 8.0, Ada 8.9. It decides which attention
+# backends vLLM has (an FP8 MLA KV cache fails on 12.x), so a plan for a named GPU checks it.
+GPU_MODELS_CC: dict[str, tuple[int, int]] = {
+    "rtx pro 6000": (12, 0),
+    "rtx 5090": (12, 0),
+    "b200": (10, 0),
+    "h200": (9, 0),
+    "h100": (9, 0),
+    "h20": (9, 0),
+    "a100-40": (8, 0),
+    "a100": (8, 0),
+    "l40s": (8, 9),
+    "rtx 4090": (8, 9),
+}
 
 
 def _checked(flag: str) -> Callable[[str], str]:
@@ -51,7 +73,9 @@ def add_plan_flags(p: argparse.ArgumentParser, positive: Callable[[str], float])
         "--gpu-memory-gib", type=positive, metavar="G", help="memory per GPU (default: NVML)"
     )
     p.add_argument(
-        "--gpu-model", metavar="NAME", help="plan for this GPU, e.g. 'RTX PRO 6000', H100, H200"
+        "--gpu-model",
+        metavar="NAME",
+        help="plan for this GPU, e.g. 'RTX PRO 6000', H100, H200: its memory and compute capability",
     )
     p.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda", help="plan for GPUs or the CPU"
@@ -91,6 +115,14 @@ def plan_capacity(args: argparse.Namespace, nvml_total: int | None) -> Capacity 
     return None
 
 
+def gpu_model_cc(name: str) -> tuple[int, int] | None:
+    """The compute capability of the GPU --gpu-model names, matched as its memory is."""
+    low = name.lower()
+    fragment = next((f for f, _ in GPU_MODELS_MIB if f in low), None)
+    return GPU_MODELS_CC.get(fragment) if fragment is not None else None
+
+
 def needs_nvml(args: argparse.Namespace, for_cc: bool) -> bool:
     elsewhere = args.gpu_memory_gib is not None or bool(args.gpu_model)
-    return args.device == "cuda" and ((for_cc and not args.gpu_cc) or not elsewhere)
+    cc_elsewhere = bool(getattr(args, "gpu_cc", None)) or bool(args.gpu_model)
+    return args.device == "cuda" and ((for_cc and not cc_elsewhere) or not elsewhere)

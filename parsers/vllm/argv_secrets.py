@@ -14,6 +14,10 @@ argparse_utils.py, on argparse's defaults), so every spelling vLLM accepts is ca
   taken as the flag here, whatever vLLM's version: a prefix too short to be unambiguous makes vLLM
   refuse to start, and masking its value costs nothing then.
 
+A URL with a password in it (`scheme://user:PASSWORD@host`), wherever an argument holds one (a
+flag's value, after `=`, inside a JSON value, a positional), has its password masked and keeps
+its user and host; the environment's URLs (a proxy's) teach their passwords too.
+
 Values are masked in text only when at least `MIN_SECRET_LEN` long (a shorter one would mask
 ordinary words); in an argv list the value of a secret flag is masked by its place, whatever
 its length.
@@ -74,6 +78,39 @@ def secret_positions(argv: Sequence[str]) -> dict[int, str | None]:
     return out
 
 
+_SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.")
+_NETLOC_ENDS = frozenset("/?#\"'<>\\ \t\r\n")
+
+
+def url_password_spans(arg: str) -> list[tuple[int, int]]:
+    """Where the passwords of the URLs in `arg` stand: `scheme://user:PASSWORD@host` as
+    urllib.parse splits it (the userinfo ends at the host part's last `@`, the password after
+    its first `:`). One pass over the argument, no pattern to backtrack."""
+    spans: list[tuple[int, int]] = []
+    at = arg.find("://")
+    while at >= 0:
+        begin = at
+        while begin > 0 and arg[begin - 1] in _SCHEME_CHARS:
+            begin -= 1
+        while begin < at and not arg[begin].isalpha():
+            begin += 1  # a scheme starts with a letter
+        start = end = at + 3
+        while end < len(arg) and arg[end] not in _NETLOC_ENDS:
+            end += 1
+        userinfo, sep, _ = arg[start:end].rpartition("@")
+        user, colon, password = userinfo.partition(":")
+        if begin < at and sep and colon and password:
+            spans.append((start + len(user) + 1, start + len(userinfo)))
+        at = arg.find("://", max(end, at + 3))
+    return spans
+
+
+def mask_url_passwords(arg: str) -> str:
+    for begin, end in reversed(url_password_spans(arg)):
+        arg = arg[:begin] + MASK + arg[end:]
+    return arg
+
+
 def is_secret_env(name: str) -> bool:
     upper = name.upper()
     return any(word in upper for word in SECRET_ENV_WORDS)
@@ -96,9 +133,15 @@ class Redactor:
         for i, keep in secret_positions(args).items():
             self._flags = True
             self.add(args[i] if keep is None else args[i][len(keep) + 1 :])
+        for arg in args:
+            for begin, end in url_password_spans(arg):
+                self._flags = True
+                self.add(arg[begin:end])
         for name, value in (env or {}).items():
             if is_secret_env(name):
                 self.add(value)
+            for begin, end in url_password_spans(value):
+                self.add(value[begin:end])
 
     def text(self, value: str) -> str:
         for secret in self._secrets:
@@ -109,11 +152,14 @@ class Redactor:
         return value
 
     def argv(self, argv: Iterable[str]) -> list[str]:
-        """Each argument redacted as text, and a secret flag's value masked whatever its length."""
+        """Each argument redacted as text, and a secret flag's value and a URL's password
+        masked whatever their length."""
         args = list(argv)
         masked = secret_positions(args)
         return [
-            (MASK if masked[i] is None else f"{masked[i]}={MASK}") if i in masked else self.text(a)
+            (MASK if masked[i] is None else f"{masked[i]}={MASK}")
+            if i in masked
+            else self.text(mask_url_passwords(a))
             for i, a in enumerate(args)
         ]
 

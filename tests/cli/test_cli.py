@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +105,69 @@ def test_help_shows_defaults_and_examples(command: str, needles: tuple[str, ...]
     flat = " ".join(r.stdout.split())  # argparse wraps at the terminal's width
     for n in needles:
         assert n in flat, (n, r.stdout)
+
+
+def test_each_default_shows_once_and_none_is_not_a_default() -> None:
+    """A help string that names its default is not given a second `(default: None)`."""
+    env = {**os.environ, "COLUMNS": "1000"}  # one option's help on one line
+    names = next(
+        a.choices for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    for command in names:
+        r = subprocess.run(
+            [str(LOADWATCH), command, "--help"], capture_output=True, text=True, env=env
+        )
+        assert r.returncode == 0, r.stderr
+        for line in r.stdout.splitlines():
+            assert line.count("(default:") <= 1, (command, line)
+            assert "(default: None)" not in line, (command, line)
+
+
+def test_preflight_of_a_missing_directory_is_one_line_and_exit_66(tmp_path: Path) -> None:
+    r = run("preflight", str(tmp_path / "nonexistent"))
+    assert r.returncode == 66 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("loadwatch: "), r.stderr
+    assert "nonexistent" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_patch_model_errors_carry_the_command_prefix(tmp_path: Path) -> None:
+    r = run("patch-model", str(tmp_path / "nonexistent"), "--drop-fp8-kv-cache")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("loadwatch: patch-model: ") and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.fixture(scope="module")
+def fp8_kimi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from loadwatch.daemon.tools.demo import make_model_dir
+
+    return make_model_dir(tmp_path_factory.mktemp("kimi"), fp8_kv=True)
+
+
+def test_gpu_model_gives_the_compute_capability(fp8_kimi: Path) -> None:
+    """`--gpu-model "RTX PRO 6000"` is an SM120 GPU: the FP8 MLA KV cache fails there, as it
+    does with `--gpu-cc 12.0`, not a warning that the compute capability is unknown."""
+    plan = ["--tensor-parallel-size", "8", "--json"]
+    named = run("preflight", str(fp8_kimi), "--gpu-model", "RTX PRO 6000", *plan)
+    given = run("preflight", str(fp8_kimi), "--gpu-cc", "12.0", "--gpu-memory-gib", "95.6", *plan)
+    assert (named.returncode, given.returncode) == (1, 1), (named.stdout, named.stderr)
+    doc = json.loads(named.stdout)
+    assert doc["gpu_cc"] == "12.0"
+    (backend,) = [c for c in doc["checks"] if c["name"] == "attention_backend"]
+    assert backend["status"] == "fail" and "TRITON_MLA" in backend["message"]
+    hopper = run("preflight", str(fp8_kimi), "--gpu-model", "H200", *plan)
+    assert hopper.returncode == 0 and json.loads(hopper.stdout)["gpu_cc"] == "9.0"
+    # --gpu-cc still wins over the model's
+    told = run("preflight", str(fp8_kimi), "--gpu-model", "H200", "--gpu-cc", "12.0", *plan)
+    assert told.returncode == 1 and json.loads(told.stdout)["gpu_cc"] == "12.0"
+
+
+def test_every_gpu_model_of_the_table_has_a_compute_capability() -> None:
+    from loadwatch.daemon.state.memplan_inputs import GPU_MODELS_MIB
+    from loadwatch.daemon.tools.plan_args import gpu_model_cc
+
+    expected = {"rtx pro 6000": (12, 0), "rtx 5090": (12, 0), "b200": (10, 0), "h200": (9, 0)}
+    expected |= {"h100": (9, 0), "h20": (9, 0), "a100-40": (8, 0), "a100": (8, 0)}
+    expected |= {"l40s": (8, 9), "rtx 4090": (8, 9)}
+    got = {fragment: gpu_model_cc(f"NVIDIA {fragment.upper()}") for fragment, _ in GPU_MODELS_MIB}
+    assert got == expected
+    assert gpu_model_cc("NVIDIA H20") == (9, 0) and gpu_model_cc("Voodoo 2") is None

@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import io
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,31 @@ def test_demo_scenario(scenario: str, capsys: pytest.CaptureFixture[str]) -> Non
         shutil.rmtree(root)
     else:
         assert kept == [] and "--keep keeps it" in text
+
+
+@pytest.mark.slow
+def test_demo_on_a_pipe_prints_plain_status_lines_as_it_goes() -> None:
+    """`loadwatch demo | tee f`: no live screen to redraw, so a plain line per update, written
+    as the load goes (the loading phase is seen before it is over), with no cursor codes."""
+    loadwatch = Path(sys.executable).with_name("loadwatch")
+    proc = subprocess.Popen(
+        [str(loadwatch), "demo", "--speed", "150", "--listen", f"127.0.0.1:{free_port()}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if "post-mortem" in line:
+            break
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    before = [line for line in seen if "post-mortem" not in line]
+    phases = [line.split()[1] if len(line.split()) > 1 else "" for line in before]
+    loading = [i for i, phase in enumerate(phases) if phase == "loading_weights"]
+    ready = [i for i, phase in enumerate(phases) if phase == "ready"]
+    assert loading and ready and loading[0] < ready[0], "".join(before)
+    assert any("/119 shards" in before[i] for i in loading), "".join(before)
+    assert "\x1b" not in "".join(seen) + rest

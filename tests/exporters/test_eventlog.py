@@ -3,7 +3,14 @@ from __future__ import annotations
 import io
 import json
 import os
+import resource
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers.vllm.argv_secrets import Redactor
@@ -200,3 +207,65 @@ def test_events_stdout_is_a_checked_config_key() -> None:
     assert parse_config({"events": {"stdout": "all"}}).events.stdout == "all"
     with pytest.raises(ConfigError, match=r"\[events\] stdout: must be one of transitions"):
         parse_config({"events": {"stdout": "some"}})
+
+
+# A child that writes the event log under a file-size limit: to its file, or to stdout when that
+# is a regular file (`loadwatch run >> events.jsonl`); then, with "lift", past the limit again.
+LIMITED_WRITER = """
+import io, json, resource, sys
+from pathlib import Path
+from loadwatch.exporters.eventlog import EventLog
+
+path, where, then = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+if where == "file":
+    log = EventLog(io.StringIO(), path, console=False)
+else:
+    log = EventLog(sys.stdout, None, console=False)
+for i in range(40):
+    log.emit("log.shard_progress", done=i, total=40, note="x" * (i % 7) * 9)
+errors, said = log.write_errors, log.last_error
+if then == "lift":
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    log.emit("after", ok=True)
+log.close()
+sys.stderr.write(json.dumps({"errors": errors, "said": said}) + "\\n")
+"""
+
+
+def _limited(limit: int) -> Callable[[], None]:
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG, no kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    return apply
+
+
+@pytest.mark.parametrize("where", ["file", "stdout"])
+@pytest.mark.parametrize("then", ["lift", "exit"])
+def test_a_write_cut_by_a_file_size_limit_leaves_no_torn_line(
+    tmp_path: Path, where: str, then: str
+) -> None:
+    path = tmp_path / "events.jsonl"
+    limit = 1000  # inside a line: the kernel takes its first bytes, then refuses with EFBIG
+    with open(path if where == "stdout" else os.devnull, "ab") as out:
+        child = subprocess.run(
+            [sys.executable, "-c", LIMITED_WRITER, str(path), where, then],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_limited(limit),
+            timeout=60,
+        )
+    assert child.returncode == 0, child.stderr
+    report = json.loads(child.stderr.splitlines()[-1])
+    assert report["errors"] >= 1  # counted
+    if where == "file":  # and said, for the daemon's problem line
+        assert "cannot write the event log" in report["said"] and "too large" in report["said"]
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    events = [json.loads(line)["event"] for line in data.splitlines()]  # every line is whole
+    assert events.count("log.shard_progress") >= 5
+    if then == "lift":
+        assert events[-1] == "after" and len(data) > limit
+    else:
+        assert len(data) <= limit

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -177,3 +178,39 @@ def test_a_stop_asked_for_while_starting_is_a_clean_stop(tmp_path: Path) -> None
         wait_for(holds_the_lock, "the daemon holding its state directory", timeout_s=20)
         assert d.stop() == 0, d.stderr()
         assert "daemon.stopped" in [e.get("event") for e in d.events()]
+
+
+@pytest.mark.parametrize("file_argv", [None, ["vllm", "serve", "/models/from-the-file"]])
+def test_the_command_lines_vllm_argv_overrides_the_files(
+    tmp_path: Path, file_argv: list[str] | None
+) -> None:
+    """`run --config FILE -- COMMAND`: the command replaces `[vllm] argv` (or stands in for a
+    table that has none), and the file's other `[vllm]` keys still apply (`restart = "never"`:
+    the exit ends supervision, no backoff)."""
+    argv_line = "" if file_argv is None else f"argv = {json.dumps(file_argv)}\n"
+    cfg = tmp_path / "loadwatch.toml"
+    cfg.write_text(
+        f"state_dir = '{tmp_path / 'st'}'\n[http]\nlisten = '127.0.0.1:0'\n[gpu]\nsource = 'none'\n"
+        f"[vllm]\n{argv_line}restart = 'never'\npreflight = 'off'\nstop_grace_s = 1.0\n"
+    )
+    child = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    d = DaemonProc(["--config", str(cfg), "--", *child], tmp_path / "out.jsonl")
+    try:
+        d.wait_listening()
+
+        def named(event: str) -> list[dict[str, object]]:
+            return [e for e in d.events() if e.get("event") == event]
+
+        wait_for(lambda: named("vllm.supervisor_done"), "supervision to end after the exit")
+        assert [e["argv"] for e in named("vllm.started")] == [child]
+        assert named("vllm.backoff") == []
+    finally:
+        assert d.stop() == 0, d.stderr()
+
+
+def test_a_command_line_vllm_argv_and_a_journal_unit_conflict(tmp_path: Path) -> None:
+    """What truly conflicts is still refused: supervise mode writes vLLM's log itself."""
+    cfg = tmp_path / "loadwatch.toml"
+    cfg.write_text("[log]\njournal_unit = 'vllm.service'\n[vllm]\nrestart = 'never'\n")
+    out = _run(["--config", str(cfg), "--state-dir", str(tmp_path / "st"), "--", "vllm", "serve"])
+    _one_line(out, EX_CONFIG, "[log] journal_unit", "supervise mode")

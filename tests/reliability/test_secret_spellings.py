@@ -125,3 +125,88 @@ def test_vllm_log_copy_is_0600_even_when_it_was_wider(tmp_path: Path) -> None:
         os.umask(old)
     for p in (path, tmp_path / "v.log.1"):
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+
+
+# A URL with a password in it, wherever vLLM's argv holds one: an option's value (vLLM's own
+# `--otlp-traces-endpoint` takes a URL), after `=`, inside a JSON value, a positional.
+URL_PW = "pw0URL0secret0in0the0userinfo0987"
+
+
+@pytest.mark.parametrize(
+    ("arg", "shown"),
+    [
+        (f"https://alice:{URL_PW}@collector:4317/v1", "https://alice:***@collector:4317/v1"),
+        (
+            f"--otlp-traces-endpoint=http://bob:{URL_PW}@h",
+            "--otlp-traces-endpoint=http://bob:***@h",
+        ),
+        (f'{{"url": "redis://u:{URL_PW}@cache:6379/0"}}', '{"url": "redis://u:***@cache:6379/0"}'),
+        ("postgres://carol:p@ss:w0rd@db/x", "postgres://carol:***@db/x"),  # `@` in the password
+        ("https://dave:pw@h", "https://dave:***@h"),  # short: masked by its place all the same
+        ("https://erin@host/x", "https://erin@host/x"),  # no password: nothing to mask
+        ("https://host:8443/x", "https://host:8443/x"),  # a port is not a password
+        ("/models/a:b@c", "/models/a:b@c"),  # not a URL
+    ],
+)
+def test_url_passwords_in_argv_are_masked_keeping_user_and_host(arg: str, shown: str) -> None:
+    argv = ["vllm", "serve", "--otlp-traces-endpoint", arg]
+    red = Redactor()
+    red.learn(argv)
+    assert red.argv(argv) == ["vllm", "serve", "--otlp-traces-endpoint", shown]
+    assert red.value({"argv": argv})["argv"][-1] == shown
+    if URL_PW in arg:  # long enough to be masked in any text, as vLLM echoes it
+        assert red.text(f"endpoint {arg} refused") == f"endpoint {shown} refused"
+
+
+URL_CHILD = """
+import sys, time
+p = "(APIServer pid=1) "
+out = sys.stdout
+out.write(p + "INFO 11-30 10:00:00 [api_server.py:1] vLLM API server version 0.6.3\\n")
+out.write(p + "INFO 11-30 10:00:00 [utils.py:1] non-default args: "
+          "{'otlp_traces_endpoint': '%s'}\\n" % sys.argv[2])
+out.flush()
+time.sleep(60)
+"""
+
+
+def test_supervised_url_passwords_stay_inside(tmp_path: Path) -> None:
+    endpoint = f"https://alice:{URL_PW}@collector:4317/v1/traces"
+    positional = "postgres://bob:k3y@db:5432/runs"  # short: masked by its place in the argv
+    argv = [
+        sys.executable, "-c", URL_CHILD, "--otlp-traces-endpoint", endpoint, positional,
+    ]  # fmt: skip
+    cfg = tmp_path / "loadwatch.toml"
+    cfg.write_text(
+        f"state_dir = '{tmp_path / 'st'}'\nevents_file = '{tmp_path / 'events.jsonl'}'\n"
+        "[log]\npoll_interval_s = 0.05\n[http]\nlisten = '127.0.0.1:0'\n[gpu]\nsource = 'none'\n"
+        f"[vllm]\nargv = {json.dumps(argv)}\nrestart = 'never'\npreflight = 'off'\n"
+        "stop_grace_s = 1.0\n"
+    )
+    d = DaemonProc(["--config", str(cfg)], tmp_path / "out.jsonl")
+    d.wait_listening()
+    try:
+        wait_for(lambda: (d.status().get("session") or {}).get("version"), "the log read")
+        status = json.dumps(d.status())
+    finally:
+        assert d.stop() == 0
+    assert URL_PW in (tmp_path / "st" / "vllm.log").read_text()  # vLLM's own output, kept
+    places = {
+        "/status": status,
+        "console": (tmp_path / "out.jsonl").read_text(),
+        "event log file": (tmp_path / "events.jsonl").read_text(),
+    }
+    for where, written in places.items():
+        assert URL_PW[:10] not in written and URL_PW[-10:] not in written, where
+        assert "bob:k3y@" not in written, where
+    started = next(e for e in d.events() if e.get("event") == "vllm.started")
+    assert started["argv"][-2:] == [
+        "https://alice:***@collector:4317/v1/traces",
+        "postgres://bob:***@db:5432/runs",
+    ]
+
+
+def test_a_proxy_urls_password_in_the_environment_is_learned() -> None:
+    red = Redactor()
+    red.learn((), {"HTTPS_PROXY": f"http://proxy-user:{URL_PW}@proxy:3128"})
+    assert red.text(f"CONNECT via {URL_PW}") == f"CONNECT via {MASK}"
