@@ -24,6 +24,7 @@ from loadwatch.parsers.vllm.catalog import (
     MESSAGE,
     Entry,
     Level,
+    client_text,
 )
 from loadwatch.parsers.vllm.lines import (
     Head,
@@ -133,15 +134,36 @@ def _after_separator(body: str, end: int) -> int:
     return end
 
 
-def client_events(
-    kind: ClientTextKind, head: Head, offset: int, mode: Mode = "startup"
-) -> list[Event]:
-    """The event of a record of text a client chose (catalog.py's CLIENT_TEXT): one count of
-    its kind. An INFO or DEBUG one holding no word of the catalog (only a level word, such as
-    "Traceback") yields nothing, as the chunk scanner's quiet records do (plans.py)."""
-    if head.level in MESSAGE and not any(n in head.body for n in _WORDS[mode]):
-        return []
-    return [ClientText(kind=kind, offset=offset, ts=head.ts, process=head.process, pid=head.pid)]
+class ClientLines:
+    """Which records are text a client chose: of a client-text shape (catalog.py's
+    CLIENT_TEXT), or a further line of one. vLLM repeats a message's header on each of its
+    lines, and a client can put line breaks into a request id: a record with the very header
+    (process, level, time, file:line) of the client-text record before it is more of that text."""
+
+    def __init__(self) -> None:
+        self._header: tuple[object, ...] | None = None  # of the last client-text record
+        self._kind: ClientTextKind = "request_received"
+        self.last_offset = -1  # where the last one set aside starts
+
+    def kind(self, head: Head) -> ClientTextKind | None:
+        header = (head.process, head.pid, head.level, head.ts, head.source)
+        if head.source is not None and header == self._header:
+            return self._kind
+        kind = client_text(head.body, head.level)
+        if kind is not None:
+            self._header, self._kind = header, kind
+        return kind
+
+    def aside(self, kind: ClientTextKind, head: Head, offset: int, mode: Mode) -> list[Event]:
+        """The event of such a record: one count of its kind. An INFO or DEBUG one holding no
+        word of the catalog (only a level word, such as "Traceback") yields nothing, as the
+        chunk scanner's quiet records do (plans.py)."""
+        self.last_offset = offset
+        if head.level in MESSAGE and not any(n in head.body for n in _WORDS[mode]):
+            return []
+        return [
+            ClientText(kind=kind, offset=offset, ts=head.ts, process=head.process, pid=head.pid)
+        ]
 
 
 def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event]:

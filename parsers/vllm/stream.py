@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loadwatch.parsers.events import (
-    ClientTextKind,
     Event,
     Failure,
     FailureKind,
@@ -28,7 +27,6 @@ from loadwatch.parsers.vllm.catalog import (
     EXCEPTION_LINE_LOOSE,
     KIND_RANK,
     classify,
-    client_text,
 )
 from loadwatch.parsers.vllm.lines import (
     Head,
@@ -48,9 +46,9 @@ from loadwatch.parsers.vllm.segment import (
     PREFIX_RECORD_MAX,
     TRACEBACK_LEVELS,
     TRACEBACK_START,
+    ClientLines,
     Mode,
     Recipe,
-    client_events,
     cook,
     has_needle,
     parse_segment,
@@ -163,8 +161,7 @@ class EventStream:
         self._bar_prefixes: dict[bytes, tuple[str, int] | Literal[False]] = {}
         self._bar_descs: dict[bytes, bool] = {}
         self.mode: Mode = "startup"
-        # the last record of a client's text: (its offset, its header, its kind)
-        self._client_head: tuple[int, tuple[object, ...], ClientTextKind] | None = None
+        self._clients = ClientLines()
 
     def set_reference(self, ts: float) -> None:
         """The daemon's clock, for the year of stamps that have none (vLLM's)."""
@@ -210,11 +207,11 @@ class EventStream:
                 out = self._segment(head, offset)
             else:  # `_segment` for the common case: no traceback to join, none to open
                 self._last_ts = ts
-                kind = self._client(head)
+                kind = self._clients.kind(head)
                 out = (
                     self._parse(head, offset)
                     if kind is None
-                    else self._set_aside(kind, head, offset)
+                    else self._clients.aside(kind, head, offset, self.mode)
                 )
         if out:
             stats.events += len(out)
@@ -242,7 +239,7 @@ class EventStream:
             if i == 0 and head.process is None and pending is not None:
                 head = head._replace(process=pending[0], pid=pending[1])
             out.extend(self._segment(head, offset))
-            if self._client_head is not None and self._client_head[0] == offset:
+            if self._clients.last_offset == offset:
                 break  # a process prefix after it is the client's text, not another line
         return out
 
@@ -301,32 +298,12 @@ class EventStream:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _client(self, head: Head) -> ClientTextKind | None:
-        """Whether the record is text a client chose: of a client-text shape (catalog.py's
-        CLIENT_TEXT), or a further line of one. vLLM repeats a message's header on each of its
-        lines, and a client can put line breaks into a request id: a record with the very
-        header (process, level, time, file:line) of the client-text record before it is more of
-        that text."""
-        key = (head.process, head.pid, head.level, head.ts, head.source)
-        last = self._client_head
-        if last is not None and head.source is not None and last[1] == key:
-            return last[2]
-        kind = client_text(head.body, head.level)
-        if kind is not None:
-            self._client_head = (-1, key, kind)
-        return kind
-
-    def _set_aside(self, kind: ClientTextKind, head: Head, offset: int) -> list[Event]:
-        assert self._client_head is not None
-        self._client_head = (offset, self._client_head[1], kind)
-        return client_events(kind, head, offset, self.mode)
-
     def _segment(self, head: Head, offset: int) -> list[Event]:
         if head.ts is not None:
             self._last_ts = head.ts
-        kind = self._client(head)
+        kind = self._clients.kind(head)
         if kind is not None:  # never part of a traceback, never the start of one
-            return self._set_aside(kind, head, offset)
+            return self._clients.aside(kind, head, offset, self.mode)
         if self._wrapped is not None:
             return self._wrapped_piece(head, offset)
         key = (head.process, head.pid)
