@@ -43,7 +43,9 @@ class UsageError(Exception):
 
 
 def fail(message: str, code: int) -> int:
-    print(f"loadwatch: {message}", file=sys.stderr)
+    from loadwatch.exporters.terminal.clean import print_error
+
+    print_error(message)
     return code
 
 
@@ -404,6 +406,7 @@ def _preflight(args: argparse.Namespace) -> int:
     import json
 
     from loadwatch.daemon.tools.preflight import parse_gpu_cc, preflight_cli
+    from loadwatch.exporters.terminal.clean import clean_text
 
     cc: tuple[int, int] | None = None
     if args.gpu_cc:
@@ -416,7 +419,7 @@ def _preflight(args: argparse.Namespace) -> int:
     text, doc, code = preflight_cli(
         args.model_dir, args.kv_cache_dtype, cc or nvml_cc, layout=layout, capacity=capacity
     )
-    print(json.dumps(doc, indent=2) if args.json else text)
+    print(json.dumps(doc, indent=2) if args.json else clean_text(text))
     return code
 
 
@@ -431,6 +434,7 @@ def _patch_model(args: argparse.Namespace) -> int:
     from loadwatch.daemon.sources.model.model_info import read_model_dir
     from loadwatch.daemon.tools.patch import patch_model_cli
     from loadwatch.daemon.tools.patch_plan import patch_effect_lines
+    from loadwatch.exporters.terminal.clean import clean_text
 
     before = read_model_dir(args.model_dir, tensor_bytes=True) if args.drop_fp8_kv_cache else None
     text, code = patch_model_cli(
@@ -444,7 +448,8 @@ def _patch_model(args: argparse.Namespace) -> int:
         layout, capacity = _plan_inputs(args, nvml_total)
         lines = patch_effect_lines(before, layout, capacity, args.dry_run)
         text += "".join(line + "\n" for line in lines)
-    print(text, file=sys.stdout if code == 0 else sys.stderr)
+    # the diff quotes the model's files as they are (a downloaded checkpoint's text)
+    print(clean_text(text), file=sys.stdout if code == 0 else sys.stderr)
     return code
 
 
