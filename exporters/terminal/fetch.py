@@ -82,7 +82,8 @@ def status_target(url: str) -> tuple[str, dict[str, str]]:
     if ":" in host:
         host = f"[{host}]"
     netloc = host if port is None else f"{host}:{port}"
-    path = parts.path.rstrip("/") + "/status"
+    # a path is sent as ASCII: what the user typed unencoded (a space, an accent) is encoded
+    path = urllib.parse.quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=~") + "/status"
     return urllib.parse.urlunsplit((parts.scheme, netloc, path, "", "")), headers
 
 

@@ -280,3 +280,12 @@ def test_any_plan_and_node_render(
     plan_line(plan)  # never raises, whatever the numbers
     node_line("u", {"schema": 1, "phase": "x", "node": node}, None)
     node_line("u", {"schema": 1, "phase": "x", "node": {"role": role, "progress": progress}}, None)
+
+
+@pytest.mark.parametrize("path", ["/é", "/a b", "/a%20b"])
+def test_a_path_is_sent_encoded(path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with raw_server(json_answer(b"{}")) as srv:
+        code, out, err, _ = run(srv.url + path, capsys)
+        assert srv.requests == 1  # it was asked, and answered
+    assert (code, out) == (65, "")
+    one_line(err, "not a loadwatch status document")
