@@ -49,7 +49,9 @@ class UsageError(Exception):
 
 
 def fail(message: str, code: int) -> int:
-    print(f"loadwatch: {message}", file=sys.stderr)
+    from loadwatch.exporters.terminal.clean import print_error
+
+    print_error(message)
     return code
 
 
@@ -423,6 +425,7 @@ def _preflight(args: argparse.Namespace) -> int:
     import json
 
     from loadwatch.daemon.tools.preflight import parse_gpu_cc, preflight_cli
+    from loadwatch.exporters.terminal.clean import clean_text
 
     if not args.model_dir.is_dir():
         what = "not a directory" if args.model_dir.exists() else "no such directory"
@@ -440,7 +443,7 @@ def _preflight(args: argparse.Namespace) -> int:
     text, doc, code = preflight_cli(
         args.model_dir, args.kv_cache_dtype, cc or nvml_cc, layout=layout, capacity=capacity
     )
-    print(json.dumps(doc, indent=2) if args.json else text)
+    print(json.dumps(doc, indent=2) if args.json else clean_text(text))
     return code
 
 
@@ -455,6 +458,7 @@ def _patch_model(args: argparse.Namespace) -> int:
     from loadwatch.daemon.sources.model.model_info import read_model_dir
     from loadwatch.daemon.tools.patch import patch_model_cli
     from loadwatch.daemon.tools.patch_plan import patch_effect_lines
+    from loadwatch.exporters.terminal.clean import clean_text
 
     before = read_model_dir(args.model_dir, tensor_bytes=True) if args.drop_fp8_kv_cache else None
     text, code = patch_model_cli(
@@ -470,7 +474,7 @@ def _patch_model(args: argparse.Namespace) -> int:
         text += "".join(line + "\n" for line in lines)
     if code != 0:
         return fail(text.rstrip("\n"), code)
-    print(text)
+    print(clean_text(text))  # the diff quotes the model's files (a downloaded checkpoint's text)
     return code
 
 

@@ -37,6 +37,7 @@ from loadwatch.daemon.tools.analyze_input import (
     reason_of,
 )
 from loadwatch.exporters.report import Report, SessionCapture, build_report
+from loadwatch.exporters.terminal.clean import json_for_terminal, print_error
 from loadwatch.exporters.terminal.report_text import print_report
 from loadwatch.parsers import Event, Failure
 
@@ -181,7 +182,7 @@ def _quiet_stdout() -> None:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"loadwatch: {message}", file=sys.stderr)
+    print_error(message)
     return code
 
 
@@ -195,7 +196,8 @@ def analyze_command(
         return _fail(str(exc), exc.code)
     try:
         if as_json:
-            sys.stdout.write(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+            text = json.dumps(report.to_dict(), indent=2, ensure_ascii=False)
+            sys.stdout.write(json_for_terminal(text) + "\n")
             sys.stdout.flush()
         else:
             print_report(report, sys.stdout)
@@ -213,7 +215,7 @@ def events_command(log: Path, *, max_record_bytes: int) -> int:
     try:
         out = sys.stdout
         for ev in reader.events():
-            out.write(json.dumps(ev.to_dict(), ensure_ascii=False) + "\n")
+            out.write(json_for_terminal(json.dumps(ev.to_dict(), ensure_ascii=False)) + "\n")
         out.flush()
     except InputError as exc:
         return _fail(str(exc), exc.code)

@@ -185,13 +185,13 @@ def run_demo(
 ) -> int:
     """Play the scenario; the exit code is the post-mortem's verdict (0 ready, 1 failed,
     2 incomplete), as `loadwatch analyze` gives it, or 70 when the scenario did not play out."""
-    from rich.console import Console
-
     from loadwatch.daemon.app import run_daemon
     from loadwatch.daemon.sim.gpus import SimulatedGpuSource
     from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource
+    from loadwatch.exporters.terminal.clean import CleanConsole
 
-    console = Console()
+    # whatever the log or the daemon says is shown on the terminal, never obeyed
+    console = CleanConsole()
     final = int(SIM_GPU_BYTES * (1.12 if scenario == "oom" else 0.86))
     end = _Ending(scenario)
     result: dict[str, Any] = {}
@@ -214,7 +214,7 @@ def run_demo(
         code = run_daemon(
             cfg,
             on_started=on_started,
-            stdout=devnull if screen else _Digest(console),
+            stdout=devnull if screen else Digest(console),
             gpu_factory=gpu_factory if simulated_gpus else None,
         )
     if code != 0:
@@ -234,7 +234,7 @@ def run_demo(
     return verdict
 
 
-class _Digest:
+class Digest:
     """A stdout for the event log that prints one line per transition and supervisor event."""
 
     KEEP = ("transition.", "vllm.", "preflight", "gpu.xid", "gpu.orphans", "daemon.problem")

@@ -1,23 +1,28 @@
 """`loadwatch status --url A --url B ...`: one screen for a multi-node deployment, a line per
-node, from each node's own /status (its role, ranks, progress by its own signals, ETA)."""
+node, from each node's own /status (its role, ranks, progress by its own signals, ETA).
+
+Every value is read by type (docread.py: a wrong one shows as `-` or `?`) and every string the
+nodes sent, errors that quote them included, is cleaned of control sequences (clean.py)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from loadwatch.exporters.terminal.fmt import duration
-from loadwatch.exporters.terminal.watch import (
+from loadwatch.exporters.terminal.clean import clean_text, one_line, print_error
+from loadwatch.exporters.terminal.docread import amount, count, mapping, number, string, yes
+from loadwatch.exporters.terminal.fetch import (
     EX_UNAVAILABLE,
     TIMEOUT_S,
     StatusError,
-    _target,
     fetch_status,
+    status_target,
 )
+from loadwatch.exporters.terminal.fmt import duration
+from loadwatch.exporters.terminal.watch import json_line
 
 Answer = tuple[str, dict[str, Any] | None, str | None]  # url, /status, error
 
@@ -35,18 +40,24 @@ def fetch_all(urls: Sequence[str], timeout_s: float = TIMEOUT_S) -> list[Answer]
 
 
 def _pct(x: Any) -> str:
-    return f"{100 * x:5.1f}%" if isinstance(x, int | float) else "    - "
+    r = number(x)
+    return f"{100 * r:5.1f}%" if r is not None else "    - "
+
+
+def _ratio(doc: dict[str, Any] | None) -> float | None:
+    return number(mapping(mapping(mapping(doc).get("node")).get("progress")).get("ratio"))
 
 
 def node_line(url: str, doc: dict[str, Any] | None, error: str | None) -> str:
+    url = one_line(url)
     if doc is None:
-        return f"{url:<24} unreachable: {error}"
-    node = doc.get("node") or {}
-    role = node.get("role") or {}
-    prog = node.get("progress") or {}
-    eta = prog.get("eta_s")
+        return f"{url:<24} unreachable: {one_line(error or '?')}"
+    node = mapping(doc.get("node"))
+    role = mapping(node.get("role"))
+    prog = mapping(node.get("progress"))
+    eta = amount(prog.get("eta_s"))
     if eta is not None:
-        low, high = prog.get("eta_low_s"), prog.get("eta_high_s")
+        low, high = amount(prog.get("eta_low_s")), amount(prog.get("eta_high_s"))
         span = (
             f" ({duration(low)}-{duration(high)})" if low is not None and high is not None else ""
         )
@@ -55,15 +66,17 @@ def node_line(url: str, doc: dict[str, Any] | None, error: str | None) -> str:
         eta_text = "-"
     state = (
         "ready"
-        if node.get("ready")
+        if yes(node.get("ready"))
         else "STALLED"
-        if prog.get("stalled")
-        else doc.get("phase") or "-"
+        if yes(prog.get("stalled"))
+        else string(doc.get("phase")) or "-"
     )
-    rank = role.get("node_rank")
+    rank = count(role.get("node_rank"))
+    name = string(role.get("role")) or "?"
+    ranks = string(role.get("ranks")) or "-"
     return (
-        f"{url:<24} {role.get('role', '?'):<15} {'-' if rank is None else rank:>4} "
-        f"{role.get('ranks') or '-':<8} {state:<16} {_pct(prog.get('ratio'))} "
+        f"{url:<24} {one_line(name):<15} {'-' if rank is None else rank:>4} "
+        f"{one_line(ranks):<8} {one_line(state):<16} {_pct(prog.get('ratio'))} "
         f"io {_pct(prog.get('io_ratio'))} gpu {_pct(prog.get('gpu_ratio'))}  ETA {eta_text}"
     )
 
@@ -74,8 +87,7 @@ def render_fleet(answers: Sequence[Answer]) -> str:
         "  by its own signals"
     )
     lines = [node_line(u, d, e) for u, d, e in answers]
-    ratios = [((d or {}).get("node") or {}).get("progress", {}).get("ratio") for _, d, _ in answers]
-    known = [r for r in ratios if isinstance(r, int | float)]
+    known = [r for _, d, _ in answers if (r := _ratio(d)) is not None]
     summary = f"{len(answers)} nodes, {sum(d is not None for _, d, _ in answers)} answering"
     if known:
         summary += f"; slowest {100 * min(known):.1f}%, mean {100 * sum(known) / len(known):.1f}%"
@@ -93,18 +105,18 @@ def fleet_command(
 ) -> int:
     for url in urls:
         try:
-            _target(url)
+            status_target(url)
         except StatusError as exc:
-            print(f"loadwatch: {exc}", file=sys.stderr)
+            print_error(str(exc))
             return exc.code
     try:
         while True:
             answers = fetch_all(urls, timeout_s)
             if as_json:
                 out = [{"url": u, "status": d, "error": e} for u, d, e in answers]
-                sys.stdout.write(json.dumps(out, separators=(",", ":")) + "\n")
+                sys.stdout.write(json_line(out))
             else:
-                sys.stdout.write(render_fleet(answers))
+                sys.stdout.write(clean_text(render_fleet(answers)))
             sys.stdout.flush()
             if not watch:
                 return 0 if all(d is not None for _, d, _ in answers) else EX_UNAVAILABLE

@@ -1,5 +1,6 @@
 """Small text helpers shared by the analyze report and the status screen: times in the log's
-own form, durations, sizes, short lists, and a console that writes plain text to a pipe."""
+own form, durations, sizes, short lists, and the consoles every view draws with: colour on a
+terminal, plain text in a pipe, and in both no control sequence from the text (clean.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import IO
 from rich.console import Console, RenderableType
 
 from loadwatch.daemon.state.durations import duration as duration
+from loadwatch.exporters.terminal.clean import CleanConsole
 
 PIPE_WIDTH = 100  # text width when stdout is not a terminal (COLUMNS overrides)
 
@@ -80,17 +82,14 @@ def pipe_width() -> int:
 
 def make_console(file: IO[str]) -> Console:
     """Colour on a terminal; plain text, no escape codes, in a pipe."""
-    tty = file.isatty()
-    if tty:
-        return Console(file=file, highlight=False)
-    return Console(
-        file=file, force_terminal=False, color_system=None, width=pipe_width(), highlight=False
-    )
+    if file.isatty():
+        return CleanConsole(file=file)
+    return CleanConsole(file=file, force_terminal=False, color_system=None, width=pipe_width())
 
 
 def plain_text(renderable: RenderableType, width: int) -> str:
     """A renderable as text without colour or the padding rich adds at line ends."""
-    console = Console(
+    console = CleanConsole(
         file=io.StringIO(), width=width, record=True, force_terminal=False, color_system=None
     )
     console.print(renderable)

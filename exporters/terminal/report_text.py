@@ -1,6 +1,8 @@
 """The `loadwatch analyze` report as text: compact, for an operator after a failed load.
 
-Every string that came from the log is drawn as plain text (`Text`), never parsed as markup.
+Every string that came from the log is drawn as plain text (`Text`), never parsed as markup,
+and cleaned of control sequences: the report's strings before the layout (so it measures what
+is shown), and whatever is drawn by the clean console (clean.py) in any case.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from rich.text import Text
 
 from loadwatch.daemon.state.kvdtype import FP8_PATH_CODES, KV_SCALE_CODES
 from loadwatch.exporters.report import Report, SessionReport, WarningGroup
+from loadwatch.exporters.terminal.clean import clean_values
 from loadwatch.exporters.terminal.fmt import (
     clip,
     clock,
@@ -325,6 +328,7 @@ def _session_block(s: SessionReport, last: bool) -> list[RenderableType]:
 
 
 def render_report(report: Report) -> RenderableType:
+    report = clean_values(report)
     parts: list[RenderableType] = _header(report)
     if len(report.sessions) > 1 or report.sessions_omitted:
         parts.append(Text(""))

@@ -8,8 +8,7 @@ mistyped keys (an older or newer daemon), so `loadwatch demo` can draw its live 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from itertools import groupby
 from typing import Any
 
@@ -17,6 +16,18 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from loadwatch.exporters.terminal.clean import clean_values
+from loadwatch.exporters.terminal.docread import (
+    amount,
+    count,
+    integer,
+    items,
+    mapping,
+    number,
+    string,
+    strings,
+    yes,
+)
 from loadwatch.exporters.terminal.fmt import clip, duration, few, hms, plain_text, ranges, size
 from loadwatch.exporters.terminal.plan_line import plan_line
 
@@ -33,37 +44,6 @@ PHASE_STYLE = {
     "stopped": "dim",
 }
 VERDICT_STYLE = {"benign": "green", "flagged": "red", "unknown": "yellow", "unrated": "dim"}
-
-
-# -- reading the document safely ----------------------------------------------------------------
-
-
-def _d(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _l(value: Any) -> Sequence[Any]:
-    return value if isinstance(value, list | tuple) else ()
-
-
-def _n(value: Any) -> float | None:
-    """A finite number of sane size, or None (a daemon never sends more than 1e18)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        f = float(value)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) and abs(f) < 1e18 else None
-
-
-def _s(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _i(value: Any) -> int | None:
-    n = _n(value)
-    return int(n) if n is not None else None
 
 
 # -- drawing ------------------------------------------------------------------------------------
@@ -115,94 +95,98 @@ def _memory_bar(
 
 
 def _header(doc: Mapping[str, Any]) -> Text:
-    s = _d(doc.get("session"))
-    phase = _s(doc.get("phase"))
+    s = mapping(doc.get("session"))
+    phase = string(doc.get("phase"))
     t = Text("loadwatch ", "bold")
     if phase is None:
         t.append("waiting for vLLM", "dim")
     else:
         t.append(phase.replace("_", " ").upper(), PHASE_STYLE.get(phase, "bold"))
-    sid = _i(s.get("id"))
+    sid = integer(s.get("id"))
     if sid is not None:
         t.append(f"  session {sid}")
-        restarts = _i(doc.get("restarts")) or 0
+        restarts = count(doc.get("restarts")) or 0
         if restarts:
             t.append(f" ({restarts} restart{'s' if restarts != 1 else ''})", "yellow")
-    version = _s(s.get("version"))
+    version = string(s.get("version"))
     if version:
         t.append(f"  vLLM {version}", "dim")
-    pid = _i(s.get("pid"))
+    pid = integer(s.get("pid"))
     if pid is not None:
         t.append(f"  pid {pid}", "dim")
-    t.append(f"  at {hms(_n(doc.get('at')))}", "dim")
+    t.append(f"  at {hms(number(doc.get('at')))}", "dim")
     return t
 
 
 def _progress_rows(doc: Mapping[str, Any], grid: Table) -> None:
-    s = _d(doc.get("session"))
+    s = mapping(doc.get("session"))
     if not s:
         return
-    now = _n(doc.get("at"))
-    p = _d(s.get("progress"))
-    done, total = _i(p.get("shards_done")), _i(p.get("shards_total"))
-    ratio = _n(p.get("ratio"))
+    now = number(doc.get("at"))
+    p = mapping(s.get("progress"))
+    done, total = count(p.get("shards_done")), count(p.get("shards_total"))
+    ratio = amount(p.get("ratio"))
     if total:
         if ratio is None and done is not None:
             ratio = done / total
         line = _bar(ratio)
         line.append(f" {100 * (ratio or 0):5.1f}%", "bold")
-        bd, bt = _n(p.get("bytes_done")), _n(p.get("bytes_total"))
+        bd, bt = amount(p.get("bytes_done")), amount(p.get("bytes_total"))
         # the count in what the weights bar counts; a bar in bytes shows its sizes alone
         unit = next(
-            (_s(_d(b).get("unit")) for b in _l(s.get("bars")) if _d(b).get("kind") == "weights"),
+            (
+                string(mapping(b).get("unit"))
+                for b in items(s.get("bars"))
+                if mapping(b).get("kind") == "weights"
+            ),
             None,
         )
         if unit != "bytes" or not bt:
             line.append(f"  {done or 0}/{total} {'tensors' if unit == 'tensors' else 'shards'}")
         if bt:
             line.append(f"  {size(bd)} / {size(bt)}")
-        stage = _i(p.get("stage")) or 0
+        stage = count(p.get("stage")) or 0
         if stage:
             line.append(f"  (stage {stage + 1})", "dim")
         grid.add_row(Text("weights"), line)
-        eta = _d(p.get("eta"))
-        rem = _n(eta.get("remaining_s"))
+        eta = mapping(p.get("eta"))
+        rem = amount(eta.get("remaining_s"))
         if rem is not None and s.get("phase") in ("loading_weights", "stalled", "starting"):
             e = Text(duration(rem), "bold")
-            low, high = _n(eta.get("low_s")), _n(eta.get("high_s"))
+            low, high = amount(eta.get("low_s")), amount(eta.get("high_s"))
             if low is not None and high is not None:
                 e.append(f" ({duration(low)} – {duration(high)})")
-            fin = _n(eta.get("finish_at"))
+            fin = number(eta.get("finish_at"))
             if fin is not None:
                 e.append(f", done about {hms(fin)}", "dim")
-            rate = _n(eta.get("rate_per_s"))
+            rate = amount(eta.get("rate_per_s"))
             if rate:
-                units = _s(eta.get("units")) or "items"
+                units = string(eta.get("units")) or "items"
                 rtxt = f"{size(rate)}/s" if units == "bytes" else f"{rate:.2f} shards/s"
                 e.append(f" · {rtxt}", "dim")
             grid.add_row(Text("ETA"), e)
-    phase = _s(s.get("phase")) or "-"
+    phase = string(s.get("phase")) or "-"
     line = Text(phase, PHASE_STYLE.get(phase, ""))
-    age = _n(s.get("phase_age_s"))
+    age = amount(s.get("phase_age_s"))
     if age is not None:
         line.append(f" for {duration(age)}")
-    last = _n(p.get("last_progress_at"))
+    last = number(p.get("last_progress_at"))
     if last is not None:
         line.append(f"; last progress {hms(last)} ({_ago(last, now)})", "dim")
-    ttr = _n(s.get("time_to_ready_s"))
+    ttr = amount(s.get("time_to_ready_s"))
     if ttr is not None:
         line.append(f"; ready {duration(ttr)} after start", "green")
     grid.add_row(Text("phase"), line)
-    st = _d(s.get("stall"))
-    if st.get("active"):
-        msg = _s(st.get("reason")) or "no progress"
-        thr = _n(st.get("threshold_s"))
+    st = mapping(s.get("stall"))
+    if yes(st.get("active")):
+        msg = string(st.get("reason")) or "no progress"
+        thr = amount(st.get("threshold_s"))
         extra = f" (threshold {duration(thr)})" if thr is not None else ""
         grid.add_row(Text("STALLED", "bold yellow"), Text(msg + extra, "yellow"))
-    elif _i(st.get("hints")):
+    elif count(st.get("hints")):
         grid.add_row(
             Text("hints"),
-            Text(f"{_i(st.get('hints'))} 'no shared memory broadcast block' message(s)", "dim"),
+            Text(f"{count(st.get('hints'))} 'no shared memory broadcast block' message(s)", "dim"),
         )
 
 
@@ -235,11 +219,11 @@ def _folded(notes: list[tuple[int | None, str, str]]) -> list[Text]:
 
 
 def _gpus(doc: Mapping[str, Any], width: int | None = None) -> list[RenderableType]:
-    gpus = [g for g in _l(doc.get("gpus")) if isinstance(g, Mapping)]
+    gpus = [g for g in items(doc.get("gpus")) if isinstance(g, Mapping)]
     if not gpus:
         return []
     cells = _memory_cells(width)
-    names = sorted({n for g in gpus if (n := _s(g.get("name")))})
+    names = sorted({n for g in gpus if (n := string(g.get("name")))})
     title = Text("GPUs", "bold")
     if names:
         title.append(f"  {len(gpus)} × {', '.join(names)}", "dim")
@@ -256,26 +240,26 @@ def _gpus(doc: Mapping[str, Any], width: int | None = None) -> list[RenderableTy
         t.add_column(name, justify=just, no_wrap=True)  # type: ignore[arg-type]
     notes: list[tuple[int | None, str, str]] = []
     for g in gpus:
-        idx = _i(g.get("index"))
-        health = _s(g.get("health")) or "unknown"
-        used, total = _n(g.get("memory_used_bytes")), _n(g.get("memory_total_bytes"))
+        idx = integer(g.get("index"))
+        health = string(g.get("health")) or "unknown"
+        used, total = amount(g.get("memory_used_bytes")), amount(g.get("memory_total_bytes"))
         label = Text(str(idx) if idx is not None else "?")
-        xids = _i(g.get("xids_total")) or 0
+        xids = count(g.get("xids_total")) or 0
         if xids:
             notes.append(
-                (idx, f"{xids} Xid error(s), last Xid {_i(g.get('last_xid'))}", "bold red")
+                (idx, f"{xids} Xid error(s), last Xid {integer(g.get('last_xid'))}", "bold red")
             )
         if health != "ok" or used is None or not total:
-            err = _s(g.get("error")) or "no reading"
+            err = string(g.get("error")) or "no reading"
             t.add_row(
                 label,
                 Text(f"{health}: {clip(err, max(cells + 20, 30))}", "red"),
                 *(Text("") for _ in range(5)),
             )
             continue
-        oom = bool(g.get("oom_predicted"))
-        proj = _n(g.get("projected_final_bytes"))
-        low, high = _n(g.get("projected_low_bytes")), _n(g.get("projected_high_bytes"))
+        oom = yes(g.get("oom_predicted"))
+        proj = amount(g.get("projected_final_bytes"))
+        low, high = amount(g.get("projected_low_bytes")), amount(g.get("projected_high_bytes"))
         if proj is None:
             ptext = Text("-", "dim")
         else:
@@ -284,8 +268,8 @@ def _gpus(doc: Mapping[str, Any], width: int | None = None) -> list[RenderableTy
                 ptext.append(f" ({_gib(low)}–{_gib(high)})", "dim")
             if oom:
                 ptext.append(" OOM", "bold red")
-                short = _n(g.get("shortfall_bytes"))
-                since = _n(g.get("oom_predicted_since"))
+                short = amount(g.get("shortfall_bytes"))
+                since = number(g.get("oom_predicted_since"))
                 note = (
                     f"out of memory predicted: {_gib(proj)} GiB projected at "
                     f"the end of the load, the GPU has {_gib(total)} GiB"
@@ -295,9 +279,9 @@ def _gpus(doc: Mapping[str, Any], width: int | None = None) -> list[RenderableTy
                 if since is not None:
                     note += f", since {hms(since)}"
                 notes.append((idx, note, "bold red"))
-        temp = _n(g.get("temperature_celsius"))
-        power = _n(g.get("power_watts"))
-        util = _n(g.get("utilization_ratio"))
+        temp = number(g.get("temperature_celsius"))
+        power = amount(g.get("power_watts"))
+        util = amount(g.get("utilization_ratio"))
         t.add_row(
             label,
             _memory_bar(used, total, proj, oom, cells),
@@ -311,13 +295,13 @@ def _gpus(doc: Mapping[str, Any], width: int | None = None) -> list[RenderableTy
 
 
 def _warnings_line(s: Mapping[str, Any]) -> Text | None:
-    ws = [w for w in _l(s.get("warnings")) if isinstance(w, Mapping)]
+    ws = [w for w in items(s.get("warnings")) if isinstance(w, Mapping)]
     if not ws:
         return None
     by: dict[str, list[Mapping[str, Any]]] = {}
     for w in ws:
-        by.setdefault(_s(w.get("verdict")) or "unrated", []).append(w)
-    total = _i(s.get("warnings_total")) or sum(_i(w.get("count")) or 0 for w in ws)
+        by.setdefault(string(w.get("verdict")) or "unrated", []).append(w)
+    total = count(s.get("warnings_total")) or sum(count(w.get("count")) or 0 for w in ws)
     t = Text(f"{total}: ")
     first = True
     for verdict in ("flagged", "unknown", "benign", "unrated"):
@@ -327,40 +311,40 @@ def _warnings_line(s: Mapping[str, Any]) -> Text | None:
         if not first:
             t.append(" · ", "dim")
         first = False
-        n = sum(_i(w.get("count")) or 0 for w in group)
+        n = sum(count(w.get("count")) or 0 for w in group)
         t.append(f"{verdict} {n}", VERDICT_STYLE[verdict])
         if verdict != "unrated":
             named = []
             for w in group[:3]:
-                code = _s(w.get("code")) or "?"
-                layers = [x for x in _l(w.get("layers")) if isinstance(x, int)]
+                code = string(w.get("code")) or "?"
+                layers = [c for x in items(w.get("layers")) if (c := count(x)) is not None]
                 where = f", layers {ranges(layers, 3)}" if layers else ""
-                named.append(f"{code} ×{_i(w.get('count')) or 0}{where}")
+                named.append(f"{code} ×{count(w.get('count')) or 0}{where}")
             t.append(f" ({'; '.join(named)})")
     flagged = by.get("flagged") or by.get("unknown")
     if flagged:
-        reason = _s(flagged[0].get("reason"))
+        reason = string(flagged[0].get("reason"))
         if reason:
             t.append(f"\n{clip(reason, 160)}", "dim")
     return t
 
 
 def _failures(s: Mapping[str, Any]) -> RenderableType | None:
-    fs = [f for f in _l(s.get("failures")) if isinstance(f, Mapping)]
+    fs = [f for f in items(s.get("failures")) if isinstance(f, Mapping)]
     if not fs:
         return None
     rows: list[RenderableType] = []
     for f in fs[:3]:
-        fatal = bool(f.get("fatal"))
-        kind = _s(f.get("kind")) or "other"
+        fatal = yes(f.get("fatal"))
+        kind = string(f.get("kind")) or "other"
         t = Text("✗ " if fatal else "• ", "red" if fatal else "yellow")
         t.append(kind, "bold red" if fatal else "yellow")
-        count = _i(f.get("count")) or 1
-        if count > 1:
-            t.append(f" ×{count}")
-        procs = [p for p in _l(f.get("processes")) if isinstance(p, str)]
-        t.append(f"  {hms(_n(f.get('first_at')))}  {few(procs)}", "dim")
-        exc, msg = _s(f.get("exc_type")), _s(f.get("message")) or ""
+        times = count(f.get("count")) or 1
+        if times > 1:
+            t.append(f" ×{times}")
+        procs = strings(f.get("processes"))
+        t.append(f"  {hms(number(f.get('first_at')))}  {few(procs)}", "dim")
+        exc, msg = string(f.get("exc_type")), string(f.get("message")) or ""
         t.append("\n  " + clip(f"{exc}: {msg}" if exc else msg, 200))
         rows.append(t)
     if len(fs) > 3:
@@ -369,19 +353,19 @@ def _failures(s: Mapping[str, Any]) -> RenderableType | None:
 
 
 def _sessions_line(doc: Mapping[str, Any]) -> Text | None:
-    past = [x for x in _l(doc.get("sessions")) if isinstance(x, Mapping)]
-    restarts = _i(doc.get("restarts")) or 0
+    past = [x for x in items(doc.get("sessions")) if isinstance(x, Mapping)]
+    restarts = count(doc.get("restarts")) or 0
     if not past and not restarts:
         return None
     t = Text(f"{restarts}", "yellow" if restarts else "")
     for x in past[-4:]:
         t.append("  ·  " if t.plain != str(restarts) else ": ", "dim")
-        phase = _s(x.get("phase")) or "?"
-        kind = _s(x.get("failure_kind"))
+        phase = string(x.get("phase")) or "?"
+        kind = string(x.get("failure_kind"))
         what = f"failed: {kind}" if phase == "failed" and kind else phase
-        t.append(f"#{_i(x.get('id'))} ")
+        t.append(f"#{integer(x.get('id'))} ")
         t.append(what, PHASE_STYLE.get(phase, ""))
-        done, total = _i(x.get("shards_done")), _i(x.get("shards_total"))
+        done, total = count(x.get("shards_done")), count(x.get("shards_total"))
         if total:
             t.append(f" at {done}/{total}", "dim")
     if len(past) > 4:
@@ -390,45 +374,45 @@ def _sessions_line(doc: Mapping[str, Any]) -> Text | None:
 
 
 def _supervisor_line(doc: Mapping[str, Any]) -> Text | None:
-    sup = _d(doc.get("supervisor"))
+    sup = mapping(doc.get("supervisor"))
     if not sup:
         return None
-    state = _s(sup.get("state")) or "?"
+    state = string(sup.get("state")) or "?"
     t = Text(state, "green" if state == "started" else ("red" if state == "fatal" else ""))
-    pid = _i(sup.get("pid"))
+    pid = integer(sup.get("pid"))
     if pid is not None:
         t.append(f", pid {pid}")
-    at = _n(sup.get("at"))
+    at = number(sup.get("at"))
     if at is not None:
         t.append(f", since {hms(at)}", "dim")
-    code, sig = _i(sup.get("exit_code")), _i(sup.get("signal"))
+    code, sig = integer(sup.get("exit_code")), integer(sup.get("signal"))
     if sig is not None:
         t.append(f", signal {sig}", "red")
     elif code is not None:
         t.append(f", exit code {code}", "red" if code else "")
-    backoff = _n(sup.get("backoff_s"))
+    backoff = amount(sup.get("backoff_s"))
     if backoff is not None:
         t.append(f", next start in {duration(backoff)}", "yellow")
-    reason = _s(sup.get("reason"))
+    reason = string(sup.get("reason"))
     if reason:
         t.append(f" ({clip(reason, 80)})", "dim")
     return t
 
 
 def _health_line(doc: Mapping[str, Any]) -> Text | None:
-    h = _d(doc.get("health"))
+    h = mapping(doc.get("health"))
     if not h:
         return None
-    ok = bool(h.get("ok"))
-    status = _i(h.get("status"))
+    ok = yes(h.get("ok"))
+    status = integer(h.get("status"))
     t = Text(f"/health {status if status is not None else 'no answer'}", "green" if ok else "red")
-    err = _s(h.get("error"))
+    err = string(h.get("error"))
     if err and not ok:
         t.append(f": {clip(err, 80)}", "red")
-    fails = _i(h.get("consecutive_failures")) or 0
+    fails = count(h.get("consecutive_failures")) or 0
     if fails:
         t.append(f" ({fails} failure{'s' if fails != 1 else ''} in a row)", "dim")
-    at = _n(h.get("at"))
+    at = number(h.get("at"))
     if at is not None:
         t.append(f" at {hms(at)}", "dim")
     return t
@@ -436,22 +420,26 @@ def _health_line(doc: Mapping[str, Any]) -> Text | None:
 
 def render_status(doc: Mapping[str, Any], width: int | None = None) -> RenderableType:
     """The whole screen for one `/status` document, laid out for `width` columns when known.
-    Pure: reads nothing but `doc`."""
+    Pure: reads nothing but `doc`. Its strings are cleaned of control sequences first, so the
+    layout measures the text as shown (the console cleans whatever is drawn anyway)."""
+    doc = clean_values(doc)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     _progress_rows(doc, grid)
-    s = _d(doc.get("session"))
+    s = mapping(doc.get("session"))
     parts: list[RenderableType] = [_header(doc), grid]
     gpus = _gpus(doc, width)
     parts.extend(gpus)
     if not gpus and doc.get("gpu_source_up") is False:
-        parts.append(Text(f"GPUs: source down: {_s(doc.get('gpu_error')) or '?'}", "red"))
+        parts.append(Text(f"GPUs: source down: {string(doc.get('gpu_error')) or '?'}", "red"))
     lower = Table.grid(padding=(0, 2))
     lower.add_column(style="bold", no_wrap=True)
     lower.add_column()
     if doc.get("gpu_source_up") is False and gpus:
-        lower.add_row(Text("GPUs"), Text(f"source down: {_s(doc.get('gpu_error')) or '?'}", "red"))
+        lower.add_row(
+            Text("GPUs"), Text(f"source down: {string(doc.get('gpu_error')) or '?'}", "red")
+        )
     for label, part in (
         ("failures", _failures(s)),
         ("warnings", _warnings_line(s)),
@@ -461,28 +449,28 @@ def render_status(doc: Mapping[str, Any], width: int | None = None) -> Renderabl
     ):
         if part is not None:
             lower.add_row(Text(label), part)
-    kv = _d(doc.get("kv_cache"))
-    if kv.get("dtype") or kv.get("quantized") is not None:
-        q = kv.get("quantized")
+    kv = mapping(doc.get("kv_cache"))
+    if string(kv.get("dtype")) or isinstance(kv.get("quantized"), bool):
+        q = yes(kv.get("quantized"))
         lower.add_row(
             Text("KV cache"),
             Text(
-                f"{_s(kv.get('dtype')) or '?'}: {_s(kv.get('reason')) or ''}",
+                f"{string(kv.get('dtype')) or '?'}: {string(kv.get('reason')) or ''}",
                 "yellow" if q else "dim",
             ),
         )
     if (plan := plan_line(doc.get("memory_plan"))) is not None:
         lower.add_row(Text("KV plan"), plan)
-    m = _d(doc.get("model"))
+    m = mapping(doc.get("model"))
     if m:
         line = Text(
-            f"{_s(m.get('path')) or '?'}: {_i(m.get('shards')) or 0} shards, "
-            f"{size(_n(m.get('total_bytes')))}"
+            f"{string(m.get('path')) or '?'}: {count(m.get('shards')) or 0} shards, "
+            f"{size(amount(m.get('total_bytes')))}"
         )
-        ckpt = _s(m.get("checkpoint_kv_dtype"))
+        ckpt = string(m.get("checkpoint_kv_dtype"))
         if ckpt:
             line.append(f", checkpoint KV {ckpt}")
-        for e in _l(m.get("errors"))[:2]:
+        for e in items(m.get("errors"))[:2]:
             if isinstance(e, str):
                 line.append(f"\n{clip(e, 100)}", "yellow")
         lower.add_row(Text("model"), line)
