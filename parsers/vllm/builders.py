@@ -45,6 +45,29 @@ class Entry:
     levels: frozenset[Level] = MESSAGE  # the record levels this message is printed at
     serving: bool = False  # still looked for once the server is up (restart markers, stalls)
     more: bool = False  # the same record may hold a second message: keep looking after a match
+    # Who says it: the source files (`[file.py:123]` in vLLM's header) that print this message
+    # in the vLLM versions the grammar knows, `*name.py` for any file whose name ends so
+    # (`*model_runner.py`: gpu_, cpu_, tpu_model_runner.py). A record with a header from any
+    # other file is not this message, whatever it says: vLLM repeats a message's header on
+    # each of its lines, so the lines of a request id holding line breaks carry the request
+    # logger's header. ANY_LOGGER: whoever logs it (an exception is logged where it is caught;
+    # failures are held as warnings while vLLM serves). Records without a header (uvicorn's own
+    # format, bare stderr) are read by their shape alone.
+    loggers: tuple[str, ...] = ()
+
+    def spoken_by(self, source: str) -> bool:
+        """Whether the header's `file.py:123` (or a DEBUG path `dir/.../file.py:123`) is one of
+        this message's loggers."""
+        if not self.loggers:
+            return True
+        name = source.partition(":")[0].rpartition("/")[2]
+        for logger in self.loggers:
+            if name == logger or (logger[:1] == "*" and name.endswith(logger[1:])):
+                return True
+        return False
+
+
+ANY_LOGGER: tuple[str, ...] = ()
 
 
 def _num(text: str | None) -> float | None:

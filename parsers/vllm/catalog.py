@@ -18,7 +18,7 @@ from typing import Any
 from loadwatch.parsers.events import ClientTextKind, Event, Failure, FailureKind
 from loadwatch.parsers.vllm.builders import _KV_ARG as _KV_ARG
 from loadwatch.parsers.vllm.builders import _LAYER as _LAYER
-from loadwatch.parsers.vllm.builders import _SEC, _c, _stall
+from loadwatch.parsers.vllm.builders import _SEC, ANY_LOGGER, _c, _stall
 from loadwatch.parsers.vllm.builders import BARE as BARE
 from loadwatch.parsers.vllm.builders import FAILURE as FAILURE
 from loadwatch.parsers.vllm.builders import MESSAGE as MESSAGE
@@ -151,6 +151,7 @@ CATALOG: tuple[Entry, ...] = (
         "warning",
         levels=frozenset({"INFO", "DEBUG", "WARNING"}),
         serving=True,
+        loggers=("shm_broadcast.py",),
     ),
     # -- failures --------------------------------------------------------------------------
     Entry(
@@ -160,6 +161,7 @@ CATALOG: tuple[Entry, ...] = (
         _failure("engine_init_failed"),
         "error",
         levels=FAILURE,
+        loggers=ANY_LOGGER,
     ),
     Entry(
         "fail.engine_fatal",
@@ -171,6 +173,7 @@ CATALOG: tuple[Entry, ...] = (
         _failure("worker_died", engine_fatal=True),
         "error",
         levels=FAILURE,
+        loggers=ANY_LOGGER,
     ),
     Entry(
         "fail.error_executing",
@@ -179,6 +182,7 @@ CATALOG: tuple[Entry, ...] = (
         _failure("other"),
         "error",
         levels=FAILURE,
+        loggers=ANY_LOGGER,
     ),
     Entry(
         "fail.classified",
@@ -212,6 +216,7 @@ CATALOG: tuple[Entry, ...] = (
         _failure(None),
         "error",
         levels=FAILURE,
+        loggers=ANY_LOGGER,
     ),
 )
 
@@ -227,6 +232,7 @@ CATALOG = (
         _failure(None),
         "error",
         levels=BARE,
+        loggers=ANY_LOGGER,
     ),
     # vLLM's own CUDA checks (csrc, custom all-reduce) print `Failed: Cuda error FILE:LINE 'msg'`
     # on stderr and the worker dies: the root cause the dead worker's echoes point at.
@@ -237,6 +243,7 @@ CATALOG = (
         _failure(None),
         "error",
         levels=BARE,
+        loggers=ANY_LOGGER,
     ),
 )
 

@@ -67,6 +67,7 @@ LOAD: tuple[Entry, ...] = (
         ),
         _prefetch,
         "info",
+        loggers=("weight_utils.py",),
     ),
     # -- KV-cache scale warnings -----------------------------------------------------------
     Entry(
@@ -80,6 +81,7 @@ LOAD: tuple[Entry, ...] = (
         _kv_scale,
         "warning",
         levels=WARNING,
+        loggers=("weight_utils.py", "utils.py", "kv_cache.py"),
     ),
     Entry(
         "warn.kv_scale_deprecated",
@@ -88,6 +90,7 @@ LOAD: tuple[Entry, ...] = (
         _deprecated_kv,
         "warning",
         levels=WARNING,
+        loggers=("weight_utils.py", "utils.py"),
     ),
     Entry(
         "warn.kv_scale_default",
@@ -96,6 +99,7 @@ LOAD: tuple[Entry, ...] = (
         _scale_factor("kv_scale_default"),
         "warning",
         levels=WARNING,
+        loggers=("kv_cache.py", "fp8.py", "layer.py"),
     ),
     Entry(
         "warn.q_scale_from_k",
@@ -104,6 +108,7 @@ LOAD: tuple[Entry, ...] = (
         _scale_factor("q_scale_from_k"),
         "warning",
         levels=WARNING,
+        loggers=("kv_cache.py", "layer.py"),
     ),
     Entry(
         "warn.q_prob_scale_default",
@@ -112,6 +117,7 @@ LOAD: tuple[Entry, ...] = (
         _scale_factor("q_prob_scale_default"),
         "warning",
         levels=WARNING,
+        loggers=("kv_cache.py", "layer.py"),
     ),
     # -- milestones, in load order ---------------------------------------------------------
     Entry(
@@ -123,6 +129,7 @@ LOAD: tuple[Entry, ...] = (
         _milestone("version", value="v"),
         "info",
         serving=True,
+        loggers=("api_server.py", "api_utils.py", "launcher.py", "serve.py", "entry.py"),
     ),
     Entry(
         "ms.version_logo",
@@ -131,6 +138,7 @@ LOAD: tuple[Entry, ...] = (
         _milestone("version", value="v"),
         "info",
         serving=True,
+        loggers=("api_server.py", "api_utils.py", "launcher.py", "serve.py", "entry.py"),
     ),
     Entry(
         "ms.launch_args",
@@ -138,6 +146,15 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^(?:non-default args: \{|args: Namespace\()"),
         _launch_args,
         "info",
+        loggers=(
+            "api_server.py",
+            "api_utils.py",
+            "launcher.py",
+            "serve.py",
+            "entry.py",
+            "utils.py",
+            "arg_utils.py",
+        ),
     ),
     Entry(
         "ms.engine_config",
@@ -148,6 +165,7 @@ LOAD: tuple[Entry, ...] = (
         ),
         _engine_config,
         "info",
+        loggers=("core.py", "llm_engine.py", "async_llm_engine.py"),
     ),
     Entry(
         "ms.model_load_start",
@@ -156,6 +174,7 @@ LOAD: tuple[Entry, ...] = (
         _milestone("model_load_start", value="model"),
         "info",
         serving=True,
+        loggers=("*model_runner.py", "*worker.py"),
     ),
     Entry(
         "ms.checkpoint_info",
@@ -166,6 +185,7 @@ LOAD: tuple[Entry, ...] = (
         ),
         _milestone("checkpoint_info", value="fs", gib="gib"),
         "info",
+        loggers=("weight_utils.py", "*loader.py"),
     ),
     # -- where this node stands in a multi-node deployment ----------------------------------
     Entry(
@@ -177,6 +197,7 @@ LOAD: tuple[Entry, ...] = (
         ),
         _ep_filter,
         "info",
+        loggers=("weight_utils.py", "*loader.py", "layer.py", "*model_runner.py"),
     ),
     Entry(
         "node.parallel_init",
@@ -187,6 +208,7 @@ LOAD: tuple[Entry, ...] = (
         ),
         _parallel_init,
         "info",
+        loggers=("parallel_state.py",),
     ),
     Entry(
         "node.headless_tp_pp",
@@ -197,6 +219,7 @@ LOAD: tuple[Entry, ...] = (
         ),
         _headless("headless_tp_pp"),
         "info",
+        loggers=("serve.py", "multiproc_executor.py"),
     ),
     Entry(
         "node.headless_dp",
@@ -207,6 +230,7 @@ LOAD: tuple[Entry, ...] = (
         ),
         _headless("headless_dp"),
         "info",
+        loggers=("serve.py", "core.py", "engine_core.py"),
     ),
     Entry(
         "ms.gguf_shards",
@@ -214,6 +238,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Discovered (?P<n>\d{1,9}+) GGUF shard files"),
         _milestone("gguf_shards", count="n"),
         "info",
+        loggers=("*loader.py", "weight_utils.py"),
     ),
     Entry(
         "ms.attention_backend",
@@ -225,6 +250,17 @@ LOAD: tuple[Entry, ...] = (
         ),
         _backend,
         "info",
+        loggers=(
+            "cuda.py",
+            "cpu.py",
+            "rocm.py",
+            "xpu.py",
+            "tpu.py",
+            "hpu.py",
+            "neuron.py",
+            "selector.py",
+            "interface.py",
+        ),
     ),
     Entry(
         "ms.model_init",
@@ -232,6 +268,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^Initializing model took " + _SEC + r" s"),
         _milestone("model_init", seconds="sec"),
         "info",
+        loggers=("*loader.py",),
     ),
     Entry(
         "ms.weights_loaded",
@@ -239,6 +276,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Loading weights took " + _SEC + r" s"),
         _milestone("weights_loaded", seconds="sec"),
         "info",
+        loggers=("*loader.py",),
     ),
     Entry(
         "ms.runai_stream",
@@ -253,6 +291,7 @@ LOAD: tuple[Entry, ...] = (
         _milestone("weights_loaded", detail="runai_stream", gib="gib", seconds="sec"),
         "info",
         levels=WARNING,  # the streamer prints it without a header; vLLM may log it
+        loggers=("*loader.py", "weight_utils.py"),
     ),
     Entry(
         "ms.model_memory",
@@ -266,6 +305,7 @@ LOAD: tuple[Entry, ...] = (
         ),
         _milestone("model_memory", gib="gib", seconds="sec"),
         "info",
+        loggers=("*model_runner.py", "*worker.py"),
     ),
     Entry(
         "ms.compile_cache_dir",
@@ -273,6 +313,15 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Using cache directory: (?P<d>\S{1,400}+) for vLLM's torch\.compile"),
         _milestone("torch_compile", detail="cache_dir", value="d"),
         "info",
+        loggers=(
+            "backends.py",
+            "monitor.py",
+            "decorators.py",
+            "wrapper.py",
+            "compiler_interface.py",
+            "piecewise_backend.py",
+            "caching.py",
+        ),
     ),
     Entry(
         "ms.compile_dynamo",
@@ -280,6 +329,15 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Dynamo bytecode transform time: " + _SEC + r" s"),
         _milestone("torch_compile", detail="dynamo", seconds="sec"),
         "info",
+        loggers=(
+            "backends.py",
+            "monitor.py",
+            "decorators.py",
+            "wrapper.py",
+            "compiler_interface.py",
+            "piecewise_backend.py",
+            "caching.py",
+        ),
     ),
     Entry(
         "ms.compile_graph",
@@ -287,6 +345,15 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Compiling a graph for (?P<shape>.{1,200}?) takes " + _SEC + r" s"),
         _milestone("torch_compile", detail="compile_graph", seconds="sec", value="shape"),
         "info",
+        loggers=(
+            "backends.py",
+            "monitor.py",
+            "decorators.py",
+            "wrapper.py",
+            "compiler_interface.py",
+            "piecewise_backend.py",
+            "caching.py",
+        ),
     ),
     Entry(
         "ms.compile_cache_load",
@@ -298,6 +365,15 @@ LOAD: tuple[Entry, ...] = (
         ),
         _milestone("torch_compile", detail="cache_load", seconds="sec", value="shape"),
         "info",
+        loggers=(
+            "backends.py",
+            "monitor.py",
+            "decorators.py",
+            "wrapper.py",
+            "compiler_interface.py",
+            "piecewise_backend.py",
+            "caching.py",
+        ),
     ),
     Entry(
         "ms.compile_total",
@@ -305,6 +381,15 @@ LOAD: tuple[Entry, ...] = (
         _c(r"torch\.compile (?:takes|took) " + _SEC + r" s in total"),
         _milestone("torch_compile", detail="total", seconds="sec"),
         "info",
+        loggers=(
+            "backends.py",
+            "monitor.py",
+            "decorators.py",
+            "wrapper.py",
+            "compiler_interface.py",
+            "piecewise_backend.py",
+            "caching.py",
+        ),
     ),
     Entry(
         "ms.kv_available",
@@ -312,6 +397,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Available KV cache memory: " + _GIB + r" ?GiB"),
         _milestone("kv_cache", detail="available_memory", gib="gib"),
         "info",
+        loggers=("*worker.py", "*model_runner.py"),
     ),
     Entry(
         "ms.kv_explicit",
@@ -319,6 +405,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Explicitly set \((?P<gib>\d{1,9}+(?:\.\d{1,9}+)?)/[\d.]{1,20}+\) GiB for KV cache"),
         _milestone("kv_cache", detail="available_memory", gib="gib"),
         "info",
+        loggers=("*worker.py", "*model_runner.py"),
     ),
     Entry(
         "ms.kv_dtype",
@@ -326,6 +413,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Using (?P<dtype>[A-Za-z0-9_]{1,40}+) data type to store kv cache"),
         _milestone("kv_cache", detail="dtype", value="dtype"),
         "info",
+        loggers=("cache.py", "config.py"),
     ),
     Entry(
         "ms.kv_size",
@@ -334,6 +422,7 @@ LOAD: tuple[Entry, ...] = (
         _milestone("kv_cache", detail="size", tokens="tok", value="dev"),
         "info",
         more=True,  # the CPU backend prints the concurrency on the same line
+        loggers=("kv_cache_utils.py",),
     ),
     Entry(
         "ms.kv_blocks",
@@ -341,6 +430,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"# (?:GPU|cuda|CUDA|gpu) blocks: (?P<b>\d{1,12}+)"),
         _milestone("kv_cache", detail="blocks", blocks="b"),
         "info",
+        loggers=("*executor.py", "executor_base.py", "llm_engine.py"),
     ),
     Entry(
         "ms.kv_concurrency",
@@ -350,6 +440,7 @@ LOAD: tuple[Entry, ...] = (
         ),
         _milestone("kv_cache", detail="concurrency", tokens="tok", value="x"),
         "info",
+        loggers=("kv_cache_utils.py", "*executor.py", "executor_base.py"),
     ),
     Entry(
         "ms.graph_capture",
@@ -357,6 +448,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Graph capturing finished in " + _SEC + r" secs?(?:, took " + _GIB + r" GiB)?"),
         _milestone("graph_capture", seconds="sec", gib="gib"),
         "info",
+        loggers=("*model_runner.py", "cuda_graph.py", "*worker.py"),
     ),
     Entry(
         "ms.engine_init",
@@ -364,6 +456,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"init engine \(profile, create kv cache, warmup model\) took " + _SEC + r" s"),
         _milestone("engine_init", seconds="sec"),
         "info",
+        loggers=("core.py", "llm_engine.py"),
     ),
     Entry(
         "ms.api_server",
@@ -371,6 +464,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Starting vLLM (?:API )?server(?: \d{1,4}+)? on (?P<url>\S{1,400}+)"),
         _milestone("api_server_start", value="url"),
         "info",
+        loggers=("api_server.py", "api_utils.py", "launcher.py", "serve.py", "entry.py"),
     ),
     Entry(
         "ms.uvicorn_running",
@@ -379,6 +473,7 @@ LOAD: tuple[Entry, ...] = (
         _milestone("api_server_start", detail="uvicorn", value="url"),
         "info",
         serving=True,  # uvicorn prints it after "Application startup complete"
+        loggers=("server.py", "on.py", "main.py", "config.py"),
     ),
     Entry(
         "ms.routes",
@@ -386,6 +481,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^Available routes are:"),
         _milestone("api_server_start", detail="routes"),
         "info",
+        loggers=("api_server.py", "api_utils.py", "launcher.py", "serve.py", "entry.py"),
     ),
     Entry(
         "ms.uvicorn_started",
@@ -393,6 +489,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^Started server process \[(?P<pid>\d{1,10}+)\]"),
         _milestone("api_server_start", detail="server_process", value="pid"),
         "info",
+        loggers=("server.py", "on.py", "main.py", "config.py"),
     ),
     Entry(
         "ms.app_waiting",
@@ -400,6 +497,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^Waiting for application startup\."),
         _milestone("api_server_start", detail="waiting_startup"),
         "info",
+        loggers=("server.py", "on.py", "main.py", "config.py"),
     ),
     Entry(
         "ms.app_complete",
@@ -407,6 +505,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^Application startup complete\."),
         _milestone("app_startup_complete"),
         "info",
+        loggers=("server.py", "on.py", "main.py", "config.py"),
     ),
     Entry(
         "ms.shutdown",
@@ -418,5 +517,22 @@ LOAD: tuple[Entry, ...] = (
         _shutdown,
         "info",
         serving=True,  # a stop usually comes while serving
+        loggers=(
+            "api_server.py",
+            "api_utils.py",
+            "launcher.py",
+            "serve.py",
+            "entry.py",
+            "server.py",
+            "on.py",
+            "main.py",
+            "config.py",
+            "core.py",
+            "core_client.py",
+            "multiproc_executor.py",
+            "utils.py",
+            "system_utils.py",
+            "async_llm.py",
+        ),
     ),
 )

@@ -183,6 +183,8 @@ def parse_segment(head: Head, offset: int, mode: Mode = "startup") -> list[Event
                 break
         else:
             continue
+        if head.source is not None and not entry.spoken_by(head.source):
+            continue  # the words, but another logger's: not this message
         # Only where a message starts: text a client put inside a message is never read.
         m = entry.pattern.match(body, at)
         if m is None:

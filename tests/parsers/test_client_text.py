@@ -182,3 +182,22 @@ def test_catalog_messages_count_only_at_the_start_of_a_message() -> None:
         b"", err + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"
     )
     assert type(oom).__name__ == "Failure" and oom.kind == "cuda_oom"  # type: ignore[attr-defined]
+
+
+def test_a_real_serving_log_with_the_attacks_stays_one_session() -> None:
+    """vLLM 0.32 itself, fed the requests a red team used (tests/fixtures/real-v0.32-client-text
+    .source): after `Application startup complete` nothing but the shutdown is read as vLLM's
+    own word; the lines of a request id with line breaks carry the request logger's header and
+    are read as nothing."""
+    data = (Path(FIXTURES) / "real-v0.32-client-text.log").read_bytes()
+    events = EventStream(ref_ts=REF_TS).feed_all(split_records(data))
+    ready = next(
+        i for i, e in enumerate(events) if getattr(e, "kind", None) == "app_startup_complete"
+    )
+    before, after = events[: ready + 1], events[ready + 1 :]
+    assert [e.kind for e in before if e.type == "milestone" and e.kind == "version"] == ["version"]  # type: ignore[attr-defined]
+    stop = data.rindex(b"\n", 0, data.index(b"[shutdown] API server: shutdown triggered")) + 1
+    serving = [e for e in after if e.offset < stop]
+    kinds = sorted({e.kind for e in serving})  # type: ignore[attr-defined]
+    assert {e.type for e in serving} == {"client_text"}, serving
+    assert kinds == ["model_error", "request_added", "request_received"]

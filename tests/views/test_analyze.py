@@ -77,6 +77,8 @@ EXPECTED: dict[str, tuple[int, str, list[str]]] = {
     "gh-vllm-7800-nccl-init-device.log": (1, "failed: nccl", []),
     "gh-vllm-pr35616-startup-timeout.log": (1, "failed: startup_timeout", []),
     "ray.log": (1, "failed: nccl", []),
+    # clients' model names, request ids and paths holding vLLM's words: one session, ready
+    "real-v0.32-client-text.log": (1, "ready", []),
     "real-v0.32-deepseek-fp8kv.log": (1, "failed: fp8_kv_unsupported", []),
     "real-v0.32-deepseek-kvscales.log": (1, "ready", []),
     "real-v0.32-headless-pp-node1.log": (1, "incomplete: no vLLM start in the log", []),
