@@ -78,6 +78,22 @@ static int names(Cur *c, const unsigned char **at, Py_ssize_t *n) { /* [\x21-\x2
     return 1;
 }
 
+/* The catalog's loggers of the k/v scale warning (catalog_load.py warn.kv_scale_missing): the
+ * header's file name, after any DEBUG path, before its ":line". */
+static int kv_logger(const unsigned char *src, const unsigned char *end) {
+    const unsigned char *colon = end, *name = src;
+    for (const unsigned char *p = src; p < end; p++) {
+        if (*p == '/') name = p + 1;
+        if (*p == ':') { colon = p; break; }
+    }
+    static const char *const loggers[] = {"weight_utils.py", "utils.py", "kv_cache.py"};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(loggers[i]);
+        if ((size_t)(colon - name) == n && memcmp(name, loggers[i], n) == 0) return 1;
+    }
+    return 0;
+}
+
 static int record(const unsigned char *s, const unsigned char *e, Rec *r) {
     Cur c = {s, e};
     if (!lit(&c, "(")) return 0;
@@ -111,6 +127,7 @@ static int record(const unsigned char *s, const unsigned char *e, Rec *r) {
     while (c.p < e && c.p - src < 200 && *c.p >= 0x21 && *c.p <= 0x7e && *c.p != ']') c.p++;
     if (c.p == src) return 0;
     const unsigned char *src_end = c.p;
+    if (!kv_logger(src, src_end)) return 0;
     if (!lit(&c, "] Found ")) return 0;
     if (c.p >= e || (*c.p != 'k' && *c.p != 'v')) return 0;
     r->scale = (char)*c.p++;

@@ -85,7 +85,9 @@ CLIENT_TEXT: tuple[tuple[ClientTextKind, frozenset[Level], re.Pattern[str]], ...
     # model `...` does not exist.', ...)`
     ("model_error", FAILURE | MESSAGE | WARNING, _c(r"Error with model ")),
     # A request's error with its id first (generate/base/serving.py 2026, at ERROR: `Request ID
-    # failed with an internal error during generation`), and the API server's exception
+    # failed with an internal error during generation`; v1/engine/async_llm.py 2026-01 on, at
+    # INFO with --enable-log-requests: `Request ID failed due to ExcType: message.`), and the
+    # API server's exception
     # handlers with --log-error-stack (serve/exception_handling/handlers/*.py 2026: `Exception
     # caught. Request id: ID`, `HTTPException caught. ...`, `RequestValidationError caught. ...`,
     # `Engine Exception caught. ...`): a traceback of the request's own error may follow, which
@@ -94,7 +96,7 @@ CLIENT_TEXT: tuple[tuple[ClientTextKind, frozenset[Level], re.Pattern[str]], ...
         "request_error",
         FAILURE | MESSAGE | WARNING,
         _c(
-            r"Request \S{1,400}+ failed with "
+            r"Request \S{1,400}+ failed (?:with|due to) "
             r"|(?:Engine |HTTP)?(?:Exception|RequestValidationError) caught\. Request id: "
         ),
     ),

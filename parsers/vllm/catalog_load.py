@@ -129,7 +129,14 @@ LOAD: tuple[Entry, ...] = (
         _milestone("version", value="v"),
         "info",
         serving=True,
-        loggers=("api_server.py", "api_utils.py", "launcher.py", "serve.py", "entry.py"),
+        loggers=(
+            "api_server.py",
+            "utils.py",
+            "api_utils.py",
+            "run_batch.py",
+            "launcher.py",
+            "entry.py",
+        ),
     ),
     Entry(
         "ms.version_logo",
@@ -138,7 +145,7 @@ LOAD: tuple[Entry, ...] = (
         _milestone("version", value="v"),
         "info",
         serving=True,
-        loggers=("api_server.py", "api_utils.py", "launcher.py", "serve.py", "entry.py"),
+        loggers=("utils.py", "api_server.py", "api_utils.py"),
     ),
     Entry(
         "ms.launch_args",
@@ -146,15 +153,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^(?:non-default args: \{|args: Namespace\()"),
         _launch_args,
         "info",
-        loggers=(
-            "api_server.py",
-            "api_utils.py",
-            "launcher.py",
-            "serve.py",
-            "entry.py",
-            "utils.py",
-            "arg_utils.py",
-        ),
+        loggers=("api_server.py", "cli_args.py", "utils.py", "api_utils.py", "run_batch.py"),
     ),
     Entry(
         "ms.engine_config",
@@ -251,14 +250,14 @@ LOAD: tuple[Entry, ...] = (
         _backend,
         "info",
         loggers=(
+            "selector.py",
             "cuda.py",
-            "cpu.py",
             "rocm.py",
             "xpu.py",
+            "cpu.py",
             "tpu.py",
             "hpu.py",
-            "neuron.py",
-            "selector.py",
+            "openvino.py",
             "interface.py",
         ),
     ),
@@ -268,7 +267,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^Initializing model took " + _SEC + r" s"),
         _milestone("model_init", seconds="sec"),
         "info",
-        loggers=("*loader.py",),
+        loggers=("*loader.py", "*model_runner.py"),
     ),
     Entry(
         "ms.weights_loaded",
@@ -276,13 +275,13 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Loading weights took " + _SEC + r" s"),
         _milestone("weights_loaded", seconds="sec"),
         "info",
-        loggers=("*loader.py",),
+        loggers=("*loader.py", "tpu.py"),
     ),
     Entry(
         "ms.runai_stream",
         ("Overall time to stream",),
         _c(
-            r"(?:\[RunAI Streamer\] )?Overall time to stream "
+            r"(?:\[RunAI (?:Distributed )?Streamer\] )?Overall time to stream "
             + _GIB
             + r" ?GiB of all files(?: to cpu)?: "
             + _SEC
@@ -291,7 +290,7 @@ LOAD: tuple[Entry, ...] = (
         _milestone("weights_loaded", detail="runai_stream", gib="gib", seconds="sec"),
         "info",
         levels=WARNING,  # the streamer prints it without a header; vLLM may log it
-        loggers=("*loader.py", "weight_utils.py"),
+        loggers=("file_streamer.py", "*loader.py", "weight_utils.py"),
     ),
     Entry(
         "ms.model_memory",
@@ -430,7 +429,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"# (?:GPU|cuda|CUDA|gpu) blocks: (?P<b>\d{1,12}+)"),
         _milestone("kv_cache", detail="blocks", blocks="b"),
         "info",
-        loggers=("*executor.py", "executor_base.py", "llm_engine.py"),
+        loggers=("*executor.py", "executor_base.py", "kv_cache_utils.py"),
     ),
     Entry(
         "ms.kv_concurrency",
@@ -464,7 +463,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Starting vLLM (?:API )?server(?: \d{1,4}+)? on (?P<url>\S{1,400}+)"),
         _milestone("api_server_start", value="url"),
         "info",
-        loggers=("api_server.py", "api_utils.py", "launcher.py", "serve.py", "entry.py"),
+        loggers=("api_server.py", "entry.py", "api_utils.py", "launcher.py"),
     ),
     Entry(
         "ms.uvicorn_running",
@@ -481,7 +480,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^Available routes are:"),
         _milestone("api_server_start", detail="routes"),
         "info",
-        loggers=("api_server.py", "api_utils.py", "launcher.py", "serve.py", "entry.py"),
+        loggers=("launcher.py", "api_server.py", "entry.py"),
     ),
     Entry(
         "ms.uvicorn_started",

@@ -47,7 +47,10 @@ from loadwatch.parsers.vllm.catalog import _LAYER
 _NAME_CHARS = rb"[\x21-\x27\x2a-\x7e]{0,400}"  # printable ASCII but ( ): the catalog's [^()\s]
 KV_RECORD = re.compile(
     rb"\(([A-Za-z][A-Za-z0-9_]{0,63}) pid=([0-9]{1,10})\) WARNING "
-    rb"([0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}) \[[\x21-\x5c\x5e-\x7e]{1,200}\] "
+    rb"([0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}) "
+    # the catalog's loggers of this warning (catalog_load.py), after any DEBUG path
+    rb"\[(?=[\x21-\x5c\x5e-\x7e]{1,200}\] )(?:[\x21-\x2e\x30-\x39\x3b-\x5c\x5e-\x7e]{0,200}/){0,100}"
+    rb"(?:weight_utils|utils|kv_cache)\.py(?::[\x21-\x5c\x5e-\x7e]{0,200})?\] "
     rb"Found ([kv])_scale in the checkpoint \(e\.g\. (" + _NAME_CHARS + rb")\), "
     rb"but not found the expected name in the model \(e\.g\. (" + _NAME_CHARS + rb")\)"
     rb"(?:\. [kv]_scale is not loaded\.)?"

@@ -164,7 +164,7 @@ def split_segments(text: str) -> list[str]:
     while i >= 0 and len(cuts) < MAX_SEGMENTS and tries < 4 * MAX_SEGMENTS:
         tries += 1
         open_at = text.rfind("(", max(0, i - 80), i)
-        if open_at > 0 and not text[open_at - 1].isspace():
+        if open_at > 0 and not text[open_at - 1].isspace() and _after_bar(text, open_at):
             m = _MIDLINE_PREFIX.match(text, open_at)
             if m is not None:
                 cuts.append(open_at)
@@ -178,6 +178,13 @@ def split_segments(text: str) -> list[str]:
         start = cut
     parts.append(text[start:])
     return [p for p in parts if p.strip()]
+
+
+def _after_bar(text: str, at: int) -> bool:
+    """Whether `text[:at]` ends as a tqdm bar does (`... 25.1it/s]`, `?B/s]`): the one place
+    another process's line lands on the same physical line (a `\r`-only bar has no newline).
+    Anywhere else a process prefix is somebody's text (a prompt, a model's output)."""
+    return text.endswith(("it/s]", "s/it]", "B/s]"), max(0, at - 8), at)
 
 
 class YearResolver:

@@ -258,6 +258,10 @@ def render(scene: Scene) -> str:
     ):
         t.family(name, "counter", help_text)
         t.sample(name, 0)
+    t.family(
+        "loadwatch_log_client_text_records_total", "counter", "Client text set aside, by kind."
+    )
+    t.sample("loadwatch_log_client_text_records_total", scene.log_lines // 100, {"kind": "access"})
     t.family("loadwatch_events_total", "counter", "Events parsed from the log.")
     t.sample("loadwatch_events_total", scene.shards_done, {"type": "weights_progress"})
     t.sample("loadwatch_events_total", sum(scene.warnings.values()), {"type": "warning"})

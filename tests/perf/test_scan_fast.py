@@ -230,13 +230,21 @@ _ECHO = b"(APIServer pid=1) INFO 11-30 10:00:00 [logger.py:71] prompt: 'ERROR'"
 @pytest.mark.parametrize(
     "line, hidden",
     [
-        # another process's ERROR line glued to a request echo: a second segment
-        (_ECHO + b"x(EngineCore pid=2) ERROR 11-30 10:00:01 [c.py:3] boom", "boom"),
+        # another process's ERROR line glued to a `\r`-only bar: a second segment (glued to
+        # anything else, such as a request echo, it is the client's text)
+        (
+            b"(A pid=1) INFO 11-30 10:00:00 [x.py:1] Capturing CUDA graphs:  50%|#| 1/2 "
+            b"[00:01<00:01,  1.00it/s](EngineCore pid=2) ERROR 11-30 10:00:01 [c.py:3] boom",
+            "boom",
+        ),
         # colour codes: stripped, the bracket is no header and the ERROR header further on is
         (b"(A pid=1) INFO 11-30 10:00:00 [0m] ERROR 11-30 10:00:01 [c.py:3] boom", "boom"),
         (b"(A pid=1) INFO 11-30 10:00:00 [6m] ERROR 11-30 10:00:01 [c.py:3] boom", "boom"),
         # an escape sequence inside a message: stripped, it reads "Shutting down"
-        (b"(A pid=1) INFO 11-30 10:00:00 [x.py:1] Shut\x1b[1mting down ERROR", "Shutting down"),
+        (
+            b"(A pid=1) INFO 11-30 10:00:00 [launcher.py:1] Shut\x1b[1mting down ERROR",
+            "Shutting down",
+        ),
     ],
 )
 @pytest.mark.parametrize("crlf", [False, True])
