@@ -362,8 +362,11 @@ def logged_pids(d: Daemon) -> tuple[int, ...]:
     if d.io_reader is not None:
         return d.state.node_pids
     from loadwatch.daemon.sources.proc.io_counters import vllm_processes
+    from loadwatch.daemon.sources.proc.logged_process import expected_user
 
-    return vllm_processes(d.state.node_pids)
+    vllm = d.cfg.vllm
+    user = expected_user(vllm.user if vllm is not None else None, d.cfg.log.path)
+    return vllm_processes(d.state.node_pids, user)
 
 
 BULK = (KvScaleWarning, KvScaleRun, ShardProgress)  # a load's many records: bars and warnings

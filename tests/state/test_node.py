@@ -237,9 +237,23 @@ def test_a_ray_head_from_a_real_ray_log() -> None:
 
 
 def test_only_vllm_processes_of_this_host_are_read(tmp_path: Path) -> None:
+    """The pids of the log's prefixes whose bytes are read: vLLM's processes under vLLM's user
+    (a number that is another process here, or a look-alike of another user, is not)."""
     from loadwatch.daemon.sources.proc.io_counters import vllm_processes
+    from loadwatch.daemon.sources.proc.logged_process import ExpectedUser
 
-    for pid, cmd in ((10, b"VLLM::Worker_TP0\x00"), (11, b"/usr/bin/postgres\x00"), (12, b"python3\x00-m\x00vllm.entrypoints.openai.api_server\x00")):  # fmt: skip
-        (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "cmdline").write_bytes(cmd)
-    assert vllm_processes([10, 11, 12, 13], tmp_path) == (10, 12)
+    own = (Path("/proc/self/stat").read_text().split(") ", 1)[1]).split()
+    procs = (
+        (10, b"VLLM::Worker_TP0\x00", 1000),
+        (11, b"/usr/bin/postgres\x00", 1000),
+        (12, b"python3\x00-m\x00vllm.entrypoints.openai.api_server\x00", 1000),
+        (14, b"python3\x00-m\x00vllm.entrypoints.openai.api_server\x00", 65534),
+    )
+    for pid, cmd, uid in procs:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "cmdline").write_bytes(cmd)
+        (d / "stat").write_text(f"{pid} (x) S 1 " + " ".join(own[2:]) + "\n")
+        (d / "status").write_text(f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    user = ExpectedUser(1000, "[vllm] user")
+    assert vllm_processes([10, 11, 12, 13, 14], user, tmp_path) == (10, 12)

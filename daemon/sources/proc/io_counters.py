@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from loadwatch.daemon.sources.inputs import IoSample
+from loadwatch.daemon.sources.proc.logged_process import ExpectedUser, look, refusal
 
 MAX_TREE = 4096  # a runaway tree is cut here rather than walked forever
 
@@ -57,17 +58,17 @@ def io_field(text: str, name: str) -> int | None:
     return None
 
 
-def vllm_processes(pids: Sequence[int], proc_root: str | Path = "/proc") -> tuple[int, ...]:
-    """The pids that are vLLM processes on this host: their command line (or the title vLLM
-    gives its processes, `VLLM::Worker_TP0`) names vllm. A log read from shared storage names
-    other hosts' pids too, and a number that is some other process here must not count."""
+def vllm_processes(
+    pids: Sequence[int], user: ExpectedUser, proc_root: str | Path = "/proc"
+) -> tuple[int, ...]:
+    """The pids that are vLLM's processes on this host, by the rule that adopts the pid the log
+    names (logged_process.py `refusal`: vLLM's user, vLLM's command line or a child it spawned).
+    A log read from shared storage names other hosts' pids too, and a client can put a process
+    prefix into the log: a number that is some other process here must not count."""
     out: list[int] = []
     for pid in pids:
-        try:
-            cmd = (Path(proc_root) / str(pid) / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"vllm" in cmd.lower():
+        seen = look(pid, str(proc_root))
+        if seen is not None and refusal(seen, user, str(proc_root)) is None:
             out.append(pid)
     return tuple(out)
 
