@@ -26,6 +26,19 @@ from loadwatch.parsers.vllm.builders import (
     _shutdown,
 )
 
+# vllm/compilation/'s files, where torch.compile's lines come from
+COMPILATION = (
+    "backends.py",
+    "monitor.py",
+    "decorators.py",
+    "wrapper.py",
+    "compiler_interface.py",
+    "piecewise_backend.py",
+    "caching.py",
+)
+# uvicorn's own loggers (server.py, lifespan/on.py), should a log config give them vLLM's header
+UVICORN = ("server.py", "on.py", "main.py", "config.py")
+
 LOAD: tuple[Entry, ...] = (
     # -- progress bars ---------------------------------------------------------------------
     Entry(
@@ -312,15 +325,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Using cache directory: (?P<d>\S{1,400}+) for vLLM's torch\.compile"),
         _milestone("torch_compile", detail="cache_dir", value="d"),
         "info",
-        loggers=(
-            "backends.py",
-            "monitor.py",
-            "decorators.py",
-            "wrapper.py",
-            "compiler_interface.py",
-            "piecewise_backend.py",
-            "caching.py",
-        ),
+        loggers=COMPILATION,
     ),
     Entry(
         "ms.compile_dynamo",
@@ -328,15 +333,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Dynamo bytecode transform time: " + _SEC + r" s"),
         _milestone("torch_compile", detail="dynamo", seconds="sec"),
         "info",
-        loggers=(
-            "backends.py",
-            "monitor.py",
-            "decorators.py",
-            "wrapper.py",
-            "compiler_interface.py",
-            "piecewise_backend.py",
-            "caching.py",
-        ),
+        loggers=COMPILATION,
     ),
     Entry(
         "ms.compile_graph",
@@ -344,15 +341,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"Compiling a graph for (?P<shape>.{1,200}?) takes " + _SEC + r" s"),
         _milestone("torch_compile", detail="compile_graph", seconds="sec", value="shape"),
         "info",
-        loggers=(
-            "backends.py",
-            "monitor.py",
-            "decorators.py",
-            "wrapper.py",
-            "compiler_interface.py",
-            "piecewise_backend.py",
-            "caching.py",
-        ),
+        loggers=COMPILATION,
     ),
     Entry(
         "ms.compile_cache_load",
@@ -364,15 +353,7 @@ LOAD: tuple[Entry, ...] = (
         ),
         _milestone("torch_compile", detail="cache_load", seconds="sec", value="shape"),
         "info",
-        loggers=(
-            "backends.py",
-            "monitor.py",
-            "decorators.py",
-            "wrapper.py",
-            "compiler_interface.py",
-            "piecewise_backend.py",
-            "caching.py",
-        ),
+        loggers=COMPILATION,
     ),
     Entry(
         "ms.compile_total",
@@ -380,15 +361,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"torch\.compile (?:takes|took) " + _SEC + r" s in total"),
         _milestone("torch_compile", detail="total", seconds="sec"),
         "info",
-        loggers=(
-            "backends.py",
-            "monitor.py",
-            "decorators.py",
-            "wrapper.py",
-            "compiler_interface.py",
-            "piecewise_backend.py",
-            "caching.py",
-        ),
+        loggers=COMPILATION,
     ),
     Entry(
         "ms.kv_available",
@@ -472,7 +445,7 @@ LOAD: tuple[Entry, ...] = (
         _milestone("api_server_start", detail="uvicorn", value="url"),
         "info",
         serving=True,  # uvicorn prints it after "Application startup complete"
-        loggers=("server.py", "on.py", "main.py", "config.py"),
+        loggers=UVICORN,
     ),
     Entry(
         "ms.routes",
@@ -488,7 +461,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^Started server process \[(?P<pid>\d{1,10}+)\]"),
         _milestone("api_server_start", detail="server_process", value="pid"),
         "info",
-        loggers=("server.py", "on.py", "main.py", "config.py"),
+        loggers=UVICORN,
     ),
     Entry(
         "ms.app_waiting",
@@ -496,7 +469,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^Waiting for application startup\."),
         _milestone("api_server_start", detail="waiting_startup"),
         "info",
-        loggers=("server.py", "on.py", "main.py", "config.py"),
+        loggers=UVICORN,
     ),
     Entry(
         "ms.app_complete",
@@ -504,7 +477,7 @@ LOAD: tuple[Entry, ...] = (
         _c(r"^Application startup complete\."),
         _milestone("app_startup_complete"),
         "info",
-        loggers=("server.py", "on.py", "main.py", "config.py"),
+        loggers=UVICORN,
     ),
     Entry(
         "ms.shutdown",

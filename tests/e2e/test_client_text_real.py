@@ -17,7 +17,6 @@ import json
 import re
 import shutil
 import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -37,13 +36,12 @@ from loadwatch.daemon.config import (
     VllmConfig,
 )
 from tests.daemon.harness import Running, running
-from tests.realvllm.vllmproc import ServerSpec, VllmServer, free_port, vllm_available, vllm_python
+from tests.e2e.test_watch_readiness import build_model, wait_ready
+from tests.realvllm.vllmproc import ServerSpec, VllmServer, free_port
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
-TINYMODEL = ROOT / "tests" / "realvllm" / "tinymodel.py"
 INTERVAL_S = 1.0
-START_S = 240.0
 
 
 class Recorder:
@@ -103,17 +101,7 @@ def _post(url: str, body: dict[str, object], headers: dict[str, str] | None = No
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[VllmServer, Running, Path]]:
-    if not vllm_available():  # `make test` installs it: missing is a failure, not a skip
-        pytest.fail(f"no vLLM environment at {vllm_python()}: run `make vllm`")
-    model = tmp_path / "llama"
-    build = [str(vllm_python()), str(TINYMODEL), str(model), "--arch", "llama"]
-    subprocess.run(
-        [*build, "--shards", "3", "--shard-mb", "4"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        check=True,
-        timeout=300,
-    )
+    model = build_model(tmp_path / "llama", "--arch", "llama")
     log = tmp_path / "vllm.log"
     work = Path(tempfile.mkdtemp(prefix="lw-client-"))  # vLLM's IPC paths must stay short
     spec = ServerSpec(
@@ -137,22 +125,11 @@ def served(tmp_path: Path) -> Iterator[tuple[VllmServer, Running, Path]]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _wait_ready(server: VllmServer, d: Running) -> None:
-    end = time.monotonic() + START_S
-    while time.monotonic() < end:
-        if d.get("/readyz")[0] == 200:
-            return
-        if server.poll() is not None:
-            raise AssertionError(f"vLLM exited with {server.poll()}")
-        time.sleep(0.2)
-    raise AssertionError(f"not ready after {START_S} s: {d.get('/readyz')}")
-
-
 def test_what_clients_make_vllm_log_changes_nothing(
     served: tuple[VllmServer, Running, Path],
 ) -> None:
     server, d, model = served
-    _wait_ready(server, d)
+    wait_ready(server, d)
     names = _alert_metrics()
     before_status = d.status()
     before_alerts = _alert_view(d.metrics(), names)

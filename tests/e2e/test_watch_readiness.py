@@ -35,7 +35,7 @@ INTERVAL_S = 1.0
 START_S = 240.0  # a vLLM start to /health 200 (about 25 s alone; more on a busy machine)
 
 
-def _build(out: Path, *args: str) -> Path:
+def build_model(out: Path, *args: str) -> Path:
     if not vllm_available():  # `make test` installs it first: missing is a failure, not a skip
         pytest.fail(f"no vLLM environment at {vllm_python()}: run `make vllm`")
     subprocess.run(
@@ -50,7 +50,7 @@ def _build(out: Path, *args: str) -> Path:
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build(tmp_path_factory.mktemp("models") / "llama", "--arch", "llama")
+    return build_model(tmp_path_factory.mktemp("models") / "llama", "--arch", "llama")
 
 
 def _config(work: Path, log: Path, servable: bool, prompt: str) -> Config:
@@ -99,7 +99,7 @@ def _time_to_503(d: Running, since: float, limit_s: float) -> float:
     raise AssertionError(f"/readyz still 200 {limit_s} s after the stop: {d.get('/readyz')}")
 
 
-def _wait_ready(server: VllmServer, d: Running) -> None:
+def wait_ready(server: VllmServer, d: Running) -> None:
     end = time.monotonic() + START_S
     while time.monotonic() < end:
         if d.get("/readyz")[0] == 200:
@@ -115,7 +115,7 @@ def test_servable_passes_then_sigterm_ends_ready(
     vllm_and_daemon: tuple[VllmServer, Running],
 ) -> None:
     server, d = vllm_and_daemon
-    _wait_ready(server, d)
+    wait_ready(server, d)
     s = d.status()["session"]
     assert s["first_completion_s"] is not None and s["first_completion_s"] > 0
     assert d.metrics()["loadwatch_first_completion_seconds"] > 0
@@ -134,7 +134,7 @@ def test_sigkill_ends_ready_within_two_probe_intervals(
     vllm_and_daemon: tuple[VllmServer, Running],
 ) -> None:
     server, d = vllm_and_daemon
-    _wait_ready(server, d)
+    wait_ready(server, d)
     s = d.status()["session"]
     assert s["server_pid"] == server.pid  # the API server's pid, from the log's prefixes
     pid = server.pid
