@@ -254,7 +254,9 @@ def _parser() -> argparse.ArgumentParser:
         "preflight",
         "check a model directory before starting vLLM",
         "example:\n  loadwatch preflight /models/Kimi-K2.5-NVFP4 --gpu-cc 12.0\n\n"
-        "exit codes: 0 ok, 1 will fail, 2 warnings, 64 usage, 66 no such directory",
+        "exit codes: 0 ok, 1 will fail, 2 warnings, 64 usage, 65 a file of the directory that\n"
+        "loadwatch will not read (not a regular file, over its size cap, nested too deep, a\n"
+        "number out of range, a link out of the directory), 66 no such directory",
     )
     pf.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="the checkpoint directory")
     pf.add_argument(
@@ -424,6 +426,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _preflight(args: argparse.Namespace) -> int:
     import json
 
+    from loadwatch.daemon.sources.model.modelfiles import ModelFileError
     from loadwatch.daemon.tools.preflight import parse_gpu_cc, preflight_cli
     from loadwatch.exporters.terminal.clean import clean_text
 
@@ -440,9 +443,12 @@ def _preflight(args: argparse.Namespace) -> int:
         cc = gpu_model_cc(args.gpu_model)  # an unknown model is said by the capacity below
     nvml_cc, nvml_total = _nvml_gpu() if needs_nvml(args, for_cc=True) else (None, None)
     layout, capacity = _plan_inputs(args, nvml_total)
-    text, doc, code = preflight_cli(
-        args.model_dir, args.kv_cache_dtype, cc or nvml_cc, layout=layout, capacity=capacity
-    )
+    try:
+        text, doc, code = preflight_cli(
+            args.model_dir, args.kv_cache_dtype, cc or nvml_cc, layout=layout, capacity=capacity
+        )
+    except ModelFileError as exc:
+        return fail(f"{args.model_dir}: {exc}", EX_DATAERR)
     print(json.dumps(doc, indent=2) if args.json else clean_text(text))
     return code
 
