@@ -8,7 +8,7 @@
     loadwatch events LOG                         the parsed events, one JSON object per line
     loadwatch preflight MODEL_DIR [--kv-cache-dtype X] [--gpu-cc 12.0] [--json]
               [--gpu-memory-gib G | --gpu-model NAME] [--tensor-parallel-size N ...]
-    loadwatch patch-model MODEL_DIR (--drop-fp8-kv-cache | --revert) [--dry-run]
+    loadwatch patch-model MODEL_DIR (--drop-fp8-kv-cache | --revert [--force]) [--dry-run]
     loadwatch alerts --runbook-base-url URL [--rules FILE] [--output FILE]
     loadwatch demo [--scenario S] [--speed X] [--real] [--keep]
 
@@ -279,7 +279,8 @@ def _parser() -> argparse.ArgumentParser:
         "examples:\n  loadwatch patch-model /models/M --drop-fp8-kv-cache --dry-run\n"
         "  loadwatch patch-model /models/M --drop-fp8-kv-cache\n"
         "  loadwatch patch-model /models/M --revert\n\n"
-        "Writes are atomic, with byte-exact backups that --revert puts back.",
+        "Writes are atomic, with byte-exact backups that --revert puts back; --revert refuses\n"
+        "(exit 1) when a file changed after the patch, unless --force.",
     )
     pm.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="the checkpoint directory")
     what = pm.add_mutually_exclusive_group(required=True)
@@ -290,6 +291,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     what.add_argument("--revert", action="store_true", help="put the backed-up files back")
     pm.add_argument("--dry-run", action="store_true", help="print the diff and write nothing")
+    pm.add_argument(
+        "--force",
+        action="store_true",
+        help="with --revert: put the originals back even over edits made after the patch",
+    )
     add_plan_flags(pm, _positive)  # what the patch does to the memory plan
 
     al = command(
@@ -462,16 +468,25 @@ def _plan_inputs(args: argparse.Namespace, nvml_total: int | None) -> tuple[Any,
 
 def _patch_model(args: argparse.Namespace) -> int:
     from loadwatch.daemon.sources.model.model_info import read_model_dir
+    from loadwatch.daemon.sources.model.modelfiles import ModelFileError
     from loadwatch.daemon.tools.patch import patch_model_cli
     from loadwatch.daemon.tools.patch_plan import patch_effect_lines
     from loadwatch.exporters.terminal.clean import clean_text
 
-    before = read_model_dir(args.model_dir, tensor_bytes=True) if args.drop_fp8_kv_cache else None
+    if args.force and not args.revert:
+        raise UsageError("patch-model: --force goes with --revert")
+    try:
+        before = (
+            read_model_dir(args.model_dir, tensor_bytes=True) if args.drop_fp8_kv_cache else None
+        )
+    except ModelFileError as exc:
+        return fail(f"{args.model_dir}: {exc}", EX_DATAERR)
     text, code = patch_model_cli(
         str(args.model_dir),
         drop_fp8=args.drop_fp8_kv_cache,
         revert=args.revert,
         dry_run=args.dry_run,
+        force=args.force,
     )
     if before is not None and code == 0 and before.checkpoint_kv_dtype == "fp8":
         nvml_total = _nvml_gpu()[1] if needs_nvml(args, for_cc=False) else None
