@@ -6,6 +6,7 @@ task goes on."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -64,20 +65,32 @@ def test_a_model_dir_inside_the_allowed_roots_is_read(tmp_path: Path) -> None:
         assert _problems(d.events()) == []
 
 
+HOSTILE = {
+    "deep": ("[" * 100_000 + "]" * 100_000, "nested deeper than"),
+    "huge int": (None, "out of range"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(HOSTILE))
 def test_a_hostile_checkpoint_the_log_names_is_one_problem_and_every_task_goes_on(
-    tmp_path: Path,
+    tmp_path: Path, how: str
 ) -> None:
     """Before: the deep config.json raised RecursionError inside the log task, which stopped;
-    the GPU and tick tasks died on the same checkpoint's numbers."""
+    a 400-digit kv_lora_rank overflowed a float in the memory plan of every published snapshot,
+    which stopped the GPU and tick tasks."""
     model = make_model_dir(tmp_path / "models", fp8_kv=False, shards=SHARDS, total_bytes=6 * 10**9)
-    (model / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    text, words = HOSTILE[how]
+    if text is None:  # the MLA latent's width, which the plan multiplies by a float
+        doc = {**json.loads((model / "config.json").read_text()), "kv_lora_rank": "HUGE"}
+        text = json.dumps(doc).replace('"HUGE"', "1" + "0" * 400)
+    (model / "config.json").write_text(text)
     cfg = dataclasses.replace(
         config(tmp_path, None), model=ModelConfig(dir=None, allowed_roots=(tmp_path / "models",))
     )
     first, rest = upto(script(model), f"3/{SHARDS} [")
     append(cfg.log.path, first)  # type: ignore[arg-type]
     with running(cfg) as d:
-        d.wait(lambda: any("nested deeper" in p for p in _problems(d.events())), "the problem")
+        d.wait(lambda: any(words in p for p in _problems(d.events())), "the problem")
         gpu_ok = 'loadwatch_source_last_success_timestamp_seconds{source="gpu"}'
         polled = d.metrics()[gpu_ok]
         d.wait(lambda: d.metrics()[gpu_ok] > polled, "GPUs still polled")
@@ -86,7 +99,7 @@ def test_a_hostile_checkpoint_the_log_names_is_one_problem_and_every_task_goes_o
         problems = _problems(d.events())
         assert [p for p in problems if "stopped" in p] == []  # no task died
         (said,) = [p for p in problems if str(model) in p]
-        assert "config.json" in said and "nested deeper than" in said
+        assert "config.json" in said and words in said
         m = d.status()["model"]
         assert m is not None and m["shards"] == 0 and m["errors"]  # the model: unknown
     assert d.code == 0
