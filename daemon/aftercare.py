@@ -43,7 +43,7 @@ def model_dir_problem(cfg: Config) -> str | None:
     try:
         read_model_dir(model_dir)
     except ModelFileError as exc:
-        return f"[model] dir {model_dir}: {exc}"
+        return f"[model] dir: {exc}"
     return None
 
 
@@ -131,7 +131,10 @@ class ModelDirs:
         unknown, and why)."""
         try:
             return read_model_dir(model_dir), False
-        except (ModelFileError, OSError, ValueError) as exc:  # (never the task's end)
+        except ModelFileError as exc:  # (its line names the directory)
+            self._problem(f"{exc}: not read")
+            return ModelInfo(path=str(model_dir), errors=(str(exc),)), True
+        except (OSError, ValueError) as exc:  # (never the task's end)
             line = " ".join(str(exc).split()) or type(exc).__name__
             self._problem(f"model directory {shown(str(model_dir), PATH_SHOWN)}: {line}: not read")
             return ModelInfo(path=str(model_dir), errors=(line,)), True

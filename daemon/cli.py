@@ -28,10 +28,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from loadwatch.daemon.sources.model.modelfiles import ModelFileError
 from loadwatch.daemon.tools.plan_args import (
     add_plan_flags,
     gpu_model_cc,
     needs_nvml,
+    nvml_gpu,
     plan_capacity,
     plan_layout,
 )
@@ -370,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except UsageError as exc:
         return fail(str(exc), EX_USAGE)
+    except ModelFileError as exc:  # a checkpoint's file out of bounds (sources/model/modelfiles)
+        return fail(str(exc), EX_DATAERR)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -432,7 +436,6 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _preflight(args: argparse.Namespace) -> int:
     import json
 
-    from loadwatch.daemon.sources.model.modelfiles import ModelFileError
     from loadwatch.daemon.tools.preflight import parse_gpu_cc, preflight_cli
     from loadwatch.exporters.terminal.clean import clean_text
 
@@ -447,14 +450,11 @@ def _preflight(args: argparse.Namespace) -> int:
             raise UsageError(f"--gpu-cc: {exc}") from None
     elif args.gpu_model:
         cc = gpu_model_cc(args.gpu_model)  # an unknown model is said by the capacity below
-    nvml_cc, nvml_total = _nvml_gpu() if needs_nvml(args, for_cc=True) else (None, None)
+    nvml_cc, nvml_total = nvml_gpu() if needs_nvml(args, for_cc=True) else (None, None)
     layout, capacity = _plan_inputs(args, nvml_total)
-    try:
-        text, doc, code = preflight_cli(
-            args.model_dir, args.kv_cache_dtype, cc or nvml_cc, layout=layout, capacity=capacity
-        )
-    except ModelFileError as exc:
-        return fail(f"{args.model_dir}: {exc}", EX_DATAERR)
+    text, doc, code = preflight_cli(
+        args.model_dir, args.kv_cache_dtype, cc or nvml_cc, layout=layout, capacity=capacity
+    )
     print(json.dumps(doc, indent=2) if args.json else clean_text(text))
     return code
 
@@ -468,19 +468,13 @@ def _plan_inputs(args: argparse.Namespace, nvml_total: int | None) -> tuple[Any,
 
 def _patch_model(args: argparse.Namespace) -> int:
     from loadwatch.daemon.sources.model.model_info import read_model_dir
-    from loadwatch.daemon.sources.model.modelfiles import ModelFileError
     from loadwatch.daemon.tools.patch import patch_model_cli
     from loadwatch.daemon.tools.patch_plan import patch_effect_lines
     from loadwatch.exporters.terminal.clean import clean_text
 
     if args.force and not args.revert:
         raise UsageError("patch-model: --force goes with --revert")
-    try:
-        before = (
-            read_model_dir(args.model_dir, tensor_bytes=True) if args.drop_fp8_kv_cache else None
-        )
-    except ModelFileError as exc:
-        return fail(f"{args.model_dir}: {exc}", EX_DATAERR)
+    before = read_model_dir(args.model_dir, tensor_bytes=True) if args.drop_fp8_kv_cache else None
     text, code = patch_model_cli(
         str(args.model_dir),
         drop_fp8=args.drop_fp8_kv_cache,
@@ -489,7 +483,7 @@ def _patch_model(args: argparse.Namespace) -> int:
         force=args.force,
     )
     if before is not None and code == 0 and before.checkpoint_kv_dtype == "fp8":
-        nvml_total = _nvml_gpu()[1] if needs_nvml(args, for_cc=False) else None
+        nvml_total = nvml_gpu()[1] if needs_nvml(args, for_cc=False) else None
         layout, capacity = _plan_inputs(args, nvml_total)
         lines = patch_effect_lines(before, layout, capacity, args.dry_run)
         text += "".join(line + "\n" for line in lines)
@@ -497,21 +491,6 @@ def _patch_model(args: argparse.Namespace) -> int:
         return fail(text.rstrip("\n"), code)
     print(clean_text(text))  # the diff quotes the model's files (a downloaded checkpoint's text)
     return code
-
-
-def _nvml_gpu() -> tuple[tuple[int, int] | None, int | None]:
-    """The first GPU's compute capability and total memory, when NVML answers."""
-    from loadwatch.daemon.sources.gpu.nvml import NvmlSource
-
-    src = NvmlSource(xid_events=False, logger=lambda line: None)
-    try:
-        reading = src.poll()
-        first = next((s for s in reading.samples if s.compute_capability), None)
-        if first is None:
-            return None, None
-        return first.compute_capability, first.memory_total_bytes
-    finally:
-        src.close()
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def analyze_log(
         try:
             model = read_model_dir(model_dir)
         except ModelFileError as exc:
-            raise InputError(f"--model-dir {model_dir}: {exc}", EX_DATAERR) from None
+            raise InputError(f"--model-dir: {exc}", EX_DATAERR) from None
     reader = LogReader(path, max_record_bytes)
     try:
         folder = SessionFolder(reader.opened.mtime, model)

@@ -458,8 +458,8 @@ def _read_for_hook(model_dir: str) -> ModelInfo:
     """The directory's facts; one refused by the bounds is a directory that will fail."""
     try:
         return read_model_dir(model_dir, tensor_bytes=True)
-    except ModelFileError as exc:
-        return ModelInfo(path=model_dir, errors=(f"model directory {model_dir}: {exc}",))
+    except ModelFileError as exc:  # (its line names the directory: a fatal model_dir check)
+        return ModelInfo(path=model_dir, errors=(str(exc),))
 
 
 def start_hook_for_argv(

@@ -265,7 +265,7 @@ def _shards(acc: _Acc, names: Iterable[str]) -> tuple[ShardInfo, ...]:
 
 def read_model_dir(path: str | os.PathLike[str], tensor_bytes: bool = False) -> ModelInfo:
     """Everything preflight and progress need from ``path``; faults become ``errors`` lines,
-    and a JSON file the bounds refuse raises `OutOfBounds` (the module doc).
+    and a JSON file the bounds refuse raises `OutOfBounds`, its line naming the directory.
 
     ``tensor_bytes``: also read every shard's safetensors header for the bytes of the weight
     groups the memory plan places apart (one small read per shard; preflight asks for it, the
@@ -276,8 +276,13 @@ def read_model_dir(path: str | os.PathLike[str], tensor_bytes: bool = False) -> 
         what = "not a directory" if os.path.lexists(model_dir) else "no such directory"
         return ModelInfo(path=where, errors=(f"model directory {where}: {what}",))
     acc = _Acc(model_dir, confinement(model_dir))
-    config = acc.read_json(CONFIG, required=True)
-    hf_quant = acc.read_json(HF_QUANT_CONFIG, required=False)
+    tensor_names: list[str] = []
+    try:
+        config = acc.read_json(CONFIG, required=True)
+        hf_quant = acc.read_json(HF_QUANT_CONFIG, required=False)
+        weight_files = select_weight_files(acc, tensor_names)
+    except OutOfBounds as exc:
+        raise OutOfBounds(f"model directory {where}: {exc}") from None
 
     architecture = model_type = None
     num_layers: int | None = None
@@ -308,8 +313,7 @@ def read_model_dir(path: str | os.PathLike[str], tensor_bytes: bool = False) -> 
     quant_algo = quant_algo_of(effective) if effective is not None else None
     kv_dtype = declared.get(effective_name) if effective is not None else None
 
-    tensor_names: list[str] = []
-    shards = _shards(acc, select_weight_files(acc, tensor_names))
+    shards = _shards(acc, weight_files)
     geometry = read_geometry(config, tensor_names) if config is not None else None
     if geometry is not None and tensor_bytes:
         exact = family_bytes(model_dir, (s.name for s in shards), acc.errors)
