@@ -5,7 +5,8 @@
 starts, and, with none configured, the one the engine config in the log names, but only under
 the roots the operator allows (`[model] allowed_roots`; by default the operator's own model
 directory, so in watch mode none): the log is text vLLM's clients partly choose, and what the
-daemon reads because of a line is bounded by configuration. A checkpoint whose files the
+daemon reads because of a line is bounded by configuration. A path outside the roots named is
+one `daemon.problem` line; with none named, one `model.not_read` line (the default at work). A checkpoint whose files the
 bounds refuse (sources/model/modelfiles.py) is one `daemon.problem` line, and the state's model
 then says why it is unknown. `OrphanChecks` waits out the moment in which the driver still lists
 an exited tree, then writes one ``gpu.orphans`` line per tree (also when clean: how long the tree
@@ -31,6 +32,10 @@ from loadwatch.daemon.supervise.orphans import ORPHAN_GRACE_S, settle_orphans
 
 PATH_SHOWN = 512  # a path from the log, as a line shows it
 SAID_KEPT = 256  # problem lines remembered, so that each is said once
+NOT_READ = (
+    "no [model] allowed_roots: the model directory the log names is read only under them "
+    "(or give [model] dir)"
+)
 
 
 def model_dir_problem(cfg: Config) -> str | None:
@@ -114,14 +119,16 @@ class ModelDirs:
             return None
         roots = allowed_roots(d.cfg)
         if not under_roots(path, roots):
-            allowed = ", ".join(str(r) for r in roots) or "none"
-            self._problem(
-                f"the model directory the log names, {shown(path, PATH_SHOWN)}, is outside "
-                f"[model] allowed_roots ({allowed}): not read"
-            )
-            return ModelInfo(
-                path=shown(path, PATH_SHOWN), errors=("outside [model] allowed_roots: not read",)
-            )
+            where = shown(path, PATH_SHOWN)
+            if roots:  # the operator named where checkpoints live, and this is elsewhere
+                allowed = ", ".join(str(r) for r in roots)
+                self._problem(
+                    f"the model directory the log names, {where}, is outside [model] "
+                    f"allowed_roots ({allowed}): not read"
+                )
+            else:  # none allowed (watch mode's default): as meant, a note, not a problem
+                d.feed.line("model.not_read", path=where, reason=NOT_READ)
+            return ModelInfo(path=where, errors=("outside [model] allowed_roots: not read",))
         if not os.path.isdir(path):
             return None
         return self._read(Path(path))[0]

@@ -76,8 +76,9 @@ DOCS: dict[str, str] = {
     "[model] allowed_roots": "directories under which the model directory the log's engine "
     "config names (`model='/path'`) may be read, when `dir` is unset: the log is text vLLM's "
     "clients partly choose, so the path alone never decides what is read; a path outside is not "
-    "read, said once as a `daemon.problem` line, and the model stays unknown (default: `dir`; in "
-    "supervise mode the model path of `[vllm] argv`; in watch mode none)",
+    "read and the model stays unknown, said once: a `daemon.problem` line, or with no roots a "
+    "`model.not_read` line (default: `dir`; in supervise mode the model path of `[vllm] argv`; "
+    "in watch mode none)",
     "[events] stdout": "what stdout (the journal under systemd) gets: `transitions` (what the "
     "daemon decided, and failures), `all`, or `none`; the events file always gets all",
     "[events] fold": "`true`: a run of plain k/v scale warnings back to back is one "
