@@ -2,9 +2,15 @@
 (read once per path) and the orphan check after a run's process tree exited.
 
 `ModelDirs` reads the configured model directory (or the one vLLM's argv names) when a run
-starts, and, with none configured, the one the engine config in the log names. `OrphanChecks`
-waits out the moment in which the driver still lists an exited tree, then writes one
-``gpu.orphans`` line per tree (also when clean: how long the tree took to give its memory back).
+starts, and, with none configured, the one the engine config in the log names, but only under
+the roots the operator allows (`[model] allowed_roots`; by default the operator's own model
+directory, so in watch mode none): the log is text vLLM's clients partly choose, and what the
+daemon reads because of a line is bounded by configuration. A path outside the roots named is
+one `daemon.problem` line; with none named, one `model.not_read` line (the default at work). A checkpoint whose files the
+bounds refuse (sources/model/modelfiles.py) is one `daemon.problem` line, and the state's model
+then says why it is unknown. `OrphanChecks` waits out the moment in which the driver still lists
+an exited tree, then writes one ``gpu.orphans`` line per tree (also when clean: how long the tree
+took to give its memory back).
 """
 
 from __future__ import annotations
@@ -17,17 +23,56 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from loadwatch.daemon.config import Config
 from loadwatch.daemon.publish import Host
 from loadwatch.daemon.sources.inputs import ModelInfo
-from loadwatch.daemon.sources.model.model_info import model_named_in_log, read_model_dir
+from loadwatch.daemon.sources.model.model_info import read_model_dir, under_roots
+from loadwatch.daemon.sources.model.modelfiles import ModelFileError, shown
 from loadwatch.daemon.supervise.orphans import ORPHAN_GRACE_S, settle_orphans
+
+PATH_SHOWN = 512  # a path from the log, as a line shows it
+SAID_KEPT = 256  # problem lines remembered, so that each is said once
+NOT_READ = (
+    "no [model] allowed_roots: the model directory the log names is read only under them "
+    "(or give [model] dir)"
+)
+
+
+def model_dir_problem(cfg: Config) -> str | None:
+    """The configured model directory's files refused by the bounds, in one line: checked
+    before the daemon starts, as bad input data (a directory that is not there is said later,
+    as a problem, and the daemon runs without it)."""
+    model_dir = cfg.model.dir
+    if model_dir is None or not os.path.isdir(model_dir):
+        return None
+    try:
+        read_model_dir(model_dir)
+    except ModelFileError as exc:
+        return f"[model] dir: {exc}"
+    return None
+
+
+def allowed_roots(cfg: Config) -> tuple[Path, ...]:
+    """Where a model path the log names may be read: `[model] allowed_roots`; unset, the
+    operator's own model directory (`[model] dir`, else the supervised argv's model path)."""
+    from loadwatch.parsers.vllm import argv as vllm_argv
+
+    if cfg.model.allowed_roots is not None:
+        return cfg.model.allowed_roots
+    if cfg.model.dir is not None:
+        return (cfg.model.dir,)
+    if cfg.vllm is not None and cfg.supervise:
+        found = vllm_argv.model_path(list(cfg.vllm.argv))
+        if found and os.path.isabs(found):
+            return (Path(found),)
+    return ()
 
 
 class ModelDirs:
     def __init__(self, daemon: Host) -> None:
         self._d = daemon
         self._tried: str | None = None  # the model path of the log last looked for here
-        self._said: str | None = None  # the configured model dir's problem, said once
+        self._said: list[str] = []  # problems said, each once
 
     def load(self, argv: Iterable[str] = ()) -> None:
         """At start, and when the supervisor starts vLLM (with its argv)."""
@@ -46,30 +91,66 @@ class ModelDirs:
         except OSError as exc:
             is_dir, why = False, f"cannot be read: {exc.strerror or exc}"
         if not is_dir:
-            if d.cfg.model.dir is not None and why != self._said:
+            if d.cfg.model.dir is not None:
                 # configured, so meant: say what is off without it (a path from argv may be a
                 # Hugging Face model id, no directory at all)
-                self._said = why
-                d.feed.problem(
+                self._problem(
                     f"[model] dir {model_dir} {why}: no byte progress and no memory forecast "
                     "from the checkpoint's size"
                 )
             return
-        info: ModelInfo = read_model_dir(model_dir)
-        for err in info.errors:
-            d.feed.line("model.error", path=str(model_dir), error=err)
+        info, refused = self._read(model_dir)
+        if not refused:
+            for err in info.errors:
+                d.feed.line("model.error", path=str(model_dir), error=err)
         d.apply(info)
 
     def read_logged(self) -> ModelInfo | None:
         """Without a model directory configured, the one the engine config names, when it is
-        here (analyze reads it the same way: the same verdicts); None when nothing new."""
+        here and under the allowed roots; None when nothing new (a Hugging Face model id,
+        another host's path)."""
         d = self._d
         s = d.state.session
         path = s.kv.model_path if s is not None else None
         if path is None or path == self._tried or d.cfg.model.dir is not None:
             return None
         self._tried = path
-        return model_named_in_log(path)
+        if not os.path.isabs(path):
+            return None
+        roots = allowed_roots(d.cfg)
+        if not under_roots(path, roots):
+            where = shown(path, PATH_SHOWN)
+            if roots:  # the operator named where checkpoints live, and this is elsewhere
+                allowed = ", ".join(str(r) for r in roots)
+                self._problem(
+                    f"the model directory the log names, {where}, is outside [model] "
+                    f"allowed_roots ({allowed}): not read"
+                )
+            else:  # none allowed (watch mode's default): as meant, a note, not a problem
+                d.feed.line("model.not_read", path=where, reason=NOT_READ)
+            return ModelInfo(path=where, errors=("outside [model] allowed_roots: not read",))
+        if not os.path.isdir(path):
+            return None
+        return self._read(Path(path))[0]
+
+    def _read(self, model_dir: Path) -> tuple[ModelInfo, bool]:
+        """The directory's facts, and whether the bounds refused it (then the facts say it is
+        unknown, and why)."""
+        try:
+            return read_model_dir(model_dir), False
+        except ModelFileError as exc:  # (its line names the directory)
+            self._problem(f"{exc}: not read")
+            return ModelInfo(path=str(model_dir), errors=(str(exc),)), True
+        except (OSError, ValueError) as exc:  # (never the task's end)
+            line = " ".join(str(exc).split()) or type(exc).__name__
+            self._problem(f"model directory {shown(str(model_dir), PATH_SHOWN)}: {line}: not read")
+            return ModelInfo(path=str(model_dir), errors=(line,)), True
+
+    def _problem(self, line: str) -> None:
+        if line in self._said:
+            return
+        self._said = [*self._said[-(SAID_KEPT - 1) :], line]
+        self._d.feed.problem(line)
 
 
 class OrphanChecks:

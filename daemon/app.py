@@ -1,7 +1,8 @@
 """`loadwatch run`: turn flags and a config file into a running daemon, and stop it cleanly.
 
 Everything that can go wrong before the loop starts (bad config, a state directory that cannot be
-written, a port in use, a bad certificate) ends in one line on stderr and a non-zero exit.
+written, a port in use, a bad certificate, a `[model] dir` whose files the bounds refuse) ends in
+one line on stderr and a non-zero exit.
 SIGTERM/SIGINT stop the daemon (and the supervised vLLM); SIGHUP reopens the event log.
 """
 
@@ -21,7 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from loadwatch.daemon.cli import EX_CANTCREAT, EX_CONFIG, fail
+from loadwatch.daemon.aftercare import model_dir_problem
+from loadwatch.daemon.cli import EX_CANTCREAT, EX_CONFIG, EX_DATAERR, fail
 from loadwatch.daemon.config import (
     Config,
     ConfigError,
@@ -140,6 +142,9 @@ def run_daemon(
         cfg = with_api_key(cfg)
     except ConfigError as exc:
         return fail(f"config error: {exc}", EX_CONFIG)
+    problem = model_dir_problem(cfg)
+    if problem:
+        return fail(problem, EX_DATAERR)
     problem = prepare_state_dir(cfg.state_dir)
     if problem:
         return fail(problem, EX_CANTCREAT)

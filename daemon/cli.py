@@ -8,7 +8,7 @@
     loadwatch events LOG                         the parsed events, one JSON object per line
     loadwatch preflight MODEL_DIR [--kv-cache-dtype X] [--gpu-cc 12.0] [--json]
               [--gpu-memory-gib G | --gpu-model NAME] [--tensor-parallel-size N ...]
-    loadwatch patch-model MODEL_DIR (--drop-fp8-kv-cache | --revert) [--dry-run]
+    loadwatch patch-model MODEL_DIR (--drop-fp8-kv-cache | --revert [--force]) [--dry-run]
     loadwatch alerts --runbook-base-url URL [--rules FILE] [--output FILE]
     loadwatch demo [--scenario S] [--speed X] [--real] [--keep]
 
@@ -28,10 +28,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from loadwatch.daemon.sources.model.modelfiles import ModelFileError
 from loadwatch.daemon.tools.plan_args import (
     add_plan_flags,
     gpu_model_cc,
     needs_nvml,
+    nvml_gpu,
     plan_capacity,
     plan_layout,
 )
@@ -254,7 +256,9 @@ def _parser() -> argparse.ArgumentParser:
         "preflight",
         "check a model directory before starting vLLM",
         "example:\n  loadwatch preflight /models/Kimi-K2.5-NVFP4 --gpu-cc 12.0\n\n"
-        "exit codes: 0 ok, 1 will fail, 2 warnings, 64 usage, 66 no such directory",
+        "exit codes: 0 ok, 1 will fail, 2 warnings, 64 usage, 65 a file of the directory that\n"
+        "loadwatch will not read (not a regular file, over its size cap, nested too deep, a\n"
+        "number out of range, a link out of the directory), 66 no such directory",
     )
     pf.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="the checkpoint directory")
     pf.add_argument(
@@ -277,7 +281,8 @@ def _parser() -> argparse.ArgumentParser:
         "examples:\n  loadwatch patch-model /models/M --drop-fp8-kv-cache --dry-run\n"
         "  loadwatch patch-model /models/M --drop-fp8-kv-cache\n"
         "  loadwatch patch-model /models/M --revert\n\n"
-        "Writes are atomic, with byte-exact backups that --revert puts back.",
+        "Writes are atomic, with byte-exact backups that --revert puts back; --revert refuses\n"
+        "(exit 1) when a file changed after the patch, unless --force.",
     )
     pm.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="the checkpoint directory")
     what = pm.add_mutually_exclusive_group(required=True)
@@ -288,6 +293,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     what.add_argument("--revert", action="store_true", help="put the backed-up files back")
     pm.add_argument("--dry-run", action="store_true", help="print the diff and write nothing")
+    pm.add_argument(
+        "--force",
+        action="store_true",
+        help="with --revert: put the originals back even over edits made after the patch",
+    )
     add_plan_flags(pm, _positive)  # what the patch does to the memory plan
 
     al = command(
@@ -362,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except UsageError as exc:
         return fail(str(exc), EX_USAGE)
+    except ModelFileError as exc:  # a checkpoint's file out of bounds (sources/model/modelfiles)
+        return fail(str(exc), EX_DATAERR)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -438,7 +450,7 @@ def _preflight(args: argparse.Namespace) -> int:
             raise UsageError(f"--gpu-cc: {exc}") from None
     elif args.gpu_model:
         cc = gpu_model_cc(args.gpu_model)  # an unknown model is said by the capacity below
-    nvml_cc, nvml_total = _nvml_gpu() if needs_nvml(args, for_cc=True) else (None, None)
+    nvml_cc, nvml_total = nvml_gpu() if needs_nvml(args, for_cc=True) else (None, None)
     layout, capacity = _plan_inputs(args, nvml_total)
     text, doc, code = preflight_cli(
         args.model_dir, args.kv_cache_dtype, cc or nvml_cc, layout=layout, capacity=capacity
@@ -460,15 +472,18 @@ def _patch_model(args: argparse.Namespace) -> int:
     from loadwatch.daemon.tools.patch_plan import patch_effect_lines
     from loadwatch.exporters.terminal.clean import clean_text
 
+    if args.force and not args.revert:
+        raise UsageError("patch-model: --force goes with --revert")
     before = read_model_dir(args.model_dir, tensor_bytes=True) if args.drop_fp8_kv_cache else None
     text, code = patch_model_cli(
         str(args.model_dir),
         drop_fp8=args.drop_fp8_kv_cache,
         revert=args.revert,
         dry_run=args.dry_run,
+        force=args.force,
     )
     if before is not None and code == 0 and before.checkpoint_kv_dtype == "fp8":
-        nvml_total = _nvml_gpu()[1] if needs_nvml(args, for_cc=False) else None
+        nvml_total = nvml_gpu()[1] if needs_nvml(args, for_cc=False) else None
         layout, capacity = _plan_inputs(args, nvml_total)
         lines = patch_effect_lines(before, layout, capacity, args.dry_run)
         text += "".join(line + "\n" for line in lines)
@@ -476,21 +491,6 @@ def _patch_model(args: argparse.Namespace) -> int:
         return fail(text.rstrip("\n"), code)
     print(clean_text(text))  # the diff quotes the model's files (a downloaded checkpoint's text)
     return code
-
-
-def _nvml_gpu() -> tuple[tuple[int, int] | None, int | None]:
-    """The first GPU's compute capability and total memory, when NVML answers."""
-    from loadwatch.daemon.sources.gpu.nvml import NvmlSource
-
-    src = NvmlSource(xid_events=False, logger=lambda line: None)
-    try:
-        reading = src.poll()
-        first = next((s for s in reading.samples if s.compute_capability), None)
-        if first is None:
-            return None, None
-        return first.compute_capability, first.memory_total_bytes
-    finally:
-        src.close()
 
 
 if __name__ == "__main__":

@@ -111,6 +111,9 @@ WATCH_KEYS = frozenset(
 class ModelConfig:
     dir: Path | None = None
     kv_cache_dtype: str | None = None  # what --kv-cache-dtype will be; read from argv when absent
+    # Where the model path the log names may be read; None: `dir`, else the supervised argv's
+    # model, else nowhere (aftercare.ModelDirs.roots).
+    allowed_roots: tuple[Path, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -354,7 +357,11 @@ def _events_fields(t: _Table) -> dict[str, Any]:
 
 
 def _model_fields(t: _Table) -> dict[str, Any]:
-    return {"dir": t.path("dir", None), "kv_cache_dtype": t.string("kv_cache_dtype", None)}
+    return {
+        "dir": t.path("dir", None),
+        "kv_cache_dtype": t.string("kv_cache_dtype", None),
+        "allowed_roots": t.paths("allowed_roots"),
+    }
 
 
 def parse_listen(text: str, key: str = "--listen") -> tuple[str, int]:

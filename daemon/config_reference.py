@@ -73,6 +73,12 @@ DOCS: dict[str, str] = {
     "declaration)",
     "[model] kv_cache_dtype": "the `--kv-cache-dtype` vLLM runs with, when loadwatch cannot read "
     "it from the argv or the log",
+    "[model] allowed_roots": "directories under which the model directory the log's engine "
+    "config names (`model='/path'`) may be read, when `dir` is unset: the log is text vLLM's "
+    "clients partly choose, so the path alone never decides what is read; a path outside is not "
+    "read and the model stays unknown, said once: a `daemon.problem` line, or with no roots a "
+    "`model.not_read` line (default: `dir`; in supervise mode the model path of `[vllm] argv`; "
+    "in watch mode none)",
     "[events] stdout": "what stdout (the journal under systemd) gets: `transitions` (what the "
     "daemon decided, and failures), `all`, or `none`; the events file always gets all",
     "[events] fold": "`true`: a run of plain k/v scale warnings back to back is one "
@@ -122,7 +128,11 @@ DOCS: dict[str, str] = {
     "the supervised argv's `--api-key`)",
 }
 
-DEFAULT_SHOWN = {"state_dir": "see meaning", "[http] listen": "`127.0.0.1:9321`"}
+DEFAULT_SHOWN = {
+    "state_dir": "see meaning",
+    "[http] listen": "`127.0.0.1:9321`",
+    "[model] allowed_roots": "see meaning",
+}
 
 
 def keys() -> list[Key]:

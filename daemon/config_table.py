@@ -128,6 +128,24 @@ class Table:
             raise ConfigError(self.key(key), f"a path cannot hold a NUL byte: {_show(value)}")
         return default if value is None else Path(value).expanduser()
 
+    def paths(self, key: str) -> tuple[Path, ...] | None:
+        """A list of absolute paths; None when the key is absent."""
+
+        def check(v: Any) -> tuple[Path, ...]:
+            if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                raise ValueError("expected a list of absolute paths, e.g. ['/models']")
+            out = []
+            for x in v:
+                if "\0" in x:
+                    raise ValueError(f"a path cannot hold a NUL byte: {_show(x)}")
+                path = Path(x).expanduser()
+                if not path.is_absolute():
+                    raise ValueError(f"expected an absolute path, got {_show(x)}")
+                out.append(path)
+            return tuple(out)
+
+        return self._get(key, None, check, "list of absolute paths")
+
     def strings(self, key: str) -> tuple[str, ...]:
         def check(v: Any) -> tuple[str, ...]:
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from loadwatch.daemon.sim.kimilog import Prefixes, RealClock, Shape, serving, shutdown, startup
+from loadwatch.daemon.sources.model.modelfiles import ModelFileError, read_json
 
 SCENARIOS = ("success", "stall", "oom", "crash-loop", "fp8-kv-on-sm120")
 
@@ -60,8 +61,8 @@ def _kv_cache_dtype(flag: str, model: Path) -> str | None:
 def _declares_fp8_kv(model: Path) -> bool:
     for name, keys in (("hf_quant_config.json", ("quantization", "kv_cache_quant_algo")),):
         try:
-            doc = json.loads((model / name).read_text())
-        except (OSError, ValueError):
+            doc = read_json(model, name)
+        except (OSError, ModelFileError):
             continue
         node: Any = doc
         for k in keys:
@@ -69,11 +70,11 @@ def _declares_fp8_kv(model: Path) -> bool:
         if isinstance(node, str) and node.upper().startswith("FP8"):
             return True
     try:
-        cfg = json.loads((model / "config.json").read_text())
-    except (OSError, ValueError):
+        cfg = read_json(model, "config.json")
+    except (OSError, ModelFileError):
         return False
-    q = cfg.get("quantization_config") or {}
-    return bool(q.get("kv_cache_scheme") or q.get("kv_cache_quant_algo"))
+    q = (cfg.get("quantization_config") if isinstance(cfg, dict) else None) or {}
+    return isinstance(q, dict) and bool(q.get("kv_cache_scheme") or q.get("kv_cache_quant_algo"))
 
 
 class _Health(BaseHTTPRequestHandler):

@@ -140,10 +140,10 @@ def kv_per_token(
     """KV bytes per token on one GPU; None when config.json lacks what it needs."""
     if not geo.num_layers:
         return None
-    types = geo.layer_types or ("full_attention",) * geo.num_layers
+    types = geo.layer_types  # () means every layer is full attention (counted, not listed)
     skipped = sum(1 for t in types if t not in ("full_attention", "sliding_attention"))
     sliding = sum(1 for t in types if t == "sliding_attention")
-    kv_layers = len(types) - skipped
+    kv_layers = len(types) - skipped if types else geo.num_layers
     per_stage = max(pp_stage_layers(kv_layers, pipeline_parallel))
     shown = "model dtype" if kv_dtype == "auto" else kv_dtype
     if geo.kv_lora_rank is not None:
@@ -258,6 +258,8 @@ def plan(
         )
     if kv is not None and kv.skipped_layers:
         notes.append(f"{kv.skipped_layers} linear-attention layer(s): fixed state, not counted")
+    if kv is not None and kv.layers == 0:
+        notes.append("no layer keeps a per-token KV cache: the cache's size is not planned")
     if layout.expert_parallel and layout.data_parallel > 1:
         notes.append(
             "experts split over TP x DP with expert parallelism: weights are an upper bound"
@@ -313,7 +315,9 @@ def _verdict(
     capacity_bytes: int | None,
     weights_bytes: int | None,
 ) -> tuple[Verdict, str | None, list[str]]:
-    if kv is None or a_high is None or mml is None:
+    block_bytes = int(kv.bytes_per_layer * block) * kv.layers if kv is not None else 0
+    # A page of no bytes (no layer with a per-token cache) or no length: no tokens to judge by.
+    if kv is None or a_high is None or not mml or block_bytes <= 0:
         return "unknown", None, []
     if capacity_bytes is not None and weights_bytes is not None and weights_bytes > capacity_bytes:
         return (
@@ -332,9 +336,12 @@ def _verdict(
             ],
         )
     need = needed_bytes(kv, block, mml)
-    block_bytes = int(kv.bytes_per_layer * block) * kv.layers
-    fits_high = need <= a_high - block_bytes
-    fits_low = a_low is not None and need <= a_low - block_bytes
+    # One request of max_model_len tokens must fit beside the null block, in the bytes and in
+    # the capacity vLLM will print: a plan of fewer tokens is never `fits`.
+    fits_high = need <= a_high - block_bytes and high is not None and high.tokens >= mml
+    fits_low = (
+        a_low is not None and need <= a_low - block_bytes and low is not None and low.tokens >= mml
+    )
     if fits_low:
         return "fits", None, []
     fixes = _fixes(

@@ -9,7 +9,13 @@ is built from those snapshots. Memory stays bounded: reads of at most a few MiB,
 ``max_record_bytes``, and the last `MAX_SESSIONS_KEPT` sessions kept in full.
 
 Input faults end in one line on stderr with the exit code analyze_input.py gives them; a log
-that holds binary data and no vLLM record is 65 (not a log).
+that holds binary data and no vLLM record is 65 (not a log), and so is a `--model-dir` whose
+files the bounds refuse (sources/model/modelfiles.py).
+
+The checkpoint is read from `--model-dir` only, never from the path the log's engine config
+names: the log is untrusted text, and the daemon reads that path only under the roots its
+operator allows (`[model] allowed_roots`, none by default in watch mode), so a log replayed by
+the daemon in watch mode and analyzed here gives the same verdicts.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from collections import deque
 from pathlib import Path
 
 from loadwatch.daemon.sources.inputs import ModelInfo
-from loadwatch.daemon.sources.model.model_info import model_named_in_log, read_model_dir
+from loadwatch.daemon.sources.model.model_info import read_model_dir
+from loadwatch.daemon.sources.model.modelfiles import ModelFileError
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.snapshot import Snapshot
 from loadwatch.daemon.tools.analyze_input import (
@@ -60,8 +67,6 @@ class SessionFolder:
         self._held: list[Event] = []
         self._start_offset: int | None = None
         self._failures: dict[tuple[str, str], int] = {}
-        self._model_given = model is not None
-        self._model_tried: str | None = None
         if model is not None:
             self.state = self.state.apply(model, fallback_ts)
 
@@ -94,19 +99,6 @@ class SessionFolder:
         if isinstance(ev, Failure) and len(self._failures) < MAX_FAILURE_OFFSETS:
             self._failures.setdefault((ev.kind, ev.message[:300]), ev.offset)
         self.state = nxt
-        self._read_logged_model(t)
-
-    def _read_logged_model(self, at: float) -> None:
-        """Without --model-dir, the directory the engine config names, when it is here (as the
-        daemon reads it: the same verdicts)."""
-        s = self.state.session
-        path = s.kv.model_path if s is not None else None
-        if self._model_given or path is None or path == self._model_tried:
-            return
-        self._model_tried = path
-        info = model_named_in_log(path)
-        if info is not None:
-            self.state = self.state.apply(info, at)
 
     def _capture(self, st: LoadState) -> None:
         s = st.session
@@ -136,7 +128,10 @@ def analyze_log(
         if not model_dir.is_dir():
             what = "not a directory" if model_dir.exists() else "no such directory"
             raise InputError(f"--model-dir {model_dir}: {what}", EX_NOINPUT)
-        model = read_model_dir(model_dir)
+        try:
+            model = read_model_dir(model_dir)
+        except ModelFileError as exc:
+            raise InputError(f"--model-dir: {exc}", EX_DATAERR) from None
     reader = LogReader(path, max_record_bytes)
     try:
         folder = SessionFolder(reader.opened.mtime, model)

@@ -9,6 +9,10 @@ Safety: every check runs before anything is written; originals are saved byte fo
 original); files are replaced atomically (temp file in the same directory, fsync, rename, the
 file mode kept); ``--revert`` puts the originals back byte for byte and removes the backups.
 Key order and formatting are kept by re-serialising with the style detected in the file.
+Files are read within bounds (sources/model/modelfiles.py): a FIFO, an oversized or hostile JSON
+file is one line, nothing changed. ``--revert`` refuses, naming them, when files changed after
+the patch (neither the patched text nor the original): putting the original back would discard
+those edits; ``--force`` reverts anyway.
 """
 
 from __future__ import annotations
@@ -23,6 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from loadwatch.daemon.sources.model.model_info import CONFIG, HF_QUANT_CONFIG
+from loadwatch.daemon.sources.model.modelfiles import (
+    DEFAULT_MAX_BYTES,
+    MAX_BYTES,
+    ModelFileError,
+    open_regular,
+    parse_json,
+    read_capped,
+)
 
 BACKUP_SUFFIX = ".loadwatch-orig"
 _KV_KEYS = ("kv_cache_scheme", "kv_cache_quant_algo")
@@ -165,20 +177,49 @@ def _resolve(model_dir: Path, name: str) -> _Target | None:
     return _Target(name, path, backup)
 
 
-def _read_json(target: _Target) -> tuple[bytes, str, dict[str, Any]]:
-    raw = target.path.read_bytes()
+def _read_bytes(path: Path, name: str) -> bytes:
+    """The file's bytes, within the cap of its kind (``name`` without the backup suffix)."""
+    cap = MAX_BYTES.get(name.removesuffix(BACKUP_SUFFIX), DEFAULT_MAX_BYTES)
+    try:
+        fd = open_regular(path, name)
+        try:
+            return read_capped(fd, name, cap)
+        finally:
+            os.close(fd)
+    except ModelFileError as exc:
+        raise PatchError(str(exc)) from None
+
+
+def _parse(name: str, raw: bytes) -> tuple[str, dict[str, Any]]:
     try:
         text = raw.decode("utf-8")
-        data = json.loads(text)
     except UnicodeDecodeError as exc:
-        raise PatchError(f"{target.name}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise PatchError(
-            f"{target.name}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
+        raise PatchError(f"{name}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    try:
+        data = parse_json(raw, name)
+    except ModelFileError as exc:
+        raise PatchError(str(exc)) from None
     if not isinstance(data, dict):
-        raise PatchError(f"{target.name}: expected a JSON object")
+        raise PatchError(f"{name}: expected a JSON object")
+    return text, data
+
+
+def _read_json(target: _Target) -> tuple[bytes, str, dict[str, Any]]:
+    raw = _read_bytes(target.path, target.name)
+    text, data = _parse(target.name, raw)
     return raw, text, data
+
+
+def _patched(name: str, original: bytes) -> bytes | None:
+    """What ``--drop-fp8-kv-cache`` writes for the original ``original``; None when it writes
+    nothing or the original cannot be read."""
+    try:
+        text, data = _parse(name, original)
+    except PatchError:
+        return None
+    style = detect_style(text, data)
+    removed, _ = drop_fp8_fields(name, data)
+    return style.dump(data).encode("utf-8") if removed else None
 
 
 def atomic_write(path: Path, data: bytes, mode: int) -> None:
@@ -256,7 +297,7 @@ def _plan_drop(model_dir: Path) -> tuple[list[_Plan], list[str]]:
         notes += [f"{t.name}: left {k}" for k in kept]
         if not removed:
             continue
-        if t.backup.exists() and t.backup.read_bytes() != raw:
+        if t.backup.exists() and _read_bytes(t.backup, t.backup.name) != raw:
             raise PatchError(
                 f"{t.backup.name} exists and differs from {t.name}: run --revert or remove the "
                 "backup first"
@@ -323,8 +364,11 @@ def _apply(plans: list[_Plan]) -> None:
         raise
 
 
-def revert_model(model_dir: str | os.PathLike[str], dry_run: bool = False) -> tuple[str, int]:
-    """Restore the ``.loadwatch-orig`` originals byte for byte and remove them."""
+def revert_model(
+    model_dir: str | os.PathLike[str], dry_run: bool = False, force: bool = False
+) -> tuple[str, int]:
+    """Restore the ``.loadwatch-orig`` originals byte for byte and remove them; refuse when a
+    file changed after the patch, unless ``force``."""
     root = Path(model_dir)
     try:
         if not root.is_dir():
@@ -338,10 +382,20 @@ def revert_model(model_dir: str | os.PathLike[str], dry_run: bool = False) -> tu
             if backup.is_symlink() or not backup.is_file():
                 raise PatchError(f"{backup.name} is not a regular file")
             target = _resolve(root, name) or _Target(name, root / name, backup)
-            current = target.path.read_bytes() if target.path.exists() else None
-            pending.append((target, backup.read_bytes(), current))
+            current = _read_bytes(target.path, name) if target.path.exists() else None
+            pending.append((target, _read_bytes(backup, backup.name), current))
         if not pending:
             return f"nothing to revert: no {BACKUP_SUFFIX} backups in {root}\n", EXIT_OK
+        edited = [
+            t.name
+            for t, original, current in pending
+            if current is not None and current != original and current != _patched(t.name, original)
+        ]
+        if edited and not force:
+            raise PatchError(
+                f"{', '.join(edited)} changed since the patch (neither the patched file nor the "
+                "original): reverting would discard those edits; give --force to revert anyway"
+            )
         if not dry_run:
             for d in {t.path.parent for t, _, _ in pending} | {root}:
                 _check_writable_dir(d, "model directory" if d == root else str(d))
@@ -360,6 +414,9 @@ def revert_model(model_dir: str | os.PathLike[str], dry_run: bool = False) -> tu
         out.append(_diff(target.name, old, original.decode("utf-8", "replace")))
         verb = "would restore" if dry_run else "restored"
         out.append(f"{target.name}: {verb} from {target.backup.name}")
+    if edited:
+        lost = "would be discarded" if dry_run else "discarded"
+        out.append(f"{', '.join(edited)}: edits made after the patch {lost} (--force)")
     if dry_run:
         out.append("dry run: nothing written")
     return "\n".join(s.rstrip("\n") for s in out if s) + "\n", EXIT_OK
@@ -371,12 +428,13 @@ def patch_model_cli(
     drop_fp8: bool = False,
     revert: bool = False,
     dry_run: bool = False,
+    force: bool = False,
 ) -> tuple[str, int]:
     """``loadwatch patch-model``: (text to print, exit code)."""
     if drop_fp8 == revert:
         return "patch-model: give exactly one of --drop-fp8-kv-cache and --revert\n", EXIT_USAGE
     if revert:
-        return revert_model(model_dir, dry_run=dry_run)
+        return revert_model(model_dir, dry_run=dry_run, force=force)
     return drop_fp8_kv_cache(model_dir, dry_run=dry_run)
 
 

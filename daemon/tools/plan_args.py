@@ -126,3 +126,18 @@ def needs_nvml(args: argparse.Namespace, for_cc: bool) -> bool:
     elsewhere = args.gpu_memory_gib is not None or bool(args.gpu_model)
     cc_elsewhere = bool(getattr(args, "gpu_cc", None)) or bool(args.gpu_model)
     return args.device == "cuda" and ((for_cc and not cc_elsewhere) or not elsewhere)
+
+
+def nvml_gpu() -> tuple[tuple[int, int] | None, int | None]:
+    """The first GPU's compute capability and total memory, when NVML answers."""
+    from loadwatch.daemon.sources.gpu.nvml import NvmlSource
+
+    src = NvmlSource(xid_events=False, logger=lambda line: None)
+    try:
+        reading = src.poll()
+        first = next((s for s in reading.samples if s.compute_capability), None)
+        if first is None:
+            return None, None
+        return first.compute_capability, first.memory_total_bytes
+    finally:
+        src.close()

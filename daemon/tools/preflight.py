@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.sources.model.model_info import MLA_MODEL_TYPES, read_model_dir
+from loadwatch.daemon.sources.model.modelfiles import ModelFileError
 from loadwatch.daemon.state import memplan
 from loadwatch.daemon.state.memplan_inputs import layout_from_argv, weights_per_gpu
 from loadwatch.daemon.supervise.vllm_probe import TritonMlaAnswer, ask_triton_mla_fp8
@@ -394,7 +395,8 @@ def preflight_cli(
     layout: memplan.Layout | None = None,
     capacity: tuple[int, str] | None = None,
 ) -> tuple[str, dict[str, Any], int]:
-    """``loadwatch preflight``: (text for the terminal, dict for --json, exit code)."""
+    """``loadwatch preflight``: (text for the terminal, dict for --json, exit code); a file of
+    the directory the bounds refuse raises ModelFileError (the CLI's one line, exit 65)."""
     report = preflight(
         read_model_dir(model_dir, tensor_bytes=True),
         kv_cache_dtype,
@@ -435,7 +437,7 @@ def start_hook(
         cc = gpu_cc() if gpu_cc is not None else None
         triton = ask_triton() if ask_triton is not None and cc and cc[0] not in (9, 10) else None
         report = preflight(
-            read_model_dir(model_dir, tensor_bytes=True),
+            _read_for_hook(model_dir),
             kv_cache_dtype_arg,
             cc,
             vllm_date=vllm_date,
@@ -450,6 +452,14 @@ def start_hook(
         return None
 
     return hook
+
+
+def _read_for_hook(model_dir: str) -> ModelInfo:
+    """The directory's facts; one refused by the bounds is a directory that will fail."""
+    try:
+        return read_model_dir(model_dir, tensor_bytes=True)
+    except ModelFileError as exc:  # (its line names the directory: a fatal model_dir check)
+        return ModelInfo(path=model_dir, errors=(str(exc),))
 
 
 def start_hook_for_argv(

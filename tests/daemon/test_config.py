@@ -96,6 +96,9 @@ dir = "/models/k"
         ("[vllm]\nhealth_url = 'http://127.0.0.1:80x/health'\n", "[vllm] health_url", "port"),
         ("[vllm]\nhealth_url = 'file:///etc/passwd'\n", "[vllm] health_url", "no host"),
         ("[vllm]\napi_key_file = ''\n", "[vllm] api_key_file", "non-empty"),
+        ("[model]\nallowed_roots = '/models'\n", "[model] allowed_roots", "a list of"),
+        ("[model]\nallowed_roots = ['models']\n", "[model] allowed_roots", "absolute"),
+        ('[model]\nallowed_roots = ["/m\\u0000x"]\n', "[model] allowed_roots", "NUL byte"),
     ],
 )
 def test_each_problem_names_its_key(tmp_path: Path, text: str, key: str, words: str) -> None:
@@ -190,3 +193,10 @@ def test_an_unusable_api_key_file_is_a_config_error(
     assert run_daemon(cfg) == 78  # before anything starts
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "[vllm] api_key_file" in line and words in line
+
+
+def test_model_allowed_roots(tmp_path: Path) -> None:
+    assert load_config(None).model.allowed_roots is None  # unset: the default rule applies
+    cfg = load_config(write(tmp_path, "[model]\nallowed_roots = ['/models', '/srv/ckpt']\n"))
+    assert cfg.model.allowed_roots == (Path("/models"), Path("/srv/ckpt"))
+    assert load_config(write(tmp_path, "[model]\nallowed_roots = []\n")).model.allowed_roots == ()

@@ -3,12 +3,15 @@ verdicts (fits, tight, will fail) with the vLLM error each predicts, and the CLI
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from loadwatch.daemon.cli import main
+from loadwatch.daemon.sources.inputs import ModelGeometry
 from loadwatch.daemon.sources.model.model_info import read_model_dir
 from loadwatch.daemon.state import memplan
 from loadwatch.daemon.state.memplan_inputs import (
@@ -246,3 +249,59 @@ def test_bad_plan_flags_are_one_line_and_exit_64(
         code = int(exc.code or 0)
     err = capsys.readouterr().err
     assert code == 64 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def _plan_of(geo: ModelGeometry, **layout: object) -> memplan.MemoryPlan:
+    return memplan.plan(
+        geo,
+        "auto",
+        memplan.Layout(**layout),  # type: ignore[arg-type]
+        weights_bytes=10 * GIB,
+        weights_explain="test",
+        capacity_bytes=80 * GIB,
+        capacity_source="test",
+    )
+
+
+_LLAMA = ModelGeometry(
+    num_layers=2,
+    num_attention_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    hidden_size=256,
+    torch_dtype="bfloat16",
+    max_position_embeddings=4096,
+)
+
+
+def test_a_plan_of_zero_tokens_is_never_fits() -> None:
+    """Before: layers of linear attention alone (no per-token KV) made a page of 0 bytes, a
+    capacity of 0 tokens, and the verdict `fits`."""
+    assert _plan_of(_LLAMA).verdict == "fits"  # (the same model with its attention: fits)
+    linear = dataclasses.replace(_LLAMA, layer_types=("linear_attention",) * 2)
+    p = _plan_of(linear)
+    assert p.verdict != "fits"
+    assert p.low is None or p.low.tokens == 0
+    unknown_types = dataclasses.replace(_LLAMA, layer_types=("mystery",) * 2)
+    assert _plan_of(unknown_types).verdict != "fits"
+
+
+def test_a_max_model_len_of_zero_is_never_fits() -> None:
+    zero = dataclasses.replace(_LLAMA, max_position_embeddings=0)
+    assert _plan_of(zero).verdict != "fits"
+
+
+def test_fits_means_one_request_of_max_model_len_fits() -> None:
+    for mml in (512, 4096, 65536, 10**7):
+        p = _plan_of(_LLAMA, max_model_len=mml)
+        if p.verdict == "fits":
+            assert p.low is not None and p.low.tokens >= mml, mml
+
+
+def test_absurd_layer_counts_are_no_plan_and_no_hang() -> None:
+    """A config that claims 2**62 layers once built a tuple with one entry per layer."""
+    huge = dataclasses.replace(_LLAMA, num_layers=2**62)
+    t0 = time.monotonic()
+    p = _plan_of(huge)
+    assert time.monotonic() - t0 < 1.0
+    assert p.verdict != "fits"

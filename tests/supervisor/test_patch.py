@@ -235,3 +235,46 @@ def test_cli_usage() -> None:
     assert code == 2 and "exactly one of" in text
     text, code = patch_model_cli("x", drop_fp8=True, revert=True)
     assert code == 2
+
+
+def test_revert_refuses_to_discard_edits_made_after_the_patch(tmp_path: Path) -> None:
+    """Before: --revert put the originals back over whatever the files held by then."""
+    d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
+    original = _snapshot(d)
+    assert drop_fp8_kv_cache(d)[1] == 0
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 131072  # the operator's edit, after the patch
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    edited = _snapshot(d)
+
+    text, code = revert_model(d)
+    assert code == 1 and text.count("\n") == 1, text
+    assert "config.json changed since the patch" in text and "--force" in text
+    assert "hf_quant_config.json" not in text  # that one is as the patch left it
+    assert _snapshot(d) == edited  # nothing reverted, not even the unedited file
+
+    text, code = revert_model(d, force=True)
+    assert code == 0, text
+    assert _snapshot(d) == original
+
+
+def test_revert_of_a_file_already_put_back_by_hand_is_quiet(tmp_path: Path) -> None:
+    d = copy_model("deepseek-v3-nvfp4-legacy", tmp_path, shard_bytes=None)
+    original = _snapshot(d)
+    assert drop_fp8_kv_cache(d)[1] == 0
+    backup = d / ("hf_quant_config.json" + BACKUP_SUFFIX)
+    (d / "hf_quant_config.json").write_bytes(backup.read_bytes())  # the original, by hand
+    text, code = revert_model(d)
+    assert code == 0, text
+    assert _snapshot(d) == original
+
+
+def test_revert_force_through_the_cli(tmp_path: Path) -> None:
+    d = copy_model("llama-fp8kv", tmp_path, shard_bytes=None)
+    original = _snapshot(d)
+    assert drop_fp8_kv_cache(d)[1] == 0
+    (d / "config.json").write_text((d / "config.json").read_text() + "\n")
+    text, code = patch_model_cli(str(d), revert=True)
+    assert code == 1 and "config.json changed since the patch" in text
+    text, code = patch_model_cli(str(d), revert=True, force=True)
+    assert code == 0 and _snapshot(d) == original

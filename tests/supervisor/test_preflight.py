@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,3 +168,18 @@ def test_start_hook_from_argv(kimi: Path) -> None:
     argv2 = ["python", "-m", "vllm.entrypoints.openai.api_server", f"--model={kimi}"]
     hook2 = start_hook_for_argv(argv2, "refuse", gpu_cc=lambda: (12, 0))
     assert hook2 is not None and hook2() is not None
+
+
+def test_start_hook_reports_a_checkpoint_out_of_bounds_as_will_fail(tmp_path: Path) -> None:
+    """The supervise-mode check before each start: a config.json nested too deep once raised
+    RecursionError in the hook's thread; now it is a will-fail reason in one line."""
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    seen: list[Any] = []
+    warn = start_hook(str(tmp_path), "warn", gpu_cc=lambda: (9, 0), on_report=seen.append)
+    assert warn is not None and warn() is None
+    assert seen[-1].verdict == "will_fail"
+    refuse = start_hook(str(tmp_path), "refuse", gpu_cc=lambda: (9, 0))
+    assert refuse is not None
+    reason = refuse()
+    assert reason is not None and reason.startswith(f"preflight: model directory {tmp_path}")
+    assert "nested deeper than" in reason and "\n" not in reason

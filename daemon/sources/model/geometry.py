@@ -31,9 +31,20 @@ FAMILIES: tuple[tuple[str, str], ...] = (
 )
 
 
+# More layers than any model has: a larger count is not a model's, and one tuple entry per
+# layer (the layer types) must stay small.
+MAX_LAYERS = 1 << 16
+
+
 def _int(d: Mapping[str, Any], key: str) -> int | None:
     v = d.get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def layer_count(text: Mapping[str, Any]) -> int | None:
+    """``num_hidden_layers``, None when absent or beyond `MAX_LAYERS`."""
+    layers = _int(text, "num_hidden_layers")
+    return layers if layers is not None and layers <= MAX_LAYERS else None
 
 
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -58,7 +69,7 @@ def index_families(tensor_names: Iterable[str]) -> tuple[str, ...]:
 
 def read_geometry(config: Mapping[str, Any], tensor_names: Iterable[str] = ()) -> ModelGeometry:
     text = text_config(config)
-    layers = _int(text, "num_hidden_layers")
+    layers = layer_count(text)
     heads = _int(text, "num_attention_heads")
     hidden = _int(text, "hidden_size")
     kv_heads = _int(text, "num_key_value_heads")

@@ -20,12 +20,16 @@ Facts from vLLM's source that this follows (checked on its main branch, 2026-05)
 - MLA: vLLM treats the DeepSeek family (``deepseek_v2``, ``deepseek_v3``, ``kimi_k2``, ...) as MLA
   when the text config has a non-null ``kv_lora_rank``; without it the same model types use
   ordinary attention.
+
+Every file is read within bounds (modelfiles.py). Ordinary faults (a missing config, malformed
+JSON, a shard the index lists that is not there, a weight file linked out of the directory) are
+``errors`` lines; a JSON file the bounds refuse makes `read_model_dir` raise `OutOfBounds`, one
+line, which its callers say their own way (the daemon's ``daemon.problem``, the CLI's exit 65).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -34,7 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from loadwatch.daemon.sources.inputs import ModelInfo, ShardInfo
-from loadwatch.daemon.sources.model.geometry import read_geometry
+from loadwatch.daemon.sources.model.geometry import layer_count, read_geometry
+from loadwatch.daemon.sources.model.modelfiles import (
+    ModelFileError,
+    OutOfBounds,
+    confinement,
+    member,
+    read_json,
+    shown,
+)
 from loadwatch.daemon.sources.model.tensors import family_bytes
 
 CONFIG = "config.json"
@@ -83,34 +95,45 @@ def natural_key(name: str) -> list[Any]:
 
 @dataclass
 class _Acc:
+    model_dir: Path
+    root: Path  # where the directory's files may resolve to (modelfiles.confinement)
     errors: list[str] = field(default_factory=list)
 
-    def read_json(self, path: Path, name: str, required: bool) -> dict[str, Any] | None:
-        """The file's top-level object, or None (with one error line when it matters)."""
+    def read_json(self, name: str, required: bool) -> dict[str, Any] | None:
+        """The file's top-level object, or None (with one error line when it matters);
+        OutOfBounds for a file the bounds refuse."""
         try:
-            text = path.read_text(encoding="utf-8")
+            data = read_json(self.model_dir, name, self.root)
         except FileNotFoundError:
             if required:
                 self.errors.append(f"{name}: missing")
             return None
-        except (OSError, UnicodeDecodeError) as exc:
-            self.errors.append(f"{name}: cannot read: {_one_line(exc)}")
-            return None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            self.errors.append(
-                f"{name}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-            )
+        except OutOfBounds:
+            raise
+        except ModelFileError as exc:
+            self.errors.append(str(exc))
             return None
         if not isinstance(data, dict):
-            self.errors.append(f"{name}: expected a JSON object, found {type(data).__name__}")
+            self.errors.append(f"{name}: expected a JSON object, found {_json_type(data)}")
             return None
         return data
+
+    def inside(self, name: str) -> Path | None:
+        """The real path of weight file ``name``, None when it leads out of the directory."""
+        try:
+            return member(self.model_dir, name, self.root)
+        except OutOfBounds:
+            return None
 
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _json_type(data: object) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(
+        type(data), "null"
+    )
 
 
 def kv_dtype_of(quant: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -167,77 +190,99 @@ def _quant_from_config(config: dict[str, Any]) -> dict[str, Any] | None:
     return quant if isinstance(quant, dict) else None
 
 
-def select_weight_files(
-    model_dir: Path, acc: _Acc, tensor_names: list[str] | None = None
-) -> list[str]:
+def select_weight_files(acc: _Acc, tensor_names: list[str] | None = None) -> list[str]:
     """Relative names of the weight files vLLM would load, in its load order (and, into
-    ``tensor_names`` when given, the tensor names the index lists)."""
-    index_path = model_dir / SAFETENSORS_INDEX
+    ``tensor_names`` when given, the tensor names the index lists). A file named or linked out
+    of the directory is left out, with a note."""
+    model_dir = acc.model_dir
+    index = acc.read_json(SAFETENSORS_INDEX, required=False)
+    weight_map = index.get("weight_map") if index is not None else None
     index_names: set[str] | None = None
-    if index_path.exists():
-        index = acc.read_json(index_path, SAFETENSORS_INDEX, required=True)
-        weight_map = index.get("weight_map") if index is not None else None
-        if isinstance(weight_map, dict):
-            index_names = {str(v) for v in weight_map.values()}
-            if tensor_names is not None:
-                tensor_names.extend(str(k) for k in weight_map)
-        elif index is not None:
-            acc.errors.append(f"{SAFETENSORS_INDEX}: no weight_map object")
-    top = _glob(model_dir, ".safetensors")
+    if isinstance(weight_map, dict):
+        named = {v for v in weight_map.values() if isinstance(v, str)}
+        outside = sorted(n for n in named if acc.inside(n) is None)
+        if outside:
+            acc.errors.append(
+                f"{SAFETENSORS_INDEX}: {len(outside)} entries name files outside the model "
+                f"directory (first: {shown(outside[0])}): ignored"
+            )
+        index_names = named.difference(outside)
+        if tensor_names is not None:
+            tensor_names.extend(weight_map)
+    elif index is not None:
+        acc.errors.append(f"{SAFETENSORS_INDEX}: no weight_map object")
+    top = _glob(acc, ".safetensors")
     if top:
         files = top if index_names is None else [f for f in top if f in index_names]
     elif index_names:
-        files = [n for n in index_names if (model_dir / n).is_file()]
+        files = [n for n in index_names if os.path.isfile(model_dir / n)]
     else:
         files = []
     if index_names is not None:
-        missing = sorted((n for n in index_names if not (model_dir / n).is_file()), key=natural_key)
+        missing = sorted(
+            (n for n in index_names if not os.path.isfile(model_dir / n)), key=natural_key
+        )
         if missing:
             acc.errors.append(
                 f"{SAFETENSORS_INDEX}: {len(missing)} listed shard file(s) missing on disk "
-                f"(first: {missing[0]})"
+                f"(first: {shown(missing[0])})"
             )
     if not files and not index_names:
-        files = [f for f in _glob(model_dir, ".bin") if not f.endswith(_TRAINING_FILES)]
+        files = [f for f in _glob(acc, ".bin") if not f.endswith(_TRAINING_FILES)]
         if not files:
-            files = _glob(model_dir, ".pt")
+            files = _glob(acc, ".pt")
     return sorted(files, key=natural_key)
 
 
-def _glob(model_dir: Path, suffix: str) -> list[str]:
+def _glob(acc: _Acc, suffix: str) -> list[str]:
     try:
-        with os.scandir(model_dir) as it:
-            return [e.name for e in it if e.name.endswith(suffix) and e.is_file()]
+        with os.scandir(acc.model_dir) as it:
+            found = [e.name for e in it if e.name.endswith(suffix) and e.is_file()]
     except OSError:
         return []
+    out = []
+    for name in found:  # a link out of the directory is no file of it (the HF cache's are)
+        if acc.inside(name) is None:
+            acc.errors.append(
+                f"{shown(name)}: a link to a file outside the model directory: ignored"
+            )
+        else:
+            out.append(name)
+    return out
 
 
-def _shards(model_dir: Path, names: Iterable[str], acc: _Acc) -> tuple[ShardInfo, ...]:
+def _shards(acc: _Acc, names: Iterable[str]) -> tuple[ShardInfo, ...]:
     out = []
     for name in names:
         try:
-            size = (model_dir / name).stat().st_size  # follows links: HF caches link to blobs
+            size = (acc.model_dir / name).stat().st_size  # follows links: HF caches link to blobs
         except OSError as exc:
-            acc.errors.append(f"{name}: cannot stat: {_one_line(exc)}")
+            acc.errors.append(f"{shown(name)}: cannot stat: {_one_line(exc)}")
             continue
         out.append(ShardInfo(name=name, size_bytes=size))
     return tuple(out)
 
 
 def read_model_dir(path: str | os.PathLike[str], tensor_bytes: bool = False) -> ModelInfo:
-    """Everything preflight and progress need from ``path``; faults become ``errors`` lines.
+    """Everything preflight and progress need from ``path``; faults become ``errors`` lines,
+    and a JSON file the bounds refuse raises `OutOfBounds`, its line naming the directory.
 
     ``tensor_bytes``: also read every shard's safetensors header for the bytes of the weight
     groups the memory plan places apart (one small read per shard; preflight asks for it, the
     daemon's loop does not)."""
     model_dir = Path(path)
-    shown = str(path)
-    if not model_dir.is_dir():
-        what = "not a directory" if model_dir.exists() else "no such directory"
-        return ModelInfo(path=shown, errors=(f"model directory {shown}: {what}",))
-    acc = _Acc()
-    config = acc.read_json(model_dir / CONFIG, CONFIG, required=True)
-    hf_quant = acc.read_json(model_dir / HF_QUANT_CONFIG, HF_QUANT_CONFIG, required=False)
+    where = str(path)
+    if not os.path.isdir(model_dir):
+        what = "not a directory" if os.path.lexists(model_dir) else "no such directory"
+        return ModelInfo(path=where, errors=(f"model directory {where}: {what}",))
+    acc = _Acc(model_dir, confinement(model_dir))
+    tensor_names: list[str] = []
+    try:
+        config = acc.read_json(CONFIG, required=True)
+        hf_quant = acc.read_json(HF_QUANT_CONFIG, required=False)
+        weight_files = select_weight_files(acc, tensor_names)
+    except OutOfBounds as exc:
+        raise OutOfBounds(f"model directory {where}: {exc}") from None
 
     architecture = model_type = None
     num_layers: int | None = None
@@ -249,8 +294,7 @@ def read_model_dir(path: str | os.PathLike[str], tensor_bytes: bool = False) -> 
         mt = config.get("model_type")
         model_type = mt if isinstance(mt, str) else None
         text = _text_config(config)
-        layers = text.get("num_hidden_layers")
-        num_layers = layers if isinstance(layers, int) and not isinstance(layers, bool) else None
+        num_layers = layer_count(text)
         is_mla = text.get("kv_lora_rank") is not None or config.get("kv_lora_rank") is not None
 
     config_quant = _quant_from_config(config) if config is not None else None
@@ -269,15 +313,14 @@ def read_model_dir(path: str | os.PathLike[str], tensor_bytes: bool = False) -> 
     quant_algo = quant_algo_of(effective) if effective is not None else None
     kv_dtype = declared.get(effective_name) if effective is not None else None
 
-    tensor_names: list[str] = []
-    shards = _shards(model_dir, select_weight_files(model_dir, acc, tensor_names), acc)
+    shards = _shards(acc, weight_files)
     geometry = read_geometry(config, tensor_names) if config is not None else None
     if geometry is not None and tensor_bytes:
-        exact = family_bytes(model_dir, (s.name for s in shards))
+        exact = family_bytes(model_dir, (s.name for s in shards), acc.errors)
         geometry = dataclasses.replace(geometry, family_bytes=exact)
     total = sum(s.size_bytes for s in shards) if shards else None
     return ModelInfo(
-        path=shown,
+        path=where,
         shards=shards,
         total_bytes=total,
         architecture=architecture,
@@ -292,15 +335,15 @@ def read_model_dir(path: str | os.PathLike[str], tensor_bytes: bool = False) -> 
     )
 
 
-def model_named_in_log(path: str | None) -> ModelInfo | None:
-    """The model directory the log names (the engine config's `model=`), read when it is a
-    directory on this host; None otherwise (a hub name, another host's path)."""
-    if not path:
-        return None
-    p = Path(path)
-    try:
-        if not p.is_absolute() or not p.is_dir():
-            return None
-    except OSError:
-        return None
-    return read_model_dir(p)
+def under_roots(path: str, roots: Iterable[Path]) -> bool:
+    """Whether the absolute ``path`` lies inside one of ``roots``, as written (no file outside
+    them is looked at) and with its links followed."""
+    if not os.path.isabs(path) or "\0" in path:
+        return False
+    plain = Path(os.path.normpath(path))
+    for root in roots:
+        if plain.is_relative_to(os.path.abspath(root)) and Path(
+            os.path.realpath(plain)
+        ).is_relative_to(os.path.realpath(root)):
+            return True
+    return False
