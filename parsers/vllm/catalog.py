@@ -29,6 +29,7 @@ from loadwatch.parsers.vllm.builders import Level as Level
 from loadwatch.parsers.vllm.builders import bar_unit as bar_unit
 from loadwatch.parsers.vllm.builders import scaled as scaled
 from loadwatch.parsers.vllm.catalog_load import LOAD
+from loadwatch.parsers.vllm.catalog_serve import SERVE
 from loadwatch.parsers.vllm.lines import Head
 
 
@@ -144,6 +145,7 @@ EXCEPTION_HEAD = r"(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Z][A-Za-z0-9_]{0,8
 
 CATALOG: tuple[Entry, ...] = (
     *LOAD,
+    *SERVE,
     # -- stall hints -----------------------------------------------------------------------
     Entry(
         "stall.shm_broadcast",

@@ -23,7 +23,6 @@ from loadwatch.parsers.vllm.builders import (
     _prefetch,
     _progress,
     _scale_factor,
-    _shutdown,
 )
 
 # vllm/compilation/'s files, where torch.compile's lines come from
@@ -36,8 +35,6 @@ COMPILATION = (
     "piecewise_backend.py",
     "caching.py",
 )
-# uvicorn's own loggers (server.py, lifespan/on.py), should a log config give them vLLM's header
-UVICORN = ("server.py", "on.py", "main.py", "config.py")
 
 LOAD: tuple[Entry, ...] = (
     # -- progress bars ---------------------------------------------------------------------
@@ -429,82 +426,5 @@ LOAD: tuple[Entry, ...] = (
         _milestone("engine_init", seconds="sec"),
         "info",
         loggers=("core.py", "llm_engine.py"),
-    ),
-    Entry(
-        "ms.api_server",
-        ("Starting vLLM",),
-        _c(r"Starting vLLM (?:API )?server(?: \d{1,4}+)? on (?P<url>\S{1,400}+)"),
-        _milestone("api_server_start", value="url"),
-        "info",
-        loggers=("api_server.py", "entry.py", "api_utils.py", "launcher.py"),
-    ),
-    Entry(
-        "ms.uvicorn_running",
-        ("Uvicorn running on",),
-        _c(r"Uvicorn running on (?P<url>\S{1,400}+)"),
-        _milestone("api_server_start", detail="uvicorn", value="url"),
-        "info",
-        serving=True,  # uvicorn prints it after "Application startup complete"
-        loggers=UVICORN,
-    ),
-    Entry(
-        "ms.routes",
-        ("Available routes are",),
-        _c(r"^Available routes are:"),
-        _milestone("api_server_start", detail="routes"),
-        "info",
-        loggers=("launcher.py", "api_server.py", "entry.py"),
-    ),
-    Entry(
-        "ms.uvicorn_started",
-        ("Started server process",),
-        _c(r"^Started server process \[(?P<pid>\d{1,10}+)\]"),
-        _milestone("api_server_start", detail="server_process", value="pid"),
-        "info",
-        loggers=UVICORN,
-    ),
-    Entry(
-        "ms.app_waiting",
-        ("Waiting for application startup",),
-        _c(r"^Waiting for application startup\."),
-        _milestone("api_server_start", detail="waiting_startup"),
-        "info",
-        loggers=UVICORN,
-    ),
-    Entry(
-        "ms.app_complete",
-        ("Application startup complete",),
-        _c(r"^Application startup complete\."),
-        _milestone("app_startup_complete"),
-        "info",
-        loggers=UVICORN,
-    ),
-    Entry(
-        "ms.shutdown",
-        ("[shutdown]", "Shutting down", "application shutdown", "Application shutdown complete"),
-        _c(
-            r"^\[shutdown\] (?P<what>.{1,200}+)|^(?P<uv>Shutting down|Waiting for application shutdown"
-            r"|Application shutdown complete)"
-        ),
-        _shutdown,
-        "info",
-        serving=True,  # a stop usually comes while serving
-        loggers=(
-            "api_server.py",
-            "api_utils.py",
-            "launcher.py",
-            "serve.py",
-            "entry.py",
-            "server.py",
-            "on.py",
-            "main.py",
-            "config.py",
-            "core.py",
-            "core_client.py",
-            "multiproc_executor.py",
-            "utils.py",
-            "system_utils.py",
-            "async_llm.py",
-        ),
     ),
 )
