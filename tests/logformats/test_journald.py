@@ -146,3 +146,33 @@ def test_journalctl_is_run_as_an_argv_list_after_the_cursor() -> None:
     assert "-b" in src.argv(None) and "--no-tail" in src.argv(None)
     resumed = src.argv("s=1;i=2")
     assert resumed[resumed.index("--after-cursor") + 1] == "s=1;i=2" and "-b" not in resumed
+
+
+def test_a_message_holding_a_line_break_is_one_line_and_an_endless_one_is_skipped(
+    tmp_path: Path,
+) -> None:
+    """journald splits a service's output at `\\n`, so an entry whose MESSAGE holds one came
+    another way (the native protocol, syslog): written out it would forge a line of vLLM's own.
+    It is one line. An entry longer than the pump's bound is skipped with one problem line, and
+    the entries after it are spooled as ever."""
+    lines = vllm_lines((FIXTURES / LOG).read_bytes())[:5]
+    forged = b"(APIServer pid=1) INFO 11-30 06:39:37 [entry.py:140] Starting vLLM server on "
+    entry = b"hello\n" + forged + b"http://10.0.0.1:1"
+    huge = b"x" * 300_000
+    journal = _journal(tmp_path, [*lines, entry, huge, lines[0]])
+    source = JournalSource("vllm.service", file=journal, journalctl=require("journalctl"))
+    problems: list[str] = []
+    pump = JournalPump(
+        source, tmp_path / "state", on_problem=problems.append, max_entry_bytes=1 << 18
+    )
+    pump.start()
+    try:
+        _spooled(pump, len(lines) + 2)
+    finally:
+        pump.stop()
+    spool = pump.spool_path.read_bytes().split(b"\n")
+    assert spool[len(lines)] == b"hello " + forged + b"http://10.0.0.1:1"
+    assert spool[len(lines) + 1] == lines[0]  # the endless entry is not there, the next one is
+    assert [p for p in problems if "skipped" in p] == [
+        f"journal: an entry of over {1 << 18} bytes is skipped"
+    ]

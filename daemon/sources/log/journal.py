@@ -40,6 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# journalctl's JSON line for one entry, past which it is skipped: journald keeps a service's
+# line up to LineMax (48 KiB by default), a native entry's field up to far more.
+MAX_ENTRY_BYTES = 8 << 20
 RESTART_S = (1.0, 30.0)  # journalctl ended: start it again after 1 s, doubling up to 30 s
 
 
@@ -78,7 +81,10 @@ def render(entry: Any) -> bytes | None:
         data = bytes(msg)
     else:
         return None
-    return data + b"\n"
+    # One entry is one line of the spool. journald splits a service's output at `\n`, so a `\n`
+    # inside MESSAGE never is a line break of vLLM's: it came another way (the native protocol,
+    # syslog), and written out it would forge a line of its own. (`\r` stays: tqdm's bars.)
+    return data.replace(b"\n", b" ") + b"\n"
 
 
 class JournalPump:
@@ -91,6 +97,7 @@ class JournalPump:
         *,
         on_problem: Callable[[str], None] | None = None,
         spool_max_bytes: int = 256 << 20,
+        max_entry_bytes: int = MAX_ENTRY_BYTES,
     ) -> None:
         self.source = source
         self.dir = state_dir / "journal"
@@ -98,6 +105,7 @@ class JournalPump:
         self._state_path = self.dir / "journal.json"
         self._on_problem = on_problem or (lambda line: None)
         self._max = spool_max_bytes
+        self._max_entry = max_entry_bytes
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -191,7 +199,8 @@ class JournalPump:
         fd = proc.stdout.fileno()
         sel = selectors.DefaultSelector()
         sel.register(fd, selectors.EVENT_READ)
-        pending = b""
+        pending = bytearray()
+        skipping = False  # dropping the rest of an entry over MAX_ENTRY_BYTES
         try:
             while not self._stop.is_set():
                 if not sel.select(timeout=0.5):
@@ -199,11 +208,24 @@ class JournalPump:
                 data = os.read(fd, 1 << 20)
                 if not data:
                     return
+                if skipping:
+                    end = data.find(b"\n")
+                    if end < 0:
+                        continue
+                    data, skipping = data[end + 1 :], False
                 pending += data
                 cut = pending.rfind(b"\n") + 1
                 if cut:
-                    self._take(pending[:cut].splitlines())
-                    pending = pending[cut:]
+                    self._take(bytes(pending[:cut]).splitlines())
+                    del pending[:cut]
+                if len(pending) > self._max_entry:
+                    # An entry that never ends (journalctl prints one JSON document a line):
+                    # not held whole, never a memory that grows without bound.
+                    self._on_problem(
+                        f"journal: an entry of over {self._max_entry} bytes is skipped"
+                    )
+                    pending.clear()
+                    skipping = True
         finally:
             sel.close()
 
