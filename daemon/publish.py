@@ -171,7 +171,7 @@ class Publisher:
             file_exists=h.file_exists,
             lines_total=h.records_total,
             bytes_total=h.bytes_total,
-            cuts_total=h.cuts_total,
+            cuts_total=source.cuts_total,
             rotations_total=h.rotations_total,
             truncations_total=h.truncations_total,
             errors_total=h.errors_total,

@@ -184,3 +184,24 @@ def test_the_daemon_follows_a_container_log_killed_half_way_each_event_once(
         for e in events_of(str(plain))
     ]
     assert _log_events(second.events()) == _log_events(want)
+
+
+@pytest.mark.parametrize("fmt", ["cri", "docker"])
+def test_a_record_split_into_thousands_of_pieces_is_cut_at_the_cap(fmt: str) -> None:
+    """A 48 MB line the runtime split into 3,072 pieces of 16 KiB: joined up to the cap (the
+    follower's cap on a plain record), the rest dropped as it comes and the record marked cut,
+    and the line after it read as ever. (Joined whole, each piece copied all that came before
+    it: 48 s of CPU before the next line was seen.)"""
+    after = b"INFO 12-01 10:00:01 [api_server.py:1] vLLM API server version 0.32.0\n"
+    record = b"x" * (3072 * runtimes.MAX_LINE) + b"\n"
+    wrap = runtimes.cri if fmt == "cri" else runtimes.docker
+    data = wrap(record) + wrap(after)
+    decoder = ContainerLogDecoder(fmt, cap_bytes=1 << 16)  # type: ignore[arg-type]
+    out: list[Chunk] = []
+    at = 0
+    for line in data.splitlines(keepends=True):
+        out += decoder.decode([Chunk(line, at, "f", at + len(line))])
+        at += len(line)
+    assert [c.cut for c in out] == [True, False]
+    assert out[0].data == b"x" * (1 << 16) + b"\n" and out[1].data == after
+    assert out[0].next_offset <= out[1].offset and decoder.cuts == 1

@@ -105,12 +105,19 @@ def _docker_content(line: bytes) -> bytes | None:
 class ContainerLogDecoder:
     """Chunks of a CRI or docker json-file log in, chunks of the container's output out."""
 
-    def __init__(self, fmt: ContainerFormat) -> None:
+    def __init__(self, fmt: ContainerFormat, cap_bytes: int = 1 << 16) -> None:
         self.format = fmt
         self._waiting = b""  # a partial line's content after its last terminator
         self._waiting_in = ""  # the file it came from
+        self._waiting_at = 0  # where that content begins
+        # A record the runtime split into more pieces than the cap holds (the follower's cap on
+        # a plain log's record): the cap's worth is kept and the rest of the record dropped as
+        # it comes, so joining costs what the pieces weigh, not their square.
+        self.cap = cap_bytes
+        self._over = False  # the waiting record is past the cap: its rest is being dropped
         self.lines = 0
         self.foreign = 0  # lines that were not in the format, passed on as they are
+        self.cuts = 0  # records longer than the cap, cut
 
     def decode(self, chunks: Iterable[Chunk]) -> list[Chunk]:
         out: list[Chunk] = []
@@ -152,28 +159,56 @@ class ContainerLogDecoder:
             self._flush_into(out, file_id, at)
             out.append(Chunk(raw, at, file_id, at + len(raw)))
             return
-        if self._waiting and self._waiting_in == file_id:
+        end = at + len(raw)
+        if self._over and self._waiting_in == file_id:
+            # the rest of a record past the cap: dropped up to its end, then on as usual
+            stop = _first_terminator(content) if partial else len(content)
+            if stop < 0:
+                return
+            self._cut_record(out, file_id, start + stop + 1 if partial else end)
+            content, start = content[stop + 1 :], start + stop + 1
+            if not content and not partial:
+                return
+        elif self._waiting and self._waiting_in == file_id:
             content = self._waiting + content
-            start = max(start - len(self._waiting), 0)
-        self._waiting, self._waiting_in = b"", file_id
+            start = self._waiting_at
+        self._waiting, self._waiting_in, self._over = b"", file_id, False
         if partial:
             cut = max(content.rfind(b"\n"), content.rfind(b"\r")) + 1
-            content, self._waiting = content[:cut], content[cut:]
+            content, self._waiting, self._waiting_at = content[:cut], content[cut:], start + cut
+            if len(self._waiting) > self.cap:
+                self._waiting, self._over = self._waiting[: self.cap], True
             if not content:
                 return
         else:
             content += b"\n"
-        out.append(Chunk(content, start, file_id, at + len(raw)))
+        out.append(Chunk(content, start, file_id, end))
+
+    def _cut_record(self, out: list[Chunk], file_id: str, next_offset: int) -> None:
+        """The record past the cap ends: its first `cap` bytes, marked cut (the follower's way)."""
+        self.cuts += 1
+        out.append(Chunk(self._waiting + b"\n", self._waiting_at, file_id, next_offset, cut=True))
+        self._waiting, self._over = b"", False
 
     def _flush(self, out: list[Chunk], chunk: Chunk) -> None:
         self._flush_into(out, chunk.file_id, chunk.offset)
 
     def _flush_into(self, out: list[Chunk], file_id: str, at: int) -> None:
         """A partial line that the next line does not continue: it ends there."""
+        if self._over and self._waiting_in == file_id:
+            self._cut_record(out, file_id, at)
+            return
+        self._over = False
         if self._waiting and self._waiting_in == file_id:
             piece = self._waiting + b"\n"
             out.append(Chunk(piece, max(at - len(piece), 0), file_id, at))
         self._waiting = b""
+
+
+def _first_terminator(data: bytes) -> int:
+    """Where the first `\n` or `\r` of `data` is, -1 when none."""
+    nl, cr = data.find(b"\n"), data.find(b"\r")
+    return nl if cr < 0 else cr if nl < 0 else min(nl, cr)
 
 
 def decode_bytes(data: bytes, fmt: LogFormat) -> bytes:

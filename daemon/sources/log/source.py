@@ -97,7 +97,7 @@ class LogSource:
         )
         # a container runtime's lines (CRI, docker's json-file): their content, same offsets
         self._format = container
-        self._decoder = ContainerLogDecoder(container) if container != "plain" else None
+        self._decoder = ContainerLogDecoder(container, cap_bytes) if container != "plain" else None
         name = checkpoint_name(path).replace("follower-", "events-", 1)
         self.marks = EmitMark(state_dir / name)
         self.resume = Resume(self.follower, self.marks, events_file)
@@ -128,6 +128,13 @@ class LogSource:
         self._rewrites_told = 0  # the follower's rewrites_total said so far
         self._read_any = False  # the last read found records
         self._last_chunk: tuple[float, str, int] | None = None  # (monotonic, file, end) read
+
+    @property
+    def cuts_total(self) -> int:
+        """Records longer than the cap, cut: by the follower, or joined from a container
+        runtime's pieces."""
+        decoded = self._decoder.cuts if self._decoder is not None else 0
+        return self.follower.health().cuts_total + decoded
 
     # -- time -------------------------------------------------------------------------------
 
