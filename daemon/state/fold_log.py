@@ -133,13 +133,17 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
         )
         bars = dict(s.bars)
         bars[key] = bar
+        latest = {**s.bar_latest, base: key}
         if len(bars) > f.cfg.max_bars:
             drop = min(
                 (b for b in bars.values() if b.key != key),
                 key=lambda b: (b.finished_at is None, b.last_update_at),
             )
             del bars[drop.key]
-        changes = {"bars": bars, "bar_latest": {**s.bar_latest, base: key}}
+            # a slot whose bar is gone names nothing: kept, one per process ever seen, it grew
+            # (and was copied) without bound
+            latest = {k: v for k, v in latest.items() if v in bars}
+        changes = {"bars": bars, "bar_latest": latest}
         advanced = ev.done > 0
     else:
         advanced = ev.done > cur.done

@@ -520,3 +520,16 @@ def test_an_error_long_before_the_end_does_not_name_it() -> None:
     st, tr = fold([(T0 + 300, exited(T0 + 300, code=0))], st)  # type: ignore[list-item]
     assert phases(tr) == ["stopped"]
     assert st.session is not None and st.session.failure_kind is None
+
+
+def test_bars_of_ever_new_processes_keep_the_state_bounded() -> None:
+    """Bar lines each under a process prefix of their own (a red team's 100k `(Wi pid=i)` bars):
+    the bars kept stay at `max_bars` and so does what names each process's latest bar (it once
+    grew by one entry a process, each copied whole: quadratic time)."""
+    st, _ = fold([(T0, started(T0))])  # type: ignore[list-item]
+    items = [(T0 + 1 + i * 0.001, bar(1, 2, process=f"W{i}")) for i in range(2000)]
+    st, _ = fold(items, st)  # type: ignore[arg-type]
+    s = st.session
+    assert s is not None and len(s.bars) == st.config.max_bars
+    assert len(s.bar_latest) <= st.config.max_bars
+    assert set(s.bar_latest.values()) <= set(s.bars)
