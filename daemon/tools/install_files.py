@@ -142,7 +142,10 @@ def install_files(target: Path, *, force: bool = False) -> tuple[list[str], list
         by_folder.setdefault(rel.rpartition("/")[0], []).append(rel)
     same: list[str] = []
     differ: list[str] = []
-    for folder, rels in by_folder.items():
+    # DIR itself is the operator's choice (`/opt/loadwatch/share`: a fresh venv has none): made
+    # with its parents when missing; only the steps inside it are checked for links.
+    existed = os.path.lexists(target)
+    for folder, rels in by_folder.items() if existed else ():
         dir_fd = _open_dir(target, folder, create=False)
         if dir_fd is None:
             continue
@@ -156,6 +159,8 @@ def install_files(target: Path, *, force: bool = False) -> tuple[list[str], list
     if differ and not force:
         raise FileExistsError(f"{target / differ[0]} differs from the packaged file (--force)")
     written: list[str] = []
+    if not existed:
+        target.mkdir(mode=0o755, parents=True, exist_ok=True)
     for folder, rels in by_folder.items():
         todo = [rel for rel in rels if rel not in same]
         if not todo:

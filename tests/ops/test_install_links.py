@@ -88,3 +88,12 @@ def test_the_target_itself_may_be_a_link(tmp_path: Path) -> None:
     assert (real / "systemd" / "loadwatch.service").is_file()
     again = install(tmp_path / "share")
     assert again.returncode == 0 and again.stdout == "" and "unchanged" in again.stderr
+
+
+def test_a_directory_that_does_not_exist_yet_is_made(tmp_path: Path) -> None:
+    """The README's `install-files /opt/loadwatch/share`: the venv has no share/ before it."""
+    target = tmp_path / "opt" / "loadwatch" / "share"
+    result = install(target)
+    assert result.returncode == 0, result.stderr
+    assert (target / "systemd" / "loadwatch.service").is_file()
+    assert oct(target.stat().st_mode & 0o777) == oct(0o755)
