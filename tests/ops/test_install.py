@@ -1,5 +1,6 @@
-"""The README's install, as written, on a clean host: no checkout on sys.path, with and without a
-compiler; then the unit's ExecStart runs and `systemd-analyze verify` accepts the units."""
+"""The README's install, as written, every line, with Debian's system Python (root runs its
+apt-get line): no checkout on sys.path, with and without a compiler; then the unit's ExecStart
+runs and `systemd-analyze verify` accepts the units."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -38,9 +38,48 @@ def readme_install_lines() -> list[str]:
     return [line.split("  #", 1)[0].strip() for line in body.splitlines() if line.strip()]
 
 
+# Debian's own Python, whatever a developer's PATH puts first (pyenv, a venv): the README is
+# written for it, and it is the one that refuses `pip install` (PEP 668).
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+DEBIAN_PACKAGES = ("python3-venv", "python3-build")
+
+
+def _system_env() -> dict[str, str]:
+    """The environment an operator's root shell has: no venv, no pyenv, no pip overrides."""
+    keep = {k: v for k, v in os.environ.items()
+            if not k.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV", "PYENV", "CONDA"))}  # fmt: skip
+    return {**keep, "PATH": SYSTEM_PATH, "DEBIAN_FRONTEND": "noninteractive"}
+
+
+def _run_line(line: str, cwd: Path, env: dict[str, str]) -> None:
+    """One README line through a shell, as an operator pastes it (`&&`, `VAR=x cmd`)."""
+    result = subprocess.run(
+        ["/bin/sh", "-ec", line], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, f"{line}: {result.stdout[-2000:]}{result.stderr[-3000:]}"
+
+
+def _debian_packages_missing() -> list[str]:
+    result = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Package} ${Status}\n", *DEBIAN_PACKAGES],
+        env=_system_env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    installed = {ln.split()[0] for ln in result.stdout.splitlines() if ln.endswith(" installed")}
+    return [name for name in DEBIAN_PACKAGES if name not in installed]
+
+
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The source as a checkout has it (tracked files only), built and installed by the README."""
+    """The source as a checkout has it (tracked files only), built and installed by the README's
+    lines, every one of them, with Debian's system Python."""
+    env = _system_env()
+    python3 = subprocess.run(
+        ["/bin/sh", "-c", "command -v python3"], env=env, capture_output=True, text=True,
+        timeout=60, check=False,
+    ).stdout.strip()  # fmt: skip
+    assert python3 == "/usr/bin/python3", python3
+    assert list(Path("/usr/lib").glob("python3.*/EXTERNALLY-MANAGED")), "not Debian's Python"
     work = tmp_path_factory.mktemp("install")
     src = work / "src"
     listed = _run(["git", "ls-files", "-co", "--exclude-standard"], ROOT).splitlines()
@@ -50,19 +89,12 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             (src / rel).write_bytes((ROOT / rel).read_bytes())
     opt = work / "opt" / "loadwatch"
     for line in readme_install_lines():
-        if line.startswith(("apt-get ", "python3 -m pip install build")):
-            if "&&" in line:
-                line = line.split("&&", 1)[1].strip()  # build is in the test extras
-            else:
-                continue
-        words = shlex.split(line.replace(OPT, str(opt)))
-        env = {}
-        while "=" in words[0] and not words[0].startswith("/"):
-            key, _, value = words.pop(0).partition("=")
-            env[key] = value
-        if words[0] == "python3":
-            words[0] = sys.executable if words[1:3] == ["-m", "build"] else "python3"
-        _run(words, src, env)
+        if line.startswith("apt-get ") and os.geteuid() != 0:
+            # Only root can run it; as another user the packages it installs must be there.
+            missing = _debian_packages_missing()
+            assert not missing, f"run as root, or `apt-get install -y {' '.join(missing)}`"
+            continue
+        _run_line(line.replace(OPT, str(opt)), src, env)
     return {"src": src, "dist": src / "dist", "opt": opt, "work": work}
 
 
