@@ -282,7 +282,8 @@ def _parser() -> argparse.ArgumentParser:
         "  loadwatch patch-model /models/M --drop-fp8-kv-cache\n"
         "  loadwatch patch-model /models/M --revert\n\n"
         "Writes are atomic, with byte-exact backups that --revert puts back; --revert refuses\n"
-        "(exit 1) when a file changed after the patch, unless --force.",
+        "(exit 1) when a file changed after the patch, unless --force. A Hugging Face cache\n"
+        "snapshot (snapshots/HASH) is patched in place of its links; no blob is written.",
     )
     pm.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="the checkpoint directory")
     what = pm.add_mutually_exclusive_group(required=True)

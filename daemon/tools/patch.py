@@ -13,6 +13,16 @@ Files are read within bounds (sources/model/modelfiles.py): a FIFO, an oversized
 file is one line, nothing changed. ``--revert`` refuses, naming them, when files changed after
 the patch (neither the patched text nor the original): putting the original back would discard
 those edits; ``--force`` reverts anyway.
+
+A file that is a symbolic link (a Hugging Face cache snapshot: ``snapshots/HASH/config.json ->
+../../blobs/SHA``) is never written through: its target can be shared (every snapshot with the
+same file links to one blob) and is named by its content. The link itself is what gets replaced,
+by the patched file as a regular file in the directory (the layout huggingface_hub itself makes
+where it cannot link, so its cache tools and ``from_pretrained`` take it as it is), and the
+backup is a link with the same text; ``--revert`` renames it back over the file, so the link
+returns exactly as it was and no blob ever changes. A new blob with the link re-pointed at it is
+not done: a blob's name is its content's hash in the repository, which a patched file is not. A
+link is followed only within the directory, or a snapshot's repository folder (modelfiles.py).
 """
 
 from __future__ import annotations
@@ -21,7 +31,6 @@ import difflib
 import json
 import os
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,9 +40,16 @@ from loadwatch.daemon.sources.model.modelfiles import (
     DEFAULT_MAX_BYTES,
     MAX_BYTES,
     ModelFileError,
+    member,
     open_regular,
     parse_json,
     read_capped,
+)
+from loadwatch.daemon.tools.patch_files import (
+    atomic_symlink,
+    atomic_write,
+    file_mode,
+    fsync_dir,
 )
 
 BACKUP_SUFFIX = ".loadwatch-orig"
@@ -135,7 +151,9 @@ def drop_fp8_fields(name: str, data: dict[str, Any]) -> tuple[list[str], list[st
 @dataclass(frozen=True, slots=True)
 class _Target:
     name: str
-    path: Path  # the bytes' location: the file itself, or an in-directory symlink's target
+    file: Path  # DIR/NAME: what the patch replaces
+    source: Path  # where its bytes are read: the file itself, or the target of its link
+    link: str | None  # the link's own text when the file is a symbolic link
     backup: Path
 
 
@@ -149,32 +167,46 @@ def _check_writable_dir(d: Path, shown: str) -> None:
 
 
 def _check_writable_file(target: _Target) -> None:
-    mode = _mode(target.path)
+    if target.link is not None:
+        return  # the link is replaced, its target never written
+    mode = file_mode(target.file)
     if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
         raise PatchError(f"{target.name} is read-only (mode {mode:04o})")
 
 
+def _real(model_dir: Path, name: str) -> Path:
+    """Where file ``name`` of the directory leads, links followed, within its bounds."""
+    try:
+        return member(model_dir, name)
+    except ModelFileError as exc:
+        raise PatchError(str(exc)) from None
+
+
 def _resolve(model_dir: Path, name: str) -> _Target | None:
     """The target for ``name``, None when absent; PatchError for a file we must not touch."""
-    link = model_dir / name
+    file = model_dir / name
     backup = model_dir / (name + BACKUP_SUFFIX)
-    if link.is_symlink():
-        real = link.resolve()
-        if not real.is_relative_to(model_dir.resolve()):
-            raise PatchError(
-                f"{name} is a symlink to {real}, outside the model directory (replace the link "
-                "with a copy of the file to patch it)"
-            )
-        path = real
-    else:
-        path = link
-    if not path.exists():
+    link = os.readlink(file) if file.is_symlink() else None
+    source = _real(model_dir, name) if link is not None else file
+    if not source.exists():
         return None
-    if not path.is_file():
+    if not source.is_file():
         raise PatchError(f"{name} is not a regular file")
-    if backup.is_symlink() or (backup.exists() and not backup.is_file()):
+    if not backup.is_symlink() and backup.exists() and not backup.is_file():
         raise PatchError(f"{backup.name} exists and is not a regular file")
-    return _Target(name, path, backup)
+    return _Target(name, file, source, link, backup)
+
+
+def _backup_differs(model_dir: Path, target: _Target, raw: bytes) -> bool:
+    """A backup already there that is not the original of ``target`` as it is now."""
+    backup = target.backup
+    if backup.is_symlink():
+        if target.link is not None:
+            return os.readlink(backup) != target.link
+        return _read_bytes(_real(model_dir, backup.name), backup.name) != raw
+    if not backup.exists():
+        return False
+    return target.link is not None or _read_bytes(backup, backup.name) != raw
 
 
 def _read_bytes(path: Path, name: str) -> bytes:
@@ -205,7 +237,7 @@ def _parse(name: str, raw: bytes) -> tuple[str, dict[str, Any]]:
 
 
 def _read_json(target: _Target) -> tuple[bytes, str, dict[str, Any]]:
-    raw = _read_bytes(target.path, target.name)
+    raw = _read_bytes(target.source, target.name)
     text, data = _parse(target.name, raw)
     return raw, text, data
 
@@ -220,33 +252,6 @@ def _patched(name: str, original: bytes) -> bytes | None:
     style = detect_style(text, data)
     removed, _ = drop_fp8_fields(name, data)
     return style.dump(data).encode("utf-8") if removed else None
-
-
-def atomic_write(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory: fsync, chmod, rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _diff(name: str, old: str, new: str) -> str:
@@ -297,7 +302,7 @@ def _plan_drop(model_dir: Path) -> tuple[list[_Plan], list[str]]:
         notes += [f"{t.name}: left {k}" for k in kept]
         if not removed:
             continue
-        if t.backup.exists() and _read_bytes(t.backup, t.backup.name) != raw:
+        if _backup_differs(model_dir, t, raw):
             raise PatchError(
                 f"{t.backup.name} exists and differs from {t.name}: run --revert or remove the "
                 "backup first"
@@ -312,8 +317,7 @@ def drop_fp8_kv_cache(model_dir: str | os.PathLike[str], dry_run: bool = False) 
     try:
         plans, notes = _plan_drop(root)
         if plans and not dry_run:
-            for d in {p.target.path.parent for p in plans} | {root}:
-                _check_writable_dir(d, "model directory" if d == root else str(d))
+            _check_writable_dir(root, "model directory")
             for p in plans:
                 _check_writable_file(p.target)
             _apply(plans)
@@ -338,22 +342,34 @@ def drop_fp8_kv_cache(model_dir: str | os.PathLike[str], dry_run: bool = False) 
     return "\n".join(s.rstrip("\n") for s in out) + "\n", EXIT_OK
 
 
+def _put_back(t: _Target, old_raw: bytes, mode: int) -> None:
+    if t.link is not None:
+        atomic_symlink(t.file, t.link)
+    else:
+        atomic_write(t.file, old_raw, mode)
+
+
 def _apply(plans: list[_Plan]) -> None:
     """Back up, then replace; on a failure put back what was already replaced."""
     made_backups: list[Path] = []
     replaced: list[_Plan] = []
+    modes = {p.target.name: file_mode(p.target.source) for p in plans}  # a link: its target's
     try:
         for p in plans:
-            if not p.target.backup.exists():
-                atomic_write(p.target.backup, p.old_raw, _mode(p.target.path))
-                made_backups.append(p.target.backup)
+            t = p.target
+            if not t.backup.exists() and not t.backup.is_symlink():
+                if t.link is not None:
+                    atomic_symlink(t.backup, t.link)
+                else:
+                    atomic_write(t.backup, p.old_raw, modes[t.name])
+                made_backups.append(t.backup)
         for p in plans:
-            atomic_write(p.target.path, p.new_raw, _mode(p.target.path))
+            atomic_write(p.target.file, p.new_raw, modes[p.target.name])
             replaced.append(p)
     except OSError:
         for p in replaced:
             try:
-                atomic_write(p.target.path, p.old_raw, _mode(p.target.path))
+                _put_back(p.target, p.old_raw, modes[p.target.name])
             except OSError:
                 pass
         for b in made_backups:
@@ -364,32 +380,56 @@ def _apply(plans: list[_Plan]) -> None:
         raise
 
 
+@dataclass(frozen=True, slots=True)
+class _Restore:
+    name: str
+    file: Path
+    backup: Path
+    original: bytes
+    current: bytes | None
+    write_to: Path | None  # where a copy's bytes go back; None: the backup is a link, renamed
+
+
+def _restore_plan(root: Path, name: str) -> _Restore | None:
+    """How ``name`` goes back to its original, None without a backup; PatchError when it can't."""
+    file, backup = root / name, root / (name + BACKUP_SUFFIX)
+    if backup.is_symlink():
+        real = _real(root, backup.name)
+        if not real.is_file():
+            raise PatchError(f"{backup.name} links to {os.readlink(backup)}, which is not a file")
+        current = _read_bytes(_real(root, name), name) if file.exists() else None
+        return _Restore(name, file, backup, _read_bytes(real, backup.name), current, None)
+    if not backup.exists():
+        return None
+    if not backup.is_file():
+        raise PatchError(f"{backup.name} is not a regular file")
+    write_to = file
+    if file.is_symlink():  # a link inside the directory that an earlier version patched through
+        write_to = file.resolve()
+        if not write_to.is_relative_to(root.resolve()):
+            raise PatchError(f"{name} links out of the model directory and {backup.name} is a copy")
+    current = _read_bytes(write_to, name) if write_to.exists() else None
+    return _Restore(name, file, backup, _read_bytes(backup, backup.name), current, write_to)
+
+
 def revert_model(
     model_dir: str | os.PathLike[str], dry_run: bool = False, force: bool = False
 ) -> tuple[str, int]:
-    """Restore the ``.loadwatch-orig`` originals byte for byte and remove them; refuse when a
-    file changed after the patch, unless ``force``."""
+    """Restore the ``.loadwatch-orig`` originals byte for byte (a link as the very link it was)
+    and remove them; refuse when a file changed after the patch, unless ``force``."""
     root = Path(model_dir)
     try:
         if not root.is_dir():
             what = "not a directory" if root.exists() else "no such directory"
             raise PatchError(f"model directory {root}: {what}")
-        pending: list[tuple[_Target, bytes, bytes | None]] = []
-        for name in (CONFIG, HF_QUANT_CONFIG):
-            backup = root / (name + BACKUP_SUFFIX)
-            if not backup.exists() and not backup.is_symlink():
-                continue
-            if backup.is_symlink() or not backup.is_file():
-                raise PatchError(f"{backup.name} is not a regular file")
-            target = _resolve(root, name) or _Target(name, root / name, backup)
-            current = _read_bytes(target.path, name) if target.path.exists() else None
-            pending.append((target, _read_bytes(backup, backup.name), current))
+        found = [_restore_plan(root, name) for name in (CONFIG, HF_QUANT_CONFIG)]
+        pending = [r for r in found if r is not None]
         if not pending:
             return f"nothing to revert: no {BACKUP_SUFFIX} backups in {root}\n", EXIT_OK
         edited = [
-            t.name
-            for t, original, current in pending
-            if current is not None and current != original and current != _patched(t.name, original)
+            r.name
+            for r in pending
+            if r.current not in (None, r.original, _patched(r.name, r.original))
         ]
         if edited and not force:
             raise PatchError(
@@ -397,23 +437,27 @@ def revert_model(
                 "original): reverting would discard those edits; give --force to revert anyway"
             )
         if not dry_run:
-            for d in {t.path.parent for t, _, _ in pending} | {root}:
+            dirs = {r.write_to.parent for r in pending if r.write_to is not None} | {root}
+            for d in dirs:
                 _check_writable_dir(d, "model directory" if d == root else str(d))
-            for target, original, current in pending:
-                if current != original:
-                    atomic_write(target.path, original, _mode(target.backup))
-                target.backup.unlink()
-                _fsync_dir(target.backup.parent)
+            for r in pending:
+                if r.write_to is None:
+                    os.replace(r.backup, r.file)  # the link itself, its text as it was
+                else:
+                    if r.current != r.original:
+                        atomic_write(r.write_to, r.original, file_mode(r.backup))
+                    r.backup.unlink()
+                fsync_dir(root)
     except PatchError as exc:
         return f"patch-model: {exc}; nothing changed\n", EXIT_ERROR
     except OSError as exc:
         return f"patch-model: {_os_error(exc)}\n", EXIT_ERROR
     out = []
-    for target, original, current in pending:
-        old = (current or b"").decode("utf-8", "replace")
-        out.append(_diff(target.name, old, original.decode("utf-8", "replace")))
+    for r in pending:
+        old = (r.current or b"").decode("utf-8", "replace")
+        out.append(_diff(r.name, old, r.original.decode("utf-8", "replace")))
         verb = "would restore" if dry_run else "restored"
-        out.append(f"{target.name}: {verb} from {target.backup.name}")
+        out.append(f"{r.name}: {verb} from {r.backup.name}")
     if edited:
         lost = "would be discarded" if dry_run else "discarded"
         out.append(f"{', '.join(edited)}: edits made after the patch {lost} (--force)")
@@ -436,10 +480,6 @@ def patch_model_cli(
     if revert:
         return revert_model(model_dir, dry_run=dry_run, force=force)
     return drop_fp8_kv_cache(model_dir, dry_run=dry_run)
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 def _os_error(exc: OSError) -> str:

@@ -136,23 +136,9 @@ def test_read_only_file_changes_nothing(tmp_path: Path) -> None:
     assert _snapshot(d) == before
 
 
-def test_symlink_outside_model_dir_refused(tmp_path: Path) -> None:
-    # The Hugging Face cache layout: snapshot files link to blobs outside the snapshot directory.
-    d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
-    blobs = tmp_path / "blobs"
-    blobs.mkdir()
-    (d / "config.json").rename(blobs / "abc123")
-    (d / "config.json").symlink_to(blobs / "abc123")
-    before = _snapshot(blobs) | _snapshot(d)
-    text, code = drop_fp8_kv_cache(d)
-    assert code == 1
-    assert text.count("\n") == 1
-    assert "config.json is a symlink to" in text and "outside the model directory" in text
-    assert _snapshot(blobs) | _snapshot(d) == before
-    assert (d / "config.json").is_symlink()
-
-
-def test_symlink_inside_model_dir_patches_target(tmp_path: Path) -> None:
+def test_a_link_inside_the_dir_is_replaced_and_its_target_left_alone(tmp_path: Path) -> None:
+    # Whatever a link points at can have other readers: the link is replaced, never written
+    # through (the Hugging Face cache: test_patch_hf_cache.py).
     d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
     (d / "orig").mkdir()
     (d / "hf_quant_config.json").rename(d / "orig" / "hfq.json")
@@ -160,11 +146,46 @@ def test_symlink_inside_model_dir_patches_target(tmp_path: Path) -> None:
     original = (d / "orig" / "hfq.json").read_bytes()
     _, code = drop_fp8_kv_cache(d)
     assert code == 0
-    assert (d / "hf_quant_config.json").is_symlink()
-    assert b"kv_cache_quant_algo" not in (d / "orig" / "hfq.json").read_bytes()
-    revert_model(d)
+    assert not (d / "hf_quant_config.json").is_symlink()
+    assert b"kv_cache_quant_algo" not in (d / "hf_quant_config.json").read_bytes()
     assert (d / "orig" / "hfq.json").read_bytes() == original
-    assert (d / "hf_quant_config.json").is_symlink()
+    assert os.readlink(d / ("hf_quant_config.json" + BACKUP_SUFFIX)) == "orig/hfq.json"
+    _, code = revert_model(d)
+    assert code == 0
+    assert os.readlink(d / "hf_quant_config.json") == "orig/hfq.json"
+    assert not os.path.lexists(d / ("hf_quant_config.json" + BACKUP_SUFFIX))
+
+
+def test_a_link_out_of_the_directory_is_refused(tmp_path: Path) -> None:
+    # Only a Hugging Face snapshot's links may leave it, and only into its repository's blobs.
+    d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (d / "config.json").rename(elsewhere / "abc123")
+    (d / "config.json").symlink_to(elsewhere / "abc123")
+    before = _snapshot(elsewhere) | _snapshot(d)
+    text, code = drop_fp8_kv_cache(d)
+    assert code == 1 and text.count("\n") == 1
+    assert "a link to a file outside the model directory" in text, text
+    assert _snapshot(elsewhere) | _snapshot(d) == before and (d / "config.json").is_symlink()
+
+
+def test_revert_of_a_link_an_earlier_version_patched_through(tmp_path: Path) -> None:
+    # Before links were replaced, an in-directory link's target was patched and the backup was
+    # a copy: the revert still puts the original bytes back there, and keeps the link.
+    plain = copy_model("kimi-k25-nvfp4", tmp_path / "plain", shard_bytes=None)
+    assert drop_fp8_kv_cache(plain)[1] == 0
+    d = copy_model("kimi-k25-nvfp4", tmp_path, shard_bytes=None)
+    (d / "orig").mkdir()
+    original = (d / "hf_quant_config.json").read_bytes()
+    (d / "hf_quant_config.json").rename(d / "orig" / "hfq.json")
+    (d / "hf_quant_config.json").symlink_to("orig/hfq.json")
+    (d / ("hf_quant_config.json" + BACKUP_SUFFIX)).write_bytes(original)
+    (d / "orig" / "hfq.json").write_bytes((plain / "hf_quant_config.json").read_bytes())
+    _, code = revert_model(d)
+    assert code == 0
+    assert os.readlink(d / "hf_quant_config.json") == "orig/hfq.json"
+    assert (d / "orig" / "hfq.json").read_bytes() == original
 
 
 def test_malformed_and_missing(tmp_path: Path) -> None:
