@@ -347,7 +347,11 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
                 capacity=capacity,
             )
         sup_cfg = supervisor_config(
-            vllm, str(cfg.log.path), preflight=hook, pid_file=cfg.state_dir / "vllm.pid"
+            vllm,
+            str(cfg.log.path),
+            preflight=hook,
+            pid_file=cfg.state_dir / "vllm.pid",
+            output_copy=daemon.eventlog.passthrough,  # with `[vllm] output = "file+stdout"`
         )
         return Supervisor(
             sup_cfg,

@@ -77,6 +77,7 @@ class VllmConfig:
     preflight: Literal["warn", "refuse", "off"] = "warn"
     log_max_bytes: int = 256 * 1024 * 1024
     log_keep: int = 3
+    output: Literal["file", "file+stdout"] = "file"  # where vLLM's output goes besides the log
     health_url: str | None = None  # default: from --host/--port in argv, or the URL vLLM logs
     # Hosts besides loopback that the URL vLLM logs may name (the log is untrusted input).
     allowed_hosts: tuple[str, ...] = ()
@@ -306,6 +307,7 @@ def _vllm_fields(t: _Table) -> dict[str, Any]:
         "preflight": t.choice("preflight", d.preflight, ("warn", "refuse", "off")),
         "log_max_bytes": t.integer("log_max_bytes", d.log_max_bytes, minimum=4096, maximum=1 << 40),
         "log_keep": t.integer("log_keep", d.log_keep, minimum=1, maximum=100),
+        "output": t.choice("output", d.output, ("file", "file+stdout")),
         "health_url": _health_url(t),
         "allowed_hosts": t.hosts("allowed_hosts"),
         "health_interval_s": t.number(

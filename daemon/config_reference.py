@@ -102,6 +102,12 @@ DOCS: dict[str, str] = {
     "to start, or skip",
     "[vllm] log_max_bytes": "the captured log is rotated at this size",
     "[vllm] log_keep": "rotated logs kept",
+    "[vllm] output": "where vLLM's output goes: `file` (the log, `[log] path`) or `file+stdout` "
+    "(also loadwatch's stdout, line by line between the event lines, for `kubectl logs` and a "
+    "cluster's log pipeline: docs/kubernetes.md). On stdout each line is whole and as vLLM "
+    "wrote it, but for secrets loadwatch knows (masked) and lines that start with `{` (kept off: "
+    "there, only the event lines, JSON objects with an `event` key, do); lines a full pipe "
+    "cannot take are dropped, never waited for",
     "[vllm] health_url": "vLLM's `/health`, `http` or `https` (default: from `--host`/`--port` "
     "in argv, or in watch mode the first URL the session's log printed, `0.0.0.0` meaning "
     "loopback); a `[vllm]` table without argv may hold this and the keys below for watch mode. "

@@ -67,7 +67,7 @@ class Daemon:
         self.io_reader = io_reader
         self.clock = clock
         self._sleep_fn = sleep
-        self.eventlog = eventlog  # (for reopening on SIGHUP; lines go through `feed`)
+        self.eventlog = eventlog  # (SIGHUP reopens it; vLLM's lines pass; events go by `feed`)
         self.feed = EventFeed(eventlog, redactor)
         self.gpu = gpu
         self.notifier = notifier or SdNotifier({})

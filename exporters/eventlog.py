@@ -10,6 +10,13 @@ journald's rate limit never drops a `daemon.problem`), `all`, or `none`. `reopen
 and reopens the file so logrotate can move it. Every string passes through the redactor first.
 A line goes to a regular file whole or not at all (linefile.py), to a pipe without waiting
 (nbwrite.py).
+
+`passthrough()` puts a line of the supervised vLLM's output on stdout too (`[vllm] output =
+"file+stdout"`), under the same lock, so each line there is whole: an event line or one of
+vLLM's. A reader tells them apart as event lines are the JSON objects, each with an "event" key,
+and the only lines that start with `{`: a line of vLLM's output that starts with one (after
+blanks; a client's text can make vLLM print a forged event) is kept off stdout (the log file
+has it), and said once in a `daemon.problem` line.
 """
 
 from __future__ import annotations
@@ -58,6 +65,30 @@ StdoutLevel = Literal["transitions", "all", "none"]
 STDOUT_LEVELS: tuple[StdoutLevel, ...] = ("transitions", "all", "none")
 
 
+def could_pass_for_an_event(line: bytes) -> bool:
+    """A line that starts as the event lines do, with `{` (after blanks, which a JSON reader
+    skips): a reader of stdout, strict or lenient, could take it for one of them."""
+    return line.lstrip()[:1] == b"{"
+
+
+def is_event_line(line: bytes) -> bool:
+    """One of the event log's own lines as written on stdout: a JSON object with "event" and
+    "time" (for a reader of the two streams, `loadwatch analyze -` of `kubectl logs`)."""
+    if not line.startswith(b"{"):
+        return False
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "event" in doc and "time" in doc
+
+
+_WITHHELD = (
+    "a line of vLLM's output starts with '{', as only the event lines may on stdout: kept off "
+    "stdout (this one and any after it; the vLLM log file has them)"
+)
+
+
 def wanted_on_stdout(event: str, level: StdoutLevel) -> bool:
     """`transitions`: what the daemon decided (transitions, supervisor, GPU and daemon lines) and
     the failures it read; the many parsed log events (bars, warnings, milestones) stay in the
@@ -88,6 +119,7 @@ class EventLog:
         )
         self.write_errors = 0
         self.last_error: str | None = None
+        self.withheld = 0  # lines of vLLM's output kept off stdout (they start with `{`)
         self._lock = threading.Lock()
         self._file: LineFile | None = None
         self._pipe: NonBlockingWriter | None = None  # the events file is a FIFO: never wait on it
@@ -123,21 +155,40 @@ class EventLog:
                     self.last_error = None  # written again (a full disk was emptied)
                 except OSError as exc:  # nothing of the line is left (a size limit, a full disk)
                     self._fault(f"cannot write the event log {self.path}: {exc.strerror or exc}")
-            if not to_stdout:
+            if to_stdout:
+                text = self._render_console(line) if self.console else line
+                self._to_stdout(text.encode() + b"\n")
+
+    def passthrough(self, line: bytes) -> None:
+        """One line of vLLM's output (ending in a newline) to stdout, never to the events file:
+        the bytes as they came, but for the secrets the redactor knows; a line that could pass
+        for an event line is kept off (module docstring). Any thread."""
+        text = line.decode("utf-8", "surrogateescape")
+        masked = self.redactor.text(text)
+        if masked != text:
+            line = masked.encode("utf-8", "surrogateescape")
+        if could_pass_for_an_event(line):
+            self.withheld += 1
+            if self.withheld == 1:
+                self.emit("daemon.problem", error=_WITHHELD)
+            return
+        with self._lock:
+            self._to_stdout(line)
+
+    def _to_stdout(self, data: bytes) -> None:
+        """Under the lock."""
+        try:
+            if self._out is not None:
+                if not self._out.write(data):
+                    self.write_errors += 1  # nobody reads stdout: dropped, never waited on
                 return
-            text = self._render_console(line) if self.console else line
-            try:
-                if self._out is not None:
-                    if not self._out.write(text.encode() + b"\n"):
-                        self.write_errors += 1  # nobody reads stdout: dropped, never waited on
-                    return
-                if self._out_file is not None:
-                    self._out_file.write(text.encode() + b"\n")
-                    return
-                self.stream.write(text + "\n")
-                self.stream.flush()
-            except (OSError, ValueError):
-                self.write_errors += 1  # stdout closed: nothing more to do about it
+            if self._out_file is not None:
+                self._out_file.write(data)
+                return
+            self.stream.write(data.decode("utf-8", "replace"))
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.write_errors += 1  # stdout closed: nothing more to do about it
 
     def position(self) -> tuple[str, int] | None:
         """The event log file ("dev:ino") and its size: where the next line goes; None when

@@ -42,6 +42,9 @@ class SupervisorConfig:
     pid_file: str | None = None
     # Run in a worker thread before every start; a returned string vetoes the start.
     preflight: Callable[[], str | None] | None = field(default=None, compare=False)
+    # `[vllm] output = "file+stdout"`: each whole line of vLLM's output, also (from the pump's
+    # thread; the event log's `passthrough`).
+    output_copy: Callable[[bytes], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.argv or not all(isinstance(a, str) and a for a in self.argv):
@@ -91,6 +94,7 @@ def supervisor_config(
     preflight: Callable[[], str | None] | None = None,
     environ: Mapping[str, str] | None = None,
     pid_file: str | os.PathLike[str] | None = None,
+    output_copy: Callable[[bytes], None] | None = None,
 ) -> SupervisorConfig:
     """The supervisor's settings from the ``[vllm]`` section of the daemon's configuration."""
     env: dict[str, str] = (
@@ -114,4 +118,5 @@ def supervisor_config(
         log_keep=vllm.log_keep,
         preflight=preflight,
         pid_file=None if pid_file is None else os.fspath(pid_file),
+        output_copy=output_copy if vllm.output == "file+stdout" else None,
     )

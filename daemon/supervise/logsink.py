@@ -9,6 +9,9 @@ Rotation renames ``PATH`` to ``PATH.1`` (``PATH.1`` to ``PATH.2``, ..., keeping 
 or after a ``\\r`` not followed by ``\\n``), so no record is split across two files; a file can
 thus exceed the limit by at most the rest of one record. The concatenation ``PATH.N ... PATH.1
 PATH`` is byte for byte what vLLM wrote.
+
+With ``[vllm] output = "file+stdout"`` the pump also hands each chunk to a ``LineCopy``, which
+passes vLLM's output on as whole lines (to loadwatch's stdout, between the event log's lines).
 """
 
 from __future__ import annotations
@@ -155,14 +158,66 @@ class RotatingLog:
             self._close_fd()
 
 
+class LineCopy:
+    """vLLM's output as whole lines, for a sink that others write lines to as well.
+
+    A line goes out once its ``\\n`` has come, its bytes as vLLM wrote them (a tqdm ``\\r``
+    inside included): another writer of the same stream, the event log on stdout, then never
+    lands in the middle of one. The only bytes of ours are a ``\\n`` after a piece of a line
+    longer than ``max_line`` (cut so that memory stays bounded and the reader's lines too) and
+    after the rest of a line still open when the output ends (``finish``). Runs in the pump's
+    thread; a sink that raises is counted, never allowed to stop the pump (vLLM would block).
+    """
+
+    def __init__(self, write_line: Callable[[bytes], None], max_line: int = 64 * 1024) -> None:
+        if max_line < 1:
+            raise ValueError("max_line must be >= 1")
+        self._write_line = write_line
+        self._max = max_line
+        self._open = bytearray()  # the line begun and not yet ended
+        self.lines_total = 0
+        self.errors_total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self._open += chunk
+        while True:
+            end = self._open.find(b"\n", 0, self._max)
+            if end >= 0:
+                self._out(bytes(self._open[: end + 1]))
+                del self._open[: end + 1]
+            elif len(self._open) >= self._max:
+                self._out(bytes(self._open[: self._max]) + b"\n")
+                del self._open[: self._max]
+            else:
+                return
+
+    def finish(self) -> None:
+        if self._open:
+            self._out(bytes(self._open) + b"\n")
+            self._open.clear()
+
+    def _out(self, line: bytes) -> None:
+        self.lines_total += 1
+        try:
+            self._write_line(line)
+        except Exception:  # the pump goes on (vLLM must never block); the file has the line
+            self.errors_total += 1
+
+
 class OutputPump:
-    """Copies one pipe into a sink from a thread, until EOF or ``stop()``."""
+    """Copies one pipe into a sink from a thread, until EOF or ``stop()``; ``copy`` gets the
+    same bytes after the sink, and its ``finish()`` when the pump ends."""
 
     def __init__(
-        self, read_fd: int, sink: Callable[[bytes], None], name: str = "loadwatch-pump"
+        self,
+        read_fd: int,
+        sink: Callable[[bytes], None],
+        name: str = "loadwatch-pump",
+        copy: LineCopy | None = None,
     ) -> None:
         self._fd = read_fd
         self._sink = sink
+        self._copy = copy
         self._stop = threading.Event()
         self.bytes_total = 0
         self.eof = False
@@ -194,12 +249,16 @@ class OutputPump:
                     return
                 self.bytes_total += len(chunk)
                 self._sink(chunk)
+                if self._copy is not None:
+                    self._copy.feed(chunk)
                 if stopping:
                     drained += len(chunk)
                     if drained >= _DRAIN_AFTER_STOP_BYTES:  # a writer that never stops
                         return
         finally:
             os.close(self._fd)
+            if self._copy is not None:
+                self._copy.finish()
 
     def stop(self) -> None:
         """Finish after the data already in the pipe; for writers that never close it."""

@@ -1,8 +1,9 @@
 """The mechanism of one start of vLLM, for the supervisor's policy to drive.
 
 ``RunDriver.start`` spawns vLLM in its own session with stdout and stderr on one pipe (which keeps
-their interleaving), a pump thread copying that pipe to the rotating log, and a thread waiting for
-the exit. ``RunDriver.supervise`` then waits for the exit, a stop or a restart request (``Requests``),
+their interleaving), a pump thread copying that pipe to the rotating log (and, with ``[vllm]
+output = "file+stdout"``, its whole lines to loadwatch's stdout), and a thread waiting for the
+exit. ``RunDriver.supervise`` then waits for the exit, a stop or a restart request (``Requests``),
 re-scanning the tree from /proc meanwhile so that workers that called ``setsid`` or outlived their
 parent are still found; it ends the tree when asked or when members outlive the main process, and
 after a clean exit waits up to ``exit_verdict_wait_s`` for a fatal failure in the log (the log
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from loadwatch.daemon.sdnotify import child_environment
 from loadwatch.daemon.sources.proc.tree import ProcessTree
 from loadwatch.daemon.supervise.config import SupervisorConfig
-from loadwatch.daemon.supervise.logsink import OutputPump, RotatingLog
+from loadwatch.daemon.supervise.logsink import LineCopy, OutputPump, RotatingLog
 from loadwatch.daemon.supervise.orphans import RUN_MARKER_ENV
 from loadwatch.daemon.supervise.procops import ChildProcess, ProcessOps
 from loadwatch.daemon.supervise.runs import RunRecord
@@ -134,7 +135,8 @@ class RunDriver:
             return spawned
         child, read_fd = spawned
         loop = asyncio.get_running_loop()
-        pump = OutputPump(read_fd, self.log.write, name=f"loadwatch-pump-{child.pid}")
+        copy = LineCopy(cfg.output_copy) if cfg.output_copy is not None else None
+        pump = OutputPump(read_fd, self.log.write, name=f"loadwatch-pump-{child.pid}", copy=copy)
         pump.start()
         run = Run(
             child=child,

@@ -7,7 +7,9 @@ through a temporary file it is inflated into, deleted at the end; the facts give
 size and the compressed one. Data that ends early (cut short, or corrupt further on) is read up to
 there and counted as a read error. A container log (the kubelet's CRI format, docker's json-file;
 daemon/sources/log/container.py) and stdin (`-`) are read the same way, through a temporary file
-of their content. The last record is taken even without a terminator (a post-mortem).
+of their content. The last record is taken even without a terminator (a post-mortem). Stdin
+leaves out loadwatch's own event lines: `kubectl logs POD` of a loadwatch with `[vllm] output =
+"file+stdout"` has them between vLLM's lines, one in a traceback, say, which would split it.
 
 Input faults raise `InputError` with one line and its exit code: 66 when the path is missing or
 unreadable, 74 on a read error, 65 when it is not a log at all (a directory or other non-regular
@@ -30,6 +32,7 @@ from loadwatch.daemon.sources.inputs import joined
 from loadwatch.daemon.sources.log.container import spool, spool_if_container
 from loadwatch.daemon.sources.log.follower import DEFAULT_MAX_READ_BYTES, FollowerError, LogFollower
 from loadwatch.daemon.sources.log.gzipped import GZIP_MAGIC, inflate_into
+from loadwatch.exporters.eventlog import is_event_line
 from loadwatch.exporters.report import LogFacts
 from loadwatch.parsers import ChunkScanner, Event
 from loadwatch.parsers.grammar import load as load_grammar
@@ -136,6 +139,40 @@ def check_record_cap(max_record_bytes: int) -> None:
         )
 
 
+class WithoutEventLines:
+    """A stream read through ``read(n)`` with loadwatch's event lines left out (whole lines
+    only: a line longer than a block is passed on, as no event line is that long)."""
+
+    def __init__(self, src: IO[bytes]) -> None:
+        self._src = src
+        self._out = bytearray()
+        self._open = b""  # the line begun and not yet ended
+        self._inside = False  # `_open` goes on a line already passed on: no event line
+        self.dropped = 0
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self._out) < n:
+            block = self._src.read(_LINE_BLOCK)
+            if not block:
+                self._out += self._open
+                self._open = b""
+                break
+            *lines, self._open = (self._open + block).split(b"\n")
+            for line in lines:
+                if not self._inside and is_event_line(line):
+                    self.dropped += 1
+                else:
+                    self._out += line + b"\n"
+                self._inside = False
+            if len(self._open) > _LINE_BLOCK:
+                self._out += self._open
+                self._open, self._inside = b"", True
+        size = len(self._out) if n < 0 else min(n, len(self._out))
+        out = bytes(self._out[:size])
+        del self._out[:size]
+        return out
+
+
 class LogReader:
     """The events of one log file, read once with bounded memory; `facts()` after `events()`."""
 
@@ -146,7 +183,7 @@ class LogReader:
         self._inflated: IO[bytes] | None = None  # stdin, an inflated gzip file, or a decoded
         self._decoded: IO[bytes] | None = None  # container log: a temporary file read instead
         if str(path) == "-":  # stdin (`kubectl logs POD | loadwatch analyze -`)
-            self._inflated = spool(sys.stdin.buffer, path)
+            self._inflated = spool(WithoutEventLines(sys.stdin.buffer), path)
             path = Path(self._inflated.name)
         self.opened = check_input(path)
         self.source = path  # what is read: the path, or the file a gzip file is inflated into

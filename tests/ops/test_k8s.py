@@ -71,6 +71,7 @@ def test_the_probes_point_at_loadwatch_and_its_config_agrees() -> None:
     assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert cfg.vllm is not None and "8000" in cfg.vllm.argv and ports["http"] == 8000
+    assert cfg.vllm.output == "file+stdout"  # `kubectl logs` shows vLLM's log, as users expect
     # the kubelet waits for loadwatch to stop vLLM in order before it kills
     assert spec["terminationGracePeriodSeconds"] >= cfg.vllm.stop_grace_s + 10
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}

@@ -165,6 +165,7 @@ def _start(tmp_path: Path, scenario: str) -> tuple[DaemonProc, Kubelet, dict[str
             "backoff_initial_s": 5 / SPEED,
             "backoff_max_s": 300 / SPEED,
             "stop_grace_s": vllm["stop_grace_s"] / SPEED,
+            "output": vllm["output"],
             "health_url": f"http://127.0.0.1:{port}/health",
         },
     )
