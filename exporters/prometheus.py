@@ -173,8 +173,8 @@ def _load(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     )
     yield from _gauge(
         "loadwatch_load_silence_seconds",
-        "Seconds since the load last showed progress (for a quiet stall: since anything was "
-        "logged).",
+        "Seconds since the load last showed progress (outside the weights bar: since the log "
+        "last showed a step of the load).",
         s.stall.silent_s,
     )
     yield from _gauge(

@@ -287,7 +287,7 @@ class StallWatch(NamedTuple):
     """What the stall check measures now: the silence since `since` against `threshold_s`."""
 
     kind: Literal["progress", "quiet"]
-    since: float  # the last sign of life (a shard, bytes read; for "quiet", anything logged)
+    since: float  # the last sign of life: a shard or bytes read; for "quiet", a step in the log too
     threshold_s: float
     expected_shard_s: float | None
 

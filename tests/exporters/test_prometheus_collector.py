@@ -70,7 +70,7 @@ def test_threshold_and_silence_while_loading_are_what_the_stall_will_use() -> No
 
 def test_before_the_first_shard_and_after_the_weights_the_quiet_threshold() -> None:
     """Starting, the first file's allowance (over the floor); after the weights, the quiet
-    threshold: silence since anything was logged."""
+    threshold: silence since the log last showed a step of the load."""
     st, _ = fold([(T0, started(T0))], stall_floor_s=10.0, quiet_stall_s=900.0)
     m = scrape(st, T0 + 30)
     assert (m[THRESHOLD], m[SILENCE]) == (900.0, 30.0)
