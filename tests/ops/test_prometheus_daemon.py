@@ -234,6 +234,7 @@ def test_dashboard_in_watch_mode(tmp_path: Path) -> None:
                 prom.wait_until(
                     lambda: prom.query("loadwatch_vllm_health_up == 1"), "a /health scrape", 15
                 )
+                prom.wait_scraped(scrapes=2)  # the range queries' 1 s steps land on it
             finally:
                 vllm.terminate()
                 vllm.wait(timeout=20)
