@@ -210,7 +210,8 @@ def test_model_allowed_roots(tmp_path: Path) -> None:
 
 def test_the_quiet_stall_floor_is_a_forecast_key(tmp_path: Path) -> None:
     """Outside the weights bar (model init, torch.compile, CUDA graphs, the KV-cache profile) a
-    load stalls after `[forecast] quiet_stall_s` with no step of it in the log: the state gets it."""
+    load stalls after `[forecast] quiet_stall_s` with no step of it in the log: the state gets
+    it."""
     default = parse_config({})
     assert default.forecast.quiet_stall_s == StateConfig().quiet_stall_s == 1800.0
     assert state_config(default).quiet_stall_s == 1800.0
