@@ -57,6 +57,9 @@ class GpuConfig:
 class ForecastConfig:
     stall_factor: float = 5.0  # a stall is no progress for stall_factor x the typical shard time...
     stall_floor_s: float = 120.0  # ...and never less than this
+    # Outside the weights bar (model init; after the weights: torch.compile, CUDA graphs, the
+    # KV-cache profile) a load is stalled after this long with no step in the log, nothing read.
+    quiet_stall_s: float = 1800.0
     load_budget_s: float | None = None  # exported so an alert can fire when the ETA overruns it
 
 
@@ -274,6 +277,7 @@ def _forecast_fields(t: _Table) -> dict[str, Any]:
     return {
         "stall_factor": t.number("stall_factor", d.stall_factor, minimum=1.0, maximum=1000),
         "stall_floor_s": t.number("stall_floor_s", d.stall_floor_s, minimum=0.0, maximum=86400),
+        "quiet_stall_s": t.number("quiet_stall_s", d.quiet_stall_s, minimum=60.0, maximum=86400),
         "load_budget_s": t.opt_number("load_budget_s", minimum=1.0),
     }
 

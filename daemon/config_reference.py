@@ -68,6 +68,11 @@ DOCS: dict[str, str] = {
     "[forecast] stall_factor": "a load is stalled after this many times the usual time per "
     "shard without progress...",
     "[forecast] stall_floor_s": "...and never before this many seconds",
+    "[forecast] quiet_stall_s": "outside the weights bar a load is stalled after this many "
+    "seconds in which the log showed no step of the load (a milestone, a bar, a warning) and "
+    "vLLM read no bytes: before the bar (model init) and after the weights (`torch.compile`, "
+    "CUDA graph capture, the KV-cache profile, which can be silent for many minutes on a large "
+    "model); raise it for a longer compile",
     "[forecast] load_budget_s": "the time a load may take; exported for the over-budget alert",
     "[model] dir": "the checkpoint directory (shard sizes, `config.json`, the KV-cache "
     "declaration)",

@@ -352,6 +352,7 @@ def state_config(cfg: Config) -> StateConfig:
         max_sessions=cfg.sessions_kept,
         stall_k=f.stall_factor,
         stall_floor_s=f.stall_floor_s,
+        quiet_stall_s=f.quiet_stall_s,
         require_completion=cfg.vllm is not None and cfg.vllm.servable,
     )
 

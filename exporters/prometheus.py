@@ -53,6 +53,7 @@ class LoadwatchCollector(Collector):
         yield from _gpus(pub, snap)
         yield from _sources(pub)
         yield from _supervisor(pub)
+        yield from _health(snap)
         yield from memory_plan_metrics(snap)
         yield from node_metrics(snap)
 
@@ -163,10 +164,18 @@ def _load(pub: Published, snap: Snapshot) -> Iterator[Metric]:
     yield from _gauge(
         "loadwatch_load_stalled", "1 while the load is stalled.", 1.0 if s.stall.active else 0.0
     )
+    # Both while the session loads (starting, loading weights, after them) or is stalled: the
+    # silence the stall check counts and the threshold it holds it against, raised or not.
     yield from _gauge(
         "loadwatch_load_stall_threshold_seconds",
         "Silence after which the load counts as stalled.",
         s.stall.threshold_s,
+    )
+    yield from _gauge(
+        "loadwatch_load_silence_seconds",
+        "Seconds since the load last showed progress (outside the weights bar: since the log "
+        "last showed a step of the load).",
+        s.stall.silent_s,
     )
     yield from _gauge(
         "loadwatch_oom_predicted",
@@ -366,6 +375,16 @@ def _sources(pub: Published) -> Iterator[Metric]:
             yield c
 
 
+def _health(snap: Snapshot) -> Iterator[Metric]:
+    """The daemon's last /health probe, supervise or watch mode: the state holds it."""
+    if snap.health is not None:
+        yield from _gauge(
+            "loadwatch_vllm_health_up",
+            "1 if vLLM's /health answered 200 last.",
+            1.0 if snap.health.ok else 0.0,
+        )
+
+
 def _supervisor(pub: Published) -> Iterator[Metric]:
     sup = pub.supervisor
     if sup is None:
@@ -383,12 +402,6 @@ def _supervisor(pub: Published) -> Iterator[Metric]:
     for outcome in EXIT_OUTCOMES:
         c.add_metric([outcome], sup.exits.get(outcome, 0))
     yield c
-    if sup.health_up is not None:
-        yield from _gauge(
-            "loadwatch_vllm_health_up",
-            "1 if vLLM's /health answered 200 last.",
-            1.0 if sup.health_up else 0.0,
-        )
     yield from _gauge(
         "loadwatch_vllm_orphans",
         "Processes of the last vLLM tree still holding GPU memory.",

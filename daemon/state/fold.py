@@ -8,7 +8,7 @@ run made it changes in place; anything older it copies first, once per run.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from loadwatch.daemon.state.durations import duration
 from loadwatch.daemon.state.forecast import stall_threshold_s
@@ -283,10 +283,18 @@ class Fold:
         self.changes["gpus"] = new
 
 
-def stall_due(
-    s: Session, now: float, cfg: StateConfig
-) -> tuple[Literal["progress", "quiet"], float, float, float | None] | None:
-    """A stall to raise at `now`: (kind, silent since, threshold, expected shard seconds)."""
+class StallWatch(NamedTuple):
+    """What the stall check measures now: the silence since `since` against `threshold_s`."""
+
+    kind: Literal["progress", "quiet"]
+    since: float  # the last sign of life: a shard or bytes read; for "quiet", a step in the log too
+    threshold_s: float
+    expected_shard_s: float | None
+
+
+def stall_watch(s: Session, cfg: StateConfig) -> StallWatch | None:
+    """The watch a session not (yet) stalled is under: while it loads (starting, loading the
+    weights, after them), none once it serves, ended or is stalled already."""
     if s.stall is not None or s.phase in TERMINAL or s.phase == "ready":
         return None
     io_mark = s.io.mark_at if s.io is not None and s.io.mark_at is not None else 0.0
@@ -314,6 +322,10 @@ def stall_due(
     # restart) is silent only from when it was read, whatever its stamps say.
     if s.backlog_read_at is not None and s.backlog_read_at > last:
         last = s.backlog_read_at
-    if now - last <= threshold:
-        return None
-    return kind, last, threshold, expected
+    return StallWatch(kind, last, threshold, expected)
+
+
+def stall_due(s: Session, now: float, cfg: StateConfig) -> StallWatch | None:
+    """A stall to raise at `now`: the watch whose threshold the silence has passed."""
+    watch = stall_watch(s, cfg)
+    return watch if watch is not None and now - watch.since > watch.threshold_s else None

@@ -77,7 +77,8 @@ class StateConfig:
     health_failures_not_ready: int = 2  # failed /health probes in a row that end readiness
     require_completion: bool = False  # ready only once one tiny completion succeeded
     stall_first_shard_s: float = 600.0  # before any shard finished (model init, first file)
-    quiet_stall_s: float | None = 1800.0  # nothing logged at all outside the weights bar
+    # nothing logged at all outside the weights bar (`[forecast] quiet_stall_s`); None: never
+    quiet_stall_s: float | None = 1800.0
     io_progress_bytes: int = 4 * 1024**2  # bytes read that count as progress
     adopt_window_s: float = 30.0  # a log-opened session adopts a process start this soon
     # Once serving, a failure the log showed is fatal only if the server dies or /health fails

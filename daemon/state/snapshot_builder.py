@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from loadwatch.daemon.state.fold import stall_watch
 from loadwatch.daemon.state.kvdtype import KvDtype, KvEvidence, decide_kv_dtype, warning_verdict
 from loadwatch.daemon.state.nodefold import node_view
 from loadwatch.daemon.state.plan_actual import memory_plan_view
@@ -170,14 +171,17 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
         ),
     )
     st = s.stall
+    # Raised, the stall's own figures; still loading, those the stall check measures now, so
+    # the silence and the threshold it is held against are there before a stall is.
+    watch = st if st is not None else stall_watch(s, state.config)
     stall = StallView(
         active=st is not None,
         kind=st.kind if st else None,
         since=st.since if st else None,
         raised_at=st.raised_at if st else None,
-        silent_s=now - st.since if st else None,
-        threshold_s=st.threshold_s if st else None,
-        expected_shard_s=st.expected_shard_s if st else None,
+        silent_s=max(now - watch.since, 0.0) if watch else None,
+        threshold_s=watch.threshold_s if watch else None,
+        expected_shard_s=watch.expected_shard_s if watch else None,
         reason=st.reason if st else None,
         stalls_total=s.stalls_total,
         hints=s.stall_hints,

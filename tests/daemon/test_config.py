@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,8 @@ from loadwatch.daemon.config import (
     parse_listen,
     with_api_key,
 )
+from loadwatch.daemon.loop import state_config
+from loadwatch.daemon.state.session import StateConfig
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -99,6 +103,8 @@ dir = "/models/k"
         ("[model]\nallowed_roots = '/models'\n", "[model] allowed_roots", "a list of"),
         ("[model]\nallowed_roots = ['models']\n", "[model] allowed_roots", "absolute"),
         ('[model]\nallowed_roots = ["/m\\u0000x"]\n', "[model] allowed_roots", "NUL byte"),
+        ("[forecast]\nquiet_stall_s = 30\n", "[forecast] quiet_stall_s", "between 60 and"),
+        ("[forecast]\nquiet_stall_s = '1h'\n", "[forecast] quiet_stall_s", "expected a number"),
     ],
 )
 def test_each_problem_names_its_key(tmp_path: Path, text: str, key: str, words: str) -> None:
@@ -200,3 +206,26 @@ def test_model_allowed_roots(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, "[model]\nallowed_roots = ['/models', '/srv/ckpt']\n"))
     assert cfg.model.allowed_roots == (Path("/models"), Path("/srv/ckpt"))
     assert load_config(write(tmp_path, "[model]\nallowed_roots = []\n")).model.allowed_roots == ()
+
+
+def test_the_quiet_stall_floor_is_a_forecast_key(tmp_path: Path) -> None:
+    """Outside the weights bar (model init, torch.compile, CUDA graphs, the KV-cache profile) a
+    load stalls after `[forecast] quiet_stall_s` with no step of it in the log: the state gets
+    it."""
+    default = parse_config({})
+    assert default.forecast.quiet_stall_s == StateConfig().quiet_stall_s == 1800.0
+    assert state_config(default).quiet_stall_s == 1800.0
+    cfg = load_config(write(tmp_path, "[forecast]\nquiet_stall_s = 5400\n"))
+    assert cfg.forecast.quiet_stall_s == 5400.0 and state_config(cfg).quiet_stall_s == 5400.0
+
+
+def test_a_bad_quiet_stall_floor_exits_78(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "loadwatch.daemon.cli", "run", "--config",
+         str(write(tmp_path, "[forecast]\nquiet_stall_s = -5\n"))],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert out.returncode == 78
+    assert out.stderr.strip().splitlines() == [
+        "loadwatch: config error: [forecast] quiet_stall_s: must be between 60 and 86400, got -5"
+    ]

@@ -153,8 +153,14 @@ def render(scene: Scene) -> str:
         t.sample("loadwatch_load_last_progress_timestamp_seconds", scene.last_progress_s)
     t.family("loadwatch_load_stalled", "gauge", "1 while the load is stalled.")
     t.sample("loadwatch_load_stalled", 1 if scene.stalled else 0)
-    t.family("loadwatch_load_stall_threshold_seconds", "gauge", "Silence that counts as a stall.")
-    t.sample("loadwatch_load_stall_threshold_seconds", scene.stall_threshold_s)
+    if loading or scene.phase == "post_load":  # the stall check's watch
+        t.family("loadwatch_load_stall_threshold_seconds", "gauge", "Silence that is a stall.")
+        t.sample("loadwatch_load_stall_threshold_seconds", scene.stall_threshold_s)
+        since = (
+            scene.last_progress_s if scene.last_progress_s is not None else scene.session_start_s
+        )
+        t.family("loadwatch_load_silence_seconds", "gauge", "Silence the stall check counts.")
+        t.sample("loadwatch_load_silence_seconds", max(scene.now_s - since, 0.0))
     if scene.budget_s is not None:
         t.family("loadwatch_load_budget_seconds", "gauge", "The configured load budget.")
         t.sample("loadwatch_load_budget_seconds", scene.budget_s)

@@ -5,10 +5,16 @@ load that stalls (and is restarted by the stall policy), a load that runs out of
 and a load that succeeds. Prometheus scrapes every second and evaluates a copy of alerts.yml
 whose `for:` windows are cut to 2 s. Then every dashboard query must have returned data over
 the run. Every wait is bounded.
+
+Watch mode too: the simulated vLLM runs on its own, its output going to a file, and the daemon
+follows that file and probes /health. A load that never stalls still fills the dashboard's
+silence-and-threshold panel while it loads, and its /health panel once vLLM serves.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -169,3 +175,90 @@ def test_alerts_and_dashboard_against_the_real_daemon(tmp_path: Path) -> None:
             exits = sum(m[f'loadwatch_vllm_exits_total{{outcome="{o}"}}'] for o in EXIT_OUTCOMES)
             assert m["loadwatch_sessions_total"] == exits + 1 >= 3.0
             assert m["loadwatch_vllm_restarts_total"] == exits
+
+
+def panel_data(prom: PromServer, title: str, started: float, end: float) -> dict[str, int]:
+    """refId -> how many series the panel's query returned over [started, end]."""
+    out = {}
+    for query in dashboard_queries():
+        if query.where.startswith(f"panel {title!r} "):
+            data = prom.api(
+                "query_range",
+                {
+                    "query": resolve(query.expr, rate_interval="10s"),
+                    "start": str(started),
+                    "end": str(end),
+                    "step": "1",
+                },
+            )
+            out[query.where.rsplit(" ", 1)[1]] = len(data["result"])
+    return out
+
+
+def test_dashboard_in_watch_mode(tmp_path: Path) -> None:
+    require("prometheus")
+    model = make_model_dir(tmp_path, fp8_kv=False, shards=24, total_bytes=24 * 10**9)
+    port = free_port()
+    log = tmp_path / "vllm.log"
+    cfg = Config(
+        log=LogConfig(path=log, poll_interval_s=0.05),
+        http=HttpConfig(port=0),
+        gpu=GpuConfig(source="simulated", poll_interval_s=0.2),
+        forecast=ForecastConfig(stall_floor_s=300.0),  # this load never stalls
+        vllm=VllmConfig(health_url=f"http://127.0.0.1:{port}/health", health_interval_s=0.5),
+        state_dir=tmp_path / "state",
+    )
+    assert not cfg.supervise
+    argv = [
+        sys.executable, "-m", "loadwatch.daemon.sim.vllm_server", "--model", str(model),
+        "--speed", "60", "--port", str(port), "--tensor-parallel-size", "2", "--layers", "4",
+    ]  # fmt: skip
+    started = time.time()
+    with running(cfg) as d:
+        target = d.url.removeprefix("http://")
+        (tmp_path / "prom").mkdir()
+        with PromServer(tmp_path / "prom", targets=[target]) as prom:
+            prom.wait_scraped(scrapes=2)  # the daemon waits for a log that is not there yet
+            with log.open("wb") as out:
+                vllm = subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                )  # fmt: skip
+            try:
+                prom.wait_until(
+                    lambda: prom.query('loadwatch_load_phase{phase="loading_weights"} == 1'),
+                    "a scrape of the load",
+                    30,
+                )
+                prom.wait_until(lambda: d.get("/readyz")[0] == 200, "vLLM ready", 60)
+                prom.wait_until(
+                    lambda: prom.query("loadwatch_vllm_health_up == 1"), "a /health scrape", 15
+                )
+                prom.wait_scraped(scrapes=2)  # the range queries' 1 s steps land on it
+            finally:
+                vllm.terminate()
+                vllm.wait(timeout=20)
+            end = time.time()
+            assert panel_data(prom, "Silence vs stall threshold", started, end) == {
+                "A": 1,
+                "B": 1,
+                "C": 1,  # 0 all through: stalled times the threshold
+            }
+            assert panel_data(prom, "vLLM /health", started, end) == {"A": 1}
+            # The threshold was there while the weights loaded, with no stall raised.
+            during = prom.api(
+                "query_range",
+                {
+                    "query": "loadwatch_load_stall_threshold_seconds"
+                    " and on(job, instance) loadwatch_load_silence_seconds"
+                    ' and on(job, instance) loadwatch_load_phase{phase="loading_weights"} == 1',
+                    "start": str(started),
+                    "end": str(end),
+                    "step": "1",
+                },
+            )["result"]
+            assert during and len(during[0]["values"]) >= 2
+            assert prom.query("max_over_time(loadwatch_load_stalled[10m])")[0].value == 0.0
+            assert "loadwatch_vllm_state" not in {
+                n for n in prom.api("label/__name__/values", {"start": str(started)})
+            }  # watch mode: no supervisor

@@ -93,7 +93,7 @@ MUTANTS = [
     # (test file that must notice, what to change in alerts.yml, alert the failure names)
     ("load.yml", ("loadwatch_load_stalled == 1\n        for: 2m", "loadwatch_load_stalled == 1\n        for: 10m"), "LoadwatchLoadStalled"),
     ("load.yml", ("(0 * loadwatch_session_start_timestamp_seconds))\n", "(loadwatch_session_start_timestamp_seconds * 0 + 1e9))\n"), "LoadwatchLoadOverBudget"),
-    ("failures.yml", ("unless on(job, instance) loadwatch_load_ready == 1", "unless on(job, instance) loadwatch_load_ready == 2"), "LoadwatchGpuOutOfMemory"),
+    ("failures.yml", ("  )\n                unless on(job, instance) loadwatch_load_ready == 1", "  )\n                unless on(job, instance) loadwatch_load_ready == 2"), "LoadwatchGpuOutOfMemory"),
     ("failures.yml", ('              loadwatch_session_failure{kind="cuda_oom"} == 1\n            or\n', ""), "LoadwatchGpuOutOfMemory"),
     ("vllm.yml", ("round(increase(loadwatch_vllm_restarts_total[30m])) >= 3", "round(increase(loadwatch_vllm_restarts_total[30m])) >= 2"), "LoadwatchVllmCrashLooping"),
     ("vllm.yml", ('unless on(job, instance) loadwatch_load_phase{phase="stopped"} == 1', 'unless on(job, instance) loadwatch_load_phase{phase="stopped"} == 2'), "LoadwatchVllmNotReady"),
@@ -101,9 +101,15 @@ MUTANTS = [
     ("quiet.yml", ("expr: loadwatch_load_stalled == 1", "expr: loadwatch_load_stalled == 0"), "LoadwatchLoadStalled"),
     ("quiet.yml", ("round(increase(loadwatch_vllm_restarts_total[30m])) >= 3", "increase(loadwatch_vllm_restarts_total[30m]) >= 1"), "LoadwatchVllmCrashLooping"),
     ("deployment.yml", ("      ) > 0.2\n", "      ) > 0.5\n"), "LoadwatchNodeStraggler"),
-    ("deployment.yml", ("          and on(job, instance) loadwatch_node_loading == 1\n        for: 2m", "        for: 2m"), "LoadwatchNodeStraggler"),
+    ("deployment.yml", ("          and on(job, instance) loadwatch_node_loading == 1\n", ""), "LoadwatchNodeStraggler"),
     ("deployment.yml", ('loadwatch_node_info{role=~"head|ray_head"}', 'loadwatch_node_info'), "LoadwatchNodeNotReady"),
-    ("deployment.yml", ("and on(deployment) (max by (deployment) (loadwatch_node_loading) == 1)", ""), "LoadwatchNodeDown"),
+    ("deployment.yml", ('and on(deployment) (max by (deployment) (loadwatch_node_loading{deployment!=""}) == 1)', ""), "LoadwatchNodeDown"),
+    ("failures.yml", ('              (\n                  increase(loadwatch_failures_total{kind!="cuda_oom"}[15m]) > 0', '              (\n                  0 * increase(loadwatch_failures_total{kind!="cuda_oom"}[15m]) > 0'), "LoadwatchLoadFailed"),
+    ("pages.yml", ('increase(loadwatch_failures_total{kind!="cuda_oom"}[15m]) > 0', 'increase(loadwatch_failures_total{kind!="cuda_oom"}[1m]) > 0'), "LoadwatchLoadFailed"),
+    # the fleet rules leave alone the hosts scraped with no deployment label, and a deployment of one
+    ("deployment.yml", ('(count by (deployment) (up{job="loadwatch", deployment!=""}) > 1)', '(count by (deployment) (up{job="loadwatch"}) > 0)'), "LoadwatchNodeStraggler"),
+    ("deployment.yml", ('loadwatch_node_ready{deployment!=""} == 1', "loadwatch_node_ready == 1"), "LoadwatchNodeNotReady"),
+    ("deployment.yml", ('max by (deployment) (loadwatch_node_loading{deployment!=""})', "max by (deployment) (loadwatch_node_loading)"), "LoadwatchNodeDown"),
 ]  # fmt: skip
 
 
