@@ -58,6 +58,9 @@ class ForecastConfig:
     stall_factor: float = 5.0  # a stall is no progress for stall_factor x the typical shard time...
     stall_floor_s: float = 120.0  # ...and never less than this
     load_budget_s: float | None = None  # exported so an alert can fire when the ETA overruns it
+    # a fatal failure is held this long for the crash's echoes before the session fails of its
+    # root cause (vLLM logs `EngineCore failed to start.` before the traceback that says why)
+    failure_hold_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,7 @@ def _forecast_fields(t: _Table) -> dict[str, Any]:
         "stall_factor": t.number("stall_factor", d.stall_factor, minimum=1.0, maximum=1000),
         "stall_floor_s": t.number("stall_floor_s", d.stall_floor_s, minimum=0.0, maximum=86400),
         "load_budget_s": t.opt_number("load_budget_s", minimum=1.0),
+        "failure_hold_s": t.number("failure_hold_s", d.failure_hold_s, minimum=0.0, maximum=60),
     }
 
 

@@ -34,6 +34,7 @@ from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.inputs import IoReader, ProcessEvent
 from loadwatch.daemon.sources.log.container import resolve_format
 from loadwatch.daemon.sources.log.source import LogSource, Notice, Run
+from loadwatch.daemon.state.failures import session_kind
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import Published
 from loadwatch.daemon.state.session import StateConfig
@@ -110,15 +111,8 @@ class Daemon:
             if t.kind == "session_started":
                 self.tally.retire(before, self.clock())
             self.feed.transition(t)
-            self._tell_supervisor(t)
-
-    def _tell_supervisor(self, t: Transition) -> None:
-        if self.supervisor is None:
-            return
-        if t.kind == "failure" and t.fatal:
-            self.supervisor.note_fatal_failure(t.failure_kind or "other")
-        elif t.kind == "phase" and t.phase_to == "ready":
-            self.supervisor.note_ready()
+            tell_supervisor(self.supervisor, t)
+        tell_failing(self.supervisor, before, self.state)
 
     def take_log(self, items: Iterable[Run | Notice]) -> None:
         """Apply what the log source handed over, in order; write its effects once."""
@@ -153,6 +147,8 @@ class Daemon:
                 self._fold_part(source, run, out, [ev])
             return
         self.state = after
+        if run.emit == "new":
+            tell_failing(self.supervisor, before, after)
         counts = self.tally.events
         for ev in part:
             if type(ev) is KvScaleRun:  # the event log's one line for them; counted each
@@ -184,7 +180,7 @@ class Daemon:
             self.tally.retire(before, now)
         out.transition(t, at)
         if run.emit == "new":
-            self._tell_supervisor(t)
+            tell_supervisor(self.supervisor, t)
 
     def on_process_event(self, ev: ProcessEvent) -> None:
         """The supervisor's callback (on the loop's thread)."""
@@ -345,6 +341,32 @@ class Daemon:
         return 0
 
 
+def tell_supervisor(supervisor: Any, t: Transition) -> None:
+    """What the supervisor hears of a transition: a fatal failure (not one decided on records
+    read back: its current run did not log them), readiness."""
+    if supervisor is None or t.replay:
+        return
+    if t.kind == "failure" and t.fatal:
+        supervisor.note_fatal_failure(t.failure_kind or "other")
+    elif t.kind == "phase" and t.phase_to == "ready":
+        supervisor.note_ready()
+
+
+def tell_failing(supervisor: Any, before: LoadState, after: LoadState) -> None:
+    """A fatal failure held for its echoes (the state's `failing`): the supervisor hears of it
+    at once, and again when a more telling root cause is read; its verdict on an exit with
+    code 0 does not wait for the hold."""
+    s = after.session
+    if supervisor is None or s is None or s.failing is None or s.failing.replayed:
+        return
+    kind = session_kind(s.failures)
+    old = before.session
+    if kind is None:
+        return
+    if old is None or old.id != s.id or old.failing is None or session_kind(old.failures) != kind:
+        supervisor.note_fatal_failure(kind)
+
+
 def state_config(cfg: Config) -> StateConfig:
     """The state's settings, from the daemon's."""
     f = cfg.forecast
@@ -352,6 +374,7 @@ def state_config(cfg: Config) -> StateConfig:
         max_sessions=cfg.sessions_kept,
         stall_k=f.stall_factor,
         stall_floor_s=f.stall_floor_s,
+        failure_hold_s=f.failure_hold_s,
         require_completion=cfg.vllm is not None and cfg.vllm.servable,
     )
 
