@@ -109,7 +109,7 @@ class Daemon:
         self.state = before.apply(item, self.clock())
         for t in self.state.transitions:
             if t.kind == "session_started":
-                self.tally.retire(before, self.clock())
+                self.tally.retire(before.settle(self.clock()), self.clock())
             self.feed.transition(t)
             tell_supervisor(self.supervisor, t)
         tell_failing(self.supervisor, before, self.state)
@@ -176,8 +176,8 @@ class Daemon:
     def _effect(
         self, out: RunEffects, before: LoadState, now: float, run: Run, t: Transition, at: int
     ) -> None:
-        if t.kind == "session_started":
-            self.tally.retire(before, now)
+        if t.kind == "session_started":  # (its failure held for its echoes is decided)
+            self.tally.retire(before.settle(now), now)
         out.transition(t, at)
         if run.emit == "new":
             tell_supervisor(self.supervisor, t)

@@ -29,8 +29,9 @@ text vLLM's clients chose) is said once in the event log and changes nothing.
 A session read back ready (a restart, or the log of a vLLM killed before this daemon started)
 is not ready until a live answer says so: a /health 200 or its process seen here (the state's
 `seen_live`). Such a session is probed within `QUICK_S`, not an interval later; when /health
-fails `health_failures_not_ready` times at a loopback URL and no process has the logged pid
-here, it is gone as well (`vanished`): nothing else would ever end it.
+fails `health_failures_not_ready` times at a loopback URL, the last with no HTTP answer at
+all, and no process has the logged pid here, it is gone as well (`vanished`): nothing else
+would ever end it.
 """
 
 from __future__ import annotations
@@ -196,8 +197,8 @@ class VllmWatch:
                 ok=result.ok, ts=result.checked_at, status=result.status, error=result.error
             )
         )
-        if not result.ok and not d.cfg.supervise and is_loopback(ep.host):
-            self._gone_unseen()
+        if result.status is None and not d.cfg.supervise and is_loopback(ep.host):
+            self._gone_unseen()  # (nothing answered: an answer, even a 302, is something alive)
         d.publish()
         now = d.state.session
         if (
