@@ -236,9 +236,11 @@ class Daemon:
 
     @property
     def busy(self) -> bool:
-        """A load is in progress: ticks and GPU polls run at full pace."""
+        """A load is in progress, or a failure held for its echoes: ticks (which decide it) and
+        GPU polls run at full pace."""
         s = self.state.session
-        return s is not None and s.phase in ("starting", "loading_weights", "post_load", "stalled")
+        phases = ("starting", "loading_weights", "post_load", "stalled")
+        return s is not None and (s.phase in phases or s.failing is not None)
 
     def snapshot(self) -> Snapshot:
         pub = self.published

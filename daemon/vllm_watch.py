@@ -75,6 +75,7 @@ class VllmWatch:
         self._configured: Endpoint | UrlRefused | None = None  # health_url or argv, resolved
         self._logged: tuple[int, str, Endpoint | None] | None = None  # session, its URL, verdict
         self._last_error: str | None = None  # the last round's exception, said once
+        self._quick_for: int | None = None  # the session read back ready probed without delay
 
     def endpoint(self, s: Session) -> Endpoint | None:
         """Where this session's probes go; None while nowhere (or nowhere allowed)."""
@@ -128,7 +129,8 @@ class VllmWatch:
             await self._pause()
 
     async def _pause(self) -> None:
-        """The interval, or less once a session read back ready waits for a live answer."""
+        """The interval, or less once a session read back ready waits for a live answer (once
+        per session: then the interval again, whatever the answer)."""
         d = self.daemon
         waited = 0.0
         while waited < self.interval_s and not d.stop_event.is_set():
@@ -136,7 +138,8 @@ class VllmWatch:
             await self._sleep(step)
             waited += step
             s = d.state.session
-            if s is not None and s.phase == "ready" and not s.seen_live:
+            if s is not None and s.phase == "ready" and not s.seen_live and s.id != self._quick_for:
+                self._quick_for = s.id
                 return
 
     async def _round(self) -> None:

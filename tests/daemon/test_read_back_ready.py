@@ -15,8 +15,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.daemon.harness import running
-from tests.daemon.test_vllm_watch import Server, VllmRoutes, run_log, watch_config
+from tests.daemon.test_vllm_watch import INTERVAL_S, Server, VllmRoutes, run_log, watch_config
 from tests.realvllm.vllmproc import free_port
 
 LOGGED_PID = "21820"  # the API server's pid in the recorded run (its prefixes, uvicorn's line)
@@ -30,12 +32,17 @@ def killed_pid() -> int:
     return proc.pid
 
 
-def test_a_dead_vllms_log_is_never_ready_and_its_session_ends_vanished(tmp_path: Path) -> None:
+@pytest.mark.parametrize("interval_s", [INTERVAL_S, 60.0])
+def test_a_dead_vllms_log_is_never_ready_and_its_session_ends_vanished(
+    tmp_path: Path, interval_s: float
+) -> None:
+    """With a probe interval of a minute too: a session read back ready is probed again at
+    once, not an interval later."""
     pid = killed_pid()
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens: the server died with vLLM
     log = run_log(url).replace(LOGGED_PID, str(pid))
     answers: list[int] = []
-    with running(watch_config(tmp_path, log)) as d:
+    with running(watch_config(tmp_path, log, health_interval_s=interval_s)) as d:
         end = time.monotonic() + 20
         while time.monotonic() < end:
             answers.append(d.get("/readyz")[0])
