@@ -61,6 +61,9 @@ class ForecastConfig:
     # KV-cache profile) a load is stalled after this long with no step in the log, nothing read.
     quiet_stall_s: float = 1800.0
     load_budget_s: float | None = None  # exported so an alert can fire when the ETA overruns it
+    # a fatal failure is held this long for the crash's echoes before the session fails of its
+    # root cause (vLLM logs `EngineCore failed to start.` before the traceback that says why)
+    failure_hold_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,7 @@ def _forecast_fields(t: _Table) -> dict[str, Any]:
         "stall_floor_s": t.number("stall_floor_s", d.stall_floor_s, minimum=0.0, maximum=86400),
         "quiet_stall_s": t.number("quiet_stall_s", d.quiet_stall_s, minimum=60.0, maximum=86400),
         "load_budget_s": t.opt_number("load_budget_s", minimum=1.0),
+        "failure_hold_s": t.number("failure_hold_s", d.failure_hold_s, minimum=0.0, maximum=60),
     }
 
 

@@ -23,7 +23,7 @@ INTRO = {
     "log": "The vLLM log to follow (watch mode), or the one the supervisor writes.",
     "http": "The endpoints: `/metrics`, `/status`, `/healthz`, `/readyz`, `/livez`.",
     "gpu": "The GPUs, through NVML.",
-    "forecast": "When a load counts as stalled, and its budget.",
+    "forecast": "When a load counts as stalled or failed, and its budget.",
     "model": "The checkpoint, for byte progress, the memory forecast and the KV-cache verdict.",
     "events": "The event log.",
     "vllm": "Supervise mode: present, loadwatch runs vLLM itself.",
@@ -74,6 +74,10 @@ DOCS: dict[str, str] = {
     "CUDA graph capture, the KV-cache profile, which can be silent for many minutes on a large "
     "model); raise it for a longer compile",
     "[forecast] load_budget_s": "the time a load may take; exported for the over-budget alert",
+    "[forecast] failure_hold_s": "seconds a fatal failure is held before the session fails, so "
+    "the echoes of one crash (`EngineCore failed to start.` before the traceback that says why) "
+    "are read first and the failure is said once, of its root cause; the process's end decides "
+    "sooner; `0`: at the first fatal line",
     "[model] dir": "the checkpoint directory (shard sizes, `config.json`, the KV-cache "
     "declaration)",
     "[model] kv_cache_dtype": "the `--kv-cache-dtype` vLLM runs with, when loadwatch cannot read "

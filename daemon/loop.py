@@ -34,6 +34,7 @@ from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.inputs import IoReader, ProcessEvent
 from loadwatch.daemon.sources.log.container import resolve_format
 from loadwatch.daemon.sources.log.source import LogSource, Notice, Run
+from loadwatch.daemon.state.failures import session_kind
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import Published
 from loadwatch.daemon.state.session import StateConfig
@@ -108,17 +109,10 @@ class Daemon:
         self.state = before.apply(item, self.clock())
         for t in self.state.transitions:
             if t.kind == "session_started":
-                self.tally.retire(before, self.clock())
+                self.tally.retire(before.settle(self.clock()), self.clock())
             self.feed.transition(t)
-            self._tell_supervisor(t)
-
-    def _tell_supervisor(self, t: Transition) -> None:
-        if self.supervisor is None:
-            return
-        if t.kind == "failure" and t.fatal:
-            self.supervisor.note_fatal_failure(t.failure_kind or "other")
-        elif t.kind == "phase" and t.phase_to == "ready":
-            self.supervisor.note_ready()
+            tell_supervisor(self.supervisor, t)
+        tell_failing(self.supervisor, before, self.state)
 
     def take_log(self, items: Iterable[Run | Notice]) -> None:
         """Apply what the log source handed over, in order; write its effects once."""
@@ -153,6 +147,8 @@ class Daemon:
                 self._fold_part(source, run, out, [ev])
             return
         self.state = after
+        if run.emit == "new":
+            tell_failing(self.supervisor, before, after)
         counts = self.tally.events
         for ev in part:
             if type(ev) is KvScaleRun:  # the event log's one line for them; counted each
@@ -180,11 +176,11 @@ class Daemon:
     def _effect(
         self, out: RunEffects, before: LoadState, now: float, run: Run, t: Transition, at: int
     ) -> None:
-        if t.kind == "session_started":
-            self.tally.retire(before, now)
+        if t.kind == "session_started":  # (its failure held for its echoes is decided)
+            self.tally.retire(before.settle(now), now)
         out.transition(t, at)
         if run.emit == "new":
-            self._tell_supervisor(t)
+            tell_supervisor(self.supervisor, t)
 
     def on_process_event(self, ev: ProcessEvent) -> None:
         """The supervisor's callback (on the loop's thread)."""
@@ -240,9 +236,11 @@ class Daemon:
 
     @property
     def busy(self) -> bool:
-        """A load is in progress: ticks and GPU polls run at full pace."""
+        """A load is in progress, or a failure held for its echoes: ticks (which decide it) and
+        GPU polls run at full pace."""
         s = self.state.session
-        return s is not None and s.phase in ("starting", "loading_weights", "post_load", "stalled")
+        phases = ("starting", "loading_weights", "post_load", "stalled")
+        return s is not None and (s.phase in phases or s.failing is not None)
 
     def snapshot(self) -> Snapshot:
         pub = self.published
@@ -345,6 +343,32 @@ class Daemon:
         return 0
 
 
+def tell_supervisor(supervisor: Any, t: Transition) -> None:
+    """What the supervisor hears of a transition: a fatal failure (not one decided on records
+    read back: its current run did not log them), readiness."""
+    if supervisor is None or t.replay:
+        return
+    if t.kind == "failure" and t.fatal:
+        supervisor.note_fatal_failure(t.failure_kind or "other")
+    elif t.kind == "phase" and t.phase_to == "ready":
+        supervisor.note_ready()
+
+
+def tell_failing(supervisor: Any, before: LoadState, after: LoadState) -> None:
+    """A fatal failure held for its echoes (the state's `failing`): the supervisor hears of it
+    at once, and again when a more telling root cause is read; its verdict on an exit with
+    code 0 does not wait for the hold."""
+    s = after.session
+    if supervisor is None or s is None or s.failing is None or s.failing.replayed:
+        return
+    kind = session_kind(s.failures)
+    old = before.session
+    if kind is None:
+        return
+    if old is None or old.id != s.id or old.failing is None or session_kind(old.failures) != kind:
+        supervisor.note_fatal_failure(kind)
+
+
 def state_config(cfg: Config) -> StateConfig:
     """The state's settings, from the daemon's."""
     f = cfg.forecast
@@ -353,6 +377,7 @@ def state_config(cfg: Config) -> StateConfig:
         stall_k=f.stall_factor,
         stall_floor_s=f.stall_floor_s,
         quiet_stall_s=f.quiet_stall_s,
+        failure_hold_s=f.failure_hold_s,
         require_completion=cfg.vllm is not None and cfg.vllm.servable,
     )
 

@@ -21,10 +21,17 @@ only once it succeeded.
 
 In watch mode the process the log names (the API server's pid) is looked for in /proc: when it
 runs here as vLLM's user and is vLLM (sources/proc/logged_process.py says how it is judged),
-its argv is the launch's (the KV-cache dtype), and when it is gone the session is stopped,
-whatever the log says (a SIGKILL or the OOM killer leave no line). A pid that runs here and fails
-the check (a forged prefix: the log holds text vLLM's clients chose) is said once in the event
-log and changes nothing.
+its argv is the launch's (the KV-cache dtype), and when it is gone the session ends: stopped
+after vLLM's shutdown lines or a stop asked for, else failed as `vanished` (a SIGKILL or the OOM
+killer leave no line). A pid that runs here and fails the check (a forged prefix: the log holds
+text vLLM's clients chose) is said once in the event log and changes nothing.
+
+A session read back ready (a restart, or the log of a vLLM killed before this daemon started)
+is not ready until a live answer says so: a /health 200 or its process seen here (the state's
+`seen_live`). Such a session is probed within `QUICK_S`, not an interval later; when /health
+fails `health_failures_not_ready` times at a loopback URL, the last with no HTTP answer at
+all, and no process has the logged pid here, it is gone as well (`vanished`): nothing else
+would ever end it.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from loadwatch.daemon.sources.health import (
     endpoint_from_argv,
     endpoint_from_config,
     endpoint_from_log,
+    is_loopback,
     probe_completion,
 )
 from loadwatch.daemon.sources.inputs import CompletionProbe, HealthProbe, LoggedProcessSeen
@@ -47,10 +55,12 @@ from loadwatch.daemon.sources.proc.logged_process import (
     ExpectedUser,
     LoggedProcess,
     expected_user,
+    look,
 )
 from loadwatch.daemon.state.session import TERMINAL, Session
 
 PROBE_TIMEOUT_S = 2.0
+QUICK_S = 0.5  # a session read back ready is probed this soon after it is read
 
 
 class VllmWatch:
@@ -65,6 +75,7 @@ class VllmWatch:
         self._configured: Endpoint | UrlRefused | None = None  # health_url or argv, resolved
         self._logged: tuple[int, str, Endpoint | None] | None = None  # session, its URL, verdict
         self._last_error: str | None = None  # the last round's exception, said once
+        self._quick_for: int | None = None  # the session read back ready probed without delay
 
     def endpoint(self, s: Session) -> Endpoint | None:
         """Where this session's probes go; None while nowhere (or nowhere allowed)."""
@@ -115,7 +126,21 @@ class VllmWatch:
                 if error != self._last_error:
                     d.feed.problem(error)
                 self._last_error = error
-            await self._sleep(self.interval_s)
+            await self._pause()
+
+    async def _pause(self) -> None:
+        """The interval, or less once a session read back ready waits for a live answer (once
+        per session: then the interval again, whatever the answer)."""
+        d = self.daemon
+        waited = 0.0
+        while waited < self.interval_s and not d.stop_event.is_set():
+            step = min(QUICK_S, self.interval_s - waited)
+            await self._sleep(step)
+            waited += step
+            s = d.state.session
+            if s is not None and s.phase == "ready" and not s.seen_live and s.id != self._quick_for:
+                self._quick_for = s.id
+                return
 
     async def _round(self) -> None:
         d = self.daemon
@@ -139,6 +164,22 @@ class VllmWatch:
             d.apply(LoggedProcessSeen(ts=d.clock(), pid=seen.pid, alive=False))
             d.publish()
 
+    def _gone_unseen(self) -> None:
+        """A session read back (never seen live) whose /health fails at loopback: when no
+        process has the pid the log names here, vLLM is gone (killed before this daemon began
+        to watch). A process with that pid, whoever's, leaves the session as it is."""
+        d = self.daemon
+        s = d.state.session
+        if s is None or s.phase in TERMINAL or s.seen_live or s.server_pid is None:
+            return
+        if d.state.health_failures < d.state.config.health_failures_not_ready:
+            return
+        if self._process.seen is not None:
+            return  # one was seen: its own exit says when it is gone
+        if look(s.server_pid, self._process.proc_root) is not None:
+            return
+        d.apply(LoggedProcessSeen(ts=d.clock(), pid=s.server_pid, alive=False, was_seen=False))
+
     def _expected_user(self) -> ExpectedUser:
         return expected_user(self.cfg.user if self.cfg else None, self.daemon.cfg.log.path)
 
@@ -159,6 +200,8 @@ class VllmWatch:
                 ok=result.ok, ts=result.checked_at, status=result.status, error=result.error
             )
         )
+        if result.status is None and not d.cfg.supervise and is_loopback(ep.host):
+            self._gone_unseen()  # (nothing answered: an answer, even a 302, is something alive)
         d.publish()
         now = d.state.session
         if (

@@ -237,8 +237,9 @@ def _progress_text(lp: LastProgress | None) -> str:
     return f"last progress {lp.done}/{lp.total} at {clock(lp.at)}"
 
 
-def session_verdict(view: SessionView) -> Verdict:
-    """ready, failed: <kind>, or incomplete: <phase reached>, last progress N/M at T."""
+def session_verdict(view: SessionView, last: bool = True) -> Verdict:
+    """ready, failed: <kind>, or incomplete: <phase reached>, last progress N/M at T. `last`:
+    the log's last session (the log ends with it; else the next start ends it)."""
     reached = view.reached
     lp = _last_progress(view)
     notes: list[str] = []
@@ -259,6 +260,15 @@ def session_verdict(view: SessionView) -> Verdict:
         if view.phase == "stopped":
             how = "on request" if view.stop_requested else "afterwards"
             notes.append(f"vLLM shut down {how} at {clock(view.phase_entered_at)}")
+        elif view.phase == "ready":
+            # What a SIGKILL or the OOM killer leave: nothing (live, the process watch calls it
+            # a failure, `vanished`; the log alone cannot tell it from a vLLM still serving).
+            end = "the log ends" if last else "vLLM started again"
+            notes.append(
+                f"{end} while it was ready, with no shutdown line: "
+                + ("still serving, or " if last else "")
+                + "killed (SIGKILL and the OOM killer leave no line)"
+            )
     else:
         kind = None
         if view.reason == "first_event" and reached == "starting" and lp is None:
@@ -284,7 +294,7 @@ def session_verdict(view: SessionView) -> Verdict:
     )
 
 
-def _session(cap: SessionCapture, lines: Mapping[int, int]) -> SessionReport:
+def _session(cap: SessionCapture, lines: Mapping[int, int], last: bool) -> SessionReport:
     snap = cap.snapshot
     view = snap.session
     assert view is not None
@@ -353,7 +363,7 @@ def _session(cap: SessionCapture, lines: Mapping[int, int]) -> SessionReport:
         ready_at=view.ready_at,
         time_to_ready_s=view.time_to_ready_s,
         weights_load_s=view.weights_load_s,
-        verdict=session_verdict(view),
+        verdict=session_verdict(view, last),
         phases=phases,
         bars=bars,
         progress=ProgressReport(
@@ -392,7 +402,7 @@ def build_report(
     omitted: int,
     lines: Mapping[int, int],
 ) -> Report:
-    sessions = tuple(_session(c, lines) for c in captures)
+    sessions = tuple(_session(c, lines, i == len(captures) - 1) for i, c in enumerate(captures))
     verdict = sessions[-1].verdict if sessions else NO_SESSION
     mr = None
     if model is not None:

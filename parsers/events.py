@@ -149,6 +149,9 @@ FailureKind = Literal[
     "fp8_kv_unsupported",
     "completion_failed",  # the servable check's completion failed (not a log line)
     "other",
+    # vLLM's process went away with no shutdown line and no stop asked for (SIGKILL, the OOM
+    # killer): not a log line, the process watch's (daemon/vllm_watch.py)
+    "vanished",
 ]
 
 

@@ -245,6 +245,9 @@ class LoggedProcessSeen:
     pid: int
     alive: bool  # False: it was running here and is gone (exited, killed, its pid reused)
     argv: tuple[str, ...] = ()  # its /proc/PID/cmdline, when alive
+    # False (with alive False): never seen running by this daemon (the log read back after a
+    # restart), no process has its pid here, and nothing answers at its loopback /health
+    was_seen: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -221,16 +221,29 @@ def fold_failure(
     return Folded(out, key, True)
 
 
-def session_kind(failures: Mapping[Key, FailureTally]) -> str | None:
-    """The kind a session failed with: its most telling fatal root cause's, taken from the root
-    message; a consequence's only while no root cause is known."""
+def root_cause(failures: Mapping[Key, FailureTally]) -> FailureTally | None:
+    """What a session failed of: its most telling fatal root cause; a consequence only while
+    no root cause is known."""
     best = _best_root(failures)
     if best is not None:
-        return failures[best].kind
+        return failures[best]
     for tally in failures.values():
         if tally.provisional and tally.fatal:
-            return tally.kind
+            return tally
     return None
+
+
+def session_kind(failures: Mapping[Key, FailureTally]) -> str | None:
+    """The kind a session failed with: its root cause's (`root_cause`)."""
+    root = root_cause(failures)
+    return root.kind if root is not None else None
+
+
+def stop_consequences(failures: Mapping[Key, FailureTally]) -> dict[Key, FailureTally]:
+    """`failures` once a stop was asked for: a consequence standing in for a root cause (a
+    worker that died as the stop's signal reached it before the API server said it stops) is
+    the shutdown, not a failure. A root cause stays what it was."""
+    return {k: replace(v, fatal=False) if v.provisional else v for k, v in failures.items()}
 
 
 __all__ = [
@@ -241,7 +254,9 @@ __all__ = [
     "fold_failure",
     "is_consequence",
     "key_of",
+    "root_cause",
     "root_message",
     "session_kind",
     "shutdown_noise",
+    "stop_consequences",
 ]

@@ -11,11 +11,13 @@ from __future__ import annotations
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from loadwatch.daemon.state.durations import duration
+from loadwatch.daemon.state.failures import root_cause, stop_consequences
 from loadwatch.daemon.state.forecast import stall_threshold_s
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import (
     ORDER,
     TERMINAL,
+    Failing,
     PhaseSpan,
     Session,
     Stall,
@@ -163,7 +165,8 @@ class Fold:
     ) -> None:
         old = self.sess
         if old is not None:
-            if old.stall is not None:
+            settle_failure(self, "then vLLM started again")
+            if self.s.stall is not None:
                 self.clear_stall(at, "a new session started")
             self.clear_forecasts(at, "a new session started")
             past = (*self.get("past"), summarise(self.s, at))
@@ -196,7 +199,15 @@ class Fold:
 
     # -- phases ------------------------------------------------------------------------------
 
-    def set_phase(self, to: str, at: float, reason: str, failure_kind: str | None = None) -> None:
+    def set_phase(
+        self,
+        to: str,
+        at: float,
+        reason: str,
+        failure_kind: str | None = None,
+        replay: bool = False,
+    ) -> None:
+        """`replay`: decided on records read back (see `settle_failure`)."""
         s = self.s
         was = s.phase  # (read before `upd`: the draft it changes may be `s` itself)
         if was == to:
@@ -212,6 +223,7 @@ class Fold:
             phase_to=to,
             reason=reason,
             failure_kind=kind if to == "failed" else None,
+            replay=True if replay else None,
         )
 
     def live_phase(self) -> str:
@@ -224,6 +236,8 @@ class Fold:
         s = self.s
         if s.phase in TERMINAL or ORDER[to] <= ORDER.get(self.live_phase(), 0):
             return
+        if s.failing is not None:
+            return  # failing: what the echoes of the crash say is no progress
         if s.stall is not None:
             self.clear_stall(at, reason)
         self.set_phase(to, at, reason)
@@ -283,6 +297,63 @@ class Fold:
         self.changes["gpus"] = new
 
 
+# -- a fatal failure held for its echoes ---------------------------------------------------------
+
+
+def hold_failure(f: Fold, at: float) -> None:
+    """A fatal failure at `at`: the session fails once `failure_hold_s` (the daemon's clock) is
+    over, or sooner when the session ends (`settle_failure`), with the root cause the records
+    of that crash name by then."""
+    if f.s.failing is None:
+        f.upd(failing=Failing(f.now, at, f.replay))
+    if f.cfg.failure_hold_s <= 0:
+        settle_failure(f)
+
+
+def settle_due(f: Fold) -> None:
+    """After a run: the held failure whose hold is over is decided."""
+    s = f.sess
+    if s is not None and s.failing is not None and f.now - s.failing.since >= f.cfg.failure_hold_s:
+        settle_failure(f)
+
+
+def settle_failure(f: Fold, why: str | None = None) -> bool:
+    """Decide the failure held for its echoes, now (`why`: what ended the hold early). The
+    session fails with its root cause, said once: one `failure` transition, then the phase, at
+    the time the failure happened. A stop asked for meanwhile makes a consequence standing in
+    for a root cause (a worker dead of the stop's signal) the shutdown. True when the session
+    failed."""
+    s = f.s
+    failing = s.failing
+    if failing is None:
+        return False
+    f.upd(failing=None)
+    if s.phase == "failed":
+        return True
+    failures = s.failures
+    if s.stop_requested:
+        failures = stop_consequences(failures)
+        f.upd(failures=failures)
+    root = root_cause(failures)
+    if root is None:
+        return False
+    at = max(failing.at, s.phase_entered_at)
+    if f.s.stall is not None:
+        f.clear_stall(at, "failed")
+    f.clear_forecasts(at, "session failed")
+    f.emit(
+        "failure",
+        at,
+        failure_kind=root.kind,
+        message=(root.exc_type + ": " if root.exc_type else "") + root.message[:300],
+        fatal=True,
+        replay=True if failing.replayed else None,
+    )
+    reason = f"{root.kind}: {root.message[:200]}" + (f" ({why})" if why else "")
+    f.set_phase("failed", at, reason, failure_kind=root.kind, replay=failing.replayed)
+    return True
+
+
 class StallWatch(NamedTuple):
     """What the stall check measures now: the silence since `since` against `threshold_s`."""
 
@@ -295,7 +366,7 @@ class StallWatch(NamedTuple):
 def stall_watch(s: Session, cfg: StateConfig) -> StallWatch | None:
     """The watch a session not (yet) stalled is under: while it loads (starting, loading the
     weights, after them), none once it serves, ended or is stalled already."""
-    if s.stall is not None or s.phase in TERMINAL or s.phase == "ready":
+    if s.stall is not None or s.phase in TERMINAL or s.phase == "ready" or s.failing is not None:
         return None
     io_mark = s.io.mark_at if s.io is not None and s.io.mark_at is not None else 0.0
     bar = active_weights_bar(s) if s.phase == "loading_weights" else None

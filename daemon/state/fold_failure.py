@@ -4,6 +4,11 @@ Before vLLM serves, every failure the log shows fails the session. Once it serve
 text its clients choose and a request's errors like any other, so an error alone is held as a
 warning, and the session fails only on corroboration: the engine's own word that it died, the
 process's exit, or /health failing within `corroboration_window_s` (`corroborate`).
+
+A fatal failure fails the session once `failure_hold_s` is over (fold.py `hold_failure`): one
+crash logs its echoes first (`EngineCore failed to start.`, then the traceback that says why), and
+the session fails once, of the root cause. The end of the process, a shutdown line or a new
+session decide it sooner.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from loadwatch.daemon.state.failures import (
     session_kind,
     shutdown_noise,
 )
-from loadwatch.daemon.state.fold import Fold
+from loadwatch.daemon.state.fold import Fold, hold_failure, settle_failure
 from loadwatch.daemon.state.fold_log import activity
 from loadwatch.daemon.state.session import TERMINAL, Session, failure_rank
 from loadwatch.daemon.state.snapshot import SessionSummary
@@ -28,12 +33,12 @@ def fatal_now(s: Session, ev: Failure) -> bool:
     text vLLM logs (a model name, a request id) and a request's error is logged like any other:
     an error alone is a warning, and the session fails only on corroboration: the engine's own
     word that it died (`engine_fatal`), or, through `corroborate`, the process's exit or
-    /health failing."""
+    /health failing. What follows that word (held for its echoes, or failed) is that crash's."""
     if s.stop_requested:
         return False
     if ev.kind == "completion_failed":
         return True  # loadwatch's own check, not the log's
-    return s.ready_at is None or ev.engine_fatal or s.phase == "failed"
+    return s.ready_at is None or ev.engine_fatal or s.phase == "failed" or s.failing is not None
 
 
 def corroborate(f: Fold, t: float, why: str) -> bool:
@@ -41,6 +46,8 @@ def corroborate(f: Fold, t: float, why: str) -> bool:
     as warnings while it served, were fatal after all. The session fails with the most telling
     of them; False when there were none (then the caller decides what the end was)."""
     s = f.s
+    if s.failing is not None:
+        return settle_failure(f, why)  # held for its echoes: the end decides it now
     if s.stop_requested or s.phase in TERMINAL:
         return False
     held = _held_failures(f, t)
@@ -96,7 +103,9 @@ def on_failure(f: Fold, ev: Failure) -> None:
         s = f.s
     folded = fold_failure(s.failures, ev, t, fatal, f.cfg.max_failures, f.cfg.max_processes)
     f.upd(failures=folded.failures, failures_total=s.failures_total + 1)
-    if folded.new_root:
+    failed = s.phase == "failed"
+    # A fatal one before the session failed is said once, of the root cause, when it fails.
+    if folded.new_root and (failed or not fatal):
         f.emit(
             "failure",
             t,
@@ -106,17 +115,12 @@ def on_failure(f: Fold, ev: Failure) -> None:
         )
     if not fatal:
         return
-    kind = session_kind(folded.failures) or ev.kind
-    s = f.s
-    if s.stall is not None:
-        f.clear_stall(t, "failed")
-    s = f.s
-    if s.phase == "failed":
+    if failed:
+        kind = session_kind(folded.failures) or ev.kind
         if kind != s.failure_kind:
             f.upd(failure_kind=kind)
         return
-    f.clear_forecasts(t, "session failed")
-    f.set_phase("failed", t, f"{kind}: {ev.message[:200]}", failure_kind=kind)
+    hold_failure(f, t)
 
 
 def _late_failure(f: Fold, ev: Failure, t: float, past: tuple[SessionSummary, ...]) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from loadwatch.daemon.state.fold import Fold
+from loadwatch.daemon.state.fold import Fold, settle_failure
 from loadwatch.daemon.state.forecast import EtaState, eta_update
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import (
@@ -394,6 +394,11 @@ def _shutdown(f: Fold, t: float, what: str) -> None:
         f.upd(stop_requested=True)
     s = f.s
     if what in STOP_LINES and s.phase not in TERMINAL:
+        # A failure held for its echoes is decided first: an engine that died mid-serve takes
+        # the API server down with it (uvicorn's `Shutting down` follows the root cause).
+        if s.failing is not None and settle_failure(f, "then vLLM shut down"):
+            return
+        s = f.s
         f.set_phase("stopped", t, "vLLM shut down" + (" on request" if s.stop_requested else ""))
 
 
@@ -406,9 +411,13 @@ STOP_LINES = frozenset(
 
 
 def ready(f: Fold, t: float, reason: str) -> None:
+    """vLLM serves: the ready line read, or /health 200. Read back (a replay), it is not seen
+    live: readiness then waits for a live answer (`Session.seen_live`)."""
     s = f.s
-    if s.phase in TERMINAL:
+    if s.phase in TERMINAL or s.failing is not None:
         return
+    if not f.replay and not s.seen_live:
+        f.upd(seen_live=True)
     if s.ready_at is None:
         f.upd(ready_at=t)
     f.advance("ready", t, reason)

@@ -105,22 +105,45 @@ def _on_completion(f: Fold, ev: CompletionProbe) -> None:
 
 
 def _on_logged_process(f: Fold, ev: LoggedProcessSeen) -> None:
-    """Watch mode: the vLLM process the log named, as /proc shows it on this host."""
+    """Watch mode: the vLLM process the log named, as /proc shows it on this host.
+
+    Gone with no stop asked for and no shutdown line (SIGKILL, the OOM killer: they leave no
+    line), the session fails as `vanished`; after vLLM's shutdown lines it stopped."""
     s = f.sess
     if s is None:
         return
     if ev.alive:
         if s.argv is None and ev.argv:
             f.upd(argv=ev.argv)  # the live argv: --kv-cache-dtype and the model path
+        if not s.seen_live:
+            f.upd(seen_live=True)
         return
-    if s.phase not in TERMINAL:
-        f.upd(ended_at=ev.ts)
-        if corroborate(f, ev.ts, f"then vLLM process {ev.pid} was gone"):
-            return
-        f.clear_forecasts(ev.ts, "process gone")
-        if f.s.stall is not None:
-            f.clear_stall(ev.ts, "process gone")
-        f.set_phase("stopped", ev.ts, f"vLLM process {ev.pid} is gone")
+    if s.phase in TERMINAL:
+        return
+    t = ev.ts
+    f.upd(ended_at=t)
+    if ev.was_seen:
+        gone = f"vLLM process {ev.pid} is gone"
+    else:
+        gone = f"vLLM process {ev.pid} is not running here and /health fails"
+    if corroborate(f, t, f"then {gone}"):
+        return
+    f.clear_forecasts(t, "process gone")
+    if f.s.stall is not None:
+        f.clear_stall(t, "process gone")
+    s = f.s
+    if s.stop_requested:
+        f.set_phase("stopped", t, f"{gone}, stopped on request")
+    elif "shutdown" in s.milestones:
+        f.set_phase("stopped", t, f"{gone} after its shutdown lines")
+    else:
+        f.set_phase(
+            "failed",
+            t,
+            f"{gone}, with no shutdown line and no stop asked for (killed: SIGKILL or the "
+            "OOM killer leave no line)",
+            failure_kind="vanished",
+        )
 
 
 def _on_model(f: Fold, ev: ModelInfo) -> None:

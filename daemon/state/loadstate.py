@@ -21,7 +21,9 @@ the log a `version` milestone (unless the session is still starting and has none
 
 Phases: starting -> loading_weights -> post_load -> ready, moving forward only; failed and
 stopped end a session; stalled is entered from a live phase and left when progress resumes. A
-fatal `Failure` fails the session whatever the exit code (vLLM exits 0 after its engine died); a
+fatal `Failure` fails the session whatever the exit code (vLLM exits 0 after its engine died),
+once `failure_hold_s` of the daemon's clock let the crash's echoes in (its root cause is the
+kind), or when the process ends first; a
 failure after the supervisor asked the process to stop is kept but not fatal (a clean SIGTERM
 still logs `EngineDeadError`), and once the server was ready a failure of kind "other" (a
 request's traceback) is not fatal. Failures that describe one crash are kept as one entry per
@@ -40,7 +42,7 @@ from typing import Any
 
 from loadwatch.daemon.sources.inputs import HealthProbe, Tick
 from loadwatch.daemon.state.failures import FailureTally
-from loadwatch.daemon.state.fold import Fold
+from loadwatch.daemon.state.fold import Fold, settle_due, settle_failure
 from loadwatch.daemon.state.fold_failure import on_failure
 from loadwatch.daemon.state.fold_kvrun import on_kv_group
 from loadwatch.daemon.state.fold_lane import LANE_INPUTS, fold_lane, lane_end
@@ -145,9 +147,21 @@ class LoadState(StateData):
         if replay and f.sess is not None and n:
             # what was read now, however old its stamps: silence is counted from here
             f.upd(backlog_read_at=now)
+        settle_due(f)  # a failure held for its echoes, on the daemon's clock
         if not replay:
             f.check_stall()
         new: LoadState = f.finish(n)
+        return new
+
+    def settle(self, now: float) -> LoadState:
+        """The input ended (`loadwatch analyze` at the end of a log, or before it keeps a
+        session that the next one replaces): a failure held for its echoes is decided now."""
+        s = self.session
+        if s is None or s.failing is None:
+            return self
+        f = Fold(self, now)
+        settle_failure(f)
+        new: LoadState = f.finish(0)
         return new
 
     def snapshot(self, now: float) -> Snapshot:

@@ -82,8 +82,13 @@ class StateConfig:
     io_progress_bytes: int = 4 * 1024**2  # bytes read that count as progress
     adopt_window_s: float = 30.0  # a log-opened session adopts a process start this soon
     # Once serving, a failure the log showed is fatal only if the server dies or /health fails
-    # within this many seconds of it (fold_log.py `corroborate`).
+    # within this many seconds of it (fold_failure.py `corroborate`).
     corroboration_window_s: float = 120.0
+    # A fatal failure is held this long (the daemon's clock) before the session fails, so the
+    # echoes one crash leaves (`EngineCore failed to start.` before the traceback that says why)
+    # are folded into its root cause first (fold_failure.py `settle_failure`). The daemon's is
+    # `[forecast] failure_hold_s`; 0 decides at the first fatal record.
+    failure_hold_s: float = 0.0
     eta: EtaConfig = field(default_factory=EtaConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
 
@@ -173,6 +178,15 @@ class Stall:
     resume_phase: str
 
 
+@dataclass(frozen=True, slots=True)
+class Failing:
+    """A fatal failure held for its echoes: the session fails once the hold is over."""
+
+    since: float  # the daemon's clock when the first fatal record was folded (the hold's start)
+    at: float  # when it happened on the session's timeline (a replayed record: its stamp)
+    replayed: bool  # first seen in records read back (a restart, a log of the past)
+
+
 @dataclass(frozen=True)
 class Session:
     """One vLLM start: who it is and how it started and ended, its phase and stall, its bars
@@ -191,6 +205,10 @@ class Session:
     server_pid: int | None = None  # the API server's pid as the log gives it
     completion: CompletionProbe | None = None  # the servable check's answer, once it came
     ready_at: float | None = None
+    # vLLM seen running by this daemon: the ready line read live, a /health 200, or its process
+    # here. A session read back ready (a restart, the log of a vLLM since killed) is not ready
+    # until one says so (snapshot_builder.py `readiness`).
+    seen_live: bool = False
     stop_requested: bool = False
     ended_at: float | None = None
     exit_code: int | None = None
@@ -200,6 +218,7 @@ class Session:
     phase_entered_at: float = 0.0
     history: tuple[PhaseSpan, ...] = ()
     failure_kind: str | None = None
+    failing: Failing | None = None  # a fatal failure held for its echoes
     stall: Stall | None = None
     stalls_total: int = 0
     # progress bars and bytes read

@@ -71,6 +71,9 @@ class Transition:
     threshold_s: float | None = None
     duration_s: float | None = None
     offset: int | None = None  # where the log record that made it starts (None: not a record)
+    # decided on records read back (a restart's replay, the backlog of a first start), though
+    # after it: the event log marks it so, and the supervisor's current run is not told of it
+    replay: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"transition": self.kind}

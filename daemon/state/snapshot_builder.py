@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from loadwatch.daemon.state.failures import session_kind
 from loadwatch.daemon.state.fold import stall_watch
 from loadwatch.daemon.state.kvdtype import KvDtype, KvEvidence, decide_kv_dtype, warning_verdict
 from loadwatch.daemon.state.nodefold import node_view
@@ -335,13 +336,20 @@ def liveness(state: StateData, now: float) -> tuple[bool, str | None]:
 
 def readiness(state: StateData) -> str | None:
     """Why vLLM is not ready (what /readyz says with its 503), or None when it is: the phase is
-    ready, /health has not failed `health_failures_not_ready` times in a row since, and, when
-    the servable check is on, one completion succeeded."""
+    ready and was seen live (a session read back ready, after a restart, waits for a live
+    /health answer or its process seen here), no fatal failure is being held for its echoes,
+    /health has not failed `health_failures_not_ready` times in a row since, and, when the
+    servable check is on, one completion succeeded."""
     s = state.session
     if s is None:
         return "not ready: no vLLM session yet"
+    if s.failing is not None:
+        kind = session_kind(s.failures) or "failure"
+        return f"not ready: failing ({kind}; the crash's last lines are read first)"
     if s.phase != "ready":
         return f"not ready: {s.phase}"
+    if not s.seen_live:
+        return "not ready: ready in the log read back, waiting for a live /health answer"
     h = state.health
     n = state.config.health_failures_not_ready
     if h is not None and not h.ok and state.health_failures >= n:

@@ -27,10 +27,11 @@ import sys
 from collections import deque
 from pathlib import Path
 
+from loadwatch.daemon.config import ForecastConfig
 from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.sources.model.model_info import read_model_dir
 from loadwatch.daemon.sources.model.modelfiles import ModelFileError
-from loadwatch.daemon.state.loadstate import LoadState
+from loadwatch.daemon.state.loadstate import LoadState, StateConfig
 from loadwatch.daemon.state.snapshot import Snapshot
 from loadwatch.daemon.tools.analyze_input import (
     DEFAULT_RECORD_BYTES,
@@ -59,7 +60,8 @@ class SessionFolder:
     """Folds events into `LoadState` at the log's own times and keeps every session whole."""
 
     def __init__(self, fallback_ts: float, model: ModelInfo | None = None) -> None:
-        self.state = LoadState()
+        # The daemon's hold for a crash's echoes, on the log's own time here.
+        self.state = LoadState(config=StateConfig(failure_hold_s=ForecastConfig().failure_hold_s))
         self.fallback_ts = fallback_ts
         self.now: float | None = None
         self.kept: deque[SessionCapture] = deque(maxlen=MAX_SESSIONS_KEPT)
@@ -101,6 +103,10 @@ class SessionFolder:
         self.state = nxt
 
     def _capture(self, st: LoadState) -> None:
+        s = st.session
+        assert s is not None
+        at = max(s.last_event_at, s.phase_entered_at)
+        st = st.settle(at)  # the session ends here: a failure held for its echoes is decided
         s = st.session
         assert s is not None
         at = max(s.last_event_at, s.phase_entered_at)

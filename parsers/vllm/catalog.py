@@ -320,6 +320,7 @@ KIND_RANK: dict[str, int] = {
     "engine_init_failed": 7,
     "completion_failed": 8,  # not from the log: loadwatch's servable check (daemon/watch.py)
     "other": 9,
+    "vanished": 10,  # not from the log: the process gone without a word (daemon/vllm_watch.py)
 }
 
 

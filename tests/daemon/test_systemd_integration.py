@@ -26,7 +26,9 @@ def test_notify_watchdog_reopen_and_stop(tmp_path: Path) -> None:
     sock.bind(sock_path)
     sock.settimeout(10)
     log, events = tmp_path / "vllm.log", tmp_path / "events.jsonl"
-    log.write_text(_lines(1))
+    # vLLM starts while loadwatch watches (a log read back ready is not ready until a live
+    # /health answer says so, and nothing answers here)
+    log.write_text("")
     env = {**os.environ, "NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "1000000"}
     proc = subprocess.Popen(
         [
@@ -52,12 +54,17 @@ def test_notify_watchdog_reopen_and_stop(tmp_path: Path) -> None:
     got: list[str] = []
     try:
         deadline = time.monotonic() + 15
+        written = False
         while time.monotonic() < deadline and not (
             any(m.startswith("READY=1") for m in got)
             and sum(m == "WATCHDOG=1" for m in got) >= 2
             and any("ready" in m for m in got if m.startswith("STATUS="))
         ):
             got.append(sock.recv(4096).decode())
+            if not written and got[-1].startswith("READY=1"):
+                with log.open("a") as f:
+                    f.write(_lines(1))
+                written = True
         ready = next(m for m in got if m.startswith("READY=1"))
         assert "STATUS=" in ready
         assert sum(m == "WATCHDOG=1" for m in got) >= 2  # pinged at half of WATCHDOG_USEC

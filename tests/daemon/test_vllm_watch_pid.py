@@ -78,9 +78,11 @@ class Watched:
         assert snap.session is not None
         return snap.session
 
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in self.out.getvalue().splitlines()]
+
     def problems(self) -> list[str]:
-        events = [json.loads(x) for x in self.out.getvalue().splitlines()]
-        return [e["error"] for e in events if e["event"] == "daemon.problem"]
+        return [e["error"] for e in self.events() if e["event"] == "daemon.problem"]
 
 
 @pytest.fixture
@@ -91,9 +93,10 @@ def procs() -> Iterator[list[Lookalike]]:
         p.stop()
 
 
-def test_a_genuine_vllm_of_the_log_files_owner_is_adopted_and_its_exit_stops_the_session(
+def test_a_genuine_vllm_of_the_log_files_owner_is_adopted_and_its_kill_fails_the_session(
     tmp_path: Path, procs: list[Lookalike]
 ) -> None:
+    """Killed (SIGKILL: `stop()`), it leaves no shutdown line: the session fails, `vanished`."""
     vllm = standin(tmp_path / "v", "--kv-cache-dtype", "fp8")
     procs.append(vllm)
     w = Watched(tmp_path)
@@ -104,7 +107,27 @@ def test_a_genuine_vllm_of_the_log_files_owner_is_adopted_and_its_exit_stops_the
     assert w.daemon.state.session.argv[-2:] == ("--kv-cache-dtype", "fp8")
     vllm.stop()
     w.once()
-    assert w.session.phase == "stopped" and w.problems() == []
+    assert w.session.phase == "failed" and w.session.failure_kind == "vanished"
+    assert w.problems() == []
+    moves = [e for e in w.events() if e["event"] == "transition.phase"]
+    assert moves[-1]["phase_to"] == "failed" and moves[-1]["failure_kind"] == "vanished"
+    assert f"vLLM process {vllm.pid} is gone, with no shutdown line" in moves[-1]["reason"]
+
+
+def test_a_vllm_killed_after_its_shutdown_began_stopped(
+    tmp_path: Path, procs: list[Lookalike]
+) -> None:
+    """vLLM's engine core said a SIGTERM came (a stop asked for): its end is no failure."""
+    vllm = standin(tmp_path / "v")
+    procs.append(vllm)
+    w = Watched(tmp_path)
+    w.write(lines(START, vllm.pid))
+    w.once()
+    # `(EngineCore pid=22032) ... [shutdown] EngineCore: trigger received signal=SIGTERM`
+    w.write(next(x for x in LINES if "signal=SIGTERM" in x))
+    vllm.stop()
+    w.once()
+    assert w.session.phase == "stopped" and w.session.failure_kind is None
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="becoming another user needs root")
@@ -138,7 +161,8 @@ def test_with_vllm_user_set_that_users_vllm_is_adopted(
     assert w.daemon.state.session is not None and w.daemon.state.session.argv is not None
     theirs.stop()
     w.once()
-    assert w.session.phase == "stopped" and w.problems() == []
+    assert w.session.phase == "failed" and w.session.failure_kind == "vanished"
+    assert w.problems() == []
 
 
 def test_a_forged_pid_after_vllms_is_refused_once_and_vllm_stays_the_one_watched(
@@ -162,4 +186,5 @@ def test_a_forged_pid_after_vllms_is_refused_once_and_vllm_stays_the_one_watched
     assert w.session.phase == "starting"  # the stranger's exit is not vLLM's
     vllm.stop()
     w.once()
-    assert w.session.phase == "stopped"  # vLLM's is, though the log last named the stranger
+    assert w.session.phase == "failed"  # vLLM's is, though the log last named the stranger
+    assert w.session.failure_kind == "vanished"

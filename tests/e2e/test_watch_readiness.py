@@ -1,9 +1,12 @@
 """Watch mode against real vLLM 0.32 on the CPU: loadwatch follows the log of a vLLM something
 else started, probes /health at the URL the log printed, and /readyz ends within two probe
-intervals when vLLM is stopped with SIGTERM (its shutdown lines) and with SIGKILL (no line: the
-probe and the process gone from /proc say it). The servable check passes on the real server,
-and fails when the real completion endpoint refuses the request (a prompt longer than the
-server's --max-model-len 512: vLLM answers 400 while /health and /v1/models answer)."""
+intervals when vLLM is stopped with SIGTERM (its shutdown lines: stopped) and with SIGKILL (no
+line: the probe and the process gone from /proc say it, and the session fails as `vanished`).
+A loadwatch started after the SIGKILL on the dead vLLM's log never says ready and ends the
+session the same way. A start that cannot fit its KV cache is one failure, of its root cause.
+The servable check passes on the real server, and fails when the real completion endpoint
+refuses the request (a prompt longer than the server's --max-model-len 512: vLLM answers 400
+while /health and /v1/models answer)."""
 
 from __future__ import annotations
 
@@ -143,8 +146,113 @@ def test_sigkill_ends_ready_within_two_probe_intervals(
     took = _time_to_503(d, time.monotonic(), 2 * INTERVAL_S + 1.0)
     print(f"SIGKILL: /readyz 503 after {took:.2f} s (probe interval {INTERVAL_S} s)")
     assert took <= 2 * INTERVAL_S
-    d.wait(lambda: d.status()["phase"] == "stopped", "stopped", 2 * INTERVAL_S + 1)
-    assert d.metrics()["loadwatch_load_ready"] == 0.0
+    # no shutdown line and no stop asked for: a failure of its own kind, which the alert sees
+    d.wait(lambda: d.status()["phase"] == "failed", "failed", 2 * INTERVAL_S + 1)
+    s = d.status()["session"]
+    assert s["failure_kind"] == "vanished", s
+    m = d.metrics()
+    assert m["loadwatch_load_ready"] == 0.0
+    assert m['loadwatch_session_failure{kind="vanished"}'] == 1.0
+    assert m['loadwatch_failures_total{kind="vanished"}'] == 1.0
+
+
+def _readyz_until_failed(d: Running, limit_s: float) -> list[int]:
+    """Every /readyz answer until the phase is failed (or `limit_s` passes)."""
+    answers: list[int] = []
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        answers.append(d.get("/readyz")[0])
+        if d.status()["phase"] == "failed":
+            break
+        time.sleep(0.02)
+    return answers
+
+
+def test_a_loadwatch_started_on_a_killed_vllms_log_is_never_ready(
+    llama: Path, tmp_path: Path
+) -> None:
+    """The log says `Application startup complete.`; the vLLM that wrote it was SIGKILLed
+    before this loadwatch started. /readyz never says 200, and the session fails (`vanished`):
+    /health fails at the logged loopback URL and no process has the logged pid here."""
+    log = tmp_path / "vllm.log"
+    work = Path(tempfile.mkdtemp(prefix="lw-dead-"))
+    server = VllmServer(ServerSpec(model=llama, work_dir=work, port=free_port()), log)
+    server.start(rss_interval_s=None)
+    try:
+        health = server.wait_healthy(START_S)
+        assert health.healthy, health
+        pid = server.pid
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        assert server.wait_exit(30) == -signal.SIGKILL
+        with running(_config(tmp_path, log, False, "Hello")) as d:
+            answers = _readyz_until_failed(d, 4 * INTERVAL_S + 10)
+            s = d.status()["session"]
+            print(f"read back: {len(answers)} /readyz answers, then {s['phase']}")
+            assert s["phase"] == "failed" and s["failure_kind"] == "vanished", s
+            assert s["server_pid"] == pid and s["ready_at"] is not None  # ready, by the log
+            assert 200 not in answers, answers
+            assert d.metrics()['loadwatch_session_failure{kind="vanished"}'] == 1.0
+    finally:
+        server.stop(grace_s=20)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_start_that_cannot_fit_its_kv_cache_is_one_failure_of_its_root_cause(
+    llama: Path, tmp_path: Path
+) -> None:
+    """`--kv-cache-memory-bytes 1000000`: vLLM logs `EngineCore failed to start.`, then the
+    KV-cache traceback, the dead worker, the API server's `Engine core initialization failed`.
+    The event log says one failure, `kv_cache_too_small` (never `engine_init_failed` first),
+    and the alert's kind is that one."""
+    log = tmp_path / "vllm.log"
+    work = Path(tempfile.mkdtemp(prefix="lw-kv-"))
+    spec = ServerSpec(
+        model=llama,
+        work_dir=work,
+        port=free_port(),
+        kv_cache_space_gib=None,
+        extra_args=("--kv-cache-memory-bytes", "1000000"),
+    )
+    server = VllmServer(spec, log)
+    kinds: set[str] = set()
+    try:
+        with running(_config(tmp_path, log, False, "Hello")) as d:
+            server.start(rss_interval_s=None)
+            end = time.monotonic() + START_S
+            while time.monotonic() < end and server.poll() is None:
+                kinds |= {k for k, v in _session_failure(d).items() if v == 1.0}
+                time.sleep(0.2)
+            assert server.poll() is not None, "vLLM did not exit"
+            d.wait(lambda: d.status()["phase"] == "failed", "failed", 20)
+            time.sleep(2.0)  # the last echoes read (a traceback closes after 2 s of quiet)
+            kinds |= {k for k, v in _session_failure(d).items() if v == 1.0}
+            events = d.events()
+            read = [e["kind"] for e in events if e.get("event") == "log.failure"]
+            said = [e for e in events if e.get("event") == "transition.failure"]
+            failed = [
+                e
+                for e in events
+                if e.get("event") == "transition.phase" and e.get("phase_to") == "failed"
+            ]
+            s = d.status()["session"]
+    finally:
+        server.stop(grace_s=20)
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"read {read}; said {[(e['failure_kind'], e.get('fatal')) for e in said]}")
+    assert read[0] == "engine_init_failed" and "kv_cache_too_small" in read and len(read) >= 3
+    assert [(e["failure_kind"], e["fatal"]) for e in said] == [("kv_cache_too_small", True)]
+    assert [e["failure_kind"] for e in failed] == ["kv_cache_too_small"]
+    assert s["failure_kind"] == "kv_cache_too_small", s
+    assert kinds == {"kv_cache_too_small"}, kinds  # what LoadwatchLoadFailed's kind would be
+
+
+def _session_failure(d: Running) -> dict[str, float]:
+    return {
+        k.split('kind="', 1)[1].rstrip('"}'): v
+        for k, v in d.metrics().items()
+        if k.startswith("loadwatch_session_failure{")
+    }
 
 
 # far more tokens than --max-model-len 512 (the tiny tokenizer gives one per word at least)

@@ -27,6 +27,7 @@ FAILURE_KINDS = (
     "fp8_kv_unsupported",
     "completion_failed",
     "other",
+    "vanished",
 )
 
 

@@ -417,7 +417,9 @@ def test_health_failing_twice_after_ready_ends_ready_and_a_200_brings_it_back() 
     assert st.snapshot(T0 + 20).ready
 
 
-def test_the_logged_process_gone_stops_the_session_and_its_argv_decides_the_kv_dtype() -> None:
+def test_the_logged_process_gone_without_a_word_fails_the_session_its_argv_the_kv_dtype() -> None:
+    """SIGKILL and the OOM killer leave no line: a vLLM gone with no shutdown line and no stop
+    asked for is a failure of its own kind, `vanished` (it was once a quiet `stopped`)."""
     from loadwatch.daemon.sources.inputs import LoggedProcessSeen
 
     st, _ = fold(_ready_session(T0))  # type: ignore[arg-type]
@@ -428,8 +430,30 @@ def test_the_logged_process_gone_stops_the_session_and_its_argv_decides_the_kv_d
     assert snap.ready and snap.kv_cache.source == "argv" and snap.kv_cache.dtype == "fp8"
     st = st.apply(LoggedProcessSeen(ts=T0 + 9, pid=700, alive=False), T0 + 9)
     snap = st.snapshot(T0 + 9)
+    assert snap.phase == "failed" and not snap.ready
+    assert snap.session is not None and snap.session.failure_kind == "vanished"
+    assert snap.session.history[-1].failure_kind == "vanished"
+    assert snap.session.history[-2].phase == "ready"
+    assert [(t.phase_to, t.failure_kind) for t in st.transitions] == [("failed", "vanished")]
+    assert "vLLM process 700 is gone, with no shutdown line" in str(st.transitions[0].reason)
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        ms("shutdown", value="EngineCore: trigger received signal=SIGTERM"),  # a stop asked for
+        ms("shutdown", value="EngineCore: exiting busy loop"),  # vLLM's own shutdown lines
+    ],
+)
+def test_the_logged_process_gone_after_its_shutdown_lines_stopped(last: object) -> None:
+    from loadwatch.daemon.sources.inputs import LoggedProcessSeen
+
+    st, _ = fold([*_ready_session(T0), (T0 + 8, last)])  # type: ignore[list-item]
+    assert st.snapshot(T0 + 8).phase == "ready"
+    st = st.apply(LoggedProcessSeen(ts=T0 + 9, pid=700, alive=False), T0 + 9)
+    snap = st.snapshot(T0 + 9)
     assert snap.phase == "stopped" and not snap.ready
-    assert snap.session is not None and snap.session.history[-2].phase == "ready"
+    assert snap.session is not None and snap.session.failure_kind is None
     assert snap.session.verdict == "ready"  # it was ready, then stopped
 
 

@@ -340,6 +340,28 @@ def test_ready_then_stopped_is_ready_with_a_note(tmp_path: Path) -> None:
     assert any("shut down on request" in n for n in r.verdict.notes)
 
 
+def test_a_log_that_ends_while_ready_says_there_is_no_shutdown_line(tmp_path: Path) -> None:
+    """The log of a real vLLM 0.32 killed with SIGKILL while it served: it ends with
+    `Application startup complete.` (SIGKILL and the OOM killer leave no line)."""
+    lines = (FIXTURES / "real-v0.32-llama.log").read_bytes().splitlines(keepends=True)
+    end = next(i for i, x in enumerate(lines) if b"Application startup complete" in x)
+    r = analyze_log(write_log(tmp_path / "killed.log", b"".join(lines[: end + 1])))
+    assert r.verdict.status == "ready" and r.sessions[0].phase == "ready"
+    assert r.verdict.notes[-1] == (
+        "the log ends while it was ready, with no shutdown line: still serving, or killed "
+        "(SIGKILL and the OOM killer leave no line)"
+    )
+    # and a vLLM started again in the same log after it: the first was killed
+    again = b"".join(lines[: end + 1]) * 2
+    r = analyze_log(write_log(tmp_path / "again.log", again))
+    first, second = r.sessions
+    assert first.verdict.notes[-1] == (
+        "vLLM started again while it was ready, with no shutdown line: killed (SIGKILL and the "
+        "OOM killer leave no line)"
+    )
+    assert second.verdict.notes[-1].startswith("the log ends while it was ready")
+
+
 # -- scenarios built as files ---------------------------------------------------------------
 
 T0 = 1_785_000_000.0
