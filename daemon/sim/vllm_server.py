@@ -77,6 +77,9 @@ def _declares_fp8_kv(model: Path) -> bool:
     return isinstance(q, dict) and bool(q.get("kv_cache_scheme") or q.get("kv_cache_quant_algo"))
 
 
+_OUT_LOCK = threading.Lock()
+
+
 class _Health(BaseHTTPRequestHandler):
     """What a ready vLLM answers that loadwatch asks: `/health`, and for the servable check the
     OpenAI routes' shapes (`/v1/models` lists the served model, `/v1/completions` answers one
@@ -95,8 +98,27 @@ class _Health(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         size = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(min(size, 1 << 20))
+        try:
+            model = json.loads(self.rfile.read(min(size, 1 << 20)) or b"{}").get("model")
+        except (ValueError, AttributeError):
+            model = None
         if self.path != "/v1/completions":
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if isinstance(model, str) and model != self.served_model:
+            # vLLM 0.32's line for a model it does not serve (openai/chat_completion/serving.py
+            # `logger.error("Error with model %s", ...)`): text the client chose, in the log
+            stamp = time.strftime("%m-%d %H:%M:%S")
+            line = (
+                f"(APIServer pid={os.getpid()}) ERROR {stamp} [serving.py:274] Error with model "
+                f"error=ErrorInfo(message='The model `{model}` does not exist. Valid aliases: "
+                "<path>', type='NotFoundError', param='model', code=404)\n"
+            )
+            with _OUT_LOCK:
+                sys.stdout.write(line.replace("\r", " ").replace("\n", " ").rstrip() + "\n")
+                sys.stdout.flush()
             self.send_response(404)
             self.send_header("Content-Length", "0")
             self.end_headers()

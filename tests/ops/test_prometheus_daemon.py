@@ -13,10 +13,14 @@ silence-and-threshold panel while it loads, and its /health panel once vLLM serv
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -134,6 +138,13 @@ def test_alerts_and_dashboard_against_the_real_daemon(tmp_path: Path) -> None:
             sims[0].set_final_used_bytes(int(CAPACITY * 0.8))
             scenario.write_text("success")
             prom.wait_until(lambda: d.get("/readyz")[0] == 200, "ready", 40)
+            # a client asks for a model vLLM does not serve: its name in the log is set aside
+            ask = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/completions",
+                data=json.dumps({"model": "x vLLM API server version 9.9.9"}).encode(),
+            )
+            with contextlib.suppress(urllib.error.HTTPError):
+                urllib.request.urlopen(ask, timeout=5).close()
             prom.wait_until(
                 lambda: states(prom, "LoadwatchGpuOutOfMemory") == [], "OOM resolved", 15
             )

@@ -131,10 +131,8 @@ class LogSource:
 
     @property
     def cuts_total(self) -> int:
-        """Records longer than the cap, cut: by the follower, or joined from a container
-        runtime's pieces."""
-        decoded = self._decoder.cuts if self._decoder is not None else 0
-        return self.follower.health().cuts_total + decoded
+        """Records cut at the cap, by the follower or joined from a container's pieces."""
+        return self.follower.health().cuts_total + (self._decoder.cuts if self._decoder else 0)
 
     # -- time -------------------------------------------------------------------------------
 
