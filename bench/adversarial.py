@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from loadwatch.parsers import ChunkScanner, EventStream
 from loadwatch.parsers.vllm import catalog, lines
-from loadwatch.parsers.vllm.catalog import BARE, CATALOG, FAILURE, MESSAGE, WARNING
+from loadwatch.parsers.vllm.catalog import BARE, CATALOG, FAILURE, MESSAGE, WARNING, Entry
 
 MB = 1 << 20
 REF_TS = 1796083200.0
@@ -185,13 +185,15 @@ OTHER: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
 )
 
 
-def _header(levels: frozenset[str | None]) -> str:
-    if levels == FAILURE:
-        return f"{PREFIX}ERROR {STAMP} [core.py:1] "
-    if levels == WARNING:
-        return f"{PREFIX}WARNING {STAMP} [weight_utils.py:1] "
-    assert levels <= MESSAGE | {"WARNING"}, levels
-    return f"{PREFIX}INFO {STAMP} [x.py:1] "
+def _header(e: Entry) -> str:
+    """A header of the level and one of the loggers (catalog `loggers`) of entry `e`."""
+    logger = e.loggers[0].replace("*", "gpu_", 1) if e.loggers else "core.py"
+    if e.levels == FAILURE:
+        return f"{PREFIX}ERROR {STAMP} [{logger}:1] "
+    if e.levels == WARNING:
+        return f"{PREFIX}WARNING {STAMP} [{logger}:1] "
+    assert e.levels <= MESSAGE | {"WARNING"}, e.levels
+    return f"{PREFIX}INFO {STAMP} [{logger}:1] "
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ def targets() -> list[Target]:
         ):  # a bar: its process prefix, then `\r` and the bar, a record of its own
             out.append(Target(e.id, e.pattern, (PREFIX, body)))
         else:
-            out.append(Target(e.id, e.pattern, (_header(e.levels) + body,)))
+            out.append(Target(e.id, e.pattern, (_header(e) + body,)))
     out += [Target(n, p, r) for n, p, r in OTHER]
     return out
 

@@ -170,7 +170,9 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "fail.engine_fatal",
         ("encountered a fatal error", "hit an exception", "died unexpectedly", "died, exit code"),
+        # also as the message of the EngineDeadError every waiting request is failed with
         _c(
+            r"(?:(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+EngineDeadError: )?"
             r"(?:EngineCore encountered a fatal error|WorkerProc hit an exception"
             r"|Worker proc \S{1,80}+ died unexpectedly|Worker \S{1,80}+ pid \d{1,10}+ died, exit code)"
         ),
