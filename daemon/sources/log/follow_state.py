@@ -109,12 +109,14 @@ class FollowerState:
         rotated_keep: int,
         mountinfo: str,
         split_cr: bool,
+        coalesce_s: float = 0.0,
     ) -> None:
         self.path = Path(os.path.abspath(os.fspath(path)))
         self._path = str(self.path)
         self._cap = cap_bytes
         self._max_read = max_read_bytes
         self._poll = poll_interval_s
+        self._coalesce = coalesce_s  # after an event, let the writes of this long gather
         self._mode: Mode = mode
         self._mountinfo = mountinfo
         # A container runtime's log (container.py) ends its lines with \n only; a \r is content.

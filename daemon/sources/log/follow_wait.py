@@ -1,6 +1,7 @@
-"""Waking the follower: `wait(timeout_s)` blocks until a file-system event (watchdog/inotify on the directory) or
-the poll interval (with inotify, a one-second safety net); `wait_async` does the same in an
-asyncio loop. ``mode="auto"`` chooses polling on network file systems and falls back to it when
+"""Waking the follower: `wait(timeout_s)` blocks until a file-system event (inotify on the
+directory) or the poll interval (with inotify, a one-second safety net); `wait_async` does the
+same in an asyncio loop, and after an event lets the follower's `coalesce_s` pass, so the
+appends of that tick are read at once. ``mode="auto"`` chooses polling on network file systems and falls back to it when
 events do not arrive. `follow()` and `follow_async()` wrap read + wait into iterators of chunk
 lists. Identity and open-file state live in files.py, the rotated-name lookup in generations.py,
 compressed rotated files in gzipped.py.
@@ -49,6 +50,6 @@ class FollowerWaiting(FollowerState):
             self._woke = "timer"
             return False
         timeout = waker.timeout_s(self._poll) if timeout_s is None else timeout_s
-        fired = await waker.wait_async(timeout)
+        fired = await waker.wait_async(timeout, self._coalesce)
         self._woke = "event" if fired else "timer"
         return fired
