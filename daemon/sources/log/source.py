@@ -34,7 +34,7 @@ from typing import Any
 from loadwatch.daemon.sources.inputs import Chunk, joined
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
 from loadwatch.daemon.sources.log.container import ContainerLogDecoder, LogFormat, decode_bytes
-from loadwatch.daemon.sources.log.emitmark import EmitMark, Written
+from loadwatch.daemon.sources.log.emitmark import AHEAD_BYTES, EVERY_S, EmitMark, Written
 from loadwatch.daemon.sources.log.files import stat_file
 from loadwatch.daemon.sources.log.follower import FollowerError, LogFollower
 from loadwatch.daemon.sources.log.resume import Emit, Notice, Resume
@@ -81,6 +81,7 @@ class LogSource:
         poll_interval_s: float = 0.25,
         mode: Mode = "auto",
         clock: Callable[[], float] = time.time,
+        coalesce_s: float = 0.0,
     ) -> None:
         self.path = path
         self._clock = clock
@@ -94,12 +95,13 @@ class LogSource:
             poll_interval_s=poll_interval_s,
             mode=mode,
             split_cr=container == "plain",
+            coalesce_s=coalesce_s,
         )
         # a container runtime's lines (CRI, docker's json-file): their content, same offsets
         self._format = container
         self._decoder = ContainerLogDecoder(container) if container != "plain" else None
         name = checkpoint_name(path).replace("follower-", "events-", 1)
-        self.marks = EmitMark(state_dir / name)
+        self.marks = EmitMark(state_dir / name, ahead_bytes=AHEAD_BYTES, every_s=EVERY_S)
         self.resume = Resume(self.follower, self.marks, events_file)
         self._pending: list[Notice] = []
         cp = self.follower.loaded_checkpoint
@@ -208,6 +210,7 @@ class LogSource:
             self.resume.caught_up_with_backlog()
             if not chunks and follower.health().file_exists:
                 self.resume.caught_up()
+                self.marks.quiet()  # (the note, exact again once nothing is being read)
                 out.extend(self._take())
                 out.extend(self._close_quiet_traceback())
         return out
@@ -240,7 +243,7 @@ class LogSource:
     def settle(self) -> list[Notice]:
         """After the loop applied what `read` gave: the checkpoint (when due, and something was
         read), then a line when reading or saving failed, or works again."""
-        if self._read_any:
+        if self._read_any and self.follower.checkpoint_due():  # (a clock check, per read)
             self.follower.maybe_checkpoint(self._extra())
         follower = self.follower
         out: list[Notice] = []
@@ -356,7 +359,8 @@ class LogSource:
         return await self.follower.wait_async(timeout_s)
 
     def close(self) -> None:
-        """A clean stop: the final checkpoint, then the files closed."""
+        """A clean stop: the final checkpoint and an exact emit mark, then the files closed."""
+        self.marks.quiet()
         self.follower.checkpoint(self._extra())
         self.follower.close(checkpoint=False)
         self.marks.close()
