@@ -242,7 +242,7 @@ class Proc:
             self.popen.wait()
 
 
-def start_loadwatch(tmp: Path, log: Path, gpus: int, events: Path) -> Proc:
+def start_loadwatch(tmp: Path, log: Path, gpus: int, events: Path, extra: str = "") -> Proc:
     exe = shutil.which("loadwatch", path=str(Path(sys.executable).parent)) or "loadwatch"
     gpu = 'source = "none"\n'
     if gpus:
@@ -254,6 +254,12 @@ def start_loadwatch(tmp: Path, log: Path, gpus: int, events: Path) -> Proc:
         f"[gpu]\n{gpu}"
         '[events]\nstdout = "none"\n'
     )
+    if extra:  # TOML lines that go in the tables above ("[log] coalesce_ms = 50")
+        text = config.read_text()
+        for item in extra.split(";"):
+            table, _, line = item.strip().partition(" ")
+            text = text.replace(f"{table}\n", f"{table}\n{line}\n", 1)
+        config.write_text(text)
     popen = subprocess.Popen(
         [exe, "run", "--config", str(config)],
         stdout=subprocess.DEVNULL,

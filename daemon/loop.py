@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from loadwatch.daemon import tasks
@@ -75,7 +75,7 @@ class Daemon:
         self.started_at = clock()
         self.state = LoadState(config=state_config(self.cfg))
         self.tally = Tally()
-        self.publisher = Publisher(self)
+        self.publisher = Publisher(self, cfg.http.publish_interval_s)
         self.on_publish = self.publisher.hooks
         self.stop_event = asyncio.Event()
         self.supervisor: Any = None
@@ -106,6 +106,8 @@ class Daemon:
         """A live input other than the log's (GPU readings, ticks, probes, process events)."""
         before = self.state
         self.state = before.apply(item, self.clock())
+        if self.state.transitions:
+            self.publisher.urgent()
         for t in self.state.transitions:
             if t.kind == "session_started":
                 self.tally.retire(before, self.clock())
@@ -120,8 +122,10 @@ class Daemon:
         elif t.kind == "phase" and t.phase_to == "ready":
             self.supervisor.note_ready()
 
-    def take_log(self, items: Iterable[Run | Notice]) -> None:
-        """Apply what the log source handed over, in order; write its effects once."""
+    def take_log(self, items: Sequence[Run | Notice]) -> None:
+        """Apply what the log source handed over, in order; write its effects once; publish
+        (a transition or a change of the source's health at once, counters within the
+        publishing interval)."""
         source = self.log
         assert source is not None
         for item in items:
@@ -129,9 +133,12 @@ class Daemon:
                 self.feed.notice(item)
             else:
                 self._apply_run(source, item)
-        for notice in source.settle():
+        settled = source.settle()
+        for notice in settled:
             self.feed.notice(notice)
-            self.publisher.soon()  # a change of the source's health goes out at once
+            self.publisher.urgent()
+        if items or settled:
+            self.publisher.changed()
 
     def _apply_run(self, source: LogSource, run: Run) -> None:
         source.begin(run, self.feed.position())
@@ -182,6 +189,7 @@ class Daemon:
     ) -> None:
         if t.kind == "session_started":
             self.tally.retire(before, now)
+        self.publisher.urgent()
         out.transition(t, at)
         if run.emit == "new":
             self._tell_supervisor(t)
@@ -233,6 +241,7 @@ class Daemon:
             poll_interval_s=self.cfg.log.poll_interval_s,
             mode=self.cfg.log.mode,
             clock=self.clock,
+            coalesce_s=self.cfg.log.coalesce_ms / 1000,
         )
         return self.log
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from loadwatch.daemon.publish import Host, status_line
 from loadwatch.daemon.sources.inputs import IoSample, Tick
 
-TICK_S = 1.0  # while a load is in flight: stall checks, STATUS=, publishing
+TICK_S = 1.0  # while a load is in flight: stall checks, STATUS=, publishing the ETA
 IDLE_TICK_S = 5.0  # tick and GPU poll with nothing loading (no session, ready, failed, stopped)
 IO_SAMPLE_S = 1.0
 
@@ -39,9 +39,8 @@ async def poll_gpus(d: Host) -> None:
         health = (reading.source_up, reading.error)
         if health != last_health:  # a change of health goes out with the state it fed
             last_health = health
-            d.publisher.now()
-        elif d.busy:  # while loading, memory and its projection are news
-            d.publisher.soon()
+            d.publisher.urgent()
+        d.publisher.changed()  # (readings alone: within the publishing interval)
         # While nothing loads, a poll every IDLE_TICK_S; a load that starts meanwhile is seen
         # within one interval.
         waited = 0.0
@@ -57,7 +56,10 @@ async def tick(d: Host) -> None:
     while not d.stop_event.is_set():
         d.feed.check()
         d.apply(Tick())
-        d.publisher.now()
+        if d.busy:  # the ETA and the stall clock move on their own
+            d.publisher.changed()
+        else:  # nothing renders what did not change; the HTTP process hears the loop runs
+            d.publisher.alive(IDLE_TICK_S)
         line = status_line(d.snapshot())
         if line != last_status:
             last_status = line
@@ -86,23 +88,23 @@ async def sample_io(d: Host, pids_of: Callable[[], Sequence[int]]) -> None:
 
 
 async def follow_log(d: Host) -> None:
-    """Read the log source, apply what it hands over, wait for more."""
+    """Read the log source, apply what it hands over, wait for more (a change event and the
+    source's coalescing tick, or one second)."""
     source = d.log
     if source is None:
         return
-    while not d.stop_event.is_set():
-        items = source.read()
-        d.take_log(items)
-        if items:
-            d.publisher.soon()
-        if source.backlog:
-            await asyncio.sleep(0)
-            continue
-        stop = asyncio.ensure_future(d.stop_event.wait())
-        wait = asyncio.ensure_future(source.wait(1.0))
-        try:
-            await asyncio.wait({stop, wait}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for fut in (stop, wait):
-                if not fut.done():
-                    fut.cancel()
+    stop = asyncio.ensure_future(d.stop_event.wait())
+    try:
+        while not stop.done():
+            d.take_log(source.read())
+            if source.backlog:
+                await asyncio.sleep(0)
+                continue
+            wait = asyncio.ensure_future(source.wait(1.0))  # (one task a wake-up)
+            try:
+                await asyncio.wait({stop, wait}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not wait.done():
+                    wait.cancel()
+    finally:
+        stop.cancel()

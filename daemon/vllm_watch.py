@@ -96,13 +96,15 @@ class VllmWatch:
         d = self.daemon
         prober = self._probers.setdefault(url, HealthProber(url, PROBE_TIMEOUT_S))
         result = await prober.probe()
+        if not result.ok or d.tally.health_up is not True:  # readiness may change: at once
+            d.publisher.urgent()
         d.tally.health_up = result.ok
         d.apply(
             HealthProbe(
                 ok=result.ok, ts=result.checked_at, status=result.status, error=result.error
             )
         )
-        d.publish()
+        d.publisher.changed()
         now = d.state.session
         if (
             result.ok

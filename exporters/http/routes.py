@@ -12,8 +12,6 @@ import json
 import threading
 from collections.abc import Callable
 
-from prometheus_client import ProcessCollector
-
 from loadwatch.daemon.state.published import Published
 from loadwatch.exporters.http.board import EMPTY, Board
 from loadwatch.exporters.prometheus import LoadwatchCollector, registry_for, render
@@ -27,8 +25,8 @@ class BoardMaker:
         self._clock = clock
         self._red = redactor or Redactor()
         self._pub: Published | None = None
+        # (the daemon's process_* are the HTTP process's to read, at scrape time: board.py)
         self._registry = registry_for(LoadwatchCollector(lambda: self._pub, clock))
-        ProcessCollector(registry=self._registry)  # the daemon's process_*: rendered in it
         self._lock = threading.Lock()
 
     def make(self, pub: Published | None) -> Board:
