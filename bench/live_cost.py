@@ -401,7 +401,7 @@ class Trial:
     warnings_logged: int = 0
 
 
-def trial(rate: float, seconds: float, latency_s: float, seed: int) -> Trial:
+def trial(rate: float, seconds: float, latency_s: float, seed: int, extra: str = "") -> Trial:
     out = Trial(rate)
     health = ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=health.serve_forever, daemon=True).start()
@@ -411,7 +411,7 @@ def trial(rate: float, seconds: float, latency_s: float, seed: int) -> Trial:
         backlog = startup_bytes(os.getpid(), health.server_address[1])
         for p in (lw_log, mt_log):
             p.write_bytes(backlog)
-        lw = start_loadwatch(tmp, lw_log, 8 if rate == 0 else 0, events)
+        lw = start_loadwatch(tmp, lw_log, 8 if rate == 0 else 0, events, extra)
         mt = None
         try:
             mt = start_mtail(tmp, mt_log)
@@ -467,6 +467,11 @@ def main() -> None:
     ap.add_argument("--rates", default="10,300,3000", help="lines/s, comma-separated")
     ap.add_argument("--seconds", type=float, default=None, help="cost window per trial")
     ap.add_argument("--no-idle", action="store_true", help="skip the idle case")
+    ap.add_argument(
+        "--set",
+        default="",
+        help='loadwatch config lines, ";"-separated: "[log] coalesce_ms = 50; [http] ..."',
+    )
     ap.add_argument("--write-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.write_child:
@@ -484,7 +489,7 @@ def main() -> None:
     results: dict[float, list[Trial]] = {c: [] for c in cases}
     for rep in range(args.repeat):
         for c in cases:
-            t = trial(c, idle_s if c == 0 else seconds, latency_s, seed=1000 * rep + int(c))
+            t = trial(c, idle_s if c == 0 else seconds, latency_s, 1000 * rep + int(c), args.set)
             results[c].append(t)
             print(f"  trial {rep + 1}/{args.repeat} {label(c)}: loadwatch {t.lw_pct:.2f}% "
                   f"mtail {t.mt_pct:.2f}%", file=sys.stderr, flush=True)  # fmt: skip

@@ -38,6 +38,7 @@ from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import Published
 from loadwatch.daemon.state.session import StateConfig
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
+from loadwatch.daemon.tasks import Pace
 from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner, Event, KvScaleWarning, ShardProgress
@@ -78,6 +79,7 @@ class Daemon:
         self.publisher = Publisher(self, cfg.http.publish_interval_s)
         self.on_publish = self.publisher.hooks
         self.stop_event = asyncio.Event()
+        self.pace = Pace(lambda: self.busy, sleep, self.stop_event.is_set)
         self.supervisor: Any = None
         self._supervisor_factory = supervisor_factory
         self.log: LogSource | None = None
@@ -108,6 +110,7 @@ class Daemon:
         self.state = before.apply(item, self.clock())
         if self.state.transitions:
             self.publisher.urgent()
+            self.pace.check()
         for t in self.state.transitions:
             if t.kind == "session_started":
                 self.tally.retire(before, self.clock())
@@ -141,6 +144,8 @@ class Daemon:
             self.publisher.changed()
 
     def _apply_run(self, source: LogSource, run: Run) -> None:
+        if not run.events:
+            return  # (most reads of a serving log: nothing to fold, nothing to write)
         source.begin(run, self.feed.position())
         out = self.feed.effects(run)
         for part in bulk_parts(run.events):
@@ -190,6 +195,7 @@ class Daemon:
         if t.kind == "session_started":
             self.tally.retire(before, now)
         self.publisher.urgent()
+        self.pace.check()
         out.transition(t, at)
         if run.emit == "new":
             self._tell_supervisor(t)
@@ -224,25 +230,7 @@ class Daemon:
     # -- the log ----------------------------------------------------------------------------
 
     def open_log(self) -> LogSource | None:
-        path = self.cfg.log.path
-        if path is None:
-            return None
-        grammar = load_grammar()  # the log grammar (parsers/grammar.py): vLLM's
-        fmt = "plain" if self.cfg.supervise else resolve_format(self.cfg.log.format, path)
-        self.log = LogSource(
-            path,
-            container=fmt,
-            state_dir=self.cfg.state_dir / "follower",
-            scanner=lambda: ChunkScanner(
-                grammar.new_stream(self.clock()), grammar=grammar, runs=self.cfg.events.fold
-            ),
-            events_file=self.cfg.events_file,
-            cap_bytes=self.cfg.log.max_record_bytes,
-            poll_interval_s=self.cfg.log.poll_interval_s,
-            mode=self.cfg.log.mode,
-            clock=self.clock,
-            coalesce_s=self.cfg.log.coalesce_ms / 1000,
-        )
+        self.log = open_log_source(self.cfg, self.clock)
         return self.log
 
     # -- state views ------------------------------------------------------------------------
@@ -352,6 +340,29 @@ class Daemon:
         self.publish()
         self.feed.line("daemon.stopped")
         return 0
+
+
+def open_log_source(cfg: Config, clock: Callable[[], float]) -> LogSource | None:
+    """The log source the config names (None: no log)."""
+    path = cfg.log.path
+    if path is None:
+        return None
+    grammar = load_grammar()  # the log grammar (parsers/grammar.py): vLLM's
+    fmt = "plain" if cfg.supervise else resolve_format(cfg.log.format, path)
+    return LogSource(
+        path,
+        container=fmt,
+        state_dir=cfg.state_dir / "follower",
+        scanner=lambda: ChunkScanner(
+            grammar.new_stream(clock()), grammar=grammar, runs=cfg.events.fold
+        ),
+        events_file=cfg.events_file,
+        cap_bytes=cfg.log.max_record_bytes,
+        poll_interval_s=cfg.log.poll_interval_s,
+        mode=cfg.log.mode,
+        clock=clock,
+        coalesce_s=cfg.log.coalesce_ms / 1000,
+    )
 
 
 def state_config(cfg: Config) -> StateConfig:

@@ -147,6 +147,7 @@ class FollowerState:
         self._backlog = False
         self._waker: Waker | None = None
         self._woke: Wake = None
+        self._found = False  # the last read found data (a stream: the next read on the tick)
         self._closed = False
 
         self._records = 0
@@ -195,6 +196,15 @@ class FollowerState:
         for src in self._sources:
             src.close()
         self._sources = []
+
+    @property
+    def last_error(self) -> str | None:
+        """`health().last_error`, without making the rest (asked after every read)."""
+        return self._last_error
+
+    @property
+    def file_exists(self) -> bool:
+        return self._exists
 
     def health(self) -> FollowerHealth:
         src = self._sources[0] if self._sources else None

@@ -10,6 +10,7 @@ compressed rotated files in gzipped.py.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from loadwatch.daemon.sources.log.follow_state import FollowerError, FollowerState, _one_line
 from loadwatch.daemon.sources.log.wake import WakeError, Waker
@@ -39,6 +40,27 @@ class FollowerWaiting(FollowerState):
         fired = waker.wait(waker.timeout_s(self._poll) if timeout_s is None else timeout_s)
         self._woke = "event" if fired else "timer"
         return fired
+
+    def arm(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fire: Callable[[bool], None],
+        timeout_s: float | None = None,
+    ) -> Callable[[], None]:
+        """`wait_async` as a callback: `loop` calls `fire(True)` after an event (and the
+        coalescing tick), `fire(False)` after the timeout; once. Returns what disarms it."""
+
+        def done(event: bool) -> None:
+            self._woke = "event" if event else "timer"
+            fire(event)
+
+        try:
+            waker = self._ensure_waker()
+        except FollowerError:
+            retry = max(self._poll, 1.0) if timeout_s is None else timeout_s
+            return loop.call_later(retry, done, False).cancel
+        timeout = waker.timeout_s(self._poll) if timeout_s is None else timeout_s
+        return waker.arm(loop, done, timeout, self._coalesce, streaming=self._found)
 
     async def wait_async(self, timeout_s: float | None = None) -> bool:
         """`wait` for an asyncio loop. With no way to watch the path (an error, said in health),

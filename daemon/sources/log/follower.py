@@ -164,7 +164,7 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
                 self._reopen_at_position()
         if out:
             self._last_end = Position(out[-1].file_id, out[-1].next_offset)
-        found = self._bytes != bytes_before
+        found = self._found = self._bytes != bytes_before
         if found:
             self._last_read_ts = self._wall()
         if waker is not None:

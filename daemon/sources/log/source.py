@@ -25,6 +25,7 @@ stamp of its backlog. A replay lands on the daemon's timeline whatever vLLM's zo
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from loadwatch.daemon.sources.log.emitmark import AHEAD_BYTES, EVERY_S, EmitMark
 from loadwatch.daemon.sources.log.files import stat_file
 from loadwatch.daemon.sources.log.follower import FollowerError, LogFollower
 from loadwatch.daemon.sources.log.resume import Emit, Notice, Resume
-from loadwatch.daemon.sources.log.wake import Mode
+from loadwatch.daemon.sources.log.wake import Disarm, Fire, Mode
 from loadwatch.parsers import ChunkScanner, Event
 from loadwatch.parsers.events import KvScaleRun
 
@@ -208,7 +209,7 @@ class LogSource:
         if not follower.backlog:
             self._live = True
             self.resume.caught_up_with_backlog()
-            if not chunks and follower.health().file_exists:
+            if not chunks and follower.file_exists:
                 self.resume.caught_up()
                 self.marks.quiet()  # (the note, exact again once nothing is being read)
                 out.extend(self._take())
@@ -247,13 +248,13 @@ class LogSource:
             self.follower.maybe_checkpoint(self._extra())
         follower = self.follower
         out: list[Notice] = []
-        h = follower.health()
-        if h.last_error and h.last_error != self._error_told:
-            where = "" if h.last_error.startswith(str(follower.path)) else f"{follower.path}: "
-            out.append(_problem(f"log {where}{h.last_error}"))
-        elif h.last_error is None and self._error_told is not None:
+        error = follower.last_error
+        if error and error != self._error_told:
+            where = "" if error.startswith(str(follower.path)) else f"{follower.path}: "
+            out.append(_problem(f"log {where}{error}"))
+        elif error is None and self._error_told is not None:
             out.append(Notice("daemon.recovered", {"source": "log"}))
-        self._error_told = h.last_error
+        self._error_told = error
         return out
 
     def _take(self) -> list[Run | Notice]:
@@ -355,8 +356,8 @@ class LogSource:
             extra["stamp_offset_s"] = round(self._offset, 3)
         return extra
 
-    async def wait(self, timeout_s: float) -> bool:
-        return await self.follower.wait_async(timeout_s)
+    def arm(self, loop: asyncio.AbstractEventLoop, fire: Fire, timeout_s: float) -> Disarm:
+        return self.follower.arm(loop, fire, timeout_s)  # (the wait, as the daemon's loop has it)
 
     def close(self) -> None:
         """A clean stop: the final checkpoint and an exact emit mark, then the files closed."""

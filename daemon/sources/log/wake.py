@@ -23,6 +23,7 @@ import asyncio
 import os
 import select
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +47,8 @@ from loadwatch.daemon.sources.log.inotify import (
 Mode = Literal["auto", "inotify", "poll"]
 ActiveMode = Literal["inotify", "poll"]
 Wake = Literal["event", "timer"] | None  # what ended the last wait; None: read without waiting
+Fire = Callable[[bool], None]  # what `arm` calls: True after an event, False after the timeout
+Disarm = Callable[[], None]
 
 # Timer wakes in a row that found data with no event since the previous read: then events do not
 # arrive here. Four rides out a busy observer thread.
@@ -310,45 +313,55 @@ class Waker:
             self._check_due = True
         return fired
 
-    async def wait_async(self, timeout_s: float, coalesce_s: float = 0.0) -> bool:
-        """`wait` for an asyncio loop: the descriptor is one of the loop's readers while it
-        waits. After an event, `coalesce_s` more pass before it returns, and the events the
-        writes of that tick raised are taken with it: the read that follows covers them."""
+    def arm(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fire: Callable[[bool], None],
+        timeout_s: float,
+        coalesce_s: float = 0.0,
+        *,
+        streaming: bool = False,
+    ) -> Callable[[], None]:
+        """Have `loop` call `fire(True)` once a change event came and `coalesce_s` more passed
+        (the events that tick's writes raised taken with it: the read that follows covers
+        them), or `fire(False)` after `timeout_s` without one; once. No task and no future:
+        the descriptor is one of the loop's readers while armed. Returns what disarms it.
+
+        `streaming` (the last read found data, so more is likely on its way): the next read is
+        simply one tick later, and the events of the tick say whether it was announced; a
+        wake-up saved per read while a serving vLLM writes on."""
         self._before_wait()
         inotify = self._inotify
         if inotify is None:
-            await asyncio.sleep(timeout_s)
+            return loop.call_later(timeout_s, self._fired, fire, False).cancel
+        if streaming and coalesce_s > 0:
+            return loop.call_later(coalesce_s, self._ticked, fire).cancel
+        return _Armed(self, inotify, loop, fire, timeout_s, coalesce_s).cancel
+
+    def _ticked(self, fire: Callable[[bool], None]) -> None:
+        fire(self._drain())  # (no event in the tick, and data: a miss, as a timer's)
+
+    def _fired(self, fire: Callable[[bool], None], event: bool) -> None:
+        if event:
+            self._drain()  # (the coalescing tick's own events: this read covers them)
+        else:
             self._check_due = True
-            return False
-        fired = self._drain()
-        if not fired:
-            loop = asyncio.get_running_loop()
-            woken: asyncio.Future[bool] = loop.create_future()
+        fire(event)
 
-            def readable() -> None:
-                if not woken.done() and self._drain():
-                    woken.set_result(True)
+    async def wait_async(self, timeout_s: float, coalesce_s: float = 0.0) -> bool:
+        """`wait` for an asyncio loop (`arm`, awaited)."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[bool] = loop.create_future()
 
-            def timed_out() -> None:
-                if not woken.done():
-                    woken.set_result(False)
+        def fire(event: bool) -> None:
+            if not woken.done():
+                woken.set_result(event)
 
-            loop.add_reader(inotify.fd, readable)
-            self._reader = loop
-            timer = loop.call_later(timeout_s, timed_out)
-            try:
-                fired = await woken
-            finally:
-                timer.cancel()
-                if self._inotify is inotify:
-                    loop.remove_reader(inotify.fd)
-                    self._reader = None
-        if not fired:
-            self._check_due = True
-        elif coalesce_s > 0:
-            await asyncio.sleep(coalesce_s)
-            self._drain()
-        return fired
+        disarm = self.arm(loop, fire, timeout_s, coalesce_s)
+        try:
+            return await woken
+        finally:
+            disarm()
 
     def note_read(self, *, woke: Wake, events_before: int, found_data: bool) -> None:
         """After a read: a timer wake that found data no event announced counts as a miss."""
@@ -364,3 +377,61 @@ class Waker:
 
     def close(self) -> None:
         self._close_inotify()
+
+
+class _Armed:
+    """One `Waker.arm`: the descriptor read by the loop until an event, then the coalescing
+    tick; or the timeout."""
+
+    def __init__(
+        self,
+        waker: Waker,
+        inotify: Inotify,
+        loop: asyncio.AbstractEventLoop,
+        fire: Callable[[bool], None],
+        timeout_s: float,
+        coalesce_s: float,
+    ) -> None:
+        self._waker, self._inotify, self._loop = waker, inotify, loop
+        self._fire, self._coalesce_s = fire, coalesce_s
+        self._reading = False
+        self._timer: asyncio.Handle | None = None
+        # (events that came since the last read make the descriptor readable at once)
+        loop.add_reader(inotify.fd, self._readable)
+        self._reading = True
+        waker._reader = loop
+        self._timer = loop.call_later(timeout_s, self._timeout)
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            if self._waker._inotify is self._inotify:  # (else closed, and taken out then)
+                self._loop.remove_reader(self._inotify.fd)
+                self._waker._reader = None
+
+    def _readable(self) -> None:
+        if self._waker._drain():
+            self._stop_reading()
+            if self._timer is not None:
+                self._timer.cancel()
+            self._event()
+
+    def _event(self) -> None:
+        if self._coalesce_s > 0:
+            self._timer = self._loop.call_later(self._coalesce_s, self._done, True)
+        else:
+            self._timer = self._loop.call_soon(self._done, True)
+
+    def _timeout(self) -> None:
+        self._stop_reading()
+        self._done(False)
+
+    def _done(self, event: bool) -> None:
+        self._timer = None
+        self._waker._fired(self._fire, event)
+
+    def cancel(self) -> None:
+        self._stop_reading()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
