@@ -51,7 +51,7 @@ Fire = Callable[[bool], None]  # what `arm` calls: True after an event, False af
 Disarm = Callable[[], None]
 
 # Timer wakes in a row that found data with no event since the previous read: then events do not
-# arrive here. Four rides out a busy observer thread.
+# arrive here. Four ride out a late wake-up.
 MISSES_TO_FALLBACK = 4
 # With events, the timer is only a safety net (writes to a deleted file, a file moved into
 # place, events that stopped coming): it need not wake four times a second.
