@@ -219,7 +219,8 @@ class Publisher:
             file_exists=h.file_exists,
             lines_total=h.records_total,
             bytes_total=h.bytes_total,
-            cuts_total=source.cuts_total,
+            # (and records joined from a container runtime's pieces past the cap)
+            cuts_total=h.cuts_total + (source.decoder.cuts if source.decoder else 0),
             rotations_total=h.rotations_total,
             truncations_total=h.truncations_total,
             errors_total=h.errors_total,

@@ -100,7 +100,7 @@ class LogSource:
         )
         # a container runtime's lines (CRI, docker's json-file): their content, same offsets
         self._format = container
-        self._decoder = ContainerLogDecoder(container, cap_bytes) if container != "plain" else None
+        self.decoder = ContainerLogDecoder(container, cap_bytes) if container != "plain" else None
         name = checkpoint_name(path).replace("follower-", "events-", 1)
         self.marks = EmitMark(state_dir / name, ahead_bytes=AHEAD_BYTES, every_s=EVERY_S)
         self.resume = Resume(self.follower, self.marks, events_file)
@@ -131,11 +131,6 @@ class LogSource:
         self._rewrites_told = 0  # the follower's rewrites_total said so far
         self._read_any = False  # the last read found records
         self._last_chunk: tuple[float, str, int] | None = None  # (monotonic, file, end) read
-
-    @property
-    def cuts_total(self) -> int:
-        """Records cut at the cap, by the follower or joined from a container's pieces."""
-        return self.follower.health().cuts_total + (self._decoder.cuts if self._decoder else 0)
 
     # -- time -------------------------------------------------------------------------------
 
@@ -185,8 +180,8 @@ class LogSource:
         out: list[Run | Notice] = self._take()
         try:
             chunks = follower.read()
-            if self._decoder is not None:
-                chunks = self._decoder.decode(chunks)
+            if self.decoder is not None:
+                chunks = self.decoder.decode(chunks)
             chunks = joined(chunks)
         except FollowerError as exc:
             out.append(_problem(f"log {follower.path}: {exc}"))
