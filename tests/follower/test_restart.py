@@ -13,7 +13,7 @@ import pytest
 from loadwatch.daemon.sources.log.checkpoint import CheckpointStore, checkpoint_name
 from loadwatch.daemon.sources.log.follower import FollowerHealth, LogFollower, Position
 from tests.follower.helpers import Collector, WriterProcess, expected
-from tests.follower.writer import rotate
+from tests.follower.writer import dated, rotate
 from tests.helpers import append
 
 
@@ -433,6 +433,34 @@ def test_a_checkpoint_after_a_copytruncate_names_the_copy_not_the_empty_file(
     os.close(fd)
     data, health = second_run(log, state)
     assert data == expected("b", 0, 20) + expected("c", 0, 10)
+    assert health.start == "rotated"
+
+
+def test_a_checkpoint_saved_after_an_unread_copytruncate_still_names_what_was_read(
+    log: Path, state: Path
+) -> None:
+    """The file was first read while shorter than the bytes an identity holds (so the
+    checkpoint keeps its longer first bytes apart), then copytruncated and written again, and
+    the follower stopped before reading that. The checkpoint names the bytes it read, not what
+    the file holds now: the restart finds the copy, and reads exactly the lines written after
+    the copy (found in the rotated-away file, then the path). Seen by the log source's model
+    test (a dated copytruncate, a stop, a dated rename while down)."""
+    log.write_bytes(expected("a", 0, 2))
+    f = LogFollower(log, state_dir=state)
+    col = Collector(f)
+    col.read()
+    append(log, expected("a", 2, 40))
+    col.read()
+    assert bytes(col.data) == expected("a", 0, 42)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    fd = rotate(str(log), fd, "dateext_copytruncate")
+    os.write(fd, expected("b", 0, 6))
+    f.close()  # before reading what came after the cut
+    os.close(fd)
+    os.rename(log, dated(str(log)))  # a dated rename while down
+    log.write_bytes(expected("c", 0, 5))
+    data, health = second_run(log, state)
+    assert data == expected("b", 0, 6) + expected("c", 0, 5)
     assert health.start == "rotated"
 
 

@@ -23,7 +23,6 @@ from loadwatch.daemon.sources.log.checkpoint import (
     tail_digest,
 )
 from loadwatch.daemon.sources.log.files import (
-    FINGERPRINT_BYTES,
     FileIdentity,
     Position,
     fingerprint,
@@ -98,7 +97,10 @@ class FollowerSaving(FollowerState):
         for src in self._sources:
             if src.ident == pos.file_id and n > 0:
                 try:
-                    return tail_digest(os.pread(src.fd, n, pos.offset - n))
+                    tail = os.pread(src.fd, n, pos.offset - n)
+                    # cut back (copytruncate) since our last read: its bytes are not ours
+                    ours = len(tail) == n and _still_begins(src.fd, pos.file_id)
+                    return tail_digest(tail) if ours else None
                 except OSError:
                     return None
         return None
@@ -138,7 +140,11 @@ class FollowerSaving(FollowerState):
                 # the position is the end of the file before this one: what was written after
                 # it is this file and what came later; its own first bytes are not this one's
                 return mtime, None, None
-            prefix = os.pread(src.fd, FINGERPRINT_BYTES, 0)
+            # the first bytes we saw, not what it holds now: copytruncated since our last
+            # read, its first bytes are another content's and would name no file of ours
+            prefix = src.first_bytes()
+            if src.ident is not None and not _names(src.ident, prefix):
+                return mtime, None, born_ns(src.fd)
             return mtime, f"{len(prefix)}:{fingerprint(prefix)}", born_ns(src.fd)
         except OSError:
             return None, None, None
@@ -172,3 +178,21 @@ class FollowerSaving(FollowerState):
             self._cp_records, self._cp_time = self._records, self._clock()
             return False
         return self.checkpoint()
+
+
+def _names(file_id: str, prefix: bytes) -> bool:
+    """The identity `file_id` names a file whose first bytes are `prefix`."""
+    try:
+        ident = FileIdentity.parse(file_id)
+    except ValueError:
+        return False
+    return len(prefix) >= ident.fp_len and fingerprint(prefix[: ident.fp_len]) == ident.fp
+
+
+def _still_begins(fd: int, file_id: str) -> bool:
+    """The open file still begins with the first bytes its identity names."""
+    try:
+        ident = FileIdentity.parse(file_id)
+    except ValueError:
+        return False
+    return _names(file_id, os.pread(fd, ident.fp_len, 0))
