@@ -13,13 +13,11 @@ process, `--runs` times (median):
 - `grep -c -E` with the alternation of loadwatch's pre-filter needles;
 - mtail (`--one_shot`) with bench/vllm_load.mtail, which extracts the same facts;
 - a naive Python loop: every line through every regex of that mtail program;
-- loadwatch's pipeline as the daemon runs it by default: `LogFollower(path, mode="poll")`
-  reads, its chunks `joined` as the log source joins them, `ChunkScanner(runs=True).feed(
-  chunk.data, chunk.offset, chunk.file_id)` (a run of plain k/v scale warnings is one event, as
-  with `[events] fold = true`), `LoadState.apply_run(events, now)` (a chunk's events in one
-  call), with the C searches (parsers/_scan.c, parsers/vllm/_kvrun.c) when they are built;
-  beside it the same pipeline with `[events] fold = false` ("lw per record": one event per
-  record) and with the Python searches ("loadwatch py").
+- loadwatch's pipeline as the daemon runs it: `LogFollower(path, mode="poll")` reads, its chunks
+  `joined` as the log source joins them, `ChunkScanner().feed(chunk.data, chunk.offset,
+  chunk.file_id)` (one event per record), `LoadState.apply_run(events, now)` (a chunk's events
+  in one call), with the C search (parsers/_scan.c) when it is built; beside it the same
+  pipeline with the Python search ("loadwatch py").
 
 Throughput is lines / (wall time - the same tool's wall time on an empty file), so process start
 (mtail compiling its program, Python importing) counts for no tool. Peak RSS is the process's
@@ -76,7 +74,7 @@ NAIVE = {
 # -- workers: run in a child process, print one JSON line ----------------------------------------
 
 
-def work_loadwatch(path: str, native: bool = True, runs: bool = True) -> dict[str, object]:
+def work_loadwatch(path: str, native: bool = True) -> dict[str, object]:
     from loadwatch.daemon.sources.inputs import joined
     from loadwatch.daemon.sources.log.follower import LogFollower
     from loadwatch.daemon.state.loadstate import LoadState
@@ -85,7 +83,7 @@ def work_loadwatch(path: str, native: bool = True, runs: bool = True) -> dict[st
     clock = time.time
     start = time.perf_counter()
     follower = LogFollower(path, mode="poll")
-    scanner = ChunkScanner(EventStream(ref_ts=clock()), native=native, runs=runs)
+    scanner = ChunkScanner(EventStream(ref_ts=clock()), native=native)
     state = LoadState()
     weight_updates = 0
     while True:
@@ -145,7 +143,6 @@ def work_naive(path: str) -> dict[str, object]:
 WORKERS: dict[str, Callable[[str], dict[str, object]]] = {
     "loadwatch": work_loadwatch,
     "py": lambda path: work_loadwatch(path, native=False),
-    "per-record": lambda path: work_loadwatch(path, runs=False),
     "naive": work_naive,
 }
 
@@ -265,8 +262,6 @@ def tools(progs: Path) -> list[Tool]:
         ),
         Tool("naive python", lambda p: [py, me, "--worker", "naive", str(p)], worker_counts),
         Tool("loadwatch", lambda p: [py, me, "--worker", "loadwatch", str(p)], worker_counts),
-        # one event per record, as with `[events] fold = false`
-        Tool("lw per record", lambda p: [py, me, "--worker", "per-record", str(p)], worker_counts),
         # the same pipeline with the searches in Python (when the C ones are built)
         *(
             [Tool("loadwatch py", lambda p: [py, me, "--worker", "py", str(p)], worker_counts)]
@@ -390,10 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"load-phase log: loadwatch {fmt_rate(load_rates['loadwatch'])} lines/s = "
-        f"{load_rates['loadwatch'] / load_rates['mtail']:.1f}x mtail (goal >= 3); "
-        f"with [events] fold = false {fmt_rate(load_rates['lw per record'])} lines/s = "
-        f"{load_rates['lw per record'] / load_rates['mtail']:.1f}x mtail, counts equal "
-        f"{next(t for t in load_tools if t.name == 'lw per record').found == truth_load}"
+        f"{load_rates['loadwatch'] / load_rates['mtail']:.1f}x mtail"
     )
     print(
         f"lines_per_s={rates['loadwatch']:.0f} "

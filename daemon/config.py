@@ -100,7 +100,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class EventsConfig:
     stdout: Literal["transitions", "all", "none"] = "transitions"
-    fold: bool = True  # a run of plain k/v scale warnings is one `log.kv_scale_run` line (false: a line per record)
+    fold: bool = True  # k/v scale warnings back to back: one `log.kv_scale_run` line (false: a line per record)
 
 
 @dataclass(frozen=True)

@@ -75,9 +75,9 @@ DOCS: dict[str, str] = {
     "it from the argv or the log",
     "[events] stdout": "what stdout (the journal under systemd) gets: `transitions` (what the "
     "daemon decided, and failures), `all`, or `none`; the events file always gets all",
-    "[events] fold": "`true`: a run of plain k/v scale warnings back to back is one "
-    "`log.kv_scale_run` line (count, layers, processes, first and last offset), and the daemon "
-    "reads such a run as one event; `false`: one line per record",
+    "[events] fold": "`true`: k/v scale warnings back to back are written as one "
+    "`log.kv_scale_run` line (count, layers, processes, each record's offset); `false`: one "
+    "line per record",
     "[vllm] argv": "the vLLM command, as a list (never a shell line)",
     "[vllm] env": "environment variables for vLLM",
     "[vllm] inherit_env": "start vLLM with loadwatch's environment (plus `env`)",

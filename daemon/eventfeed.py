@@ -13,24 +13,34 @@ tagged the run (`sources/log/source.py`):
 A line is known by what caused it, not by its content: the name and the offset of the record
 (transitions caused by a record carry it as ``offset``), and the k-th of that name from that
 record. So a transition re-derived by a restart at a later clock is still the same transition.
+
+Folding is how the lines are rendered, nothing more: k/v scale warnings back to back in a run's
+effects (a load prints one per layer, scale and worker) are written as one `log.kv_scale_run`
+line that lists each record's offset (`offsets`) and sums what they say (count, layers with their
+records, scales, processes, first and last stamp). Which records a folded line holds depends only
+on the run's events in order, so the run a kill cut short, written again by the restart, folds
+the same records into the same lines; the records a written line holds are known as written.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from loadwatch.daemon.sources.log.emitmark import Ordinals
+from loadwatch.daemon.sources.log.emitmark import FOLDED_AS, Ordinals
 from loadwatch.daemon.sources.log.source import Notice, Run
 from loadwatch.daemon.state.snapshot import Transition
 from loadwatch.exporters.eventlog import EventLog
-from loadwatch.parsers import Event
+from loadwatch.parsers import Event, KvScaleWarning
 from loadwatch.parsers.vllm.argv_secrets import Redactor
 
 
 class EventFeed:
-    def __init__(self, eventlog: EventLog, redactor: Redactor | None = None) -> None:
+    def __init__(
+        self, eventlog: EventLog, redactor: Redactor | None = None, fold: bool = True
+    ) -> None:
         self.eventlog = eventlog
         self.redactor = redactor or Redactor()
+        self.fold = fold  # k/v scale warnings back to back as one line
         self._error: str | None = None  # the event log file's last failure, said once
 
     def line(self, name: str, **fields: Any) -> None:
@@ -67,26 +77,62 @@ class EventFeed:
             self._error = error
 
     def effects(self, run: Run) -> RunEffects:
-        return RunEffects(self.eventlog, run)
+        return RunEffects(self.eventlog, run, self.fold)
+
+
+_KV = f"log.{KvScaleWarning.type}"
 
 
 class RunEffects:
-    """Writes the effects of one run, each exactly once (see the module doc)."""
+    """Writes the effects of one run, each exactly once (see the module doc); `close()` after
+    the last of them writes the folded line still open."""
 
-    def __init__(self, eventlog: EventLog, run: Run) -> None:
+    def __init__(self, eventlog: EventLog, run: Run, fold: bool = True) -> None:
         self._eventlog = eventlog
         self._run = run
         self._ordinal = Ordinals()
+        self._fold = fold
+        self._kv: list[KvScaleWarning] = []  # back to back, not written yet
 
     def transition(self, t: Transition, offset: int) -> None:
+        self._close_fold()
         fields = t.to_dict()
         kind = fields.pop("transition")
         fields.setdefault("offset", offset)  # (as the fold notes it)
         self._write(f"transition.{kind}", fields, log=False)
 
     def event(self, ev: Event) -> None:
-        fields = {k: v for k, v in ev.to_dict().items() if v is not None and k != "type"}
-        self._write(f"log.{ev.type}", fields, log=True)
+        if type(ev) is KvScaleWarning and self._fold and not ev.deprecated:
+            self._kv.append(ev)
+            return
+        self._close_fold()
+        self._write(f"log.{ev.type}", _fields(ev), log=True)
+
+    def close(self) -> None:
+        self._close_fold()
+
+    def _close_fold(self) -> None:
+        kv = self._kv
+        if not kv:
+            return
+        self._kv = []
+        run = self._run
+        if run.emit == "none":
+            return  # written before
+        if run.emit == "missing" and run.written is not None:
+            written = run.written
+            kv = [ev for ev in kv if self._ordinal((_KV, ev.offset)) not in written]
+            if not kv:
+                return
+        if len(kv) == 1:
+            fields = _fields(kv[0])
+            name = _KV
+        else:
+            fields = folded(kv)
+            name = FOLDED_AS[_KV]
+        if run.emit == "missing" and run.written is None:
+            fields["replay"] = True
+        self._eventlog.emit(name, **fields)
 
     def _write(self, name: str, fields: dict[str, Any], *, log: bool) -> None:
         run = self._run
@@ -101,3 +147,38 @@ class RunEffects:
             elif key in run.written:
                 return
         self._eventlog.emit(name, **fields)
+
+
+def _fields(ev: Event) -> dict[str, Any]:
+    return {k: v for k, v in ev.to_dict().items() if v is not None and k != "type"}
+
+
+def folded(kv: list[KvScaleWarning]) -> dict[str, Any]:
+    """One line for k/v scale warnings back to back: the first record's place, stamp, process
+    and names, the last one's place and stamp, and the sums: records per layer (layer order),
+    scales and processes (order of first appearance), and every record's offset."""
+    first, last = kv[0], kv[-1]
+    layers: dict[int, int] = {}
+    scales: dict[str, None] = {}
+    procs: dict[tuple[str | None, int | None], None] = {}
+    for ev in kv:
+        if ev.layer is not None:
+            layers[ev.layer] = layers.get(ev.layer, 0) + 1
+        scales[ev.scale] = None
+        procs[(ev.process, ev.pid)] = None
+    fields: dict[str, Any] = {
+        "offset": first.offset,
+        "ts": first.ts,
+        "process": first.process,
+        "pid": first.pid,
+        "count": len(kv),
+        "last_offset": last.offset,
+        "last_ts": last.ts,
+        "scales": list(scales),
+        "layers": [[layer, n] for layer, n in sorted(layers.items())],
+        "processes": [[p, pid] for p, pid in procs],
+        "checkpoint_name": first.checkpoint_name,
+        "model_name": first.model_name,
+        "offsets": [ev.offset for ev in kv],
+    }
+    return {k: v for k, v in fields.items() if v is not None}

@@ -74,26 +74,6 @@ class KvScaleWarning(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class KvScaleRun(Event):
-    """Records back to back that are each a plain `KvScaleWarning` (k or v scale, one prefix, a
-    bracketed header): what the state needs of them, as one event, so a load's thousands of
-    per-layer warnings never become one object each. `offset`, `ts`, `process`, `pid`, the
-    names: the first record's; `last_offset`, `last_ts`: the last one's (stamps never go back
-    within a run). `layers`: (layer, records) in layer order; `processes`: each (process, pid)
-    once, in order of first appearance; `scales` likewise."""
-
-    type: ClassVar[str] = "kv_scale_run"
-    count: int
-    last_offset: int
-    last_ts: float | None = None
-    scales: tuple[str, ...] = ()
-    layers: tuple[tuple[int, int], ...] = ()
-    processes: tuple[tuple[str, int], ...] = ()
-    checkpoint_name: str | None = None
-    model_name: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class ScaleFactorWarning(Event):
     """The scaling-factor family: default 1.0 KV scale, q scale from k, uncalibrated q/prob."""
 
@@ -284,7 +264,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (
         ShardProgress,
         KvScaleWarning,
-        KvScaleRun,
         ScaleFactorWarning,
         Milestone,
         Failure,
@@ -314,7 +293,6 @@ __all__ = [
     "Event",
     "Failure",
     "FailureKind",
-    "KvScaleRun",
     "KvScaleWarning",
     "LogError",
     "LogWarning",

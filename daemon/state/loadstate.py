@@ -41,8 +41,6 @@ from typing import Any
 from loadwatch.daemon.sources.inputs import HealthProbe, Tick
 from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.fold import Fold
-from loadwatch.daemon.state.fold_kvrun import on_kv_group
-from loadwatch.daemon.state.fold_lane import LANE_INPUTS, fold_lane, lane_end
 from loadwatch.daemon.state.fold_log import LOG_HANDLERS, on_kv_run
 from loadwatch.daemon.state.fold_world import WORLD_HANDLERS
 from loadwatch.daemon.state.nodefold import NODE_EVENTS, track_node
@@ -62,12 +60,10 @@ from loadwatch.daemon.state.session import (
 )
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.state.snapshot_builder import build_snapshot
-from loadwatch.parsers.events import KvScaleRun, KvScaleWarning
+from loadwatch.parsers.events import KvScaleWarning
 
 HANDLERS: dict[type, Any] = {**LOG_HANDLERS, **WORLD_HANDLERS, **NODE_EVENTS}
-LOG_INPUTS = frozenset(
-    {*LOG_HANDLERS, *NODE_EVENTS, KvScaleRun}
-)  # their transitions carry the record's offset
+LOG_INPUTS = frozenset({*LOG_HANDLERS, *NODE_EVENTS})  # their transitions carry the record's offset
 
 
 @dataclass(frozen=True)
@@ -81,12 +77,9 @@ class LoadState(StateData):
         *,
         replay: bool = False,
         stamp_offset_s: float = 0.0,
-        lanes: bool = True,
     ) -> LoadState:
         """`apply_run` of one input."""
-        return self.apply_run(
-            (item,), now, replay=replay, stamp_offset_s=stamp_offset_s, lanes=lanes
-        )
+        return self.apply_run((item,), now, replay=replay, stamp_offset_s=stamp_offset_s)
 
     def apply_run(
         self,
@@ -95,15 +88,12 @@ class LoadState(StateData):
         *,
         replay: bool = False,
         stamp_offset_s: float = 0.0,
-        lanes: bool = True,
     ) -> LoadState:
         """Fold a run of inputs observed at `now`, in order, in one call; the result's
         `transitions` are every transition of the run. `replay`: the inputs are log events
         re-read after a restart (the log source says so), placed at their own stamps plus
         `stamp_offset_s` (`Fold.at`), and no stall is judged; live, the run arrived at `now`
-        and stalls are judged once, after it. `lanes=False`: a load's warnings and bar
-        updates each through their own handler, not in one pass (fold_lane.py; the same
-        state, which the tests check this way)."""
+        and stalls are judged once, after it."""
         f = Fold(self, now, replay, stamp_offset_s)
         handlers = HANDLERS
         logged = LOG_INPUTS
@@ -112,17 +102,6 @@ class LoadState(StateData):
         while i < n:
             item = seq[i]
             cls = type(item)
-            if lanes and cls in LANE_INPUTS:
-                j = lane_end(f, seq, i)
-                if j > i:
-                    fold_lane(f, seq, i, j)
-                    i = j
-                    continue
-            if cls is KvScaleRun:  # the scanner's one event for a run of them
-                f.record = item.offset  # type: ignore[union-attr]
-                on_kv_group(f, item)  # type: ignore[arg-type]
-                i += 1
-                continue
             if cls is KvScaleWarning:  # the run of them from here, in one call
                 j = i + 1
                 while j < n and type(seq[j]) is KvScaleWarning:

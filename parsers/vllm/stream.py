@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
 
 from loadwatch.parsers.events import (
     Event,
@@ -37,7 +36,6 @@ from loadwatch.parsers.vllm.lines import (
     split_segments,
     strip_ansi,
 )
-from loadwatch.parsers.vllm.runs import read_run
 from loadwatch.parsers.vllm.segment import (
     CHAIN_MARKERS,
     MAX_MESSAGE_CHARS,
@@ -156,10 +154,6 @@ class EventStream:
         self._bar_owner: dict[str, tuple[str, int | None]] = {}
         self._heads = StandardHeads(self.years)
         self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
-        # `run`'s bar records: prefixes read (process, pid; False: not plain), and descriptions
-        # whose general parse agreed with load_run's fields (True) or did not (False)
-        self._bar_prefixes: dict[bytes, tuple[str, int] | Literal[False]] = {}
-        self._bar_descs: dict[bytes, bool] = {}
         self.mode: Mode = "startup"
 
     def set_reference(self, ts: float) -> None:
@@ -265,14 +259,6 @@ class EventStream:
         ts = self.years.stamp(stamp)
         if ts is not None:
             self._last_ts = ts
-
-    def run(
-        self, data: bytes, start: int, base: int, native: bool = True
-    ) -> tuple[int, list[Event]] | None:
-        """The run of plain k/v scale warning records from `start` in a chunk and the bar
-        records between them (runs.py), and where its last record ends; None: no such record
-        there. What feeding the records one by one would leave in the stream, it leaves."""
-        return read_run(self, data, start, base, native)  # type: ignore[arg-type]
 
     def feed_all(self, records: Iterable[Record]) -> list[Event]:
         out: list[Event] = []

@@ -99,12 +99,12 @@ class Daemon:
 
     def __init__(self, tmp: Path, fold: bool = False) -> None:
         self.eventlog = EventLog(io.StringIO(), tmp / "events.jsonl", console=False)
-        self.feed = EventFeed(self.eventlog)
+        self.feed = EventFeed(self.eventlog, fold=fold)
         self.state = LoadState(config=CONFIG)
         self.source = LogSource(
             tmp / "vllm.log",
             state_dir=tmp / "state",
-            scanner=lambda: ChunkScanner(EventStream(), runs=fold),
+            scanner=lambda: ChunkScanner(EventStream()),
             events_file=tmp / "events.jsonl",
             poll_interval_s=0.05,
             mode="poll",
@@ -138,6 +138,7 @@ class Daemon:
                 out.event(ev)
             if dies:
                 return True
+            out.close()
             source.end(item, self.feed.position())
         for notice in source.settle():
             self.feed.notice(notice)
@@ -153,7 +154,7 @@ class Daemon:
 
 
 class LogSourceModel(RuleBasedStateMachine):
-    FOLD = False  # runs of k/v warnings as one event (the event log's folded line)
+    FOLD = False  # k/v warnings back to back as one line (the event log's folded line)
 
     def __init__(self) -> None:
         super().__init__()
@@ -395,9 +396,9 @@ test_log_source_against_its_model = LogSourceModel.TestCase
 
 
 class FoldedLogSourceModel(LogSourceModel):
-    """The same with the daemon's default, runs of k/v warnings folded into one line each: a
-    kill cuts a run short, the restart writes its rest a line per record and knows a folded
-    line's records as written by its first and last offset."""
+    """The same with the daemon's default, k/v warnings back to back folded into one line each:
+    a kill cuts a run short, the restart folds what the run's events left unwritten and knows
+    the records a folded line lists as written."""
 
     FOLD = True
 

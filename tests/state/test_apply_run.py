@@ -1,8 +1,7 @@
-"""`LoadState.apply_run` (a run of inputs in one call, changing its own copies in place, a live
-load's warnings and bar updates in one pass: fold_lane.py) gives exactly the state and the
-transitions of folding the same inputs one `apply` at a time, each through its own handler
-(`lanes=False`): replayed and live, across stalls, restarts, new processes and scales. And the
-state a run starts from is never changed by it."""
+"""`LoadState.apply_run` (a run of inputs in one call, changing its own copies in place) gives
+exactly the state and the transitions of folding the same inputs one `apply` at a time:
+replayed and live, across stalls, restarts, new processes and scales, in runs of any size. And
+the state a run starts from is never changed by it."""
 
 from __future__ import annotations
 
@@ -21,13 +20,12 @@ from loadwatch.parsers import (
     LogError,
     LogWarning,
 )
-from loadwatch.parsers.events import KvScaleRun
 from tests.parsers.golden import REF_TS
 from tests.perf.logs import load_log, serving_log
 
 
-def events(data: bytes, runs: bool = False) -> list[Event]:
-    scanner = ChunkScanner(EventStream(ref_ts=REF_TS), runs=runs)
+def events(data: bytes) -> list[Event]:
+    scanner = ChunkScanner(EventStream(ref_ts=REF_TS))
     return scanner.feed(data) + scanner.stream.flush()
 
 
@@ -61,7 +59,7 @@ def fold_both(
         assert batched == before, "apply_run changed the state it started from"
         out: list[Transition] = []
         for item in run:
-            single = single.apply(item, now, replay=replay, lanes=False)
+            single = single.apply(item, now, replay=replay)
             out.extend(single.transitions)
         assert list(got.transitions) == out, (now, run[:3])
         assert evolve(got, transitions=()) == evolve(single, transitions=()), (now, run[:3])
@@ -87,10 +85,9 @@ def test_live_load_log_in_runs_of_any_size() -> None:
 
 
 def test_live_load_log_read_in_runs_with_stalls_between() -> None:
-    """A load's warnings as runs (`[events] fold`) and its bar updates, live, in runs of any
-    size; now and then the log goes quiet long enough for a stall, then goes on."""
-    evs = events(load_log()[0], runs=True)
-    assert sum(isinstance(e, KvScaleRun) for e in evs) > 10
+    """A load's warnings and its bar updates, live, in runs of any size; now and then the log
+    goes quiet long enough for a stall, then goes on."""
+    evs = events(load_log()[0])
     for size in (1, 3, 40, 500):
         items: list[tuple[float, Input]] = []
         t = REF_TS + 60.0
