@@ -106,7 +106,7 @@ class RunEffects:
             self._kv.append(ev)
             return
         self._close_fold()
-        self._write(f"log.{ev.type}", _fields(ev), log=True)
+        self._write(f"log.{ev.type}", ev.fields_set(), log=True)
 
     def close(self) -> None:
         self._close_fold()
@@ -125,7 +125,7 @@ class RunEffects:
             if not kv:
                 return
         if len(kv) == 1:
-            fields = _fields(kv[0])
+            fields = kv[0].fields_set()
             name = _KV
         else:
             fields = folded(kv)
@@ -147,10 +147,6 @@ class RunEffects:
             elif key in run.written:
                 return
         self._eventlog.emit(name, **fields)
-
-
-def _fields(ev: Event) -> dict[str, Any]:
-    return {k: v for k, v in ev.to_dict().items() if v is not None and k != "type"}
 
 
 def folded(kv: list[KvScaleWarning]) -> dict[str, Any]:

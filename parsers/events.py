@@ -37,10 +37,30 @@ class Event:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict with the type name first; used by golden files and the event log."""
         out: dict[str, Any] = {"type": self.type}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+        for name in field_names(type(self)):
+            value = getattr(self, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
         return out
+
+    def fields_set(self) -> dict[str, Any]:
+        """`to_dict` without the type and the fields that are None: an event log line's."""
+        out: dict[str, Any] = {}
+        for name in field_names(type(self)):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """An event class's field names, in order (read once per class)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

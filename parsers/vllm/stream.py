@@ -200,6 +200,16 @@ class EventStream:
                 out = self._segment(head, offset)
             else:  # `_segment` for the common case: no traceback to join, none to open
                 self._last_ts = ts
+                recipe = self._recipes.get((self.mode, level, head.source, head.body))
+                if recipe is not None and len(recipe) == 1:
+                    # `_parse` of a message read before, whose one event is neither a bar nor
+                    # a milestone (`recipe_of`): made from its recipe
+                    make, values = recipe[0]
+                    event = make(values, offset, ts, head.process, head.pid)
+                    stats.events += 1
+                    by_type = stats.by_type
+                    by_type[event.type] = by_type.get(event.type, 0) + 1
+                    return [event]
                 out = self._parse(head, offset)
         if out:
             stats.events += len(out)

@@ -6,8 +6,10 @@ the state a run starts from is never changed by it."""
 from __future__ import annotations
 
 import copy
+import random
 from dataclasses import replace
 
+from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, startup
 from loadwatch.daemon.sources.inputs import ProcessEvent, Tick
 from loadwatch.daemon.state.loadstate import Input, LoadState
 from loadwatch.daemon.state.records import evolve
@@ -19,6 +21,7 @@ from loadwatch.parsers import (
     KvScaleWarning,
     LogError,
     LogWarning,
+    ShardProgress,
 )
 from tests.parsers.golden import REF_TS
 from tests.perf.logs import load_log, serving_log
@@ -148,3 +151,25 @@ def test_warnings_of_many_processes_layers_and_scales() -> None:
         assert st.session is not None and st.session.warnings["other"].count > 100
         w = st.session.warnings["kv_scale_missing"]
         assert w.count == 600 and len(w.processes) == 16 and w.layers_over > 0
+
+
+def test_bar_updates_back_to_back_read_in_bursts() -> None:
+    """A load that prints no warnings: its bar updates come back to back, and a run read at
+    one instant holds several of them (`fold_bars.py`'s bursts, where the last decides)."""
+    rng = random.Random(3)
+    clock = SyntheticClock()
+    shape = Shape(shards=40, workers=2, layers=4, kv_scales=False)
+    data = "".join(line for _ in range(2) for line in startup(rng, clock, shape)).encode()
+    evs = events(data)
+    bars = [e for e in evs if isinstance(e, ShardProgress)]
+    assert len(bars) > 80
+    for size in (2, 5, 64):
+        for replay in (False, True):
+            items: list[tuple[float, Input]] = [
+                (REF_TS + 60.0 + i // 7, e) for i, e in enumerate(evs)
+            ]
+            st, _ = fold_both(items, replay=replay, size=size)
+            s = st.session
+            assert s is not None
+            (bar,) = [b for b in s.bars.values() if b.kind == "weights"]
+            assert (bar.done, bar.updates) == (40, 42)
