@@ -75,9 +75,6 @@ DOCS: dict[str, str] = {
     "it from the argv or the log",
     "[events] stdout": "what stdout (the journal under systemd) gets: `transitions` (what the "
     "daemon decided, and failures), `all`, or `none`; the events file always gets all",
-    "[events] fold": "`true`: k/v scale warnings back to back are written as one "
-    "`log.kv_scale_run` line (count, layers, processes, each record's offset); `false`: one "
-    "line per record",
     "[vllm] argv": "the vLLM command, as a list (never a shell line)",
     "[vllm] env": "environment variables for vLLM",
     "[vllm] inherit_env": "start vLLM with loadwatch's environment (plus `env`)",

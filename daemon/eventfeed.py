@@ -16,10 +16,13 @@ record. So a transition re-derived by a restart at a later clock is still the sa
 
 Folding is how the lines are rendered, nothing more: k/v scale warnings back to back in a run's
 effects (a load prints one per layer, scale and worker) are written as one `log.kv_scale_run`
-line that lists each record's offset (`offsets`) and sums what they say (count, layers with their
-records, scales, processes, first and last stamp). Which records a folded line holds depends only
+line that lists each record's offset and time (`offsets`, `record_ts`: what a record's own line
+is known by) and sums what they say (count, layers with their records, scales, processes). Which records a folded line holds depends only
 on the run's events in order, so the run a kill cut short, written again by the restart, folds
 the same records into the same lines; the records a written line holds are known as written.
+There is no setting for it: the line lists what identifies each record (its offset and time;
+vLLM's log holds the record itself at that offset), one format serves every reader of the event log and the
+restart's read-back, and a line per record would write ten times the lines during a load.
 """
 
 from __future__ import annotations
@@ -35,12 +38,9 @@ from loadwatch.parsers.vllm.argv_secrets import Redactor
 
 
 class EventFeed:
-    def __init__(
-        self, eventlog: EventLog, redactor: Redactor | None = None, fold: bool = True
-    ) -> None:
+    def __init__(self, eventlog: EventLog, redactor: Redactor | None = None) -> None:
         self.eventlog = eventlog
         self.redactor = redactor or Redactor()
-        self.fold = fold  # k/v scale warnings back to back as one line
         self._error: str | None = None  # the event log file's last failure, said once
 
     def line(self, name: str, **fields: Any) -> None:
@@ -77,7 +77,7 @@ class EventFeed:
             self._error = error
 
     def effects(self, run: Run) -> RunEffects:
-        return RunEffects(self.eventlog, run, self.fold)
+        return RunEffects(self.eventlog, run)
 
 
 _KV = f"log.{KvScaleWarning.type}"
@@ -87,11 +87,10 @@ class RunEffects:
     """Writes the effects of one run, each exactly once (see the module doc); `close()` after
     the last of them writes the folded line still open."""
 
-    def __init__(self, eventlog: EventLog, run: Run, fold: bool = True) -> None:
+    def __init__(self, eventlog: EventLog, run: Run) -> None:
         self._eventlog = eventlog
         self._run = run
         self._ordinal = Ordinals()
-        self._fold = fold
         self._kv: list[KvScaleWarning] = []  # back to back, not written yet
 
     def transition(self, t: Transition, offset: int) -> None:
@@ -102,7 +101,7 @@ class RunEffects:
         self._write(f"transition.{kind}", fields, log=False)
 
     def event(self, ev: Event) -> None:
-        if type(ev) is KvScaleWarning and self._fold and not ev.deprecated:
+        if type(ev) is KvScaleWarning and not ev.deprecated:
             self._kv.append(ev)
             return
         self._close_fold()
@@ -151,8 +150,8 @@ class RunEffects:
 
 def folded(kv: list[KvScaleWarning]) -> dict[str, Any]:
     """One line for k/v scale warnings back to back: the first record's place, stamp, process
-    and names, the last one's place and stamp, and the sums: records per layer (layer order),
-    scales and processes (order of first appearance), and every record's offset."""
+    and names, the last one's place and stamp, the sums: records per layer (layer order), scales
+    and processes (order of first appearance), and every record's offset and time."""
     first, last = kv[0], kv[-1]
     layers: dict[int, int] = {}
     scales: dict[str, None] = {}
@@ -176,5 +175,6 @@ def folded(kv: list[KvScaleWarning]) -> dict[str, Any]:
         "checkpoint_name": first.checkpoint_name,
         "model_name": first.model_name,
         "offsets": [ev.offset for ev in kv],
+        "record_ts": [ev.ts for ev in kv],
     }
     return {k: v for k, v in fields.items() if v is not None}

@@ -67,7 +67,7 @@ class Daemon:
         self.clock = clock
         self._sleep_fn = sleep
         self.eventlog = eventlog  # (for reopening on SIGHUP; lines go through `feed`)
-        self.feed = EventFeed(eventlog, redactor, fold=cfg.events.fold)
+        self.feed = EventFeed(eventlog, redactor)
         self.gpu = gpu
         self.notifier = notifier or SdNotifier({})
         self.redactor = self.feed.redactor

@@ -78,6 +78,8 @@ dir = "/models/k"
         ("[vllm]\nuser = 1.5\n", "[vllm] user", "user name or uid"),
         ("[vllm]\nuser = ''\n", "[vllm] user", "user name or uid"),
         ("[vllm]\nargv = ['x']\nuser = 'root'\n", "[vllm] user", "watch mode only"),
+        # a setting that went (the event log always folds k/v warnings): said, not "unknown"
+        ("[events]\nfold = false\n", "[events] fold", "no longer a setting"),
     ],
 )
 def test_each_problem_names_its_key(tmp_path: Path, text: str, key: str, words: str) -> None:
