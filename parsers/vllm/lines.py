@@ -88,7 +88,15 @@ _PREFIX_BYTES = re.compile(
     rb"(?: (?P<ranks>[A-Z]{1,8}+[0-9]{1,6}+(?:_[A-Z]{1,8}+[0-9]{1,6}+){0,7}+))?"
     rb" pid=[0-9]{1,10}+(?:, ip=[0-9A-Fa-f.:]{1,64}+)?\)"
 )
+# The same, whole: a chunk's prefixes are listed in C (`findall`), and each distinct one is read
+# once (a log repeats a few prefixes on nearly every line).
+_PREFIX_WHOLE = re.compile(
+    rb"\([A-Za-z][A-Za-z0-9_-]{0,63}+(?: rank=[0-9]{1,6}+)?"
+    rb"(?: [A-Z]{1,8}+[0-9]{1,6}+(?:_[A-Z]{1,8}+[0-9]{1,6}+){0,7}+)?"
+    rb" pid=[0-9]{1,10}+(?:, ip=[0-9A-Fa-f.:]{1,64}+)?\)"
+)
 MAX_PROCESS_NAMES = 256
+MAX_PREFIXES_READ = 4096  # distinct prefixes remembered as read (a process per pid: bounded)
 
 
 class ProcessNames:
@@ -96,14 +104,21 @@ class ProcessNames:
 
     def __init__(self) -> None:
         self.names: dict[str, None] = {}
+        self._read: set[bytes] = set()
 
     def feed(self, data: bytes) -> None:
-        if b" pid=" not in data:
+        if b" pid=" not in data or len(self.names) >= MAX_PROCESS_NAMES:
             return
-        names = self.names
-        for m in _PREFIX_BYTES.finditer(data):
-            if len(names) >= MAX_PROCESS_NAMES:
-                return
+        names, read = self.names, self._read
+        for prefix in dict.fromkeys(_PREFIX_WHOLE.findall(data)):  # (in order, each once)
+            if prefix in read:
+                continue
+            if len(read) >= MAX_PREFIXES_READ:
+                read.clear()
+            read.add(prefix)
+            m = _PREFIX_BYTES.fullmatch(prefix)
+            if m is None or len(names) >= MAX_PROCESS_NAMES:
+                continue
             name = m["name"].decode()
             if m["ranks"]:
                 name = f"{name}_{m['ranks'].decode()}"
