@@ -14,10 +14,6 @@ PURE = os.environ.get("LOADWATCH_PURE", "") not in ("", "0")
 ext_modules = (
     []
     if PURE
-    else [
-        Extension("loadwatch.parsers._scan", sources=["parsers/_scan.c"], optional=True),
-        # runs of k/v scale warnings (parsers/vllm/kvrun.py has its Python equal)
-        Extension("loadwatch.parsers.vllm._kvrun", sources=["parsers/vllm/_kvrun.c"], optional=True),
-    ]
+    else [Extension("loadwatch.parsers._scan", sources=["parsers/_scan.c"], optional=True)]
 )
 setup(ext_modules=ext_modules)

@@ -5,10 +5,9 @@
 The load-phase log of bench/throughput_vs_mtail.py (generated the same way, seeded: Kimi-K2.5-like
 starts, ~200,000 lines, nearly every line an event) through the same pipeline, one stage at a
 time in one process: the follower reads every chunk (joined as the log source joins them), the
-chunk scanner turns them into events, one per record and (the daemon's default) with runs of
-plain k/v warnings grouped, `LoadState.apply_run` folds each chunk's events in one call as the
-daemon does (and, to split the fold's time by event type, `LoadState.apply` one event at a
-time, timed per event). Beside
+chunk scanner turns them into events, one per record, `LoadState.apply_run` folds each chunk's
+events in one call as the daemon does (and, to split the fold's time by event type,
+`LoadState.apply` one event at a time, timed per event). Beside
 it, in the same run, two floors for the per-layer k/v scale warnings, which are most of the lines: one compiled regex
 matching the whole warning record over the file (`finditer`, nothing per match), and a bare
 Python loop over the lines. The last line is key=value pairs.
@@ -20,8 +19,7 @@ events the file yields, alone: every event made again from its own field values,
 Python has (`object.__new__` and `object.__setattr__`, as the stream's recipes make them), with no
 parsing and no folding, the least a fold can do per k/v warning, and the weights bars' ETA
 estimator alone, fed every bar update as the fold feeds it: the floors of one event per parsed
-record and an ETA from every bar update, taken one by one (`floors_s` against `budget_3x_s`),
-which grouping runs and folding a burst in one pass (fold_lane.py) get below.
+record and an ETA from every bar update, taken one by one (`floors_s` against `budget_3x_s`).
 """
 
 from __future__ import annotations
@@ -178,17 +176,6 @@ def main() -> int:
         for run in runs:  # as the daemon folds them: a chunk's events in one call
             state = state.apply_run(run, now)
         t3 = time.perf_counter()
-        # the same with runs of plain k/v warnings grouped (ChunkScanner `runs=True`: the
-        # daemon's default, `[events] fold = true`)
-        grouped_scanner = ChunkScanner(EventStream(ref_ts=time.time()), runs=True)
-        gruns = [grouped_scanner.feed(c.data, c.offset, c.file_id) for c in chunks]
-        t4 = time.perf_counter()
-        gstate = LoadState()
-        for run in gruns:
-            gstate = gstate.apply_run(run, now)
-        t5 = time.perf_counter()
-        gevents = sum(len(run) for run in gruns)
-        same = gstate.snapshot(now) == state.snapshot(now) and gstate.lifetime == state.lifetime
         # and one at a time, to split the fold's time by event type
         single = LoadState()
         spent: Counter[str] = Counter()
@@ -199,6 +186,7 @@ def main() -> int:
             single = single.apply(ev, now)
             spent[ev.type] += clock() - a
             count[ev.type] += 1
+        same = single.snapshot(now) == state.snapshot(now) and single.lifetime == state.lifetime
 
         a = clock()
         kv_regex = sum(1 for _ in KV_RECORD.finditer(data))
@@ -216,8 +204,6 @@ def main() -> int:
 
     read_s, parse_s, fold_s = t1 - t0, t2 - t1, t3 - t2
     total = read_s + parse_s + fold_s
-    gparse_s, gfold_s = t4 - t3, t5 - t4
-    gtotal = read_s + gparse_s + gfold_s
     print(
         f"load-phase log: {lines:,} records (a tqdm bar's `\\r` ends one too), "
         f"{len(events):,} events ({len(data) / 1e6:.1f} MB)"
@@ -227,16 +213,8 @@ def main() -> int:
     for name, s in stages:
         print(f"{name:28} {s:6.2f} {s / lines * 1e6:8.2f} {s / len(events) * 1e6:9.2f}")
     print(f"{'all':28} {total:6.2f} {total / lines * 1e6:8.2f}   = {lines / total:,.0f} records/s")
-    print(
-        f"k/v warning runs grouped, the default ({gevents:,} events; state "
-        f"{'equal' if same else 'DIFFERENT'}):"
-    )
-    for name, s in (("  scan + parse", gparse_s), ("  fold (per chunk)", gfold_s)):
-        print(f"{name:28} {s:6.2f} {s / lines * 1e6:8.2f} {s / gevents * 1e6:9.2f}")
-    print(
-        f"{'  all':28} {gtotal:6.2f} {gtotal / lines * 1e6:8.2f}   = {lines / gtotal:,.0f} records/s"
-    )
-    print(f"\nfold one event at a time, by type {'events':>8} {'s':>6} {'us each':>8}")
+    print(f"\nfold one event at a time (the state {'equal' if same else 'DIFFERENT'}), by type")
+    print(f"  {'':26} {'events':>8} {'s':>6} {'us each':>8}")
     for kind, n in count.most_common():
         print(f"  {kind:26} {n:8,} {spent[kind]:6.2f} {spent[kind] / n * 1e6:8.1f}")
     print(
@@ -272,18 +250,17 @@ def main() -> int:
             f"{third:.2f} s for the whole file. Reading it, building the events and the least "
             f"fold of the k/v warnings take {least:.2f} s of that ({least / third:.0%}); with "
             f"the ETA estimator's updates {floors:.2f} s ({floors / third:.0%}), before any "
-            f"parsing and any other fold; loadwatch now: {mtail_net / gtotal:.2f}x mtail with "
-            f"k/v warning runs grouped (the default), {mtail_net / total:.2f}x one event per record"
+            f"parsing and any other fold; loadwatch now: {mtail_net / total:.2f}x mtail"
         )
         budget = (
             f" floors_s={floors:.2f} mtail_s={mtail_net:.2f} budget_3x_s={third:.2f}"
-            f" ratio_vs_mtail={mtail_net / total:.2f} runs_ratio_vs_mtail={mtail_net / gtotal:.2f}"
+            f" ratio_vs_mtail={mtail_net / total:.2f}"
         )
     print(
         f"records_per_s={lines / total:.0f} read_s={read_s:.2f} parse_s={parse_s:.2f} "
         f"fold_s={fold_s:.2f} kv_regex_s={regex_s:.2f} line_loop_s={loop_s:.2f} "
         f"build_events_s={build_s:.2f} kv_least_fold_s={kv_fold_s:.2f} "
-        f"bar_eta_s={bar_eta_s:.2f} runs_parse_s={gparse_s:.2f} runs_fold_s={gfold_s:.2f}{budget}"
+        f"bar_eta_s={bar_eta_s:.2f}{budget}"
     )
     return 0 if same else 1
 

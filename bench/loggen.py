@@ -1,13 +1,22 @@
 """Seeded generators of vLLM server logs in the real byte format, with the ground truth they hold.
 
-Two shapes, as an inference host sees them:
-- a load-phase log: Kimi-K2.5-like startups (119 shards, 8 tensor-parallel workers, per-layer
-  k/v scale warnings from every worker, milestones, `\\r` progress bars), repeated;
-- a serving-phase log: one startup, then request and access lines, periodic engine statistics,
-  rare warnings, and a few restarts with fresh loads (one of them failing with a CUDA OOM).
+Shapes, as an inference host sees them (`LOAD_SHAPES`, `SERVING_SHAPES`):
+- load-phase logs: Kimi-K2.5-like startups (119 shards, 8 tensor-parallel workers, per-layer k/v
+  scale warnings from every worker, milestones, progress bars), repeated, in three shapes:
+  `blocks` (each layer's warnings worker after worker, the bar after a lone `(Worker_TP0
+  pid=N) ` record and tqdm's `\\r`: what the demo's simulated vLLM prints), `interleaved` (the
+  8 workers' own per-layer warnings merged as processes writing to one stream merge them, the
+  bar with its process prefix on the same record) and `interleaved-lone` (interleaved warnings,
+  the bar after a lone prefix record);
+- serving-phase logs: one startup, then request lines, periodic engine statistics, and a few
+  restarts with fresh loads (one of them failing with a CUDA OOM), in two shapes: `serving`
+  (the request, access and statistics lines of daemon/sim/kimilog.py's `serving`, prompts that
+  say ERROR) and `requests` (vLLM 0.32 with `--enable-log-requests --enable-log-outputs` at
+  DEBUG: parameters, the prompt and the output echoed, `Added request`, uvicorn's access line;
+  kimilog.py's `logged_requests`).
 
 The lines come from `loadwatch.daemon.sim.kimilog`, the same script the demo's simulated vLLM prints.
-`python bench/loggen.py load|serving PATH [--lines N] [--seed S]` writes one and prints its truth.
+`python bench/loggen.py SHAPE PATH [--lines N] [--seed S]` writes one and prints its truth.
 """
 
 from __future__ import annotations
@@ -15,11 +24,27 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from loadwatch.daemon.sim.kimilog import Counts, SyntheticClock, serving, startup
+from loadwatch.daemon.sim.kimilog import (
+    Counts,
+    LogClock,
+    Shape,
+    SyntheticClock,
+    logged_requests,
+    serving,
+    startup,
+)
+
+LOAD_SHAPES: dict[str, Shape] = {
+    "blocks": Shape(),
+    "interleaved": Shape(warnings="interleaved", bar="same_record"),
+    "interleaved-lone": Shape(warnings="interleaved", bar="lone_prefix"),
+}
+Requests = Callable[[random.Random, LogClock, int], Iterator[str]]
+SERVING_SHAPES: dict[str, Requests] = {"serving": serving, "requests": logged_requests}
 
 
 @dataclass
@@ -38,15 +63,16 @@ def write(lines: Iterator[str], path: Path, truth: Truth) -> None:
             f.write(data)
 
 
-def load_log(path: Path, lines: int = 200_000, seed: int = 1) -> Truth:
+def load_log(path: Path, lines: int = 200_000, seed: int = 1, shape: str = "blocks") -> Truth:
     rng = random.Random(seed)
     clock = SyntheticClock()
     truth = Truth()
+    form = LOAD_SHAPES[shape]
 
     def gen() -> Iterator[str]:
         produced = 0
         while produced < lines:
-            for line in startup(rng, clock, counts=truth):
+            for line in startup(rng, clock, form, counts=truth):
                 produced += line.count("\n")
                 yield line
 
@@ -54,16 +80,23 @@ def load_log(path: Path, lines: int = 200_000, seed: int = 1) -> Truth:
     return truth
 
 
-def serving_log(path: Path, lines: int = 1_000_000, seed: int = 1, restarts: int = 3) -> Truth:
+def serving_log(
+    path: Path,
+    lines: int = 1_000_000,
+    seed: int = 1,
+    restarts: int = 3,
+    shape: str = "serving",
+) -> Truth:
     rng = random.Random(seed)
     clock = SyntheticClock()
     truth = Truth()
     per = lines // (restarts + 1)
+    requests = SERVING_SHAPES[shape]
 
     def gen() -> Iterator[str]:
         yield from startup(rng, clock, counts=truth)
         for r in range(restarts + 1):
-            yield from serving(rng, clock, per - 2000)
+            yield from requests(rng, clock, per - 2000)
             if r < restarts:
                 if r == 0:  # the first restart dies of a CUDA OOM half way, then starts cleanly
                     yield from startup(rng, clock, counts=truth, fail="oom", fail_at_shard=60)
@@ -77,15 +110,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("shape", choices=("load", "serving"))
+    ap.add_argument("shape", choices=(*LOAD_SHAPES, *SERVING_SHAPES))
     ap.add_argument("path", type=Path)
     ap.add_argument("--lines", type=int, default=None)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    if args.shape == "load":
-        truth = load_log(args.path, args.lines or 200_000, args.seed)
+    if args.shape in LOAD_SHAPES:
+        truth = load_log(args.path, args.lines or 200_000, args.seed, args.shape)
     else:
-        truth = serving_log(args.path, args.lines or 1_000_000, args.seed)
+        truth = serving_log(args.path, args.lines or 1_000_000, args.seed, shape=args.shape)
     print(truth.to_json())
 
 

@@ -1,33 +1,39 @@
 """Log throughput of loadwatch against the tools an operator would pick instead, same run, same input.
 
     .venv/bin/python bench/throughput_vs_mtail.py [--quick] [--runs N] [--keep DIR]
+                                                 [--only SHAPE ...] [--python PATH]
 
-Two vLLM logs in the real byte format are generated (seeded, into a temp dir, by bench/loggen.py,
-which knows what they hold): a load-phase log (Kimi-K2.5-like starts: 119 shards, 8 workers,
-per-layer k/v scale warnings, repeated to ~200,000 lines) and a serving-phase log of 1,000,000
-lines (request and access lines, engine statistics, prompts that say "ERROR" or "CUDA out of
-memory", a few restarts, one of them dying of a CUDA OOM). On each, every tool runs as its own
-process, `--runs` times (median):
+One vLLM log per shape of bench/loggen.py is generated in the real byte format (seeded, into a
+temp dir; the generator knows what each holds): three load-phase shapes (Kimi-K2.5-like starts:
+119 shards, 8 workers, per-layer k/v scale warnings, repeated to ~200,000 lines): `blocks`
+(each layer's warnings worker after worker, the weights bar after a lone process-prefix record),
+`interleaved` (the 8 workers' warnings interleaved, the bar with its prefix in the same record),
+`interleaved-lone` (interleaved, the bar after a lone prefix record); and two serving-phase
+shapes of 1,000,000 lines (a few restarts, one of them dying of a CUDA OOM): `serving`
+(request, access and statistics lines, prompts that say "ERROR" or "CUDA out of memory") and
+`requests` (vLLM 0.32's `--enable-log-requests` lines with the prompts and outputs echoed,
+`Added request`, uvicorn's access lines). On each, every tool runs as its own process, `--runs`
+times (median), the tools interleaved:
 
 - `wc -l`: the read bound;
 - `grep -c -E` with the alternation of loadwatch's pre-filter needles;
 - mtail (`--one_shot`) with bench/vllm_load.mtail, which extracts the same facts;
 - a naive Python loop: every line through every regex of that mtail program;
-- loadwatch's pipeline as the daemon runs it by default: `LogFollower(path, mode="poll")`
-  reads, its chunks `joined` as the log source joins them, `ChunkScanner(runs=True).feed(
-  chunk.data, chunk.offset, chunk.file_id)` (a run of plain k/v scale warnings is one event, as
-  with `[events] fold = true`), `LoadState.apply_run(events, now)` (a chunk's events in one
-  call), with the C searches (parsers/_scan.c, parsers/vllm/_kvrun.c) when they are built;
-  beside it the same pipeline with `[events] fold = false` ("lw per record": one event per
-  record) and with the Python searches ("loadwatch py").
+- loadwatch's pipeline as the daemon runs it: `LogFollower(path, mode="poll")` reads, its chunks
+  `joined` as the log source joins them, `ChunkScanner().feed(chunk.data, chunk.offset,
+  chunk.file_id)` (one event per record), `LoadState.apply_run(events, now)` (a chunk's events
+  in one call), with the C search (parsers/_scan.c) when it is built; beside it the same
+  pipeline with the Python search ("loadwatch py").
 
 Throughput is lines / (wall time - the same tool's wall time on an empty file), so process start
 (mtail compiling its program, Python importing) counts for no tool. Peak RSS is the process's
 (GNU time).
 loadwatch's counts come from the final `LoadState` snapshot plus the state's lifetime totals
 (`LoadState.lifetime`: kv-scale warnings summed over sessions, sessions that failed with a CUDA
-OOM, ready sessions; weight-bar updates counted from events); `counts_equal` is 1 when they equal the ground
-truth the generator knows. The last line is key=value pairs for the serving-phase log.
+OOM, ready sessions; weight-bar updates counted from events), and compared with the ground truth
+the generator knows (mtail's too: its patterns read an echoed prompt that quotes a vLLM line as
+that line). The closing table puts each shape's loadwatch and mtail side by side; the last line
+is key=value pairs.
 """
 
 from __future__ import annotations
@@ -44,10 +50,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from loggen import Truth, load_log, serving_log
+from typing import TYPE_CHECKING
 
 from loadwatch.parsers.scan import NATIVE
+
+if TYPE_CHECKING:  # (a worker may run another checkout's loadwatch, whose sim lacks the shapes)
+    from loggen import Truth
 
 HERE = Path(__file__).resolve().parent
 MTAIL_PROGRAM = HERE / "vllm_load.mtail"
@@ -76,7 +84,7 @@ NAIVE = {
 # -- workers: run in a child process, print one JSON line ----------------------------------------
 
 
-def work_loadwatch(path: str, native: bool = True, runs: bool = True) -> dict[str, object]:
+def work_loadwatch(path: str, native: bool = True) -> dict[str, object]:
     from loadwatch.daemon.sources.inputs import joined
     from loadwatch.daemon.sources.log.follower import LogFollower
     from loadwatch.daemon.state.loadstate import LoadState
@@ -85,7 +93,7 @@ def work_loadwatch(path: str, native: bool = True, runs: bool = True) -> dict[st
     clock = time.time
     start = time.perf_counter()
     follower = LogFollower(path, mode="poll")
-    scanner = ChunkScanner(EventStream(ref_ts=clock()), native=native, runs=runs)
+    scanner = ChunkScanner(EventStream(ref_ts=clock()), native=native)
     state = LoadState()
     weight_updates = 0
     while True:
@@ -145,7 +153,6 @@ def work_naive(path: str) -> dict[str, object]:
 WORKERS: dict[str, Callable[[str], dict[str, object]]] = {
     "loadwatch": work_loadwatch,
     "py": lambda path: work_loadwatch(path, native=False),
-    "per-record": lambda path: work_loadwatch(path, runs=False),
     "naive": work_naive,
 }
 
@@ -243,8 +250,7 @@ def grep_pattern() -> str:
     return "|".join(ere(n) for n in PREFILTER["startup"])
 
 
-def tools(progs: Path) -> list[Tool]:
-    py = sys.executable
+def tools(progs: Path, py: str = sys.executable) -> list[Tool]:
     me = str(Path(__file__).resolve())
     pattern = grep_pattern()
     return [
@@ -265,8 +271,6 @@ def tools(progs: Path) -> list[Tool]:
         ),
         Tool("naive python", lambda p: [py, me, "--worker", "naive", str(p)], worker_counts),
         Tool("loadwatch", lambda p: [py, me, "--worker", "loadwatch", str(p)], worker_counts),
-        # one event per record, as with `[events] fold = false`
-        Tool("lw per record", lambda p: [py, me, "--worker", "per-record", str(p)], worker_counts),
         # the same pipeline with the searches in Python (when the C ones are built)
         *(
             [Tool("loadwatch py", lambda p: [py, me, "--worker", "py", str(p)], worker_counts)]
@@ -276,8 +280,8 @@ def tools(progs: Path) -> list[Tool]:
     ]
 
 
-def measure(log: Path, empty: Path, runs: int, progs: Path) -> list[Tool]:
-    ts = tools(progs)
+def measure(log: Path, empty: Path, runs: int, progs: Path, py: str = sys.executable) -> list[Tool]:
+    ts = tools(progs, py)
     for t in ts:
         t.empty.append(measured(t.argv(empty)))
     for _ in range(runs):  # interleaved, so a busy spell hits every tool alike
@@ -346,6 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small logs, one run: a smoke test")
     ap.add_argument("--runs", type=int, default=None, help="runs per tool (median; default 3)")
     ap.add_argument("--keep", type=Path, help="write the logs here and keep them")
+    ap.add_argument("--only", nargs="*", help="shapes to measure (default: all)")
+    ap.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter whose loadwatch the workers run (another checkout's venv)",
+    )
     ap.add_argument("--worker", nargs=2, metavar=("KIND", "LOG"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -356,8 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which(tool) is None:
             print(f"throughput_vs_mtail: {tool} not found (run ./scripts/ensure-tools.sh)")
             return 2
+    from loggen import LOAD_SHAPES, SERVING_SHAPES, load_log, serving_log
+
     runs = args.runs or (1 if args.quick else 3)
     load_lines, serving_lines = (20_000, 100_000) if args.quick else (200_000, 1_000_000)
+    rows: list[tuple[str, int, dict[str, float], bool, bool]] = []
     with tempfile.TemporaryDirectory(prefix="lw-throughput-") as tmp:
         d = args.keep or Path(tmp)
         d.mkdir(parents=True, exist_ok=True)
@@ -366,43 +379,38 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(MTAIL_PROGRAM, progs / MTAIL_PROGRAM.name)
         empty = d / "empty.log"
         empty.write_bytes(b"")
-        print(f"generating logs in {d} ...", flush=True)
-        load, serving = d / "load.log", d / "serving.log"
-        load_truth = load_log(load, load_lines, seed=1)
-        serving_truth = serving_log(serving, serving_lines, seed=1)
-        print(f"{runs} run(s) per tool, median; lines/s = lines / (wall - wall on an empty file)")
-        load_tools = measure(load, empty, runs, progs)
-        load_rates = report("load-phase log", load, load_truth, load_tools)
-        serving_tools = measure(serving, empty, runs, progs)
-        rates = report("serving-phase log", serving, serving_truth, serving_tools)
-    lw = next(t for t in serving_tools if t.name == "loadwatch")
-    mt = next(t for t in serving_tools if t.name == "mtail")
-    differs = [k for k in FACTS if mt.found.get(k) != getattr(serving_truth, k)]
-    if differs:
-        print(f"mtail's counts differ from the truth on the serving log: {', '.join(differs)}")
-    equal = lw.found == {k: getattr(serving_truth, k) for k in FACTS}
-    lw_load = next(t for t in load_tools if t.name == "loadwatch")
-    truth_load = {k: getattr(load_truth, k) for k in FACTS}
-    load_equal = lw_load.found == truth_load
-    print(f"loadwatch's counts equal the truth: load-phase {load_equal}, serving-phase {equal}")
+        print(f"logs in {d}; {runs} run(s) per tool, median; lines/s = lines / (wall - wall on")
+        print("an empty file)", flush=True)
+        for shape in (*LOAD_SHAPES, *SERVING_SHAPES):
+            if args.only and shape not in args.only:
+                continue
+            log = d / f"{shape}.log"
+            if shape in LOAD_SHAPES:
+                truth = load_log(log, load_lines, seed=1, shape=shape)
+            else:
+                truth = serving_log(log, serving_lines, seed=1, shape=shape)
+            ts = measure(log, empty, runs, progs, args.python)
+            rates = report(f"{shape} log", log, truth, ts)
+            want = {k: getattr(truth, k) for k in FACTS}
+            equal = {t.name: t.found == want for t in ts if t.counts is not None}
+            rows.append((shape, truth.lines, rates, equal["loadwatch"], equal["mtail"]))
     print(
-        f"loadwatch's candidate search: {'C (parsers/_scan.c)' if NATIVE else 'Python (not built)'}"
+        f"\nloadwatch's candidate search: {'C (parsers/_scan.c)' if NATIVE else 'Python (not built)'}"
     )
     print(
-        f"load-phase log: loadwatch {fmt_rate(load_rates['loadwatch'])} lines/s = "
-        f"{load_rates['loadwatch'] / load_rates['mtail']:.1f}x mtail (goal >= 3); "
-        f"with [events] fold = false {fmt_rate(load_rates['lw per record'])} lines/s = "
-        f"{load_rates['lw per record'] / load_rates['mtail']:.1f}x mtail, counts equal "
-        f"{next(t for t in load_tools if t.name == 'lw per record').found == truth_load}"
+        f"{'shape':<17} {'lines':>9} {'mtail/s':>9} {'loadwatch/s':>11} {'x mtail':>8}  counts equal"
     )
-    print(
-        f"lines_per_s={rates['loadwatch']:.0f} "
-        f"ratio_vs_mtail={rates['loadwatch'] / rates['mtail']:.1f} "
-        f"ratio_vs_naive={rates['loadwatch'] / rates['naive python']:.1f} "
-        f"ratio_vs_wc={rates['loadwatch'] / rates['wc -l']:.3f} "
-        f"ratio_vs_grep={rates['loadwatch'] / rates['grep -c -E']:.2f} "
-        f"counts_equal={int(equal)} rss_mb={lw.rss():.1f}"
-    )
+    out = []
+    for shape, lines, rates, lw_equal, mt_equal in rows:
+        x = rates["loadwatch"] / rates["mtail"]
+        print(
+            f"{shape:<17} {lines:>9,} {fmt_rate(rates['mtail']):>9} "
+            f"{fmt_rate(rates['loadwatch']):>11} {x:>7.2f}x  loadwatch {lw_equal}, mtail {mt_equal}"
+        )
+        out.append(
+            f"{shape.replace('-', '_')}_x_mtail={x:.2f} {shape.replace('-', '_')}_equal={int(lw_equal)}"
+        )
+    print(" ".join(out))
     return 0
 
 

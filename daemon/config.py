@@ -126,7 +126,6 @@ class ModelConfig:
 @dataclass(frozen=True)
 class EventsConfig:
     stdout: Literal["transitions", "all", "none"] = "transitions"
-    fold: bool = True  # a run of plain k/v scale warnings is one `log.kv_scale_run` line (false: a line per record)
 
 
 @dataclass(frozen=True)
@@ -360,10 +359,13 @@ def _health_url(t: _Table) -> str | None:
 
 
 def _events_fields(t: _Table) -> dict[str, Any]:
-    return {
-        "stdout": t.choice("stdout", "transitions", ("transitions", "all", "none")),
-        "fold": t.boolean("fold", True),
-    }
+    if "fold" in t.data:
+        raise ConfigError(
+            t.key("fold"),
+            "no longer a setting: k/v scale warnings back to back are always one line, which "
+            "lists each record's offset and time (README: The event log)",
+        )
+    return {"stdout": t.choice("stdout", "transitions", ("transitions", "all", "none"))}
 
 
 def _model_fields(t: _Table) -> dict[str, Any]:

@@ -90,9 +90,6 @@ DOCS: dict[str, str] = {
     "in watch mode none)",
     "[events] stdout": "what stdout (the journal under systemd) gets: `transitions` (what the "
     "daemon decided, and failures), `all`, or `none`; the events file always gets all",
-    "[events] fold": "`true`: a run of plain k/v scale warnings back to back is one "
-    "`log.kv_scale_run` line (count, layers, processes, first and last offset), and the daemon "
-    "reads such a run as one event; `false`: one line per record",
     "[vllm] argv": "the vLLM command, as a list (never a shell line); `loadwatch run --config "
     "FILE -- COMMAND` replaces it, and the table's other keys apply to that command",
     "[vllm] env": "environment variables for vLLM",

@@ -13,17 +13,27 @@ tagged the run (`sources/log/source.py`):
 A line is known by what caused it, not by its content: the name and the offset of the record
 (transitions caused by a record carry it as ``offset``), and the k-th of that name from that
 record. So a transition re-derived by a restart at a later clock is still the same transition.
+
+Folding is how the lines are rendered, nothing more: k/v scale warnings back to back in a run's
+effects (a load prints one per layer, scale and worker) are written as one `log.kv_scale_run`
+line that lists each record's offset and time (`offsets`, `record_ts`: what a record's own line
+is known by) and sums what they say (count, layers with their records, scales, processes). Which records a folded line holds depends only
+on the run's events in order, so the run a kill cut short, written again by the restart, folds
+the same records into the same lines; the records a written line holds are known as written.
+There is no setting for it: the line lists what identifies each record (its offset and time;
+vLLM's log holds the record itself at that offset), one format serves every reader of the event log and the
+restart's read-back, and a line per record would write ten times the lines during a load.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from loadwatch.daemon.sources.log.emitmark import Ordinals
+from loadwatch.daemon.sources.log.emitmark import FOLDED_AS, Ordinals
 from loadwatch.daemon.sources.log.source import Notice, Run
 from loadwatch.daemon.state.snapshot import Transition
 from loadwatch.exporters.eventlog import EventLog
-from loadwatch.parsers import Event
+from loadwatch.parsers import Event, KvScaleWarning
 from loadwatch.parsers.vllm.argv_secrets import Redactor
 
 
@@ -70,23 +80,58 @@ class EventFeed:
         return RunEffects(self.eventlog, run)
 
 
+_KV = f"log.{KvScaleWarning.type}"
+
+
 class RunEffects:
-    """Writes the effects of one run, each exactly once (see the module doc)."""
+    """Writes the effects of one run, each exactly once (see the module doc); `close()` after
+    the last of them writes the folded line still open."""
 
     def __init__(self, eventlog: EventLog, run: Run) -> None:
         self._eventlog = eventlog
         self._run = run
         self._ordinal = Ordinals()
+        self._kv: list[KvScaleWarning] = []  # back to back, not written yet
 
     def transition(self, t: Transition, offset: int) -> None:
+        self._close_fold()
         fields = t.to_dict()
         kind = fields.pop("transition")
         fields.setdefault("offset", offset)  # (as the fold notes it)
         self._write(f"transition.{kind}", fields, log=False)
 
     def event(self, ev: Event) -> None:
-        fields = {k: v for k, v in ev.to_dict().items() if v is not None and k != "type"}
-        self._write(f"log.{ev.type}", fields, log=True)
+        if type(ev) is KvScaleWarning and not ev.deprecated:
+            self._kv.append(ev)
+            return
+        self._close_fold()
+        self._write(f"log.{ev.type}", ev.fields_set(), log=True)
+
+    def close(self) -> None:
+        self._close_fold()
+
+    def _close_fold(self) -> None:
+        kv = self._kv
+        if not kv:
+            return
+        self._kv = []
+        run = self._run
+        if run.emit == "none":
+            return  # written before
+        if run.emit == "missing" and run.written is not None:
+            written = run.written
+            kv = [ev for ev in kv if self._ordinal((_KV, ev.offset)) not in written]
+            if not kv:
+                return
+        if len(kv) == 1:
+            fields = kv[0].fields_set()
+            name = _KV
+        else:
+            fields = folded(kv)
+            name = FOLDED_AS[_KV]
+        if run.emit == "missing" and run.written is None:
+            fields["replay"] = True
+        self._eventlog.emit(name, **fields)
 
     def _write(self, name: str, fields: dict[str, Any], *, log: bool) -> None:
         run = self._run
@@ -101,3 +146,35 @@ class RunEffects:
             elif key in run.written:
                 return
         self._eventlog.emit(name, **fields)
+
+
+def folded(kv: list[KvScaleWarning]) -> dict[str, Any]:
+    """One line for k/v scale warnings back to back: the first record's place, stamp, process
+    and names, the last one's place and stamp, the sums: records per layer (layer order), scales
+    and processes (order of first appearance), and every record's offset and time."""
+    first, last = kv[0], kv[-1]
+    layers: dict[int, int] = {}
+    scales: dict[str, None] = {}
+    procs: dict[tuple[str | None, int | None], None] = {}
+    for ev in kv:
+        if ev.layer is not None:
+            layers[ev.layer] = layers.get(ev.layer, 0) + 1
+        scales[ev.scale] = None
+        procs[(ev.process, ev.pid)] = None
+    fields: dict[str, Any] = {
+        "offset": first.offset,
+        "ts": first.ts,
+        "process": first.process,
+        "pid": first.pid,
+        "count": len(kv),
+        "last_offset": last.offset,
+        "last_ts": last.ts,
+        "scales": list(scales),
+        "layers": [[layer, n] for layer, n in sorted(layers.items())],
+        "processes": [[p, pid] for p, pid in procs],
+        "checkpoint_name": first.checkpoint_name,
+        "model_name": first.model_name,
+        "offsets": [ev.offset for ev in kv],
+        "record_ts": [ev.ts for ev in kv],
+    }
+    return {k: v for k, v in fields.items() if v is not None}

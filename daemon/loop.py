@@ -42,7 +42,6 @@ from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner, Event, KvScaleWarning, ShardProgress
-from loadwatch.parsers.events import KvScaleRun
 from loadwatch.parsers.grammar import load as load_grammar
 from loadwatch.parsers.scan import NATIVE
 from loadwatch.parsers.vllm.argv_secrets import Redactor
@@ -108,8 +107,6 @@ class Daemon:
         before = self.state
         self.state = before.apply(item, self.clock())
         for t in self.state.transitions:
-            if t.kind == "session_started":
-                self.tally.retire(before.settle(self.clock()), self.clock())
             self.feed.transition(t)
             tell_supervisor(self.supervisor, t)
         tell_failing(self.supervisor, before, self.state)
@@ -132,52 +129,39 @@ class Daemon:
         out = self.feed.effects(run)
         for part in bulk_parts(run.events):
             self._fold_part(source, run, out, part)
+        out.close()
         source.end(run, self.feed.position())
 
     def _fold_part(self, source: LogSource, run: Run, out: RunEffects, part: list[Event]) -> None:
         """Fold a part of a run in one `apply_run` and write its effects in record order: the
-        transitions a record caused before that record's event, as one event at a time would.
-        A part that opened a session is folded again one event at a time: the tally keeps the
-        old session's counts as they stood just before the record that replaced it."""
+        transitions a record caused before that record's event, as one event at a time would."""
         before = self.state
-        now = self.clock()
-        after = before.apply_run(part, now, replay=run.replay, stamp_offset_s=run.stamp_offset_s)
-        if len(part) > 1 and any(t.kind == "session_started" for t in after.transitions):
-            for ev in part:
-                self._fold_part(source, run, out, [ev])
-            return
+        after = before.apply_run(
+            part, self.clock(), replay=run.replay, stamp_offset_s=run.stamp_offset_s
+        )
         self.state = after
         if run.emit == "new":
             tell_failing(self.supervisor, before, after)
         counts = self.tally.events
         for ev in part:
-            if type(ev) is KvScaleRun:  # the event log's one line for them; counted each
-                counts[KvScaleWarning.type] += ev.count
-            else:
-                counts[ev.type] += 1
-        if after.session is not None and (
-            before.session is None or after.session.id != before.session.id
-        ):
-            source.session_began(run, part[0].offset)
+            counts[ev.type] += 1
         transitions = after.transitions
         i, n = 0, len(transitions)
         for ev in part:
             while i < n and transitions[i].offset == ev.offset:
-                self._effect(out, before, now, run, transitions[i], ev.offset)
+                self._effect(source, out, run, transitions[i], ev.offset)
                 i += 1
             out.event(ev)
         while i < n:  # judged after the part's last record (a stall, a cleared forecast)
-            self._effect(out, before, now, run, transitions[i], part[-1].offset)
+            self._effect(source, out, run, transitions[i], part[-1].offset)
             i += 1
         info = self.models.read_logged()
         if info is not None:
             self.apply(info)
 
-    def _effect(
-        self, out: RunEffects, before: LoadState, now: float, run: Run, t: Transition, at: int
-    ) -> None:
-        if t.kind == "session_started":  # (its failure held for its echoes is decided)
-            self.tally.retire(before.settle(now), now)
+    def _effect(self, source: LogSource, out: RunEffects, run: Run, t: Transition, at: int) -> None:
+        if t.kind == "session_started":
+            source.session_began(run, at)  # (the record that opened it: a restart starts there)
         out.transition(t, at)
         if run.emit == "new":
             tell_supervisor(self.supervisor, t)
@@ -221,9 +205,7 @@ class Daemon:
             path,
             container=fmt,
             state_dir=self.cfg.state_dir / "follower",
-            scanner=lambda: ChunkScanner(
-                grammar.new_stream(self.clock()), grammar=grammar, runs=self.cfg.events.fold
-            ),
+            scanner=lambda: ChunkScanner(grammar.new_stream(self.clock()), grammar=grammar),
             events_file=self.cfg.events_file,
             cap_bytes=self.cfg.log.max_record_bytes,
             poll_interval_s=self.cfg.log.poll_interval_s,
@@ -395,7 +377,7 @@ def logged_pids(d: Daemon) -> tuple[int, ...]:
     return vllm_processes(d.state.node_pids, user)
 
 
-BULK = (KvScaleWarning, KvScaleRun, ShardProgress)  # a load's many records: bars and warnings
+BULK = (KvScaleWarning, ShardProgress)  # a load's many records: bars and warnings
 
 
 def bulk_parts(events: Sequence[Event]) -> list[list[Event]]:

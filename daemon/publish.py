@@ -1,7 +1,6 @@
 """What the daemon hands the HTTP threads: an immutable `Published` bundle after each batch.
 
-`Tally` keeps the lifetime counts the state does not (sessions it no longer details, vLLM runs,
-Xid errors, events by type); `Publisher` builds the bundle from the state, the tally and the
+`Tally` keeps the lifetime counts the state does not (vLLM runs, Xid errors, events by type); `Publisher` builds the bundle from the state, the tally and the
 sources' health, at most every `PUBLISH_MIN_S` while the log streams in, and runs the hooks that
 render ahead (/metrics).
 """
@@ -21,6 +20,7 @@ from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.inputs import GpuReading
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import LogHealth, Published, SupervisorStats, Totals
+from loadwatch.daemon.state.session import Lifetime
 from loadwatch.daemon.state.snapshot import Snapshot
 
 VERSION = "0.1.0"
@@ -33,9 +33,6 @@ class Tally:
 
     events: Counter[str] = field(default_factory=Counter)
     xids: Counter[tuple[int, str | None, int]] = field(default_factory=Counter)
-    warnings: Counter[str] = field(default_factory=Counter)  # of retired sessions
-    failures: Counter[str] = field(default_factory=Counter)  # of retired sessions
-    stalls: int = 0  # of retired sessions
     vllm_exits: Counter[str] = field(default_factory=Counter)  # vLLM runs ended, by outcome
     vllm_last_ok: float | None = None
     gpu_ccs: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -43,22 +40,12 @@ class Tally:
     orphans: int | None = None
     health_up: bool | None = None
 
-    def retire(self, before: LoadState, now: float) -> None:
-        """A new session replaces the state's current one: keep its counts."""
-        s = before.snapshot(now).session
-        if s is None:
-            return
-        for w in s.warnings:
-            self.warnings[w.code] += w.count
-        if s.failure_kind is not None:
-            self.failures[s.failure_kind] += 1
-        self.stalls += s.stall.stalls_total
-
-    def totals(self, snap: Snapshot) -> Totals:
-        """Lifetime counts: sessions the state no longer details, plus the current one."""
-        warnings = Counter(self.warnings)
-        failures = Counter(self.failures)
-        stalls = self.stalls
+    def totals(self, snap: Snapshot, life: Lifetime) -> Totals:
+        """Lifetime counts: the sessions before the current one (the state's `lifetime`, kept
+        as each session ended), plus the current one."""
+        warnings = Counter(life.warnings)
+        failures = Counter(life.failures)
+        stalls = life.stalls
         view = snap.session
         if view is not None:
             for w in view.warnings:
@@ -143,7 +130,7 @@ class Publisher:
             at=now,
             started_at=d.started_at,
             version=VERSION,
-            totals=d.tally.totals(snap),
+            totals=d.tally.totals(snap, d.state.lifetime),
             log=self._log_health(),
             gpu=d.gpu.health() if isinstance(d.gpu, GuardedGpuSource) else None,
             supervisor=self._supervisor_stats(),

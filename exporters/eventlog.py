@@ -26,6 +26,7 @@ import os
 import stat
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -37,8 +38,21 @@ from loadwatch.exporters.nbwrite import NonBlockingWriter, for_stream
 from loadwatch.parsers.vllm.argv_secrets import Redactor
 
 
-def _now_iso() -> str:
-    return datetime.now(tz=UTC).isoformat().replace("+00:00", "Z")
+class _Clock:
+    """The `time` of a line, ISO 8601 UTC to the microsecond; the part up to the second is made
+    once per second (a load writes thousands of lines a second while a backlog is read)."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._head = ""
+
+    def now(self) -> str:
+        t = time.time()
+        second = int(t)
+        if second != self._second:
+            self._second = second
+            self._head = datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{self._head}.{int((t - second) * 1e6):06d}Z"
 
 
 def _fallback(obj: Any) -> Any:
@@ -59,6 +73,9 @@ def _regular_file(stream: object) -> LineFile | None:
     except (AttributeError, OSError, ValueError):
         return None
     return LineFile(fd, own=False)
+
+
+_encode = json.JSONEncoder(default=_fallback).encode  # (`json.dumps` makes one per call)
 
 
 StdoutLevel = Literal["transitions", "all", "none"]
@@ -128,16 +145,21 @@ class EventLog:
         self._out_file = _regular_file(self.stream) if self._out is None else None
         self._open_file()
         self._console_renderer = structlog.dev.ConsoleRenderer(colors=False, event_key="event")
+        self._clock = _Clock()
 
     # -- writing ----------------------------------------------------------------------------
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one object: `{...fields, "event": event, "time": ...}`, every value redacted."""
-        value = self.redactor.value
-        doc = {k: value(v) for k, v in fields.items()}
-        doc["event"] = value(event)
-        doc["time"] = _now_iso()
-        self._write(json.dumps(doc, default=_fallback), wanted_on_stdout(event, self.stdout_level))
+        if self.redactor.active:
+            value = self.redactor.value
+            doc = {k: value(v) for k, v in fields.items()}
+            doc["event"] = value(event)
+        else:
+            doc = fields  # (a dict of this call's own)
+            doc["event"] = event
+        doc["time"] = self._clock.now()
+        self._write(_encode(doc), wanted_on_stdout(event, self.stdout_level))
 
     def _write(self, line: str, to_stdout: bool) -> None:
         with self._lock:

@@ -37,10 +37,30 @@ class Event:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict with the type name first; used by golden files and the event log."""
         out: dict[str, Any] = {"type": self.type}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+        for name in field_names(type(self)):
+            value = getattr(self, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
         return out
+
+    def fields_set(self) -> dict[str, Any]:
+        """`to_dict` without the type and the fields that are None: an event log line's."""
+        out: dict[str, Any] = {}
+        for name in field_names(type(self)):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """An event class's field names, in order (read once per class)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,26 +91,6 @@ class KvScaleWarning(Event):
     checkpoint_name: str | None = None
     model_name: str | None = None
     deprecated: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KvScaleRun(Event):
-    """Records back to back that are each a plain `KvScaleWarning` (k or v scale, one prefix, a
-    bracketed header): what the state needs of them, as one event, so a load's thousands of
-    per-layer warnings never become one object each. `offset`, `ts`, `process`, `pid`, the
-    names: the first record's; `last_offset`, `last_ts`: the last one's (stamps never go back
-    within a run). `layers`: (layer, records) in layer order; `processes`: each (process, pid)
-    once, in order of first appearance; `scales` likewise."""
-
-    type: ClassVar[str] = "kv_scale_run"
-    count: int
-    last_offset: int
-    last_ts: float | None = None
-    scales: tuple[str, ...] = ()
-    layers: tuple[tuple[int, int], ...] = ()
-    processes: tuple[tuple[str, int], ...] = ()
-    checkpoint_name: str | None = None
-    model_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,7 +287,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (
         ShardProgress,
         KvScaleWarning,
-        KvScaleRun,
         ScaleFactorWarning,
         Milestone,
         Failure,
@@ -317,7 +316,6 @@ __all__ = [
     "Event",
     "Failure",
     "FailureKind",
-    "KvScaleRun",
     "KvScaleWarning",
     "LogError",
     "LogWarning",

@@ -61,9 +61,6 @@ class Grammar:
     native_quiet: bool = False
     prefix_marker: bytes = b"\x00"  # in every record that is only a process prefix
     prefix_record_max: int = 256
-    # In every record that may start a run the stream's `run(data, start, base, native)` turns
-    # into one grouped event (ChunkScanner's `runs`); None: the grammar has no runs.
-    run_needle: bytes | None = None
     native_plans: Mapping[str, NativePlan] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -175,7 +175,6 @@ class ChunkScanner:
         stream: Stream | None = None,
         native: bool = NATIVE,
         grammar: Grammar | None = None,
-        runs: bool = False,
     ) -> None:
         self.grammar = g = grammar if grammar is not None else load()
         self.stream = stream if stream is not None else g.new_stream(None)
@@ -186,21 +185,9 @@ class ChunkScanner:
         if native and _native is None:
             raise RuntimeError("the C scanner (loadwatch.parsers._scan) is not built")
         self._native = _native if native else None  # else the Python search: tests compare
-        # `runs`: a run of records of the grammar's run shape (vLLM: plain k/v scale warnings)
-        # comes out as one grouped event (the stream's `run`), not one event per record
-        self._run_needle = g.run_needle if runs else None
         self.quiet = 0  # candidates proven quiet without parsing them
         self._tail = b""  # the last record of the previous chunk, if short
         self._fed_end = -1  # absolute end offset of the last record handed to the stream
-
-    @property
-    def runs(self) -> bool:
-        """Whether a run of records of the grammar's run shape comes out as one event."""
-        return self._run_needle is not None
-
-    @runs.setter
-    def runs(self, on: bool) -> None:
-        self._run_needle = self.grammar.run_needle if on else None
 
     def feed(self, data: bytes, base: int = 0, file_id: str | None = None) -> list[Event]:
         out: list[Event] = []
@@ -239,15 +226,6 @@ class ChunkScanner:
                 fed = self._fed_end - base
                 if not (fed == start - 1 or (fed == start - 2 and data[start - 1] in _TERMINATORS)):
                     self._before(data, start, base, file_id, out)  # a record between: look at it
-                needle = self._run_needle
-                if needle is not None and data.find(needle, start, end) >= 0:
-                    got = stream.run(data, start, base, self._native is not None)  # type: ignore[attr-defined]
-                    if got is not None:
-                        end, events = got
-                        out += events
-                        self._fed_end = base + end
-                        pos = end + 1
-                        continue
                 events = stream.feed_text(
                     data[start:end].decode("utf-8", "replace"), base + start, True
                 )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and (re)install loadwatch with its test extras when the package's file list or
 # pyproject.toml changed. A strict editable install links each file, so a new module needs this;
-# the C parts (parsers/_scan.c, parsers/vllm/_kvrun.c) are compiled then, so their sources count too.
+# the C part (parsers/_scan.c) is compiled then, so its source counts too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS-[test]}
 stamp=$VENV/.installed
-want=$( { cat pyproject.toml setup.py parsers/*.c parsers/*/*.c; find daemon parsers exporters -name '*.py' -o -name '*.pyi' -o -name 'py.typed' -o -name '*.toml' | sort; find systemd prometheus grafana k8s docs -type f | sort; } | sha1sum | cut -d' ' -f1)
+want=$( { cat pyproject.toml setup.py parsers/*.c; find daemon parsers exporters -name '*.py' -o -name '*.pyi' -o -name 'py.typed' -o -name '*.toml' | sort; find systemd prometheus grafana k8s docs -type f | sort; } | sha1sum | cut -d' ' -f1)
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

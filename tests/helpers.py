@@ -1,8 +1,8 @@
-"""Helpers every test directory shares: appending to a log as vLLM does, waiting for a condition."""
+"""Helpers every test directory shares: appending to a log as vLLM does, waiting for a condition,
+reading the event log's folded lines by their records."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -38,34 +38,19 @@ def wait_for(
     raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
 
 
-def per_record(events: list[dict[str, Any]], logs: Iterable[bytes]) -> list[dict[str, Any]]:
-    """The event log's lines with each folded `log.kv_scale_run` line written out as the records
-    it stands for, one `log.kv_scale_warning` line each with that record's fields (and the
-    folded line's replay mark), as `[events] fold = false` writes them. `logs`: the bytes of the
-    files the offsets point into; a folded line must stand for exactly `count` k/v warning
-    records of one of them, from its first offset to its last, or this fails."""
-    from loadwatch.parsers import ChunkScanner, KvScaleWarning
-
-    kv: list[list[int]] = []
-    fields: dict[int, dict[str, Any]] = {}  # a record's line, by its offset
-    for data in logs:
-        scanner = ChunkScanner()
-        evs = [e for e in scanner.feed(data) + scanner.stream.flush() if type(e) is KvScaleWarning]
-        kv.append([e.offset for e in evs])
-        for e in evs:
-            doc = {k: v for k, v in e.to_dict().items() if v is not None and k != "type"}
-            fields.setdefault(e.offset, json.loads(json.dumps(doc)))
+def records(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Event log lines, each folded `log.kv_scale_run` line as the records it lists (`offsets`,
+    `record_ts`): one `log.kv_scale_warning` line each with its offset and time and the folded
+    line's replay mark; every other line as it is. What a record's line is known by (its name,
+    offset and time) is then one per line."""
     out: list[dict[str, Any]] = []
-    for e in events:
+    for e in lines:
         if e.get("event") != "log.kv_scale_run":
             out.append(e)
             continue
-        first, last, count = e["offset"], e["last_offset"], e["count"]
-        spans = [[o for o in offsets if first <= o <= last] for offsets in kv]
-        records = next(
-            (s for s in spans if len(s) == count and s[0] == first and s[-1] == last), None
-        )
-        assert records is not None, f"a folded line stands for no {count} records: {e}"
+        assert len(e["offsets"]) == len(e["record_ts"]) == e["count"], e
         mark = {"replay": True} if e.get("replay") else {}
-        out += [{"event": "log.kv_scale_warning", **fields[o], **mark} for o in records]
+        for o, ts in zip(e["offsets"], e["record_ts"], strict=True):
+            ts_field = {"ts": ts} if ts is not None else {}
+            out.append({"event": "log.kv_scale_warning", "offset": o, **ts_field, **mark})
     return out

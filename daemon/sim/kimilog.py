@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 
 class LogClock(Protocol):
@@ -76,6 +76,15 @@ class Shape:
     port: int = 8000
     kv_scales: bool = True
     kv_cache_dtype: str | None = None  # a quantized KV cache ("fp8"): vLLM says so at start-up
+    # How the workers' lines reach the log. "blocks": each worker's warnings of a layer one
+    # after the other (the order one process writing for all would give); "interleaved": the
+    # workers are processes writing to one stream, each its own warnings in layer order, the
+    # lines merged as they come.
+    warnings: Literal["blocks", "interleaved"] = "blocks"
+    # The weights bar: "lone_prefix": `(Worker_TP0 pid=N) ` then tqdm's `\r` then the bar, the
+    # prefix a record of its own (tests/fixtures/v1-2026-sm120.log); "same_record": the prefix
+    # and the bar in one record (the `\r` gone, as a log shipper that drops it writes it)
+    bar: Literal["lone_prefix", "same_record"] = "lone_prefix"
 
 
 @dataclass
@@ -157,7 +166,8 @@ def startup(
         return
     yield f"{w[0]}INFO {clock.stamp()} [cuda.py:351] Using AttentionBackendEnum.TRITON_MLA backend.\n"
     desc = "Loading safetensors checkpoint shards"
-    yield f"{w[0]}\r{desc}:   0% Completed | 0/{shape.shards} [00:00<?, ?it/s]\n"
+    bar = w[0] if shape.bar == "same_record" else f"{w[0]}\r"
+    yield f"{bar}{desc}:   0% Completed | 0/{shape.shards} [00:00<?, ?it/s]\n"
     c.weight_updates += 1
     elapsed = 0.0
     layer = 0
@@ -167,19 +177,22 @@ def startup(
         step = rng.uniform(*shape.shard_s)
         elapsed += step
         # the k/v scale warnings of the layers in this shard, from every worker
+        first = layer
         while shape.kv_scales and layer < n * shape.layers // shape.shards:
+            if shape.warnings == "blocks":
+                clock.advance(step / 4)
+                step -= step / 4
+                for i in range(shape.workers):
+                    for sc in ("k", "v"):
+                        yield _kv_warning(w[i], clock.stamp(), layer, sc)
+                        c.kv_scale_warnings += 1
+            layer += 1
+        if shape.warnings == "interleaved" and layer > first:
             clock.advance(step / 4)
             step -= step / 4
-            for i in range(shape.workers):
-                for sc in ("k", "v"):
-                    yield (
-                        f"{w[i]}WARNING {clock.stamp()} [weight_utils.py:1398] Found {sc}_scale in the "
-                        f"checkpoint (e.g. language_model.model.layers.{layer}.self_attn.{sc}_scale), but not "
-                        f"found the expected name in the model (e.g. language_model.model.layers.{layer}."
-                        f"self_attn.mla_attn.{sc}_scale). {sc}_scale is not loaded.\n"
-                    )
-                    c.kv_scale_warnings += 1
-            layer += 1
+            for i, at, sc in _interleaved(rng, shape.workers, range(first, layer)):
+                yield _kv_warning(w[i], clock.stamp(), at, sc)
+                c.kv_scale_warnings += 1
         clock.advance(step)
         if fail == "oom" and n == fail_at_shard:
             yield from _oom(w[0], core, api, clock)
@@ -188,11 +201,11 @@ def startup(
         shown = clock.shown(elapsed)
         rate = n / max(shown, 1e-6)
         remaining = (shape.shards - n) / rate
-        yield f"{w[0]}\r{desc}: {100 * n // shape.shards:3d}% Completed | {n}/{shape.shards} [{hms(shown)}<{hms(remaining)}, {_rate(rate)}]\n"
+        yield f"{bar}{desc}: {100 * n // shape.shards:3d}% Completed | {n}/{shape.shards} [{hms(shown)}<{hms(remaining)}, {_rate(rate)}]\n"
         c.weight_updates += 1
         c.shards_done = n
     shown = clock.shown(elapsed)
-    yield f"{w[0]}\r{desc}: 100% Completed | {shape.shards}/{shape.shards} [{hms(shown)}<00:00, {_rate(shape.shards / max(shown, 1e-6))}]\n"
+    yield f"{bar}{desc}: 100% Completed | {shape.shards}/{shape.shards} [{hms(shown)}<00:00, {_rate(shape.shards / max(shown, 1e-6))}]\n"
     c.weight_updates += 1
     yield f"{w[0]}\n"
     clock.advance(1)
@@ -213,6 +226,32 @@ def startup(
     yield f"{api}INFO:     Waiting for application startup.\n"
     yield f"{api}INFO:     Application startup complete.\n"
     c.ready += 1
+
+
+def _kv_warning(prefix: str, stamp: str, layer: int, sc: str) -> str:
+    """weight_utils.py's warning for a scale the model has no parameter for (as in
+    tests/fixtures/v1-2026-sm120.log)."""
+    return (
+        f"{prefix}WARNING {stamp} [weight_utils.py:1398] Found {sc}_scale in the checkpoint (e.g. "
+        f"language_model.model.layers.{layer}.self_attn.{sc}_scale), but not found the expected "
+        f"name in the model (e.g. language_model.model.layers.{layer}.self_attn.mla_attn."
+        f"{sc}_scale). {sc}_scale is not loaded.\n"
+    )
+
+
+def _interleaved(rng: random.Random, workers: int, layers: range) -> Iterator[tuple[int, int, str]]:
+    """(worker, layer, scale) of every worker's warnings for `layers`: each worker's in its own
+    order, the workers' merged at random, as processes writing to one stream are."""
+    queues = [[(i, at, sc) for at in layers for sc in ("k", "v")] for i in range(workers)]
+    heads = [0] * workers
+    live = list(range(workers))
+    while live:
+        j = rng.randrange(len(live))
+        i = live[j]
+        yield queues[i][heads[i]]
+        heads[i] += 1
+        if heads[i] == len(queues[i]):
+            live.pop(j)
 
 
 def _oom(worker: str, core: str, api: str, clock: LogClock) -> Iterator[str]:
@@ -291,6 +330,66 @@ def serving(
             )
         else:
             yield f"{api}WARNING {clock.stamp()} [protocol.py:93] The following fields were present in the request but ignored: {{'user'}}\n"
+
+
+# Prompts a client may send that read like vLLM's own lines once echoed (bait for a parser that
+# reads client text): a k/v scale warning, a bar, a failure and a version banner.
+_BAIT = (
+    "(Worker_TP0 pid=1) WARNING 01-28 00:12:58 [weight_utils.py:1398] Found k_scale in the "
+    "checkpoint (e.g. model.layers.1.self_attn.k_scale), but not found the expected name",
+    "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01,  1.00it/s]",
+    "Engine core initialization failed. See root cause above.  version 9.9.9",
+)
+_PARAMS = (
+    "SamplingParams(n=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, "
+    "temperature={t}, watermarking=None, top_p=1.0, top_k=0, min_p=0.0, seed=None, stop=[], "
+    "stop_token_ids=[], bad_words=[], thinking_token_budget=None, include_stop_str_in_output=False, "
+    "ignore_eos=False, max_tokens={n}, min_tokens=0, logprobs=None, prompt_logprobs=None, "
+    "skip_special_tokens=True, spaces_between_special_tokens=True, structured_outputs=None, "
+    "extra_args=None)"
+)
+
+
+def _echoed(rng: random.Random) -> str:
+    """A prompt or an output: one in fifty reads like a line of vLLM's own."""
+    return rng.choice(_BAIT) if rng.random() < 0.02 else rng.choice(_PROMPTS)
+
+
+def logged_requests(
+    rng: random.Random, clock: LogClock, count: int, api: str = "(APIServer pid=20348) "
+) -> Iterator[str]:
+    """About `count` lines of vLLM 0.32 serving with `--enable-log-requests
+    --enable-log-outputs --log-level DEBUG`: per request its parameters, its prompt echoed,
+    `Added request`, its output echoed and uvicorn's access line; now and then the engine's
+    statistics. The INFO lines and the access line are those of
+    tests/fixtures/real-v0.32-deepseek-kvscales.log; the DEBUG prompt and the output are
+    vLLM 0.32's entrypoints/serve/utils/request_logger.py's messages."""
+    made = 0
+    while made < count:
+        rid = f"cmpl-{rng.getrandbits(64):016x}-0"
+        ts = clock.stamp()
+        params = _PARAMS.format(t=rng.choice(("0.0", "0.7", "1.0")), n=rng.randint(4, 2048))
+        prompt = _echoed(rng)
+        tokens = ", ".join(str(rng.randint(1, 120000)) for _ in range(rng.randint(3, 12)))
+        yield f"{api}INFO {ts} [request_logger.py:65] Received request {rid}: params: {params}, lora_request: None.\n"
+        yield f"{api}DEBUG {ts} [request_logger.py:55] Request {rid} details: prompt: {prompt!r}, prompt_token_ids: [{tokens}], prompt_embeds shape: None.\n"
+        yield f"{api}INFO {ts} [async_llm.py:578] Added request {rid}-{rng.getrandbits(32):08x}.\n"
+        clock.advance(rng.uniform(0.0, 0.05))
+        output = _echoed(rng)
+        yield f"{api}INFO {clock.stamp()} [request_logger.py:108] Generated response {rid}: output: {output!r}, finish_reason: stop\n"
+        path = rng.choice(_PATHS)
+        status = "200 OK" if rng.random() < 0.98 else "500 Internal Server Error"
+        yield f'INFO:     127.0.0.1:{rng.randint(30000, 60000)} - "POST {path} HTTP/1.1" {status}\n'
+        made += 5
+        if rng.random() < 0.05:
+            made += 1
+            yield (
+                f"{api}INFO {clock.stamp()} [loggers.py:335] Engine 000: Avg prompt throughput: "
+                f"{rng.uniform(0, 5000):.1f} tokens/s, Avg generation throughput: "
+                f"{rng.uniform(0, 900):.1f} tokens/s, Running: {rng.randint(0, 64)} reqs, Waiting: "
+                f"{rng.randint(0, 8)} reqs, GPU KV cache usage: {rng.uniform(0, 100):.1f}%, "
+                f"Prefix cache hit rate: {rng.uniform(0, 100):.1f}%\n"
+            )
 
 
 def shutdown(clock: LogClock, prefixes: Prefixes) -> Iterator[str]:

@@ -244,6 +244,13 @@ class Fold:
         if to in ("post_load", "ready"):
             self.clear_forecasts(at, "weights loaded")
 
+    def activity(self, t: float) -> None:
+        """vLLM logged something of its own at `t`: it is alive, which ends a quiet stall."""
+        self.upd(last_event_at=t, log_seen=True)
+        st = self.s.stall
+        if st is not None and st.kind == "quiet":
+            self.clear_stall(t, "log activity")
+
     def progressed(self, at: float, reason: str) -> None:
         """Weights progress: clears a stall and keeps the session in a live phase."""
         if self.s.stall is not None:

@@ -22,7 +22,6 @@ from loadwatch.daemon.state.failures import (
     shutdown_noise,
 )
 from loadwatch.daemon.state.fold import Fold, hold_failure, settle_failure
-from loadwatch.daemon.state.fold_log import activity
 from loadwatch.daemon.state.session import TERMINAL, Session, failure_rank
 from loadwatch.daemon.state.snapshot import SessionSummary
 from loadwatch.parsers.events import Failure
@@ -93,7 +92,7 @@ def on_failure(f: Fold, ev: Failure) -> None:
         _late_failure(f, ev, t, past)
         return
     s = f.ensure_session(t)
-    activity(f, t)
+    f.activity(t)
     s = f.s
     if shutdown_noise(ev, s.stop_requested):
         return  # the shutdown that was asked for, not a failure

@@ -1,4 +1,5 @@
-"""The fold's handlers of log events: bars, warnings, milestones, failures (see fold.py's `Fold`).
+"""The fold's handlers of log events: warnings, milestones, failures (see fold.py's `Fold`);
+bars in fold_bars.py.
 
 Each reads its event and calls the fold's verbs; k/v scale warnings back to back (most of a
 load's records) are counted as a run, in one call (`on_kv_run`).
@@ -11,16 +12,14 @@ from dataclasses import replace
 from typing import Any
 
 from loadwatch.daemon.state.fold import Fold, settle_failure
-from loadwatch.daemon.state.forecast import EtaState, eta_update
-from loadwatch.daemon.state.records import evolve
+from loadwatch.daemon.state.fold_bars import on_progress_run
+from loadwatch.daemon.state.nodefold import track_node
 from loadwatch.daemon.state.session import (
     LOADING_MILESTONES,
     POST_LOAD_MILESTONES,
     TERMINAL,
-    BarTrack,
     EpFilterSeen,
     MilestoneSeen,
-    Session,
     WarningTally,
 )
 from loadwatch.parsers.events import (
@@ -40,168 +39,14 @@ from loadwatch.parsers.events import (
 MAX_EVEN_FILES = 100_000  # a bar of more "files" than this is not one of checkpoint files
 
 
-def _bar_slot(s: Session, ev: ShardProgress) -> tuple[str, str | None, str | None]:
-    """(the bar's slot, the key of the bar it continues, the slot it adopts a bar from).
-
-    A slot is a process's bar of one kind and desc (two graph-capture bars with their own descs
-    are two bars). A bar whose first updates carried no process (the prefix came in a record of
-    its own later) is adopted by the first update that names one and continues it."""
-    base = f"{ev.process or '-'}|{ev.bar}|{ev.desc}"
-    key = s.bar_latest.get(base)
-    if key is not None or ev.process is None:
-        return base, key, None
-    anon = f"-|{ev.bar}|{ev.desc}"
-    anon_key = s.bar_latest.get(anon)
-    b = s.bars.get(anon_key) if anon_key is not None else None
-    if b is not None and b.finished_at is None and b.total == ev.total and ev.done >= b.done:
-        return base, anon_key, anon
-    return base, None, None
-
-
-def _sizes(f: Fold, s: Session, ev: ShardProgress) -> tuple[tuple[int, ...] | None, str | None]:
-    """The bytes of the first n files of a weights bar counting files, n = 0..total: the model
-    directory's shard sizes, else vLLM's `Checkpoint size: N GiB` (PR #39422) divided evenly
-    over the files (the ETA then weighs what is left by bytes as with a model directory)."""
-    if ev.unit in ("bytes", "tensors"):  # bytes count themselves; tensors have no sizes here
-        return None, None
-    cum = f.get("cum_bytes")
-    if cum is not None and len(cum) == ev.total + 1:
-        return cum, "model_dir"
-    ck = s.milestones.get("checkpoint_info")
-    if cum is None and ck is not None and ck.gib and ev.total <= MAX_EVEN_FILES:
-        total = ck.gib * 2**30
-        return tuple(round(total * i / ev.total) for i in range(ev.total + 1)), "checkpoint_size"
-    return None, None
-
-
 def _on_ep_filter(f: Fold, ev: EpWeightFilter) -> None:
     """`EP weight filter: ...`: this rank reads its own experts only (the ETA's inputs say so)."""
     t = f.at(ev.ts)
     f.ensure_session(t)
-    activity(f, t)
+    f.activity(t)
     seen = EpFilterSeen(ev.ep_size, ev.ep_rank, ev.experts_loaded, ev.experts_total, t, ev.process)
     f.upd(ep_filter=seen)
     f.advance("loading_weights", t, "ep weight filter")
-
-
-def _tqdm_item_s(ev: ShardProgress) -> float | None:
-    """Seconds per file by the bar's own numbers (a duration, never a stamp), or None: a bar
-    counting bytes has no files to time, and one before its first file has no rate yet."""
-    if ev.unit == "bytes" or ev.done <= 0:
-        return None
-    if ev.rate_per_s is not None and ev.rate_per_s > 0:
-        return 1.0 / ev.rate_per_s
-    if ev.elapsed_s is not None and ev.elapsed_s > 0:
-        return ev.elapsed_s / ev.done
-    return None
-
-
-def _on_progress(f: Fold, ev: ShardProgress) -> None:
-    t = f.at(ev.ts)
-    s = f.ensure_session(t)
-    changes: dict[str, Any]
-    base, cur_key, adopted = _bar_slot(s, ev)
-    cur = s.bars.get(cur_key) if cur_key is not None else None
-    if cur is None or ev.done < cur.done or ev.total != cur.total:
-        index = 0 if cur_key is None else int(cur_key.rsplit("|", 1)[1]) + 1
-        key = f"{base}|{index}"
-        started = t - ev.elapsed_s if ev.done > 0 and ev.elapsed_s is not None else t
-        eta = None
-        sizes_from = None
-        if ev.bar == "weights" and ev.total > 0:
-            use, sizes_from = _sizes(f, s, ev) if index == 0 else (None, None)
-            eta = EtaState.start(t, ev.done, ev.total, use, ev.elapsed_s, f.cfg.eta)
-        bar = BarTrack(
-            key=key,
-            process=ev.process,
-            kind=ev.bar,
-            desc=ev.desc,
-            index=index,
-            done=ev.done,
-            total=ev.total,
-            started_at=started,
-            last_update_at=t,
-            last_progress_at=t if ev.done > 0 else None,
-            finished_at=t if ev.total > 0 and ev.done >= ev.total else None,
-            updates=1,
-            longest_gap_s=None,
-            tqdm_remaining_s=ev.remaining_s,
-            eta=eta,
-            unit=ev.unit,
-            sizes_from=sizes_from,
-            tqdm_item_s=_tqdm_item_s(ev),
-        )
-        bars = dict(s.bars)
-        bars[key] = bar
-        latest = {**s.bar_latest, base: key}
-        if len(bars) > f.cfg.max_bars:
-            drop = min(
-                (b for b in bars.values() if b.key != key),
-                key=lambda b: (b.finished_at is None, b.last_update_at),
-            )
-            del bars[drop.key]
-            # a slot whose bar is gone names nothing: kept, one per process ever seen, it grew
-            # (and was copied) without bound
-            latest = {k: v for k, v in latest.items() if v in bars}
-        changes = {"bars": bars, "bar_latest": latest}
-        advanced = ev.done > 0
-    else:
-        advanced = ev.done > cur.done
-        gap = cur.longest_gap_s
-        if advanced:
-            prev = cur.last_progress_at if cur.last_progress_at is not None else cur.started_at
-            gap = max(gap or 0.0, t - prev)
-        bars = f.mine("bars")
-        bar = bars[cur.key] = f.mine_record(cur)
-        d = bar.__dict__
-        d["done"] = ev.done
-        d["last_update_at"] = t
-        if advanced:
-            d["last_progress_at"] = t
-        if cur.finished_at is None and ev.done >= ev.total:
-            d["finished_at"] = t
-        d["updates"] = cur.updates + 1
-        d["longest_gap_s"] = gap
-        d["tqdm_remaining_s"] = ev.remaining_s
-        item_s = _tqdm_item_s(ev)
-        if item_s is not None:
-            d["tqdm_item_s"] = item_s
-        if cur.eta is not None and advanced:
-            d["eta"] = eta_update(cur.eta, t, ev)
-        changes = {}
-        if adopted is not None:  # the bar drawn before its process was known is this one
-            d["process"] = ev.process
-            latest = {k: v for k, v in s.bar_latest.items() if k != adopted}
-            changes = {"bar_latest": {**latest, base: cur.key}}
-    weights = ev.bar in ("weights", "prefetch")
-    if weights and advanced:
-        io = s.io
-        changes["last_progress_at"] = t
-        changes["io"] = evolve(io, line_bytes=io.last_bytes) if io is not None else None
-    sd = f.draft().__dict__
-    sd["last_event_at"] = t
-    sd["log_seen"] = True
-    if changes:
-        sd.update(changes)
-    if advanced and f.s.stall is not None:
-        f.progressed(t, f"{ev.desc}: {ev.done}/{ev.total}")
-    if weights:
-        f.advance("loading_weights", t, "weights bar")
-        if (
-            bar.finished_at is not None  # (else this bar is one of those not finished)
-            and bar.kind == "weights"
-            and bar.index == 0
-            and all(
-                b.finished_at is not None
-                for b in f.s.bars.values()
-                if b.kind == "weights" and b.index == 0
-            )
-        ):
-            f.clear_forecasts(t, "weights loaded")
-    else:
-        if ev.bar == "graph_capture":
-            f.advance("post_load", t, "graph capture")
-        activity(f, t)
 
 
 def _tally(
@@ -213,7 +58,7 @@ def _tally(
     t = f.at(evs[0].ts)
     s = f.ensure_session(t)
     if s.stall is not None and s.stall.kind == "quiet":
-        activity(f, t)
+        f.activity(t)
     cfg = f.cfg
     warnings = f.mine("warnings")
     if code not in warnings and len(warnings) >= cfg.max_warning_codes:
@@ -260,20 +105,17 @@ def _tally(
     sd["log_seen"] = True
 
 
-def activity(f: Fold, t: float) -> None:
-    f.upd(last_event_at=t, log_seen=True)
-    st = f.s.stall
-    if st is not None and st.kind == "quiet":
-        f.clear_stall(t, "log activity")
-
-
 def on_kv_run(f: Fold, run: Sequence[KvScaleWarning]) -> None:
-    """k/v scale warnings back to back (a load prints one per layer and worker)."""
+    """k/v scale warnings back to back (a load prints one per layer and worker): one tally;
+    the node looks at each process once."""
+    f.record = run[0].offset
     _tally(f, run, "kv_scale_missing", "warning", run[0].checkpoint_name or "", kv=True)
-
-
-def _on_kv_scale(f: Fold, ev: KvScaleWarning) -> None:
-    on_kv_run(f, (ev,))
+    seen: set[tuple[str | None, int | None]] = set()
+    for ev in run:
+        who = (ev.process, ev.pid)
+        if who not in seen:  # (`track_node` would do nothing for it again)
+            seen.add(who)
+            track_node(f, ev)
 
 
 def _on_scale_factor(f: Fold, ev: ScaleFactorWarning) -> None:
@@ -300,7 +142,7 @@ def _on_client_text(f: Fold, ev: ClientText) -> None:
 def _on_stall_hint(f: Fold, ev: StallHint) -> None:
     t = f.at(ev.ts)
     f.ensure_session(t)
-    activity(f, t)
+    f.activity(t)
     f.upd(stall_hints=f.s.stall_hints + 1, last_hint_s=ev.seconds)
 
 
@@ -321,7 +163,7 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
     ):
         f.open_session(t, "log_model_load_start")
     s = f.ensure_session(t)
-    activity(f, t)
+    f.activity(t)
     s = f.s
     # (the engine config's detail is a value, the KV-cache dtype it names: not a sub-kind)
     key = ev.kind if ev.detail is None or ev.kind == "engine_config" else f"{ev.kind}.{ev.detail}"
@@ -423,10 +265,9 @@ def ready(f: Fold, t: float, reason: str) -> None:
     f.advance("ready", t, reason)
 
 
-# Every log event type and its handler. Their transitions carry the record's offset.
+# Every log event type and its handler, one event at a time (`LOG_RUNS`: a run of them). Their
+# transitions carry the record's offset.
 LOG_HANDLERS: dict[type, Any] = {
-    ShardProgress: _on_progress,
-    KvScaleWarning: _on_kv_scale,
     ScaleFactorWarning: _on_scale_factor,
     LogWarning: _on_log_warning,
     LogError: _on_log_error,
@@ -435,3 +276,4 @@ LOG_HANDLERS: dict[type, Any] = {
     EpWeightFilter: _on_ep_filter,
     ClientText: _on_client_text,
 }
+LOG_RUNS: dict[type, Any] = {KvScaleWarning: on_kv_run, ShardProgress: on_progress_run}

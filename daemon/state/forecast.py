@@ -26,8 +26,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from loadwatch.parsers.events import ShardProgress
 
 import math
@@ -435,25 +433,6 @@ def eta_update(eta: EtaState, t: float, ev: ShardProgress) -> EtaState:
         if took is not None:
             return EtaState.start(t, ev.done, ev.total, eta.cum, took, eta.cfg)
     return eta.update(t, ev.done)
-
-
-def eta_updates(eta: EtaState, t: float, evs: Sequence[ShardProgress]) -> EtaState:
-    """`eta_update` of each of `evs`, updates at `t` that each advance the bar and none
-    finishing it. Read in one burst, most of them only move the estimator's last point, which
-    the last of them decides: from where that starts, the rest is done at once."""
-    for k, ev in enumerate(evs):
-        if t >= eta.last_t:
-            if eta.regime is not None:
-                dt = t - eta.open_t
-                if dt <= 0.0 or dt < eta.cfg.min_segment_s:  # no segment to close: the last
-                    return evolve(eta, last_t=t, last_done=evs[-1].done)
-            elif eta.last_t >= t:  # re-anchored by each: the last decides, when all can
-                took = [tqdm_elapsed_s(e) for e in evs[k:]]
-                if None not in took:
-                    last = evs[-1]
-                    return EtaState.start(t, last.done, last.total, eta.cum, took[-1], eta.cfg)
-        eta = eta_update(eta, t, ev)
-    return eta
 
 
 def tqdm_elapsed_s(ev: ShardProgress) -> float | None:

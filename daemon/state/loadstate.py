@@ -8,7 +8,11 @@
 `apply` and `apply_run` (a run of inputs in one call: the fast way) never change the state they
 are called on: they return a new `LoadState` that shares every part the run did not change, and
 whose `transitions` are the ones this call produced. Within the call the fold changes its own
-copies in place (fold.py), so a run copies each part it touches once. There is no I/O and no
+copies in place (fold.py), so a run copies each part it touches once, and inputs of one type
+back to back go to that type's handler in one call (one tally for a load's run of k/v
+warnings, one update of a bar for a burst of its updates read at one instant, fold_bars.py);
+stalls are judged once per run. Folding a run in one call or one input at a time gives the same
+state (tests/state/test_apply_run.py). There is no I/O and no
 clock here: `now` is the observation time. A log event's own timestamp (second resolution) is
 never compared with `now`: vLLM stamps in its own local time, of no known zone. Live, a log event
 happens at `now`; replayed (`replay=True`: re-read after a restart, as the log source says), at its
@@ -36,7 +40,7 @@ estimators keep fixed-size windows.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,9 +48,7 @@ from loadwatch.daemon.sources.inputs import HealthProbe, Tick
 from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.fold import Fold, settle_due, settle_failure
 from loadwatch.daemon.state.fold_failure import on_failure
-from loadwatch.daemon.state.fold_kvrun import on_kv_group
-from loadwatch.daemon.state.fold_lane import LANE_INPUTS, fold_lane, lane_end
-from loadwatch.daemon.state.fold_log import LOG_HANDLERS, on_kv_run
+from loadwatch.daemon.state.fold_log import LOG_HANDLERS, LOG_RUNS
 from loadwatch.daemon.state.fold_world import WORLD_HANDLERS
 from loadwatch.daemon.state.nodefold import NODE_EVENTS, track_node
 from loadwatch.daemon.state.session import (
@@ -65,12 +67,33 @@ from loadwatch.daemon.state.session import (
 )
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.state.snapshot_builder import build_snapshot
-from loadwatch.parsers.events import Failure, KvScaleRun, KvScaleWarning
+from loadwatch.parsers.events import Failure
 
-HANDLERS: dict[type, Any] = {**LOG_HANDLERS, Failure: on_failure, **WORLD_HANDLERS, **NODE_EVENTS}
-LOG_INPUTS = frozenset(
-    {*LOG_HANDLERS, Failure, *NODE_EVENTS, KvScaleRun}
-)  # their transitions carry the record's offset
+RunHandler = Callable[[Fold, Sequence[Any]], None]
+
+
+def _each(handler: Callable[[Fold, Any], None], logged: bool) -> RunHandler:
+    """The run handler of a type folded one input at a time (a log event's transitions carry
+    its record's offset)."""
+
+    def run(f: Fold, items: Sequence[Any]) -> None:
+        for item in items:
+            f.record = item.offset if logged else None
+            handler(f, item)
+            track_node(f, item)
+
+    return run
+
+
+# Per input type, the handler of a run of inputs of that type back to back.
+RUN_HANDLERS: dict[type, RunHandler] = {
+    **{
+        cls: _each(h, logged=True)
+        for cls, h in {**LOG_HANDLERS, Failure: on_failure, **NODE_EVENTS}.items()
+    },
+    **{cls: _each(h, logged=False) for cls, h in WORLD_HANDLERS.items()},
+    **LOG_RUNS,  # k/v scale warnings (one tally), bar updates (fold_bars.py)
+}
 
 
 @dataclass(frozen=True)
@@ -84,12 +107,9 @@ class LoadState(StateData):
         *,
         replay: bool = False,
         stamp_offset_s: float = 0.0,
-        lanes: bool = True,
     ) -> LoadState:
         """`apply_run` of one input."""
-        return self.apply_run(
-            (item,), now, replay=replay, stamp_offset_s=stamp_offset_s, lanes=lanes
-        )
+        return self.apply_run((item,), now, replay=replay, stamp_offset_s=stamp_offset_s)
 
     def apply_run(
         self,
@@ -98,52 +118,26 @@ class LoadState(StateData):
         *,
         replay: bool = False,
         stamp_offset_s: float = 0.0,
-        lanes: bool = True,
     ) -> LoadState:
         """Fold a run of inputs observed at `now`, in order, in one call; the result's
         `transitions` are every transition of the run. `replay`: the inputs are log events
         re-read after a restart (the log source says so), placed at their own stamps plus
         `stamp_offset_s` (`Fold.at`), and no stall is judged; live, the run arrived at `now`
-        and stalls are judged once, after it. `lanes=False`: a load's warnings and bar
-        updates each through their own handler, not in one pass (fold_lane.py; the same
-        state, which the tests check this way)."""
+        and stalls are judged once, after it."""
         f = Fold(self, now, replay, stamp_offset_s)
-        handlers = HANDLERS
-        logged = LOG_INPUTS
         seq = items if isinstance(items, (list, tuple)) else list(items)
+        handlers = RUN_HANDLERS
         i, n = 0, len(seq)
-        while i < n:
-            item = seq[i]
-            cls = type(item)
-            if lanes and cls in LANE_INPUTS:
-                j = lane_end(f, seq, i)
-                if j > i:
-                    fold_lane(f, seq, i, j)
-                    i = j
-                    continue
-            if cls is KvScaleRun:  # the scanner's one event for a run of them
-                f.record = item.offset  # type: ignore[union-attr]
-                on_kv_group(f, item)  # type: ignore[arg-type]
-                i += 1
-                continue
-            if cls is KvScaleWarning:  # the run of them from here, in one call
-                j = i + 1
-                while j < n and type(seq[j]) is KvScaleWarning:
-                    j += 1
-                f.record = item.offset  # type: ignore[union-attr]
-                run = seq[i:j]
-                on_kv_run(f, run)  # type: ignore[arg-type]
-                for ev in run:
-                    track_node(f, ev)
-                i = j
-                continue
+        while i < n:  # the inputs of one type back to back: one call of that type's handler
+            cls = type(seq[i])
+            j = i + 1
+            while j < n and type(seq[j]) is cls:
+                j += 1
             handler = handlers.get(cls)
             if handler is None:
                 raise TypeError(f"LoadState.apply: unsupported input {cls.__name__}")
-            f.record = item.offset if cls in logged else None  # type: ignore[union-attr]
-            handler(f, item)
-            track_node(f, item)
-            i += 1
+            handler(f, seq[i:j] if j - i < n else seq)
+            i = j
         if replay and f.sess is not None and n:
             # what was read now, however old its stamps: silence is counted from here
             f.upd(backlog_read_at=now)

@@ -3,7 +3,8 @@
 The log is read as the daemon reads it (analyze_input.py: plain, gzip, container formats, stdin),
 so the report says what the daemon would have said: `LogReader` -> `SessionFolder` (`LoadState`).
 Each event is folded at its own time (the last known time when it has none), so phase durations
-are the log's own. The state keeps only a summary of earlier sessions, so the state is snapshotted
+are the log's own; a load's warnings and bar updates back to back at one time are folded in one
+`apply_run` (they can open no session: the state's own grouping does the rest). The state keeps only a summary of earlier sessions, so the state is snapshotted
 just before a new session replaces the current one, and once at the end; the report (report.py)
 is built from those snapshots. Memory stays bounded: reads of at most a few MiB, records cut at
 ``max_record_bytes``, and the last `MAX_SESSIONS_KEPT` sessions kept in full.
@@ -47,13 +48,14 @@ from loadwatch.daemon.tools.analyze_input import (
 from loadwatch.exporters.report import Report, SessionCapture, build_report
 from loadwatch.exporters.terminal.clean import json_for_terminal, print_error
 from loadwatch.exporters.terminal.report_text import print_report
-from loadwatch.parsers import Event, Failure
+from loadwatch.parsers import Event, Failure, KvScaleWarning, ShardProgress
 
 MAX_SESSIONS_KEPT = 100
 # Untimed events before the first timed one wait for its time (a log that starts with a bar);
 # past this many they take the file's mtime instead.
 MAX_UNTIMED_HELD = 10_000
 MAX_FAILURE_OFFSETS = 256  # per session; the state keeps 32 distinct failures anyway
+BULK = (KvScaleWarning, ShardProgress)  # a load's many records, which open no session
 
 
 class SessionFolder:
@@ -69,6 +71,8 @@ class SessionFolder:
         self._held: list[Event] = []
         self._start_offset: int | None = None
         self._failures: dict[tuple[str, str], int] = {}
+        self._bulk: list[Event] = []  # a load's events at `self._bulk_at`, not folded yet
+        self._bulk_at = 0.0
         if model is not None:
             self.state = self.state.apply(model, fallback_ts)
 
@@ -78,7 +82,24 @@ class SessionFolder:
                 self._held.append(ev)
                 return
             self._release(ev.ts if ev.ts is not None else self.fallback_ts)
-        self._apply(ev, ev.ts if ev.ts is not None else self.now)
+        at = ev.ts if ev.ts is not None else self.now
+        if isinstance(ev, BULK) and self.state.session is not None:
+            t = at if at is not None else self.fallback_ts  # (as `_apply` takes it)
+            if self._bulk and t != self._bulk_at:
+                self._fold_bulk()
+            self._bulk.append(ev)
+            self._bulk_at = t
+            if ev.ts is not None:
+                self.now = ev.ts
+            return
+        self._fold_bulk()
+        self._apply(ev, at)
+
+    def _fold_bulk(self) -> None:
+        """The load's events held back, at their one time, in one call (no session starts)."""
+        if self._bulk:
+            self.state = self.state.apply_run(self._bulk, self._bulk_at)
+            self._bulk = []
 
     def _release(self, at: float) -> None:
         """The events that came before the first time: folded at that time, in order."""
@@ -115,6 +136,7 @@ class SessionFolder:
         self.kept.append(SessionCapture(st.snapshot(at), self._start_offset, self._failures))
 
     def finish(self) -> None:
+        self._fold_bulk()
         if self.now is None:  # no event had a time of its own
             self._release(self.fallback_ts)
         if self.state.session is not None:

@@ -166,6 +166,11 @@ class Redactor:
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
         return {k: MASK if is_secret_env(k) else self.text(v) for k, v in env.items()}
 
+    @property
+    def active(self) -> bool:
+        """Whether there is anything to redact (else `value` returns what it is given)."""
+        return bool(self._secrets) or self._flags
+
     def value(self, value: Any) -> Any:
         """Redact strings anywhere inside JSON-like data (an `argv` list as `argv()` does)."""
         if not self._secrets and not self._flags:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from loadwatch.parsers.grammar import Grammar
-from loadwatch.parsers.vllm.kvrun import RUN_NEEDLE
 from loadwatch.parsers.vllm.plans import PLANS, quiet_record
 from loadwatch.parsers.vllm.segment import PREFIX_RECORD_MAX
 from loadwatch.parsers.vllm.stream import EventStream
@@ -18,5 +17,4 @@ GRAMMAR = Grammar(
     native_quiet=True,  # _scan.c's quiet test is vLLM's header shape
     prefix_marker=b"pid=",  # `(EngineCore_DP0 pid=123) ` alone in its record
     prefix_record_max=PREFIX_RECORD_MAX,
-    run_needle=RUN_NEEDLE,  # runs of plain k/v scale warnings (kvrun.py)
 )

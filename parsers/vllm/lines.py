@@ -88,7 +88,15 @@ _PREFIX_BYTES = re.compile(
     rb"(?: (?P<ranks>[A-Z]{1,8}+[0-9]{1,6}+(?:_[A-Z]{1,8}+[0-9]{1,6}+){0,7}+))?"
     rb" pid=[0-9]{1,10}+(?:, ip=[0-9A-Fa-f.:]{1,64}+)?\)"
 )
+# The same, whole: a chunk's prefixes are listed in C (`findall`), and each distinct one is read
+# once (a log repeats a few prefixes on nearly every line).
+_PREFIX_WHOLE = re.compile(
+    rb"\([A-Za-z][A-Za-z0-9_-]{0,63}+(?: rank=[0-9]{1,6}+)?"
+    rb"(?: [A-Z]{1,8}+[0-9]{1,6}+(?:_[A-Z]{1,8}+[0-9]{1,6}+){0,7}+)?"
+    rb" pid=[0-9]{1,10}+(?:, ip=[0-9A-Fa-f.:]{1,64}+)?\)"
+)
 MAX_PROCESS_NAMES = 256
+MAX_PREFIXES_READ = 4096  # distinct prefixes remembered as read (a process per pid: bounded)
 
 
 class ProcessNames:
@@ -96,14 +104,21 @@ class ProcessNames:
 
     def __init__(self) -> None:
         self.names: dict[str, None] = {}
+        self._read: set[bytes] = set()
 
     def feed(self, data: bytes) -> None:
-        if b" pid=" not in data:
+        if b" pid=" not in data or len(self.names) >= MAX_PROCESS_NAMES:
             return
-        names = self.names
-        for m in _PREFIX_BYTES.finditer(data):
-            if len(names) >= MAX_PROCESS_NAMES:
-                return
+        names, read = self.names, self._read
+        for prefix in dict.fromkeys(_PREFIX_WHOLE.findall(data)):  # (in order, each once)
+            if prefix in read:
+                continue
+            if len(read) >= MAX_PREFIXES_READ:
+                read.clear()
+            read.add(prefix)
+            m = _PREFIX_BYTES.fullmatch(prefix)
+            if m is None or len(names) >= MAX_PROCESS_NAMES:
+                continue
             name = m["name"].decode()
             if m["ranks"]:
                 name = f"{name}_{m['ranks'].decode()}"
@@ -243,7 +258,7 @@ class StandardHeads:
     for a record that turns out to be one segment, or None when the record is not of a common
     shape (colour codes, a second prefix in mid-record, an unusual header): then use the general
     path. Common shapes: `(NAME pid=N) LEVEL MM-DD HH:MM:SS [src] msg`, the same without the
-    prefix, and a record with no prefix and no header at all (a progress bar).
+    prefix, and a record with no header at all (a progress bar), with a prefix or without.
     """
 
     def __init__(self, years: YearResolver) -> None:
@@ -251,25 +266,45 @@ class StandardHeads:
         # text -> what it parses to, or False: not of the common shape
         self._prefixes: dict[str, tuple[str, int] | Literal[False]] = {}
         self._headers: dict[str, tuple[str, float | None, str] | Literal[False]] = {}
+        # A record's text after its process prefix -> (level, ts, source, body), or False: the
+        # workers of a tensor-parallel group print the same line in the same second, each
+        # behind its own prefix, and it is read once.
+        self._rests: dict[str, tuple[str | None, float | None, str | None, str] | Literal[False]]
+        self._rests = {}
 
     def head(self, text: str) -> Head | None:
         if "\x1b" in text or "0m" in text or "6m" in text or " [repeated " in text:
             return None  # colour codes to strip, or a Ray suffix to drop: the general path
-        k = text.find("] ", 0, 400) + 2
-        if k < 2:
-            return self._bare(text)
         process: str | None = None
         pid: int | None = None
-        p = 0
+        rest = text
         if text[:1] == "(":
-            p = text.find(") ", 1, k) + 2
+            p = text.find(") ", 1, _HEADER_WINDOW) + 2
             if p < 2:
                 return None
-            prefix = self._prefix(text[:p])
+            prefix = self._prefixes.get(text[:p]) or self._prefix(text[:p])
             if prefix is False:
                 return None
             process, pid = prefix
-        key = text[p:k]
+            rest = text[p:]
+        got = self._rests.get(rest)
+        if got is None:
+            got = self._rest(rest)
+            if got is False or got[0] is not None:  # (a bar's text is new with each update)
+                if len(self._rests) >= _HEAD_CACHE_MAX:
+                    self._rests.clear()
+                self._rests[rest] = got
+        if got is False:
+            return None
+        return _tuple_new(Head, (process, pid, *got, False))
+
+    def _rest(self, rest: str) -> tuple[str | None, float | None, str | None, str] | Literal[False]:
+        """What `head` makes of a record's text after its prefix (the whole text without one)."""
+        k = rest.find("] ", 0, 400) + 2
+        if k < 2:  # no header: a bar (after its prefix, or alone), or other bare text
+            bare = self._bare(rest)
+            return False if bare is None else (None, None, None, bare.body)
+        key = rest[:k]
         header = self._headers.get(key)
         if header is None:
             header = False
@@ -281,12 +316,10 @@ class StandardHeads:
             if len(self._headers) >= _HEAD_CACHE_MAX:
                 self._headers.clear()
             self._headers[key] = header
-        if header is False:
-            return None
-        if text.find(" pid=", p) >= 0:
-            return None  # another process's record may start in this one
+        if header is False or rest.find(" pid=") >= 0:
+            return False  # (another process's record may start in this one)
         level, ts, src = header
-        return _tuple_new(Head, (process, pid, level, ts, src, text[k:], False))
+        return level, ts, src, rest[k:]
 
     def _prefix(self, text: str) -> tuple[str, int] | Literal[False]:
         prefix = self._prefixes.get(text)

@@ -5,8 +5,8 @@ events out). Repeated messages are built once and copied after that (`recipe_of`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
-from itertools import repeat
 from typing import Any, Literal
 
 from loadwatch.parsers.events import (
@@ -86,10 +86,38 @@ _CACHED_TYPES = (KvScaleWarning, ScaleFactorWarning, LogWarning, LogError, Stall
 _CONTEXT = ("offset", "ts", "process", "pid")
 PARSE_CACHE_MAX = 4096
 TRACEBACK_LEVELS = (None, "ERROR", "CRITICAL")  # the record levels a traceback opens at
-# (class, field names with the context fields last, values of the others)
-Recipe = tuple[tuple[type[Event], tuple[str, ...], tuple[Any, ...]], ...]
-_new = object.__new__
-_setattr = object.__setattr__
+# (a maker of the event's class, the values of its fields but the context ones)
+Maker = Callable[[tuple[Any, ...], int, "float | None", "str | None", "int | None"], Event]
+Recipe = tuple[tuple[Maker, tuple[Any, ...]], ...]
+_MAKERS: dict[type[Event], Maker] = {}
+
+
+def _maker(cls: type[Event]) -> Maker:
+    """A function that builds an event of `cls` from the values of its message fields and the
+    record's context: each field's slot is set by a line of its own through the slot's own
+    setter (where `object.__setattr__`, which the frozen dataclass's `__init__` calls, ends),
+    generated once per class as dataclasses generates `__init__` (a load builds one such event
+    per record)."""
+    make = _MAKERS.get(cls)
+    if make is None:
+        names = [f.name for f in fields(cls) if f.name not in _CONTEXT]
+        scope: dict[str, Any] = {"_new": object.__new__, "cls": cls}
+        lines = [f"def make(values, {', '.join(_CONTEXT)}):\n    ev = _new(cls)\n"]
+        for i, name in enumerate((*names, *_CONTEXT)):
+            scope[f"set{i}"] = _slot(cls, name).__set__
+            value = f"values[{i}]" if i < len(names) else name
+            lines.append(f"    set{i}(ev, {value})\n")
+        exec("".join(lines) + "    return ev\n", scope)  # (made from the field names alone)
+        make = _MAKERS[cls] = scope["make"]
+    return make
+
+
+def _slot(cls: type, name: str) -> Any:
+    """The slot descriptor of field `name` (the class's own, or a base's)."""
+    for c in cls.__mro__:
+        if name in c.__dict__:
+            return c.__dict__[name]
+    raise AttributeError(name)
 
 
 def recipe_of(events: list[Event]) -> Recipe | None:
@@ -97,20 +125,15 @@ def recipe_of(events: list[Event]) -> Recipe | None:
         return None
     out = []
     for e in events:
-        names = tuple(f.name for f in fields(e) if f.name not in _CONTEXT)
-        out.append((type(e), (*names, *_CONTEXT), tuple(getattr(e, n) for n in names)))
+        names = [f.name for f in fields(e) if f.name not in _CONTEXT]
+        out.append((_maker(type(e)), tuple(getattr(e, n) for n in names)))
     return tuple(out)
 
 
 def cook(recipe: Recipe, offset: int, ts: float | None, head: Head) -> list[Event]:
-    """The recipe's events for one record. The events are frozen dataclasses: their fields
-    are set as `__init__` would set them, but from C (`map`), without a call per field."""
-    out = []
-    for cls, names, values in recipe:
-        event = _new(cls)
-        any(map(_setattr, repeat(event), names, (*values, offset, ts, head.process, head.pid)))
-        out.append(event)
-    return out
+    """The recipe's events for one record."""
+    process, pid = head.process, head.pid
+    return [make(values, offset, ts, process, pid) for make, values in recipe]
 
 
 def set_fields(event: Event, **values: Any) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
 
 from loadwatch.parsers.events import (
     Event,
@@ -36,7 +35,6 @@ from loadwatch.parsers.vllm.lines import (
     split_segments,
     strip_ansi,
 )
-from loadwatch.parsers.vllm.runs import read_run
 from loadwatch.parsers.vllm.segment import (
     CHAIN_MARKERS,
     MAX_MESSAGE_CHARS,
@@ -156,10 +154,6 @@ class EventStream:
         self._bar_owner: dict[str, tuple[str, int | None]] = {}
         self._heads = StandardHeads(self.years)
         self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
-        # `run`'s bar records: prefixes read (process, pid; False: not plain), and descriptions
-        # whose general parse agreed with load_run's fields (True) or did not (False)
-        self._bar_prefixes: dict[bytes, tuple[str, int] | Literal[False]] = {}
-        self._bar_descs: dict[bytes, bool] = {}
         self.mode: Mode = "startup"
         self._clients = ClientLines()
 
@@ -208,11 +202,20 @@ class EventStream:
             else:  # `_segment` for the common case: no traceback to join, none to open
                 self._last_ts = ts
                 kind = self._clients.kind(head)
-                out = (
-                    self._parse(head, offset)
-                    if kind is None
-                    else self._clients.aside(kind, head, offset, self.mode)
-                )
+                if kind is not None:
+                    out = self._clients.aside(kind, head, offset, self.mode)
+                else:
+                    recipe = self._recipes.get((self.mode, level, head.source, head.body))
+                    if recipe is not None and len(recipe) == 1:
+                        # `_parse` of a message read before, whose one event is neither a bar
+                        # nor a milestone (`recipe_of`): made from its recipe
+                        make, values = recipe[0]
+                        event = make(values, offset, ts, head.process, head.pid)
+                        stats.events += 1
+                        by_type = stats.by_type
+                        by_type[event.type] = by_type.get(event.type, 0) + 1
+                        return [event]
+                    out = self._parse(head, offset)
         if out:
             stats.events += len(out)
             by_type = stats.by_type
@@ -271,14 +274,6 @@ class EventStream:
         ts = self.years.stamp(stamp)
         if ts is not None:
             self._last_ts = ts
-
-    def run(
-        self, data: bytes, start: int, base: int, native: bool = True
-    ) -> tuple[int, list[Event]] | None:
-        """The run of plain k/v scale warning records from `start` in a chunk and the bar
-        records between them (runs.py), and where its last record ends; None: no such record
-        there. What feeding the records one by one would leave in the stream, it leaves."""
-        return read_run(self, data, start, base, native)  # type: ignore[arg-type]
 
     def feed_all(self, records: Iterable[Record]) -> list[Event]:
         out: list[Event] = []

@@ -105,6 +105,8 @@ dir = "/models/k"
         ('[model]\nallowed_roots = ["/m\\u0000x"]\n', "[model] allowed_roots", "NUL byte"),
         ("[forecast]\nquiet_stall_s = 30\n", "[forecast] quiet_stall_s", "between 60 and"),
         ("[forecast]\nquiet_stall_s = '1h'\n", "[forecast] quiet_stall_s", "expected a number"),
+        # a setting that went (the event log always folds k/v warnings): said, not "unknown"
+        ("[events]\nfold = false\n", "[events] fold", "no longer a setting"),
     ],
 )
 def test_each_problem_names_its_key(tmp_path: Path, text: str, key: str, words: str) -> None:

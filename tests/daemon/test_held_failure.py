@@ -115,4 +115,4 @@ def test_a_session_replaced_while_its_failure_is_held_counts_it(tmp_path: Path) 
     now[0] = T0 + 31  # started again before the hold is over (no exit was seen)
     d.apply(ProcessEvent(kind="started", ts=T0 + 31, pid=101, argv=("vllm", "serve", "m")))
     assert d.state.past[-1].failure_kind == "kv_cache_too_small"
-    assert d.tally.failures == {"kv_cache_too_small": 1}
+    assert d.state.lifetime.failures == {"kv_cache_too_small": 1}

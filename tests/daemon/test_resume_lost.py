@@ -17,6 +17,7 @@ from typing import Any
 from loadwatch.daemon.config import Config
 from loadwatch.parsers import ChunkScanner
 from tests.daemon.harness import running
+from tests.helpers import records
 from tests.reliability.test_emit_mark import (
     _config,
     _lines,
@@ -48,7 +49,9 @@ def _rotated_mid_session(tmp_path: Path) -> tuple[list[str], int, Path, Config]:
     log.write_text("".join(lines[:half]))
     cfg = _config(tmp_path, "state")
     with running(cfg) as d:
-        d.wait(lambda: len(_logged(d.events())) == len(_offsets("".join(lines[:half]))), "A")
+        d.wait(
+            lambda: len(_logged(records(d.events()))) == len(_offsets("".join(lines[:half]))), "A"
+        )
         log.rename(tmp_path / "vllm.log.1")  # rotated: the session goes on in a new file
         log.write_text("".join(lines[half:]))
         d.wait(lambda: d.status()["phase"] == "ready", "the rest of the load")
@@ -66,9 +69,11 @@ def test_the_checkpoints_file_cut_by_a_restart_of_vllm_while_the_session_began_i
         f.write("".join(new))
     assert log.stat().st_ino == ino
     with running(cfg) as d:
-        d.wait(lambda: len(_logged(d.events())) >= len(_offsets("".join(new))), "the new load")
+        d.wait(
+            lambda: len(_logged(records(d.events()))) >= len(_offsets("".join(new))), "the new load"
+        )
         d.wait(lambda: d.status()["sessions_total"] >= 1, "a session")
-        events = d.events()
+        events = records(d.events())
     logged = [e for e in events if e["event"].startswith("log.")]
     assert [e["offset"] for e in logged] == _offsets("".join(new)), "the new load, once"
     assert not any(e.get("replay") for e in logged)
@@ -85,8 +90,10 @@ def test_the_checkpoints_file_deleted_and_the_sessions_too(tmp_path: Path) -> No
     new = _load(7)
     log.write_text("".join(new))
     with running(cfg) as d:
-        d.wait(lambda: len(_logged(d.events())) >= len(_offsets("".join(new))), "the new load")
-        events = d.events()
+        d.wait(
+            lambda: len(_logged(records(d.events()))) >= len(_offsets("".join(new))), "the new load"
+        )
+        events = records(d.events())
     assert [o for o, _ in _logged(events)] == _offsets("".join(new))
     problems = _problems(events)
     assert len(problems) == 1, problems
@@ -106,8 +113,8 @@ def test_the_checkpoints_file_cut_back_below_it(tmp_path: Path) -> None:
     assert log.stat().st_size < size
     with running(cfg) as d:
         want = _offsets(keep + more)
-        d.wait(lambda: len(_logged(d.events())) >= len(want), "the file again")
-        events = d.events()
+        d.wait(lambda: len(_logged(records(d.events()))) >= len(want), "the file again")
+        events = records(d.events())
     assert [o for o, _ in _logged(events)] == want
     problems = _problems(events)
     assert len(problems) == 1, problems
@@ -126,8 +133,10 @@ def test_the_sessions_first_file_gone_while_the_checkpoints_is_there(tmp_path: P
         f.write(more)
     want = [end + o for o in _offsets(more)]
     with running(cfg) as d:
-        d.wait(lambda: len(_logged(d.events())) >= len(want), "what came after the checkpoint")
-        events = d.events()
+        d.wait(
+            lambda: len(_logged(records(d.events()))) >= len(want), "what came after the checkpoint"
+        )
+        events = records(d.events())
     assert [o for o, _ in _logged(events)] == want
     problems = _problems(events)
     assert len(problems) == 1, problems
@@ -151,9 +160,9 @@ def test_the_checkpoints_file_rotated_past_the_kept_names_the_newer_rotated_one_
     log.write_text("".join(second))
     want = _offsets("".join(first)) + _offsets("".join(second))
     with running(cfg) as d:
-        d.wait(lambda: len(_logged(d.events())) >= len(want), "both loads")
+        d.wait(lambda: len(_logged(records(d.events()))) >= len(want), "both loads")
         d.wait(lambda: d.status()["sessions_total"] == 2, "two sessions")
-        events = d.events()
+        events = records(d.events())
     assert [o for o, _ in _logged(events)] == want  # each load once, the rotated file first
     problems = _problems(events)
     assert len(problems) == 1, problems

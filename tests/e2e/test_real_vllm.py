@@ -34,6 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -43,7 +44,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.realdaemon import DaemonProc, kill_leftovers, leftovers, supervise_config
-from tests.helpers import per_record
+from tests.helpers import records
 from tests.realvllm.vllmproc import ServerSpec, free_port, server_argv, server_env, vllm_python
 
 # Each test may wait on vLLM starts of a minute or more; the module fixtures count towards the
@@ -504,11 +505,21 @@ def test_load_to_ready_and_a_real_completion(serving: Serving) -> None:
     assert w["count"] == 2 * LAYERS and w["layers"] == list(range(LAYERS))
     assert sorted(w["scales"]) == ["k", "v"] and w["processes"]
     assert "fp8" in w["reason"].lower() or "not" in w["reason"].lower(), w["reason"]
-    lines = per_record(d.events(), [d.vllm_log.read_bytes()])  # folded lines written out
-    scale_events = [e for e in lines if e["event"] == "log.kv_scale_warning"]
-    assert sorted((e["layer"], e["scale"]) for e in scale_events) == sorted(
-        (layer, kv) for layer in range(LAYERS) for kv in "kv"
-    )
+    # the event log: each warning's record once (a folded line by the records it lists), two
+    # records for every layer, of the scales k and v
+    lines = d.events()
+    per_layer: Counter[int] = Counter()
+    scales: set[str] = set()
+    for e in lines:
+        if e["event"] == "log.kv_scale_run":
+            per_layer.update({layer: n for layer, n in e["layers"]})
+            scales.update(e["scales"])
+        elif e["event"] == "log.kv_scale_warning":
+            per_layer[e["layer"]] += 1
+            scales.add(e["scale"])
+    assert per_layer == {layer: 2 for layer in range(LAYERS)} and scales == {"k", "v"}
+    offsets = [e["offset"] for e in records(lines) if e["event"] == "log.kv_scale_warning"]
+    assert len(set(offsets)) == len(offsets) == 2 * LAYERS
 
     # milestones, in the order vLLM reached them
     kinds = [e["kind"] for e in d.named("log.milestone")]

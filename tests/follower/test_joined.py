@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from loadwatch.daemon.sources.inputs import Chunk, joined
 from loadwatch.daemon.sources.log.follower import LogFollower
 from loadwatch.parsers import ChunkScanner, EventStream
-from loadwatch.parsers.events import KvScaleRun
 from tests.perf.logs import load_log
 
 
@@ -26,22 +25,16 @@ def read_all(path: Path, cap: int) -> list[Chunk]:
             return out
 
 
-def events(chunks: list[Chunk], runs: bool = False) -> list[object]:
-    """The events, one per record; with `runs`, what is not a k/v warning and their count (a
-    run of them is one event up to a piece's end)."""
-    scanner = ChunkScanner(EventStream(ref_ts=1.8e9), runs=runs)
-    out = [ev for c in chunks for ev in scanner.feed(c.data, c.offset, c.file_id)]
-    if not runs:
-        return out
-    kv = sum(ev.count for ev in out if isinstance(ev, KvScaleRun))
-    return [kv, *(ev for ev in out if not isinstance(ev, KvScaleRun))]
+def events(chunks: list[Chunk]) -> list[object]:
+    scanner = ChunkScanner(EventStream(ref_ts=1.8e9))
+    return [ev for c in chunks for ev in scanner.feed(c.data, c.offset, c.file_id)]
 
 
 def test_a_load_log_is_read_alike_in_pieces_of_any_size(tmp_path: Path) -> None:
     path = tmp_path / "vllm.log"
     path.write_bytes(load_log()[0])
     chunks = read_all(path, 64 * 1024)
-    want, want_runs = events(chunks), events(chunks, runs=True)
+    want = events(chunks)
     for limit in (1, 100_000, 256 * 1024, 1 << 30):
         got = joined(chunks, limit)
         assert b"".join(c.data for c in got) == b"".join(c.data for c in chunks)
@@ -50,7 +43,6 @@ def test_a_load_log_is_read_alike_in_pieces_of_any_size(tmp_path: Path) -> None:
             (c.offset, c.next_offset) for c in got if c.offset + len(c.data) == c.next_offset
         ]
         assert events(got) == want
-        assert events(got, runs=True) == want_runs
     assert len(joined(chunks)) < len(chunks) / 3
 
 

@@ -141,6 +141,12 @@ _PARTS = st.sampled_from(
         " ",
         "(",
         "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01,  1.00it/s]",
+        # a bar with its process prefix in the same record (no header)
+        "(Worker_TP0 pid=7) Loading safetensors checkpoint shards:  50% Completed | 1/2 "
+        "[00:01<00:01,  1.00it/s]",
+        "2025-11-21 10:26:22,420 - INFO - ",
+        "[rank0]: ",
+        "\t",
     ]
 )
 

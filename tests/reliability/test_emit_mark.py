@@ -40,7 +40,7 @@ from loadwatch.daemon.sources.log.files import FINGERPRINT_BYTES, FileIdentity, 
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner
 from tests.daemon.harness import running
-from tests.helpers import per_record
+from tests.helpers import records
 
 
 def _lines() -> list[str]:
@@ -70,25 +70,22 @@ class Cut:
     end: int
 
 
-def _config(
-    tmp_path: Path, name: str, events_file: Path | None = None, fold: bool = False
-) -> Config:
-    """These tests follow each record's own line (`[events] fold = false`), the unit a restart
-    knows as written; with `fold`, runs of k/v warnings are folded lines, read back by their
-    first and last offset (`per_record` writes them out again to compare)."""
+def _config(tmp_path: Path, name: str, events_file: Path | None = None) -> Config:
+    """These tests follow each record's line, the unit a restart knows as written: a folded
+    line of k/v warnings by the records it lists (`records`)."""
     return Config(
         log=LogConfig(path=tmp_path / "vllm.log", poll_interval_s=0.05),
         http=HttpConfig(port=0),
         gpu=GpuConfig(source="none"),
         forecast=ForecastConfig(stall_floor_s=86400),
-        events=EventsConfig(stdout="all", fold=fold),
+        events=EventsConfig(stdout="all"),
         state_dir=tmp_path / name,
         events_file=events_file,
     )
 
 
-def _cut(tmp_path: Path, events_file: Path | None = None, fold: bool = False) -> Cut:
-    cfg = _config(tmp_path, "state", events_file, fold)
+def _cut(tmp_path: Path, events_file: Path | None = None) -> Cut:
+    cfg = _config(tmp_path, "state", events_file)
     log = tmp_path / "vllm.log"
     lines = _lines()
     starts = _offsets(lines)
@@ -118,7 +115,7 @@ def test_replay_again_and_live_split_at_the_mark(tmp_path: Path) -> None:
     cfg, lines, starts, bars, dd, p, end = c.cfg, c.lines, c.starts, c.bars, c.dd, c.p, c.end
     with running(cfg) as d:
         d.wait(lambda: d.status()["phase"] == "ready", "ready")
-        events = d.events()
+        events = records(d.events())
         status = d.status()
     cut = [(e["done"], e["pending"], e["found"]) for e in events if e["event"] == "daemon.cut_run"]
     assert cut == [(dd, p, None)]  # no event log file to read back
@@ -148,32 +145,31 @@ def _unmarked(events: list[dict[str, Any]]) -> Counter[Identity]:
     )
 
 
-@pytest.mark.parametrize("fold", [False, True], ids=["a line per record", "folded lines"])
-def test_the_cut_run_is_completed_from_the_event_log(tmp_path: Path, fold: bool) -> None:
-    """The killed daemon wrote the cut run's events up to its first shard bar; a restart writes
-    the rest of them as usual and none of the first again (the event log file is read back).
-    With folded lines the restart writes the rest of the cut run a line per record and knows
-    the records a folded line stands for as written; compared record by record."""
+def test_the_cut_run_is_completed_from_the_event_log(tmp_path: Path) -> None:
+    """The killed daemon wrote the cut run's events up to its first shard bar and the folded
+    line of the k/v warnings after it; a restart writes the rest of them as usual and none of
+    the first again (the event log file is read back: the records a folded line lists count as
+    written), folding what is left as the killed daemon would have; compared record by
+    record."""
     events = tmp_path / "events.jsonl"
-    c = _cut(tmp_path, events, fold)
+    c = _cut(tmp_path, events)
     first_daemon = _read(events)
     # What an uninterrupted daemon writes for the whole log; its lines from the start of the
-    # cut run through the first bar's line are what the killed daemon wrote before the kill.
+    # cut run through the first bar's line and the folded line after it are what the killed
+    # daemon wrote before the kill.
     ref_file = tmp_path / "events-ref.jsonl"
-    with running(_config(tmp_path, "state-ref", ref_file, fold)) as d:
+    with running(_config(tmp_path, "state-ref", ref_file)) as d:
         d.wait(lambda: d.status()["phase"] == "ready", "ready (reference)")
     ref = _read(ref_file)
-    assert any(e["event"] == "log.kv_scale_run" for e in ref) is fold
     logged = [i for i, e in enumerate(ref) if e["event"].startswith("log.")]
     begin = 1 + max(i for i in logged if ref[i]["offset"] < c.dd)
+    stop = 1 + next(
+        i for i in logged if ref[i]["event"] == "log.kv_scale_run" and c.dd < ref[i]["offset"]
+    )
     bar = next(b for b in c.bars if c.dd <= c.starts[b] < c.p)
     bar_at = c.starts[bar] + c.lines[bar].index("\r") + 1
-    stop = 1 + next(i for i in logged if ref[i]["offset"] == bar_at)
-    if fold:  # and the folded line of the k/v warnings after it: the restart skips its records
-        stop = 1 + next(
-            i for i in logged if ref[i]["event"] == "log.kv_scale_run" and c.dd < ref[i]["offset"]
-        )
-        assert ref[stop - 1]["last_offset"] < c.p
+    assert any(ref[i]["offset"] == bar_at for i in logged if begin <= i < stop)
+    assert ref[stop - 1]["last_offset"] < c.p
     assert any(ref[i]["offset"] >= c.p for i in logged), "the log goes on after the cut run"
     with events.open("a") as f:
         f.writelines(json.dumps(e) + "\n" for e in ref[begin:stop])
@@ -189,11 +185,15 @@ def test_the_cut_run_is_completed_from_the_event_log(tmp_path: Path, fold: bool)
     assert not [e for e in restart if e["event"].startswith("log.") and e.get("replay")]
     # every event from the cut run on once, unmarked, across the kill: those before the bar from
     # the killed daemon, the rest from the restart
-    log = [(tmp_path / "vllm.log").read_bytes()]
-    want = _unmarked(per_record(ref[begin:], log))
-    have = _unmarked(per_record(got[len(first_daemon) :], log))
+    want = _unmarked(records(ref[begin:]))
+    have = _unmarked(records(got[len(first_daemon) :]))
     assert have == want, (sorted(have - want)[:5], sorted(want - have)[:5])
-    assert _unmarked(per_record(restart, log)) == _unmarked(per_record(ref[stop:], log))
+    assert _unmarked(records(restart)) == _unmarked(records(ref[stop:]))
+    # and folded as the uninterrupted daemon folded them: the same lines
+    folds = [e for e in restart if e["event"] == "log.kv_scale_run"]
+    assert folds and [e["offsets"] for e in folds] == [
+        e["offsets"] for e in ref[stop:] if e["event"] == "log.kv_scale_run"
+    ]
 
 
 def test_read_back_takes_the_lines_from_where_the_run_began(tmp_path: Path) -> None:
@@ -288,7 +288,7 @@ def _restart_split(c: Cut) -> tuple[list[tuple[int, bool]], list[tuple[int, bool
     with running(c.cfg) as d:
         d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
         d.wait(lambda: d.status()["phase"] == "ready", "ready")
-        events = d.events()
+        events = records(d.events())
     offsets = [
         (e["offset"], bool(e.get("replay"))) for e in events if e["event"].startswith("log.")
     ]
@@ -362,12 +362,12 @@ def test_no_checkpoint_reading_starts_at_the_marks_file_even_rotated(tmp_path: P
     log.write_text("".join(lines[:20]))  # the next start of vLLM, in a new file
     with running(_config(tmp_path, "state")) as d:
         d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
-        events = d.events()
+        events = records(d.events())
     (tmp_path / "ref").mkdir()
     (tmp_path / "ref" / "vllm.log").write_text("".join(lines))
     with running(_config(tmp_path / "ref", "state")) as ref:
         ref.wait(lambda: ref.status()["phase"] == "ready", "ready (reference)")
-        want = [o for o, _ in _logged(ref.events())]
+        want = [o for o, _ in _logged(records(ref.events()))]
     got = [o for o, _ in _logged(events)]
     first_new = next(i for i in range(1, len(got)) if got[i] < got[i - 1])
     new_size = len("".join(lines[:20]).encode())
@@ -390,7 +390,7 @@ def test_a_mark_in_a_newer_file_replays_the_files_before_it(tmp_path: Path) -> N
     with running(c.cfg) as d:
         d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
         d.wait(lambda: d.status()["phase"] == "ready", "ready")
-        events = d.events()
+        events = records(d.events())
     got = _logged(events)
     assert got and all(o >= dd for o, _ in got), "nothing of the old file, nor the new before D"
     assert len(got) == len(set(got))
@@ -430,8 +430,11 @@ def test_replay_ends_when_the_checkpoints_file_ends_and_was_rotated(
     log.write_text(new)
     with running(cfg) as d:
         d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
-        d.wait(lambda: any(e["event"] == "daemon.replay_done" for e in d.events()), "replay done")
-        events = d.events()
+        d.wait(
+            lambda: any(e["event"] == "daemon.replay_done" for e in records(d.events())),
+            "replay done",
+        )
+        events = records(d.events())
     got = [o for o, _ in _logged(events)]
     new_size = len(new.encode())
     assert got and all(o < new_size for o in got), "the new file's events, live"
@@ -448,10 +451,13 @@ def test_replay_ends_when_the_checkpoints_file_was_copied_and_truncated(tmp_path
     new = _copytruncate(log)
     with running(cfg) as d:
         d.wait(lambda: d.status()["sessions_total"] == 2, "the new file's session")
-        d.wait(lambda: any(e["event"] == "daemon.replay_done" for e in d.events()), "replay done")
+        d.wait(
+            lambda: any(e["event"] == "daemon.replay_done" for e in records(d.events())),
+            "replay done",
+        )
         want = [ev.offset for ev in ChunkScanner().feed("".join(new).encode())]
-        d.wait(lambda: len(_logged(d.events())) >= len(want), "the new file's events")
-        events = d.events()
+        d.wait(lambda: len(_logged(records(d.events()))) >= len(want), "the new file's events")
+        events = records(d.events())
     logged = [e for e in events if e["event"].startswith("log.")]
     assert [e["offset"] for e in logged] == want
     assert not any(e.get("replay") for e in logged)
@@ -479,7 +485,7 @@ def test_a_mark_in_a_newer_file_holds_in_its_copy(tmp_path: Path) -> None:
         d.wait(lambda: d.status()["sessions_total"] == 3, "the third file's session")
         want = [ev.offset for ev in ChunkScanner().feed("".join(third).encode())]
         d.wait(lambda: d.status()["phase"] == "ready", "ready")
-        events = d.events()
+        events = records(d.events())
     got = [o for o, _ in _logged(events)]
     rest = [ev.offset for ev in ChunkScanner().feed("".join(second).encode()) if ev.offset >= dd]
     assert got == rest + want, "the copy's events from D on, then the cut-back file's, once"

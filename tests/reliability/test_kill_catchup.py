@@ -22,15 +22,15 @@ import pytest
 
 from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, startup
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
+from tests.helpers import records
 from tests.reliability.proc import DaemonProc, wait_for
 from tests.reliability.test_kill_restart import _args, _identity, _read_events
 
 SEED = 20261201
 KILLS = 20
 PER_KILL = 3  # loads appended before each restart: a backlog the daemon is still reading
-# The event log a line per record: its writing is what a kill must land in (`cut_runs`), and
-# folded lines leave little of it (tests/sources/log/test_source_model.py's folded model kills
-# at any record)
+# The event log is compared record by record (a folded line by the records it lists): which
+# records a fold holds follows the reads, which the kills change
 
 
 def _loads(n: int) -> list[str]:
@@ -47,7 +47,7 @@ def _loads(n: int) -> list[str]:
 
 def _caught_up(path: Path, last: int) -> bool:
     events, _ = _read_events(path)
-    return any(e.get("offset") == last for e in events if e["event"].startswith("log."))
+    return any(e.get("offset") == last for e in records(events) if e["event"].startswith("log."))
 
 
 @pytest.mark.slow  # about a minute
@@ -56,7 +56,7 @@ def test_kills_while_catching_up_leave_every_event_once_and_none_marked(tmp_path
     loads = _loads(PER_KILL * KILLS + 1)
     log = tmp_path / "vllm.log"
     log.write_text(loads[0])
-    args = _args(tmp_path, log, None, "killed", fold=False)
+    args = _args(tmp_path, log, None, "killed")
     mark = tmp_path / "state-killed" / "follower" / checkpoint_name(log)
     mark = mark.with_name(mark.name.replace("follower-", "events-", 1))
     cut_runs = 0
@@ -75,7 +75,7 @@ def test_kills_while_catching_up_leave_every_event_once_and_none_marked(tmp_path
     got, ref = {}, {}
     for name, store in (("killed", got), ("ref", ref)):
         d = DaemonProc(
-            _args(tmp_path, log, None, name, fold=False),
+            _args(tmp_path, log, None, name),
             tmp_path / f"out-{name}.jsonl",
             prewarm=True,
         )
@@ -88,7 +88,8 @@ def test_kills_while_catching_up_leave_every_event_once_and_none_marked(tmp_path
             )
         finally:
             assert d.stop() == 0
-        store["events"], store["torn"] = _read_events(events_file)
+        events, store["torn"] = _read_events(events_file)
+        store["events"] = records(events)
 
     want: Counter[Any] = Counter(
         k for e in ref["events"] if (k := _identity(e)) is not None and not e.get("replay")

@@ -24,7 +24,7 @@ import pytest
 
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
 from loadwatch.daemon.tools.demo import make_model_dir
-from tests.helpers import per_record
+from tests.helpers import records
 from tests.reliability.proc import DaemonProc, wait_for
 from tests.reliability.script import two_sessions
 
@@ -37,22 +37,20 @@ LONG_LIVED = {4, 11, 17}
 _VOLATILE = {"phase_age_s", "id"}
 
 
-def _config(tmp: Path, fold: bool = True) -> Path:
-    cfg = tmp / ("loadwatch.toml" if fold else "loadwatch-per-record.toml")
+def _config(tmp: Path) -> Path:
+    cfg = tmp / "loadwatch.toml"
     # Stall detection compares the log's time with the wall clock; it is not under test here.
     cfg.write_text(
         "[log]\npoll_interval_s = 0.05\n[forecast]\nstall_floor_s = 86400\n[gpu]\nsource = 'none'\n"
-        f"[events]\nfold = {'true' if fold else 'false'}\n"
     )
     return cfg
 
 
-def _args(tmp: Path, log: Path, model: Path | None, name: str, fold: bool = True) -> list[str]:
-    """A daemon's command line: its own state and event log file, named `name`; `fold`: the
-    event log's runs of k/v warnings as folded lines (the default) or a line per record."""
+def _args(tmp: Path, log: Path, model: Path | None, name: str) -> list[str]:
+    """A daemon's command line: its own state and event log file, named `name`."""
     return [
         "--config",
-        str(_config(tmp, fold)),
+        str(_config(tmp)),
         "--log",
         str(log),
         "--state-dir",
@@ -277,11 +275,11 @@ def test_fifty_sigkills_leave_the_state_and_the_event_log_exact(tmp_path: Path) 
     )
 
     # The event log: every event of the uninterrupted run once; repeats only as marked replays.
-    # (folded lines written out a line per record: a fold's grouping follows reads and kills)
+    # (a folded line by the records it lists: which records a fold holds follows the reads)
     ref_events, ref_torn = _read_events(tmp_path / "events-ref.jsonl")
     got_events, torn = _read_events(tmp_path / "events-killed.jsonl")
-    ref_events = per_record(ref_events, [log.read_bytes()])
-    got_events = per_record(got_events, [log.read_bytes()])
+    ref_events = records(ref_events)
+    got_events = records(got_events)
     want = Counter(k for e in ref_events if (k := _identity(e)) is not None)
     live = Counter(k for e in got_events if not e.get("replay") and (k := _identity(e)) is not None)
     dupes = live - want

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from loadwatch.daemon.sources.log.follower import DEFAULT_ROTATED_KEEP
+from tests.helpers import records
 from tests.reliability.proc import DaemonProc, wait_for
 from tests.reliability.test_kill_catchup import _loads
 from tests.reliability.test_kill_restart import _args, _identity, _read_events
@@ -39,9 +40,8 @@ RUNS = [
     (11, "copytruncate", "stop"),
 ]
 KILLS = 16
-# The event log a line per record: a folded line of a rotated file is not told from one of the
-# file after it by offsets alone (tests/reliability/test_kill_catchup.py and test_kill_restart.py
-# check folded lines across kills, tests/sources/log/test_source_model.py across rotations)
+# The event log record by record: a folded line by the records it lists, each by its offset
+# and time (offsets alone repeat from one rotated file to the next)
 ROTATIONS = DEFAULT_ROTATED_KEEP - 1  # more, and a daemon down long enough may lose a file
 
 
@@ -75,16 +75,14 @@ def test_kills_and_rotations_leave_the_event_log_exact(
     loads = _loads(KILLS + 1)
     log = tmp_path / "vllm.log"
     log.write_text(loads[0])
-    ref = DaemonProc(
-        _args(tmp_path, log, None, "ref", fold=False), tmp_path / "out-ref.jsonl", prewarm=True
-    )
+    ref = DaemonProc(_args(tmp_path, log, None, "ref"), tmp_path / "out-ref.jsonl", prewarm=True)
     ref.go()
     ref.wait_listening()
     rotations, when = 0, Counter[str]()
     try:
         for i in range(KILLS):
             d = DaemonProc(
-                _args(tmp_path, log, None, "killed", fold=False),
+                _args(tmp_path, log, None, "killed"),
                 tmp_path / f"out-{i}.jsonl",
                 prewarm=True,
             )
@@ -107,7 +105,7 @@ def test_kills_and_rotations_leave_the_event_log_exact(
         last_line = loads[-1].splitlines(keepends=True)[-1]
         last = log.stat().st_size - len(last_line.encode())
         final = DaemonProc(
-            _args(tmp_path, log, None, "killed", fold=False),
+            _args(tmp_path, log, None, "killed"),
             tmp_path / "out-final.jsonl",
             prewarm=True,
         )
@@ -119,7 +117,7 @@ def test_kills_and_rotations_leave_the_event_log_exact(
                 wait_for(
                     lambda p=path: any(
                         e.get("offset") == last and e["event"].startswith("log.")
-                        for e in _read_events(p)[0][-2000:]
+                        for e in records(_read_events(p)[0][-2000:])
                     ),
                     f"the {name} daemon to catch up",
                     120,
@@ -131,8 +129,8 @@ def test_kills_and_rotations_leave_the_event_log_exact(
 
     want_events, ref_torn = _read_events(tmp_path / "events-ref.jsonl")
     got_events, torn = _read_events(tmp_path / "events-killed.jsonl")
-    want = Counter(k for e in want_events if (k := _key(e)) is not None)
-    got = Counter(k for e in got_events if (k := _key(e)) is not None)
+    want = Counter(k for e in records(want_events) if (k := _key(e)) is not None)
+    got = Counter(k for e in records(got_events) if (k := _key(e)) is not None)
     print(
         f"\n{how} {end}: restarts={KILLS} rotations={dict(when)} events={sum(want.values())} "
         f"duplicates={sum((got - want).values())} missing={sum((want - got).values())} "

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from loadwatch.daemon.tools.analyze import LogReader
-from tests.helpers import per_record
+from tests.helpers import records
 from tests.reliability.proc import REPO, DaemonProc, wait_for
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -85,7 +85,7 @@ def test_rewritten_while_followed(tmp_path: Path) -> None:
     finally:
         assert d.stop() == 0
     events = _events(tmp_path, "live")
-    assert len(_kv_warnings(per_record(events, [FIRST, SECOND]))) == _expected_kv(tmp_path)
+    assert len(_kv_warnings(records(events))) == _expected_kv(tmp_path)
     said = [e for e in events if e.get("event") == "daemon.warning"]
     assert len(said) == 1 and "rewritten in place" in said[0]["warning"]
 
@@ -107,5 +107,5 @@ def test_rewritten_while_the_daemon_was_down(tmp_path: Path) -> None:
     events = _events(tmp_path, "second")
     problems = [e["error"] for e in events if e.get("event") == "daemon.problem"]
     assert len(problems) == 1 and "rewritten in place" in problems[0], problems
-    kv = _kv_warnings(per_record(events, [SECOND]))
+    kv = _kv_warnings(records(events))
     assert len(kv) == _expected_kv(tmp_path) and not any(e.get("replay") for e in kv)

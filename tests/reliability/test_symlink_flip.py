@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from loadwatch.daemon.tools.analyze import LogReader
-from tests.helpers import per_record
+from tests.helpers import records
 from tests.reliability.proc import REPO, DaemonProc, wait_for
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -76,7 +76,7 @@ def test_flip_back_resumes_where_it_was(tmp_path: Path) -> None:
     finally:
         assert d.stop() == 0
     lines = [json.loads(x) for x in events.read_text().splitlines()]
-    written = per_record(lines, [blue.read_bytes(), green.read_bytes()])
+    written = records(lines)
     got = Counter(
         (e["event"].removeprefix("log."), e["offset"])
         for e in written

@@ -74,22 +74,25 @@ class Ordinals:
         return (*key, k)
 
 
-# A line that stands for a run of records (the event log's folded line) and the name each of
-# its records has on a line of its own: a restart writing a cut run one record at a time knows
-# a record as written when a folded line's first and last offset enclose it.
+# A line that stands for records back to back (the event log's folded line, eventfeed.py) and
+# the name each of its records has on a line of its own: a restart knows the records a folded
+# line lists (`offsets`) as written.
 FOLDED = {"log.kv_scale_run": "log.kv_scale_warning"}
+FOLDED_AS = {single: fold for fold, single in FOLDED.items()}
 
 
 @dataclass
 class Written:
-    """What the event log holds of a cut-short run: lines by identity, and the records that
-    folded lines cover, by name and (first, last) offset."""
+    """What the event log holds of a cut-short run: lines by identity, the records folded lines
+    list (each by the identity of its own line), and those of folded lines that list none, by
+    name and (first, last) offset."""
 
     keys: set[Identity] = field(default_factory=set)
+    folded: set[Identity] = field(default_factory=set)
     spans: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     def __contains__(self, key: object) -> bool:
-        if key in self.keys:
+        if key in self.keys or key in self.folded:
             return True
         if not isinstance(key, tuple) or len(key) < 2 or not isinstance(key[1], int):
             return False
@@ -131,7 +134,13 @@ def written(events_file: Path, mark: Mark, limit: int = READ_BACK) -> Written | 
         if key is None or not mark.done <= key[1] < mark.pending:
             continue
         found.keys.add(ordinal(key))
-        last = doc.get("last_offset")
+        offsets = doc.get("offsets")
+        if name in FOLDED and isinstance(offsets, list):
+            for o in offsets:
+                if isinstance(o, int):
+                    found.folded.add(ordinal((FOLDED[name], o)))
+            continue
+        last = doc.get("last_offset")  # a line that lists no offsets: those from first to last
         if name in FOLDED and isinstance(last, int):
             found.spans.setdefault(FOLDED[name], []).append((key[1], last))
     return found

@@ -40,7 +40,6 @@ from loadwatch.daemon.sources.log.follower import FollowerError, LogFollower
 from loadwatch.daemon.sources.log.resume import Emit, Notice, Resume
 from loadwatch.daemon.sources.log.wake import Mode
 from loadwatch.parsers import ChunkScanner, Event
-from loadwatch.parsers.events import KvScaleRun
 
 __all__ = ["Emit", "LogSource", "Notice", "Run"]
 
@@ -86,7 +85,6 @@ class LogSource:
         self._clock = clock
         self._new_scanner = scanner
         self.scanner = scanner()
-        self._grouped = self.scanner.runs  # (the scanner's choice: runs of records as one event)
         self.follower = LogFollower(
             path,
             state_dir=state_dir,
@@ -152,13 +150,12 @@ class LogSource:
         data = data[: max(data.rfind(b"\n"), data.rfind(b"\r")) + 1]
         if self._format != "plain":
             data = decode_bytes(data, self._format)
-        peeked = (_last_stamp(ev) for ev in self._new_scanner().feed(data, at))
-        stamps = [ts for ts in peeked if ts is not None]
+        stamps = [ev.ts for ev in self._new_scanner().feed(data, at) if ev.ts is not None]
         return mtime - max(stamps) if stamps else None
 
     def _measure(self, events: list[Event], now: float) -> None:
         for ev in events:
-            ts = _last_stamp(ev)
+            ts = ev.ts
             if ts is None:
                 continue
             c = now - ts
@@ -265,9 +262,6 @@ class LogSource:
         for data, start, end in resume.split(chunk):
             emit = resume.emit(chunk.file_id, start, end)
             out.extend(self._take())  # (the replay's end before the run it lets through)
-            # A run a kill cut short is read one event per record: the event log may hold
-            # any part of it, and is asked record by record (a folded line covers its records).
-            self.scanner.runs = self._grouped and emit != "missing"
             events = self.scanner.feed(data, start, chunk.file_id)
             if not self._live and self._backlog_key is not None and emit == "new":
                 key = _file_key(chunk.file_id)
@@ -360,13 +354,6 @@ class LogSource:
         self.follower.checkpoint(self._extra())
         self.follower.close(checkpoint=False)
         self.marks.close()
-
-
-def _last_stamp(ev: Event) -> float | None:
-    """The event's stamp; of one event for a run of records, the last record's."""
-    if type(ev) is KvScaleRun and ev.last_ts is not None:
-        return ev.last_ts
-    return ev.ts
 
 
 def _problem(line: str) -> Notice:

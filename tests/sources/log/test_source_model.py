@@ -12,7 +12,8 @@ into a real event log file, between the source's `begin` and `end`.
 The model is trivially correct: the lines appended, in order. At the end the daemon catches up,
 and its event log, across every daemon that wrote to it, must hold (without a replay mark)
 exactly the log events a scan of those lines gives, and exactly the state transitions a fold
-of those events gives, each once. (Anchor: Vector's lib/file-source model tests.)
+of those events gives, each once (k/v warnings, which the event log folds, each record by its
+time and their sums by layer). (Anchor: Vector's lib/file-source model tests.)
 
 The rotations stay within what the follower keeps (`DEFAULT_ROTATED_KEEP` names): a file rotated
 further away is gone, and what it held unread is lost by design (the README says so).
@@ -46,7 +47,7 @@ from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.session import StateConfig
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner, EventStream, KvScaleWarning
-from tests.helpers import append
+from tests.helpers import append, records
 
 SHAPE = Shape(model="/models/m", shards=4, workers=2, layers=2, shard_s=(1.0, 3.0))
 CONFIG = StateConfig(stall_floor_s=10**9)  # no stalls: the facts follow from the lines alone
@@ -70,9 +71,6 @@ def _content(e: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(sorted((k, json.dumps(v)) for k, v in e.items() if k not in ("offset", "time")))
 
 
-KV_LINES = ("log.kv_scale_warning", "log.kv_scale_run")
-
-
 def _kv_layers(lines: list[dict[str, Any]]) -> Counter[int | None]:
     """The k/v warning records the lines stand for, by layer (None: records without one)."""
     out: Counter[int | None] = Counter()
@@ -88,6 +86,13 @@ def _kv_layers(lines: list[dict[str, Any]]) -> Counter[int | None]:
     return +out
 
 
+def _listed(e: dict[str, Any]) -> dict[str, Any]:
+    """A k/v warning's line as much of it as a folded line lists (its offset and time)."""
+    if e["event"] != "log.kv_scale_warning":
+        return e
+    return {k: e[k] for k in ("event", "offset", "ts") if k in e}
+
+
 def _fact(e: dict[str, Any]) -> tuple[Any, ...]:
     """A transition without its times (a replayed one's come from stamps) and its record."""
     keep = ("event", "phase_from", "phase_to", "reason", "failure_kind", "forecast")
@@ -97,14 +102,14 @@ def _fact(e: dict[str, Any]) -> tuple[Any, ...]:
 class Daemon:
     """The loop's side of the log source: fold, and write each run's effects once."""
 
-    def __init__(self, tmp: Path, fold: bool = False) -> None:
+    def __init__(self, tmp: Path) -> None:
         self.eventlog = EventLog(io.StringIO(), tmp / "events.jsonl", console=False)
         self.feed = EventFeed(self.eventlog)
         self.state = LoadState(config=CONFIG)
         self.source = LogSource(
             tmp / "vllm.log",
             state_dir=tmp / "state",
-            scanner=lambda: ChunkScanner(EventStream(), runs=fold),
+            scanner=lambda: ChunkScanner(EventStream()),
             events_file=tmp / "events.jsonl",
             poll_interval_s=0.05,
             mode="poll",
@@ -138,6 +143,7 @@ class Daemon:
                 out.event(ev)
             if dies:
                 return True
+            out.close()
             source.end(item, self.feed.position())
         for notice in source.settle():
             self.feed.notice(notice)
@@ -153,8 +159,6 @@ class Daemon:
 
 
 class LogSourceModel(RuleBasedStateMachine):
-    FOLD = False  # runs of k/v warnings as one event (the event log's folded line)
-
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="lw-model-"))
@@ -307,7 +311,7 @@ class LogSourceModel(RuleBasedStateMachine):
     @rule()
     def start(self) -> None:
         """As the daemon starts: the log source opened, and read at once."""
-        self.daemon = Daemon(self.tmp, self.FOLD)
+        self.daemon = Daemon(self.tmp)
         self.daemon.take(self.daemon.source.read())
         self.caught_up = False
 
@@ -331,10 +335,10 @@ class LogSourceModel(RuleBasedStateMachine):
     def _check(self) -> None:
         lines = [json.loads(x) for x in (self.tmp / "events.jsonl").read_text().splitlines() if x]
         logged = [e for e in lines if e["event"].startswith("log.") and not e.get("replay")]
-        got_kv = _kv_layers(logged)
-        if self.FOLD:  # a folded line's records are known by their sums: compared as sums
-            logged = [e for e in logged if e["event"] not in KV_LINES]
-        got_events = Counter(_content(e) for e in logged)
+        got_kv = _kv_layers(logged)  # a folded line's records by layer, from its sums
+        # and each record once by its time (a folded line by the records it lists): k/v
+        # warnings' own fields are summed in folded lines, other events' compared whole
+        got_events = Counter(_content(_listed(e)) for e in records(logged))
         got_transitions = Counter(
             _fact(e) for e in lines if e["event"].startswith("transition.") and not e.get("replay")
         )
@@ -353,8 +357,8 @@ class LogSourceModel(RuleBasedStateMachine):
         )
         for ev in events:
             fields = {k: v for k, v in ev.to_dict().items() if v is not None and k != "type"}
-            if self.FOLD and type(ev) is KvScaleWarning:
-                continue
+            if type(ev) is KvScaleWarning:  # what a folded line lists of each record
+                fields = {"offset": ev.offset, "ts": ev.ts}
             want_events[
                 _content({"event": f"log.{ev.type}", **json.loads(json.dumps(fields))})
             ] += 1
@@ -392,15 +396,3 @@ LogSourceModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_log_source_against_its_model = LogSourceModel.TestCase
-
-
-class FoldedLogSourceModel(LogSourceModel):
-    """The same with the daemon's default, runs of k/v warnings folded into one line each: a
-    kill cuts a run short, the restart writes its rest a line per record and knows a folded
-    line's records as written by its first and last offset."""
-
-    FOLD = True
-
-
-FoldedLogSourceModel.TestCase.settings = LogSourceModel.TestCase.settings
-test_folded_log_source_against_its_model = FoldedLogSourceModel.TestCase

@@ -1,14 +1,15 @@
-"""`LoadState.apply_run` (a run of inputs in one call, changing its own copies in place, a live
-load's warnings and bar updates in one pass: fold_lane.py) gives exactly the state and the
-transitions of folding the same inputs one `apply` at a time, each through its own handler
-(`lanes=False`): replayed and live, across stalls, restarts, new processes and scales. And the
-state a run starts from is never changed by it."""
+"""`LoadState.apply_run` (a run of inputs in one call, changing its own copies in place) gives
+exactly the state and the transitions of folding the same inputs one `apply` at a time:
+replayed and live, across stalls, restarts, new processes and scales, in runs of any size. And
+the state a run starts from is never changed by it."""
 
 from __future__ import annotations
 
 import copy
+import random
 from dataclasses import replace
 
+from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, startup
 from loadwatch.daemon.sources.inputs import ProcessEvent, Tick
 from loadwatch.daemon.state.loadstate import Input, LoadState
 from loadwatch.daemon.state.records import evolve
@@ -20,14 +21,14 @@ from loadwatch.parsers import (
     KvScaleWarning,
     LogError,
     LogWarning,
+    ShardProgress,
 )
-from loadwatch.parsers.events import KvScaleRun
 from tests.parsers.golden import REF_TS
 from tests.perf.logs import load_log, serving_log
 
 
-def events(data: bytes, runs: bool = False) -> list[Event]:
-    scanner = ChunkScanner(EventStream(ref_ts=REF_TS), runs=runs)
+def events(data: bytes) -> list[Event]:
+    scanner = ChunkScanner(EventStream(ref_ts=REF_TS))
     return scanner.feed(data) + scanner.stream.flush()
 
 
@@ -61,7 +62,7 @@ def fold_both(
         assert batched == before, "apply_run changed the state it started from"
         out: list[Transition] = []
         for item in run:
-            single = single.apply(item, now, replay=replay, lanes=False)
+            single = single.apply(item, now, replay=replay)
             out.extend(single.transitions)
         assert list(got.transitions) == out, (now, run[:3])
         assert evolve(got, transitions=()) == evolve(single, transitions=()), (now, run[:3])
@@ -87,10 +88,9 @@ def test_live_load_log_in_runs_of_any_size() -> None:
 
 
 def test_live_load_log_read_in_runs_with_stalls_between() -> None:
-    """A load's warnings as runs (`[events] fold`) and its bar updates, live, in runs of any
-    size; now and then the log goes quiet long enough for a stall, then goes on."""
-    evs = events(load_log()[0], runs=True)
-    assert sum(isinstance(e, KvScaleRun) for e in evs) > 10
+    """A load's warnings and its bar updates, live, in runs of any size; now and then the log
+    goes quiet long enough for a stall, then goes on."""
+    evs = events(load_log()[0])
     for size in (1, 3, 40, 500):
         items: list[tuple[float, Input]] = []
         t = REF_TS + 60.0
@@ -151,3 +151,25 @@ def test_warnings_of_many_processes_layers_and_scales() -> None:
         assert st.session is not None and st.session.warnings["other"].count > 100
         w = st.session.warnings["kv_scale_missing"]
         assert w.count == 600 and len(w.processes) == 16 and w.layers_over > 0
+
+
+def test_bar_updates_back_to_back_read_in_bursts() -> None:
+    """A load that prints no warnings: its bar updates come back to back, and a run read at
+    one instant holds several of them (`fold_bars.py`'s bursts, where the last decides)."""
+    rng = random.Random(3)
+    clock = SyntheticClock()
+    shape = Shape(shards=40, workers=2, layers=4, kv_scales=False)
+    data = "".join(line for _ in range(2) for line in startup(rng, clock, shape)).encode()
+    evs = events(data)
+    bars = [e for e in evs if isinstance(e, ShardProgress)]
+    assert len(bars) > 80
+    for size in (2, 5, 64):
+        for replay in (False, True):
+            items: list[tuple[float, Input]] = [
+                (REF_TS + 60.0 + i // 7, e) for i, e in enumerate(evs)
+            ]
+            st, _ = fold_both(items, replay=replay, size=size)
+            s = st.session
+            assert s is not None
+            (bar,) = [b for b in s.bars.values() if b.kind == "weights"]
+            assert (bar.done, bar.updates) == (40, 42)
