@@ -186,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=61)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument(
+        "--leave-workers",
+        action="store_true",
+        help="on a failure, exit without ending the workers (a main process that dies first)",
+    )
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, _on_term)
@@ -239,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         out.flush()
         if fail is not None:
             time.sleep(0.2)
+            if args.leave_workers:
+                workers = []  # (not ended: the supervisor finds them alive after the exit)
             return 1
         if stall_at is not None:
             while True:

@@ -135,7 +135,10 @@ class GpuSource(Protocol):
 
 # -- the vLLM process -------------------------------------------------------------------------
 
-ProcessEventKind = Literal["started", "exited", "stopping", "backoff", "fatal"]
+# "stopping": a stop or restart was asked for; "ending_leftovers": vLLM's main process exited by
+# itself and the supervisor ends what is left of its tree (no stop was asked for: the exit, and
+# whatever the log said before it, decide how the session ended)
+ProcessEventKind = Literal["started", "exited", "stopping", "ending_leftovers", "backoff", "fatal"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,7 +109,7 @@ class RunDriver:
         config: SupervisorConfig,
         tree: TreeControl,
         requests: Requests,
-        on_stopping: Callable[[int, str | None], None],
+        on_stopping: Callable[[int, str | None, bool], None],
     ) -> None:
         self._ops = ops
         self.config = config
@@ -180,7 +180,7 @@ class RunDriver:
         while not run.exited.done():
             if requests.stop is not None or requests.restart is not None:
                 run.stop_reason = requests.stop or requests.restart
-                self._on_stopping(run.child.pid, run.stop_reason)
+                self._on_stopping(run.child.pid, run.stop_reason, True)
                 remaining = await self._tree.terminate(run)
                 ended_by_us = True
                 break
@@ -198,7 +198,9 @@ class RunDriver:
             leftovers = run.tree.alive(await self._tree.scan(run))
             if leftovers:
                 self._on_stopping(
-                    run.child.pid, f"vLLM exited; ending {len(leftovers)} leftover process(es)"
+                    run.child.pid,
+                    f"vLLM exited; ending {len(leftovers)} leftover process(es)",
+                    False,  # not asked for: the exit decides how the session ended
                 )
                 remaining = await self._tree.terminate(run)
         code, sig = split_returncode(run.exited.result() if run.exited.done() else None)

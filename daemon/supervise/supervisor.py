@@ -355,9 +355,11 @@ class Supervisor:
     def _poke(self) -> None:
         self._requests.poke()
 
-    def _stopping_run(self, pid: int, reason: str | None) -> None:
+    def _stopping_run(self, pid: int, reason: str | None, requested: bool) -> None:
+        """The run's tree is being ended: asked for (a stop, a restart), or what was left of it
+        after vLLM's main process exited by itself (`requested` False)."""
         self._set_state("stopping")
-        self._report.event("stopping", pid=pid, reason=reason)
+        self._report.event("stopping" if requested else "ending_leftovers", pid=pid, reason=reason)
 
     def _set_state(self, state: State) -> None:
         self._state = state

@@ -31,6 +31,7 @@ def sim_config(
     fp8_kv: bool = False,
     speed: float = 200,
     shards: int = 6,
+    sim_args: tuple[str, ...] = (),
     **vllm: object,
 ) -> Config:
     model = make_model_dir(tmp_path, fp8_kv=fp8_kv, shards=shards, total_bytes=shards * 10**9)
@@ -51,6 +52,7 @@ def sim_config(
         "3",
         "--layers",
         "4",
+        *sim_args,
     )
     settings: dict[str, object] = dict(
         argv=argv,
@@ -154,6 +156,27 @@ def test_oom_is_predicted_before_it_happens(tmp_path: Path) -> None:
         m = d.metrics()
         assert m['loadwatch_failures_total{kind="cuda_oom"}'] == 1.0
         d.wait(lambda: d.metrics()['loadwatch_vllm_state{state="exited"}'] == 1.0, "no restart", 10)
+
+
+def test_workers_ended_after_a_crash_are_no_stop_and_the_failure_stands(tmp_path: Path) -> None:
+    """vLLM's main process dies of the OOM before its workers (seen on an H200: a worker's
+    `OutOfMemoryError`, then the API server exits, a process of its tree still alive). The
+    supervisor ends what is left, said in a `vllm.ending_leftovers` line; that is no stop anybody
+    asked for, so the session fails with the root cause the log gave, not "stopped on request"."""
+    cfg = sim_config(tmp_path, "oom", restart="never", speed=200, sim_args=("--leave-workers",))
+    with running(cfg) as d:
+        d.wait(lambda: d.metrics()['loadwatch_vllm_state{state="exited"}'] == 1.0, "the exit", 30)
+        d.wait(lambda: d.status()["phase"] == "failed", "the failure", 10)
+        s = d.status()
+        assert s["session"]["failure_kind"] == "cuda_oom"
+        names = [e["event"] for e in d.events()]
+        assert "vllm.ending_leftovers" in names and "vllm.stopping" not in names
+        reasons = [
+            e.get("reason") or ""
+            for e in d.events()
+            if e["event"] == "transition.phase" and e.get("phase_to") in ("failed", "stopped")
+        ]
+        assert reasons and not any("stopped on request" in r for r in reasons), reasons
 
 
 def test_stall_restart_policy(tmp_path: Path) -> None:

@@ -141,6 +141,25 @@ def test_the_process_exit_decides_a_held_failure_at_once() -> None:
     assert phase.reason is not None and phase.reason.endswith("(then vLLM exited with code 1)")
 
 
+def test_leftovers_ended_after_the_exit_are_no_stop_request() -> None:
+    """The supervisor ends what is left of the tree after vLLM's main process exited by itself
+    (`ending_leftovers`, before the exit is reported): the held failure still decides, as a
+    stop that was asked for would not let it."""
+    live = Live(state())
+    live.apply(started(T0 - 10, pid=30131), T0 - 10)
+    evs = events(STATE_FIXTURES / "vllm-0.32-cpu-kv-too-small.log")
+    failures = [e for e in evs if isinstance(e, Failure)]
+    live.apply(failures[0], T0)
+    live.apply(failures[1], T0 + 1)
+    why = "vLLM exited; ending 1 leftover process(es)"
+    live.apply(ProcessEvent(kind="ending_leftovers", ts=T0 + 2, pid=30131, reason=why), T0 + 2)
+    live.apply(ProcessEvent(kind="exited", ts=T0 + 2, pid=30131, exit_code=1), T0 + 2)
+    snap = live.st.snapshot(T0 + 2)
+    assert snap.phase == "failed" and snap.session is not None
+    assert snap.session.failure_kind == "kv_cache_too_small"
+    assert not snap.session.stop_requested
+
+
 def test_a_new_start_decides_the_held_failure_of_the_one_before() -> None:
     live = Live(state())
     live.apply(started(T0 - 10, pid=1), T0 - 10)

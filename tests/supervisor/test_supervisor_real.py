@@ -120,10 +120,13 @@ def test_crash_restarts_with_backoff_until_crash_loop_is_fatal(tmp_path: Path) -
     rec = Recorder()
     sup = Supervisor(cfg, on_event=rec)
     assert run_async(sup.run) == "fatal"
-    # The crashed main left its two workers behind each time: they are ended before the restart.
-    run = ["started", "stopping", "exited"]
+    # The crashed main left its two workers behind each time: they are ended before the restart
+    # (no stop was asked for: `ending_leftovers`, not `stopping`).
+    run = ["started", "ending_leftovers", "exited"]
     assert rec.kinds == [*run, "backoff"] * 3 + [*run, "fatal"]
-    assert {e.reason for e in rec.of("stopping")} == {"vLLM exited; ending 2 leftover process(es)"}
+    assert {e.reason for e in rec.of("ending_leftovers")} == {
+        "vLLM exited; ending 2 leftover process(es)"
+    }
     assert [e.backoff_s for e in rec.of("backoff")] == [0.05, 0.1, 0.15]
     for exited in rec.of("exited"):
         assert exited.exit_code == 1 and exited.reason == "exit code 1"
