@@ -175,6 +175,8 @@ class Daemon:
             outcome = "signal" if run.signal is not None else ("failed" if run.failed else "clean")
             self.tally.vllm_exits[outcome] += 1
             self.tally.vllm_last_ok = run.started_at
+        if ev.kind == "exited" and self.log is not None:
+            self.take_log(self.log.writer_exited())  # the crash's last lines before its exit
         self.apply(ev)
         self.feed.line(
             f"vllm.{ev.kind}",

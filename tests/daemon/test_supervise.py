@@ -179,6 +179,30 @@ def test_workers_ended_after_a_crash_are_no_stop_and_the_failure_stands(tmp_path
         assert reasons and not any("stopped on request" in r for r in reasons), reasons
 
 
+def test_an_exit_is_judged_on_the_traceback_it_left_open(tmp_path: Path) -> None:
+    """vLLM prints its crash and exits at once: the traceback's last line (the root cause) is
+    the log's last word, with no line after it to close it. The exit is judged after the log
+    was read to its end and that traceback closed, so the session fails with the root cause,
+    not with the echo that opened the crash (`EngineCore failed to start.`). The lines: a real
+    vLLM 0.32 CPU start that failed (tests/state/fixtures/vllm-0.32-cpu-kv-too-small.log), up
+    to the engine core's exception line."""
+    fixture = Path(__file__).parents[1] / "state" / "fixtures" / "vllm-0.32-cpu-kv-too-small.log"
+    lines = fixture.read_text().splitlines(keepends=True)
+    end = next(i for i, x in enumerate(lines) if "[core.py:1510] ValueError: " in x)
+    crash = tmp_path / "crash.log"
+    crash.write_text("".join(lines[: end + 1]))
+    program = (
+        "import sys; sys.stdout.write(open(sys.argv[1]).read()); sys.stdout.flush(); sys.exit(1)"
+    )
+    cfg = sim_config(tmp_path, "success", restart="never")
+    cfg = replace(cfg, vllm=replace(cfg.vllm, argv=(sys.executable, "-c", program, str(crash))))
+    with running(cfg) as d:
+        d.wait(lambda: d.metrics()['loadwatch_vllm_state{state="exited"}'] == 1.0, "the exit", 30)
+        failures = [e for e in d.events() if e["event"] == "transition.failure"]
+        assert [e["failure_kind"] for e in failures][:1] == ["kv_cache_too_small"]
+        assert d.status()["session"]["failure_kind"] == "kv_cache_too_small"
+
+
 def test_stall_restart_policy(tmp_path: Path) -> None:
     # enough shards, slow enough, before the stall (at 40%) for the estimator to know a
     # shard's time (it merges segments shorter than half a second)

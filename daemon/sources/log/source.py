@@ -206,17 +206,30 @@ class LogSource:
             if not chunks and follower.health().file_exists:
                 self.resume.caught_up()
                 out.extend(self._take())
-                out.extend(self._close_quiet_traceback())
+                out.extend(self._close_traceback(quiet=True))
         return out
 
-    def _close_quiet_traceback(self) -> list[Run | Notice]:
-        """A traceback still open once the log has been quiet for QUIET_CLOSE_S is the log's
-        last word (a vLLM that died printing it): closed as analyze closes it at the end of the
-        file, so the failure is not held back for ever. One the last daemon read before its
-        checkpoint was its to write: state only."""
+    def writer_exited(self) -> list[Run | Notice]:
+        """vLLM exited and all it wrote is in the log (the supervisor saw the exit after its
+        output ended): what the log holds now, with a traceback still open closed as its last
+        word, so the exit is judged on the whole crash (its root cause is often the traceback's
+        last line)."""
+        out = self.read()
+        while self.follower.backlog:
+            out.extend(self.read())
+        out.extend(self._close_traceback(quiet=False))
+        return out
+
+    def _close_traceback(self, *, quiet: bool) -> list[Run | Notice]:
+        """A traceback still open once the log has been quiet for QUIET_CLOSE_S (or, not
+        `quiet`, now) is the log's last word (a vLLM that died printing it): closed as analyze
+        closes it at the end of the file, so the failure is not held back for ever. One the last
+        daemon read before its checkpoint was its to write: state only."""
         stream = self.scanner.stream
         last = self._last_chunk
-        if last is None or not stream.in_traceback or time.monotonic() - last[0] < QUIET_CLOSE_S:
+        if last is None or not stream.in_traceback:
+            return []
+        if quiet and time.monotonic() - last[0] < QUIET_CLOSE_S:
             return []
         _, file_id, end = last
         events = stream.flush()
