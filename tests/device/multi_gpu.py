@@ -35,6 +35,7 @@ figures; exits 1 when a check failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -734,6 +735,13 @@ def daemon_cpu(c: Checks, work: Path, n: int, window_s: float) -> None:
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for("watch daemon", lambda: metrics(base), 60)
+        # /metrics answers before the first read of the log is published: wait for the load
+        with contextlib.suppress(TimeoutError):  # (the check below says what was seen)
+            wait_for(
+                "the load read",
+                lambda: json.loads(get(base + "/status")).get("phase") == "loading_weights",
+                30,
+            )
         phase = json.loads(get(base + "/status")).get("phase")
         time.sleep(3)
         c0, t0 = cpu_seconds(proc.pid), time.monotonic()
