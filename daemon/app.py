@@ -267,6 +267,7 @@ def _run_locked(
     )
     boards = BoardMaker(time.time, redactor)
     daemon.on_publish.append(lambda pub: server.send(boards.make(pub)))
+    daemon.publisher.heartbeats.append(server.alive)
     try:
         server.start()
     except ServerError as exc:
