@@ -11,7 +11,7 @@ in one run and printed; nothing is asserted. The last line is ``key=value`` pair
   follower and `ChunkScanner` (records/s), against `wc -l` on the same file (best of 3 each,
   page cache warm). ratio_vs_wc is follower+parser time over wc time. The follower alone is
   printed too: the parser's cost per candidate record dominates the pipeline.
-- idle: process CPU (all threads, the watchdog observer's too) while following a quiet file for
+- idle: process CPU (all threads) while following a quiet file for
   60 s (10 s with --quick), over wall time, in percent of one core.
 """
 

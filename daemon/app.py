@@ -96,6 +96,16 @@ def make_gpu_source(cfg: Config, progress: Callable[[], float]) -> GuardedGpuSou
     return GuardedGpuSource(inner, deadline_s=cfg.gpu.deadline_s)
 
 
+def load_progress(daemon: Daemon) -> float:
+    """How far the load is, for simulated GPUs whose memory follows it: by the daemon's live
+    state, as a real GPU's memory follows the load itself. Not the published board: its
+    counters wait up to `[http] publish_interval_s`, and memory that lags the fraction the OOM
+    forecast fits it against reads as a load that fits. (Called on the GPU poll's thread: the
+    state is immutable, each fold makes a new one.)"""
+    session = daemon.state.snapshot(daemon.clock()).session
+    return (session.progress.ratio or 0.0) if session is not None else 0.0
+
+
 def gpu_devices(cfg: Config) -> tuple[int | str, ...] | None:
     """`[gpu] devices`; else, supervising, the CUDA_VISIBLE_DEVICES vLLM will start with."""
     if cfg.gpu.devices is not None:
@@ -241,10 +251,8 @@ def _run_locked(
     holder: dict[str, Daemon] = {}
 
     def progress() -> float:
-        """How far the load is, for simulated GPUs whose memory follows it."""
         d = holder.get("daemon")
-        session = d.snapshot().session if d is not None else None
-        return (session.progress.ratio or 0.0) if session is not None else 0.0
+        return load_progress(d) if d is not None else 0.0
 
     if cfg.supervise and supervisor_factory is None:
         try:
@@ -267,6 +275,7 @@ def _run_locked(
     )
     boards = BoardMaker(time.time, redactor)
     daemon.on_publish.append(lambda pub: server.send(boards.make(pub)))
+    daemon.publisher.heartbeats.append(server.alive)
     try:
         server.start()
     except ServerError as exc:

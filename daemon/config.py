@@ -31,6 +31,9 @@ class LogConfig:
     path: Path | None = None
     mode: Literal["auto", "inotify", "poll"] = "auto"
     poll_interval_s: float = 0.25
+    # After a change event, the appends of this long are read together: a serving vLLM's many
+    # small writes cost one read, not one each.
+    coalesce_ms: float = 100.0
     max_record_bytes: int = 65536
     # How the file wraps vLLM's output: as written, or a container runtime's log lines (the
     # kubelet's CRI format, docker's json-file); auto: by the path, else by the first line.
@@ -213,6 +216,7 @@ def _log_fields(t: _Table) -> dict[str, Any]:
         "path": t.path("path", None),
         "mode": t.choice("mode", d.mode, ("auto", "inotify", "poll")),
         "poll_interval_s": t.number("poll_interval_s", d.poll_interval_s, minimum=0.01, maximum=60),
+        "coalesce_ms": t.number("coalesce_ms", d.coalesce_ms, minimum=0, maximum=1000),
         "max_record_bytes": t.integer(
             "max_record_bytes", d.max_record_bytes, minimum=1024, maximum=1 << 26
         ),
@@ -256,6 +260,9 @@ def _http_fields(t: _Table) -> dict[str, Any]:
         max_connections=t.integer("max_connections", d.max_connections, minimum=1, maximum=10000),
         request_timeout_s=t.number(
             "request_timeout_s", d.request_timeout_s, minimum=0.1, maximum=600
+        ),
+        publish_interval_s=t.number(
+            "publish_interval_s", d.publish_interval_s, minimum=0.05, maximum=10
         ),
     )
     return values

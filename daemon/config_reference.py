@@ -40,6 +40,8 @@ DOCS: dict[str, str] = {
     "[log] mode": "how changes are noticed: inotify, polling (network or shared storage), or "
     "inotify with polling as fallback",
     "[log] poll_interval_s": "how often the file is checked when polling",
+    "[log] coalesce_ms": "with inotify, how long after a change the file is read, so the "
+    "appends of that time cost one read (0: at once)",
     "[log] max_record_bytes": "a longer record (line) is cut to this many bytes and counted",
     "[log] format": "what the file holds: vLLM's own output, the kubelet's CRI log "
     "(`/var/log/pods`), or docker's json-file; `auto` decides by the path and first line",
@@ -57,6 +59,9 @@ DOCS: dict[str, str] = {
     "[http] bearer_token_file": "a file holding the bearer token every request must carry",
     "[http] basic_auth_user": "basic-auth user (goes with `basic_auth_password_file`)",
     "[http] basic_auth_password_file": "a file holding the basic-auth password",
+    "[http] publish_interval_s": "counters that only grow (lines read, GPU readings) are "
+    "published at most this often (seconds); a transition, failure, stall or change of "
+    "readiness at once; a scrape never sees older data",
     "[http] max_connections": "connections served at once; more are closed at once",
     "[http] request_timeout_s": "a client that has not sent its request in this time is dropped",
     "[gpu] source": "`nvml` (real GPUs), `simulated` (tests, the demo) or `none`",

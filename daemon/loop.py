@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from loadwatch.daemon import tasks
@@ -39,6 +39,7 @@ from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import Published
 from loadwatch.daemon.state.session import StateConfig
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
+from loadwatch.daemon.tasks import Pace
 from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner, Event, KvScaleWarning, ShardProgress
@@ -75,9 +76,10 @@ class Daemon:
         self.started_at = clock()
         self.state = LoadState(config=state_config(self.cfg))
         self.tally = Tally()
-        self.publisher = Publisher(self)
+        self.publisher = Publisher(self, cfg.http.publish_interval_s)
         self.on_publish = self.publisher.hooks
         self.stop_event = asyncio.Event()
+        self.pace = Pace(lambda: self.busy, sleep, self.stop_event.is_set)
         self.supervisor: Any = None
         self._supervisor_factory = supervisor_factory
         self.log: LogSource | None = None
@@ -106,13 +108,18 @@ class Daemon:
         """A live input other than the log's (GPU readings, ticks, probes, process events)."""
         before = self.state
         self.state = before.apply(item, self.clock())
+        if self.state.transitions:
+            self.publisher.urgent()
+            self.pace.check()
         for t in self.state.transitions:
             self.feed.transition(t)
             tell_supervisor(self.supervisor, t)
         tell_failing(self.supervisor, before, self.state)
 
-    def take_log(self, items: Iterable[Run | Notice]) -> None:
-        """Apply what the log source handed over, in order; write its effects once."""
+    def take_log(self, items: Sequence[Run | Notice]) -> None:
+        """Apply what the log source handed over, in order; write its effects once; publish
+        (a transition or a change of the source's health at once, counters within the
+        publishing interval)."""
         source = self.log
         assert source is not None
         for item in items:
@@ -120,11 +127,16 @@ class Daemon:
                 self.feed.notice(item)
             else:
                 self._apply_run(source, item)
-        for notice in source.settle():
+        settled = source.settle()
+        for notice in settled:
             self.feed.notice(notice)
-            self.publisher.soon()  # a change of the source's health goes out at once
+            self.publisher.urgent()
+        if items or settled:
+            self.publisher.changed()
 
     def _apply_run(self, source: LogSource, run: Run) -> None:
+        if not run.events:
+            return  # (most reads of a serving log: nothing to fold, nothing to write)
         source.begin(run, self.feed.position())
         out = self.feed.effects(run)
         for part in bulk_parts(run.events):
@@ -162,6 +174,8 @@ class Daemon:
     def _effect(self, source: LogSource, out: RunEffects, run: Run, t: Transition, at: int) -> None:
         if t.kind == "session_started":
             source.session_began(run, at)  # (the record that opened it: a restart starts there)
+        self.publisher.urgent()
+        self.pace.check()
         out.transition(t, at)
         if run.emit == "new":
             tell_supervisor(self.supervisor, t)
@@ -198,22 +212,7 @@ class Daemon:
     # -- the log ----------------------------------------------------------------------------
 
     def open_log(self) -> LogSource | None:
-        path = self.cfg.log.path
-        if path is None:
-            return None
-        grammar = load_grammar()  # the log grammar (parsers/grammar.py): vLLM's
-        fmt = "plain" if self.cfg.supervise else resolve_format(self.cfg.log.format, path)
-        self.log = LogSource(
-            path,
-            container=fmt,
-            state_dir=self.cfg.state_dir / "follower",
-            scanner=lambda: ChunkScanner(grammar.new_stream(self.clock()), grammar=grammar),
-            events_file=self.cfg.events_file,
-            cap_bytes=self.cfg.log.max_record_bytes,
-            poll_interval_s=self.cfg.log.poll_interval_s,
-            mode=self.cfg.log.mode,
-            clock=self.clock,
-        )
+        self.log = open_log_source(self.cfg, self.clock)
         return self.log
 
     # -- state views ------------------------------------------------------------------------
@@ -351,6 +350,27 @@ def tell_failing(supervisor: Any, before: LoadState, after: LoadState) -> None:
         return
     if old is None or old.id != s.id or old.failing is None or session_kind(old.failures) != kind:
         supervisor.note_fatal_failure(kind)
+
+
+def open_log_source(cfg: Config, clock: Callable[[], float]) -> LogSource | None:
+    """The log source the config names (None: no log)."""
+    path = cfg.log.path
+    if path is None:
+        return None
+    grammar = load_grammar()  # the log grammar (parsers/grammar.py): vLLM's
+    fmt = "plain" if cfg.supervise else resolve_format(cfg.log.format, path)
+    return LogSource(
+        path,
+        container=fmt,
+        state_dir=cfg.state_dir / "follower",
+        scanner=lambda: ChunkScanner(grammar.new_stream(clock()), grammar=grammar),
+        events_file=cfg.events_file,
+        cap_bytes=cfg.log.max_record_bytes,
+        poll_interval_s=cfg.log.poll_interval_s,
+        mode=cfg.log.mode,
+        clock=clock,
+        coalesce_s=cfg.log.coalesce_ms / 1000,
+    )
 
 
 def state_config(cfg: Config) -> StateConfig:

@@ -1,8 +1,14 @@
-"""What the daemon hands the HTTP threads: an immutable `Published` bundle after each batch.
+"""What the daemon hands the HTTP threads: an immutable `Published` bundle after each change.
 
 `Tally` keeps the lifetime counts the state does not (vLLM runs, Xid errors, events by type); `Publisher` builds the bundle from the state, the tally and the
-sources' health, at most every `PUBLISH_MIN_S` while the log streams in, and runs the hooks that
-render ahead (/metrics).
+sources' health, and runs the hooks that render ahead (/metrics, /status).
+
+When. Each bundle is rendered and sent to the HTTP process, which costs more than reading a
+second of a busy serving log, so a change is published by what it is: a transition, a failure,
+a stall or a change of readiness (`urgent`) at once; counters that only move on (lines read, GPU
+readings, probe times) at most every `[http] publish_interval_s`, so a scrape never sees them
+older than that. With nothing changed nothing is rendered: `alive` tells the HTTP process the
+loop still runs.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ from loadwatch.daemon.state.session import Lifetime
 from loadwatch.daemon.state.snapshot import Snapshot
 
 VERSION = "0.1.0"
-PUBLISH_MIN_S = 0.1  # at most this often while the log streams in
 
 
 @dataclass
@@ -75,6 +80,7 @@ class Host(Protocol):
     supervisor: Any
     log: Any  # sources.log.source.LogSource | None
     stop_event: asyncio.Event
+    pace: Any  # tasks.Pace
     io_reader: Any  # sources.inputs.IoReader | None
     started_at: float
 
@@ -93,36 +99,78 @@ class Host(Protocol):
 
 
 class Publisher:
-    def __init__(self, daemon: Host) -> None:
+    def __init__(
+        self,
+        daemon: Host,
+        interval_s: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._d = daemon
+        self.interval_s = interval_s
+        self._mono = monotonic
         self.published: Published | None = None
         self.hooks: list[Callable[[Published], None]] = []  # e.g. render /metrics ahead
+        self.heartbeats: list[Callable[[], None]] = []  # "the loop runs", with nothing new
         self._hook_error: str | None = None  # the last failure of a hook, said once
-        self._pending = False
-        self._mono = float("-inf")
+        self._urgent = False  # since the last bundle: a change that goes out at once
+        self._dirty = False  # since the last bundle: a change that may wait
+        self._timer: asyncio.TimerHandle | None = None
+        self._last = float("-inf")  # monotonic time of the last bundle (or heartbeat)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def soon(self) -> None:
-        """Publish now, or once PUBLISH_MIN_S has passed since the last time: while a backlog
-        streams in, a snapshot per read would cost more than the reading."""
-        wait = PUBLISH_MIN_S - (time.monotonic() - self._mono)
-        if wait <= 0:
+    def urgent(self) -> None:
+        """What changed is a transition, a failure, a stall or readiness: `changed` publishes
+        it at once."""
+        self._urgent = True
+
+    def changed(self) -> None:
+        """Something changed: published at once when urgent, else by `soon`."""
+        if self._urgent:
             self.now()
-        elif not self._pending and self._loop is not None:
-            self._pending = True
-            self._loop.call_later(wait, self._deferred)
+        else:
+            self.soon()
+
+    def soon(self) -> None:
+        """Publish once `interval_s` has passed since the last bundle: now, when it has or
+        nearly has (a fifth of it, at most 0.2 s, early: a change that comes with a read of a
+        busy log goes out with that wake-up instead of waking the loop again)."""
+        self._dirty = True
+        wait = self.interval_s - (self._mono() - self._last)
+        if wait <= min(0.2 * self.interval_s, 0.2):
+            self.now()
+        elif self._timer is None and self._loop is not None:
+            self._timer = self._loop.call_later(wait, self._deferred)
 
     def _deferred(self) -> None:
-        if self._pending:
+        self._timer = None
+        if self._dirty:
             self.now()
+
+    def alive(self, every_s: float) -> None:
+        """Nothing published for `every_s`: tell the hooks' readers the loop runs (a pending
+        change goes out as a bundle instead)."""
+        if self._dirty or self._urgent:
+            self.now()
+            return
+        if self._mono() - self._last < every_s:
+            return
+        self._last = self._mono()
+        for beat in self.heartbeats:
+            try:
+                beat()
+            except Exception:  # (a hook's failure is said when it next publishes)
+                pass
 
     def now(self) -> None:
         d = self._d
-        self._pending = False
-        self._mono = time.monotonic()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._urgent = self._dirty = False
+        self._last = self._mono()
         now = d.clock()
         snap = d.state.snapshot(now)
         self.published = Published(

@@ -194,6 +194,8 @@ class VllmWatch:
         if self._prober is None or self._prober.endpoint != ep:
             self._prober = HealthProber(ep, PROBE_TIMEOUT_S)
         result = await self._prober.probe()
+        if not result.ok or d.tally.health_up is not True:  # readiness may change: at once
+            d.publisher.urgent()
         d.tally.health_up = result.ok
         d.apply(
             HealthProbe(
@@ -202,7 +204,7 @@ class VllmWatch:
         )
         if result.status is None and not d.cfg.supervise and is_loopback(ep.host):
             self._gone_unseen()  # (nothing answered: an answer, even a 302, is something alive)
-        d.publish()
+        d.publisher.changed()
         now = d.state.session
         if (
             result.ok

@@ -13,6 +13,7 @@ pickle, so the server process never executes what it is sent.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 from collections.abc import Callable, Iterator, Mapping
@@ -129,9 +130,11 @@ def board_routes(
     if http is not None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Requests(http))
-        # The serving process's own CPU, memory and descriptors; the daemon's are the plain
-        # process_* the board carries.
+        # The serving process's own CPU, memory and descriptors, and the daemon's (its parent,
+        # the plain process_*), read at scrape time: always fresh, and never rendered by the
+        # daemon's loop, which publishes only what changed.
         ProcessCollector(namespace="loadwatch_http", registry=registry)
+        ProcessCollector(pid=lambda: str(os.getppid()), registry=registry)
 
     def metrics(q: Mapping[str, str]) -> Response:
         body = board().metrics

@@ -6,14 +6,16 @@ parses a busy log, and a scrape's latency becomes the parser's. Here the loop re
 thread writes it down a socket pair to the server process (`python -m
 loadwatch.exporters.http.process`, which imports only exporters/http/board.py, the HTTP server and
 prometheus_client), which only writes bytes. The loop never waits for the socket: a board not
-yet sent is replaced by the next one. The server answers /healthz 503 when no board came for
-`ALIVE_S` (the loop sends one at least every idle tick), and ends when the socket closes, so it
+yet sent is replaced by the next one. With nothing new the loop sends a heartbeat (an empty
+frame) instead of rendering the same board again. The server answers /healthz 503 when neither
+came for `ALIVE_S` (the loop sends one at least every idle tick), and ends when the socket closes, so it
 never outlives the daemon, even one that was killed. A server process that died is started
 again on the same address (at most every `RESTART_S`), and `on_problem` hears of it in one line.
 
     server = HttpProcess(config, on_problem=print)
     url = server.start()          # ServerError: one line (port in use, bad certificate, ...)
     server.send(board)            # after each publish
+    server.alive()                # the loop runs, nothing changed
     server.stop()
 """
 
@@ -49,6 +51,7 @@ ALIVE_S = 20.0  # no board for this long: the loop is stuck
 START_TIMEOUT_S = 30.0
 RESTART_S = 5.0  # a server process that died is started again after this
 SEND_TIMEOUT_S = 10.0
+ALIVE = frame(b"")  # a heartbeat: no board; the last one still holds
 
 
 class HttpProcess:
@@ -62,6 +65,7 @@ class HttpProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._cond = threading.Condition()
         self._pending: Board | None = None
+        self._beat = False  # a heartbeat is due (a pending board says as much)
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -82,6 +86,12 @@ class HttpProcess:
         """Hand over the newest board; never blocks on the server."""
         with self._cond:
             self._pending = board
+            self._cond.notify()
+
+    def alive(self) -> None:
+        """Tell the server the loop runs, without a new board; never blocks on the server."""
+        with self._cond:
+            self._beat = True
             self._cond.notify()
 
     def stop(self) -> None:
@@ -110,13 +120,14 @@ class HttpProcess:
                         if left <= 0:
                             break
                         self._cond.wait(left)
-                    elif self._pending is not None:
+                    elif self._pending is not None or self._beat:
                         break
                     else:
                         self._cond.wait()
                 if self._stopping:
                     return
                 board, self._pending = self._pending, None
+                beat, self._beat = self._beat, False
             if down_since is not None:
                 if not self._restart():
                     down_since = time.monotonic()
@@ -124,12 +135,12 @@ class HttpProcess:
                     continue
                 down_since = None
                 board = board or last
-            if board is None:
+            if board is None and not beat:
                 continue
             try:
                 assert self._sock is not None
-                self._sock.sendall(encode(board))
-                last = board
+                self._sock.sendall(encode(board) if board is not None else ALIVE)
+                last = board or last
             except (OSError, AssertionError):
                 code = self._proc.poll() if self._proc is not None else None
                 self._on_problem(
@@ -255,7 +266,9 @@ def serve(sock: socket.socket) -> None:
     try:
         sock.sendall(frame(f"ok {urls}".encode()))
         while (body := read_frame(sock)) is not None:
-            state["board"], state["at"] = decode(body), time.monotonic()
+            if body:  # (empty: a heartbeat, the board holds)
+                state["board"] = decode(body)
+            state["at"] = time.monotonic()
     except (OSError, ValueError):
         pass  # a broken stream: the daemon is gone or confused; stop serving stale boards
     finally:

@@ -28,6 +28,16 @@ daemon's did.
 Each update is one `pwrite` of a fixed-size block over the same bytes, so a killed process leaves
 either the old note or the new one. There is no fsync: the note has to outlive the process, not
 the machine, and the event log's own lines are not synced either.
+
+On a budget, not per run. Beside a serving vLLM every read is a run, so the log source does not
+have the note rewritten around each. With an event log file to read back, `begin` notes
+`pending` a byte budget (`ahead_bytes`) past the run's end, and the runs that end within it need no new note;
+`end` notes `done` (and the event log's position there) once `every_s` has passed since the last
+note, and `quiet` makes the note exact when reading has caught up. A kill then leaves a
+`[done, pending)` wider than the run it cut short: its records are read one by one against the
+event log, as a cut run's always were, so nothing is written twice or lost; records past what the
+killed daemon read are simply not found there, and written. Without a file to read back, a cut
+run would be written again marked `replay`, so there `pending` is each run's end, as before.
 """
 
 from __future__ import annotations
@@ -36,7 +46,8 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +57,10 @@ from loadwatch.daemon.sources.log.checkpoint import read_bounded
 BLOCK = 512
 MAX_MARK_BYTES = 1 << 16  # a note is a block or two: past this, not one (never read whole)
 READ_BACK = 64 << 20  # at most this much of the event log is read back (else: not known)
+# The log source's budget (`EmitMark`'s defaults note every run exactly): `pending` this far
+# past a run's end (with an event log file to read back), `done` at most this often.
+AHEAD_BYTES = 1 << 20
+EVERY_S = 1.0
 
 Identity = tuple[Any, ...]
 
@@ -156,15 +171,30 @@ class Mark:
 
 
 class EmitMark:
-    """The note's file: `load()` once at start, then `begin`/`end` around each written run."""
+    """The note's file: `load()` once at start, then `begin`/`end` around each written run, and
+    `quiet` when reading caught up (see the module doc: what is noted when)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        ahead_bytes: int = 0,
+        every_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = path
         self.errors_total = 0
         self.last_error: str | None = None
+        self.writes_total = 0
+        self._ahead = ahead_bytes
+        self._every_s = every_s
+        self._clock = clock
         self._fd: int | None = None
         self._file_id: str | None = None
         self._done = 0
+        self._done_events: tuple[str, int] | None = None  # the event log where `done` was
+        self._noted: Mark | None = None  # what the file says now
+        self._done_noted_at = float("-inf")  # when `done` was last noted
 
     def load(self) -> Mark | None:
         """The note the last run left, or None (none, or unreadable: then nothing is skipped)."""
@@ -194,18 +224,48 @@ class EmitMark:
     ) -> None:
         """Events of the records in [start, end) of `file_id` are about to be written, to the
         event log file `events` = ("dev:ino", its size now), when there is one."""
+        noted = self._noted
+        covered = noted is not None and noted.file_id == file_id
+        if covered and noted is not None and noted.done <= start < end <= noted.pending:
+            return  # the note says these may be written already
         if file_id != self._file_id:
             self._file_id, self._done = file_id, start
         ev_file, ev_at = events if events is not None else (None, None)
-        self._write(Mark(file_id, min(self._done, start), end, ev_file, ev_at))
+        pending = end + (self._ahead if ev_file is not None else 0)
+        self._write(Mark(file_id, min(self._done, start), pending, ev_file, ev_at))
 
     def end(self, file_id: str, end: int, events: tuple[str, int] | None = None) -> None:
         """Those events are written (and the event log file is now `events`)."""
-        self._file_id, self._done = file_id, end
-        ev_file, ev_at = events if events is not None else (None, None)
-        self._write(Mark(file_id, end, end, ev_file, ev_at))
+        self._file_id, self._done, self._done_events = file_id, end, events
+        if self._clock() - self._done_noted_at >= self._every_s:
+            self._note_done()
+
+    def quiet(self) -> None:
+        """Reading caught up: the note says exactly what was written."""
+        noted = self._noted
+        if self._file_id is None or noted is None:
+            return
+        ev_file, ev_at = self._done_events if self._done_events is not None else (None, None)
+        exact = Mark(self._file_id, self._done, self._done, ev_file, ev_at)
+        if noted != exact:
+            self._write(exact)
+            self._done_noted_at = self._clock()
+
+    def _note_done(self) -> None:
+        assert self._file_id is not None
+        noted = self._noted
+        pending = self._done
+        if noted is not None and noted.file_id == self._file_id and noted.pending > pending:
+            pending = noted.pending  # (runs within it still need no note)
+        ev_file, ev_at = self._done_events if self._done_events is not None else (None, None)
+        if ev_file is None:
+            pending = self._done
+        self._write(Mark(self._file_id, self._done, pending, ev_file, ev_at))
+        self._done_noted_at = self._clock()
 
     def _write(self, mark: Mark) -> None:
+        self._noted = mark
+        self.writes_total += 1
         doc: dict[str, Any] = {"file_id": mark.file_id, "done": mark.done, "pending": mark.pending}
         if mark.events_file is not None:
             doc |= {"events_file": mark.events_file, "events_at": mark.events_at}

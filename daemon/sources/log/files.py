@@ -138,6 +138,18 @@ class OpenFile:
         self.recent.clear()
         self.recent_bytes = 0
 
+    def recent_tail(self, n: int) -> bytes:
+        """The last `n` bytes of those delivered lately (fewer when fewer are kept), without
+        joining all of them: it runs at every read that finds the file grown."""
+        parts: list[bytes] = []
+        size = 0
+        for _, data in reversed(self.recent):
+            parts.append(data)
+            size += len(data)
+            if size >= n:
+                break
+        return b"".join(reversed(parts))[-n:] if n > 0 else b""
+
     def remember(self, offset: int, data: bytes) -> None:
         recent = self.recent
         recent.append((offset, data))

@@ -47,7 +47,7 @@ class FollowerChanges(FollowerState):
         if not src.skipping and src.recent:
             # Same first bytes, but are the bytes before our place still those we delivered?
             # (`> PATH` by a restart script, a fixed banner, then more than we had read.)
-            tail = b"".join(data for _, data in src.recent)[-TAIL_BYTES:]
+            tail = src.recent_tail(TAIL_BYTES)
             if os.pread(src.fd, len(tail), src.rs - len(tail)) != tail:
                 self.rewrites_total += 1
                 self._truncations += 1
@@ -130,7 +130,7 @@ class FollowerChanges(FollowerState):
         before, a rotation undone): kept by inode with where we were, to resume there."""
         if src.ident is None:
             return
-        tail = b"".join(data for _, data in src.recent)[-TAIL_BYTES:]
+        tail = src.recent_tail(TAIL_BYTES)
         if rs != src.rs:
             tail = b""  # (an unterminated last record was delivered: its bytes are not kept)
         self._left[src.key] = (src.ident, src.first_bytes(), rs, src.cr_end, tail)

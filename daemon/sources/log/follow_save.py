@@ -149,6 +149,20 @@ class FollowerSaving(FollowerState):
         except OSError:
             return None, None, None
 
+    def checkpoint_due(self) -> bool:
+        """`maybe_checkpoint` would save now (when something changed): a caller may skip
+        making its `extra` until then."""
+        if self._store is None:
+            return False
+        elapsed = self._clock() - self._cp_time
+        first = not self._cp_tried and self.loaded_checkpoint is None
+        return first or (
+            elapsed >= self._min_interval_s
+            and (
+                self._records - self._cp_records >= self._every_records or elapsed >= self._every_s
+            )
+        )
+
     def maybe_checkpoint(self, extra: Mapping[str, Any] | None = None) -> bool:
         """`checkpoint` once enough records or seconds have passed and something changed, and
         the first time it is called when there was none to load.

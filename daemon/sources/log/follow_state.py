@@ -109,12 +109,14 @@ class FollowerState:
         rotated_keep: int,
         mountinfo: str,
         split_cr: bool,
+        coalesce_s: float = 0.0,
     ) -> None:
         self.path = Path(os.path.abspath(os.fspath(path)))
         self._path = str(self.path)
         self._cap = cap_bytes
         self._max_read = max_read_bytes
         self._poll = poll_interval_s
+        self._coalesce = coalesce_s  # after an event, let the writes of this long gather
         self._mode: Mode = mode
         self._mountinfo = mountinfo
         # A container runtime's log (container.py) ends its lines with \n only; a \r is content.
@@ -145,6 +147,7 @@ class FollowerState:
         self._backlog = False
         self._waker: Waker | None = None
         self._woke: Wake = None
+        self._found = False  # the last read found data (a stream: the next read on the tick)
         self._closed = False
 
         self._records = 0
@@ -193,6 +196,15 @@ class FollowerState:
         for src in self._sources:
             src.close()
         self._sources = []
+
+    @property
+    def last_error(self) -> str | None:
+        """`health().last_error`, without making the rest (asked after every read)."""
+        return self._last_error
+
+    @property
+    def file_exists(self) -> bool:
+        return self._exists
 
     def health(self) -> FollowerHealth:
         src = self._sources[0] if self._sources else None

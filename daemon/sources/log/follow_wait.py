@@ -1,6 +1,7 @@
-"""Waking the follower: `wait(timeout_s)` blocks until a file-system event (watchdog/inotify on the directory) or
-the poll interval (with inotify, a one-second safety net); `wait_async` does the same in an
-asyncio loop. ``mode="auto"`` chooses polling on network file systems and falls back to it when
+"""Waking the follower: `wait(timeout_s)` blocks until a file-system event (inotify on the
+directory) or the poll interval (with inotify, a one-second safety net); `wait_async` does the
+same in an asyncio loop, and after an event lets the follower's `coalesce_s` pass, so the
+appends of that tick are read at once. ``mode="auto"`` chooses polling on network file systems and falls back to it when
 events do not arrive. `follow()` and `follow_async()` wrap read + wait into iterators of chunk
 lists. Identity and open-file state live in files.py, the rotated-name lookup in generations.py,
 compressed rotated files in gzipped.py.
@@ -9,6 +10,7 @@ compressed rotated files in gzipped.py.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from loadwatch.daemon.sources.log.follow_state import FollowerError, FollowerState, _one_line
 from loadwatch.daemon.sources.log.wake import WakeError, Waker
@@ -39,6 +41,27 @@ class FollowerWaiting(FollowerState):
         self._woke = "event" if fired else "timer"
         return fired
 
+    def arm(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fire: Callable[[bool], None],
+        timeout_s: float | None = None,
+    ) -> Callable[[], None]:
+        """`wait_async` as a callback: `loop` calls `fire(True)` after an event (and the
+        coalescing tick), `fire(False)` after the timeout; once. Returns what disarms it."""
+
+        def done(event: bool) -> None:
+            self._woke = "event" if event else "timer"
+            fire(event)
+
+        try:
+            waker = self._ensure_waker()
+        except FollowerError:
+            retry = max(self._poll, 1.0) if timeout_s is None else timeout_s
+            return loop.call_later(retry, done, False).cancel
+        timeout = waker.timeout_s(self._poll) if timeout_s is None else timeout_s
+        return waker.arm(loop, done, timeout, self._coalesce, streaming=self._found)
+
     async def wait_async(self, timeout_s: float | None = None) -> bool:
         """`wait` for an asyncio loop. With no way to watch the path (an error, said in health),
         the wait is a sleep: the next read is the retry, at a bounded rate."""
@@ -49,6 +72,6 @@ class FollowerWaiting(FollowerState):
             self._woke = "timer"
             return False
         timeout = waker.timeout_s(self._poll) if timeout_s is None else timeout_s
-        fired = await waker.wait_async(timeout)
+        fired = await waker.wait_async(timeout, self._coalesce)
         self._woke = "event" if fired else "timer"
         return fired

@@ -89,11 +89,12 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
         checkpoint_min_interval_s: float = 1.0,
         mountinfo: str = "/proc/self/mountinfo",
         split_cr: bool = True,
+        coalesce_s: float = 0.0,
     ) -> None:
         if cap_bytes < 1 or max_read_bytes < cap_bytes:
             raise FollowerError("need 1 <= cap_bytes <= max_read_bytes")
-        if poll_interval_s <= 0 or rotated_keep < 0:
-            raise FollowerError("need poll_interval_s > 0 and rotated_keep >= 0")
+        if poll_interval_s <= 0 or rotated_keep < 0 or coalesce_s < 0:
+            raise FollowerError("need poll_interval_s > 0, rotated_keep >= 0, coalesce_s >= 0")
         if mode not in ("auto", "inotify", "poll"):
             raise FollowerError(f"unknown follow mode {mode!r} (auto, inotify or poll)")
         super().__init__(
@@ -107,6 +108,7 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
             rotated_keep=rotated_keep,
             mountinfo=mountinfo,
             split_cr=split_cr,
+            coalesce_s=coalesce_s,
         )
         self._init_saving(
             state_dir, checkpoint_every_records, checkpoint_every_s, checkpoint_min_interval_s
@@ -162,7 +164,7 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
                 self._reopen_at_position()
         if out:
             self._last_end = Position(out[-1].file_id, out[-1].next_offset)
-        found = self._bytes != bytes_before
+        found = self._found = self._bytes != bytes_before
         if found:
             self._last_read_ts = self._wall()
         if waker is not None:

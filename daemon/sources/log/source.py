@@ -25,6 +25,7 @@ stamp of its backlog. A replay lands on the daemon's timeline whatever vLLM's zo
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,11 +35,11 @@ from typing import Any
 from loadwatch.daemon.sources.inputs import Chunk, joined
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
 from loadwatch.daemon.sources.log.container import ContainerLogDecoder, LogFormat, decode_bytes
-from loadwatch.daemon.sources.log.emitmark import EmitMark, Written
+from loadwatch.daemon.sources.log.emitmark import AHEAD_BYTES, EVERY_S, EmitMark, Written
 from loadwatch.daemon.sources.log.files import stat_file
 from loadwatch.daemon.sources.log.follower import FollowerError, LogFollower
 from loadwatch.daemon.sources.log.resume import Emit, Notice, Resume
-from loadwatch.daemon.sources.log.wake import Mode
+from loadwatch.daemon.sources.log.wake import Disarm, Fire, Mode
 from loadwatch.parsers import ChunkScanner, Event
 
 __all__ = ["Emit", "LogSource", "Notice", "Run"]
@@ -80,6 +81,7 @@ class LogSource:
         poll_interval_s: float = 0.25,
         mode: Mode = "auto",
         clock: Callable[[], float] = time.time,
+        coalesce_s: float = 0.0,
     ) -> None:
         self.path = path
         self._clock = clock
@@ -92,12 +94,13 @@ class LogSource:
             poll_interval_s=poll_interval_s,
             mode=mode,
             split_cr=container == "plain",
+            coalesce_s=coalesce_s,
         )
         # a container runtime's lines (CRI, docker's json-file): their content, same offsets
         self._format = container
         self.decoder = ContainerLogDecoder(container, cap_bytes) if container != "plain" else None
         name = checkpoint_name(path).replace("follower-", "events-", 1)
-        self.marks = EmitMark(state_dir / name)
+        self.marks = EmitMark(state_dir / name, ahead_bytes=AHEAD_BYTES, every_s=EVERY_S)
         self.resume = Resume(self.follower, self.marks, events_file)
         self._pending: list[Notice] = []
         cp = self.follower.loaded_checkpoint
@@ -119,7 +122,9 @@ class LogSource:
         if st is not None and st.st_size > 0:
             self._backlog_key, self._backlog_size = (st.st_dev, st.st_ino), st.st_size
             if self._offset is None:
-                self._offset = self._peek_offset(st.st_size, st.st_mtime)
+                self._offset = peek_offset(
+                    path, st.st_size, st.st_mtime, container, self._new_scanner
+                )
         # Live once caught up; at once when nothing is there to catch up on.
         self._live = self._backlog_key is None and not self.resume.replaying and cp is None
         self._start_told = False
@@ -133,25 +138,6 @@ class LogSource:
     def stamp_offset_s(self) -> float:
         """Daemon clock minus vLLM's stamp, as last measured (0 before any)."""
         return self._offset if self._offset is not None else 0.0
-
-    def _peek_offset(self, size: int, mtime: float) -> float | None:
-        """The file's modification time minus the last stamp in its last bytes: when its last
-        line was written, on the daemon's clock, against when vLLM says it was."""
-        try:
-            with open(self.path, "rb") as f:
-                at = max(0, size - PEEK_BYTES)
-                f.seek(at)
-                data = f.read(size - at)
-        except OSError:
-            return None
-        if at > 0:
-            nl = data.find(b"\n")
-            data, at = data[nl + 1 :], at + nl + 1
-        data = data[: max(data.rfind(b"\n"), data.rfind(b"\r")) + 1]
-        if self._format != "plain":
-            data = decode_bytes(data, self._format)
-        stamps = [ev.ts for ev in self._new_scanner().feed(data, at) if ev.ts is not None]
-        return mtime - max(stamps) if stamps else None
 
     def _measure(self, events: list[Event], now: float) -> None:
         for ev in events:
@@ -203,8 +189,9 @@ class LogSource:
         if not follower.backlog:
             self._live = True
             self.resume.caught_up_with_backlog()
-            if not chunks and follower.health().file_exists:
+            if not chunks and follower.file_exists:
                 self.resume.caught_up()
+                self.marks.quiet()  # (the note, exact again once nothing is being read)
                 out.extend(self._take())
                 out.extend(self._close_traceback(quiet=True))
         return out
@@ -250,17 +237,17 @@ class LogSource:
     def settle(self) -> list[Notice]:
         """After the loop applied what `read` gave: the checkpoint (when due, and something was
         read), then a line when reading or saving failed, or works again."""
-        if self._read_any:
+        if self._read_any and self.follower.checkpoint_due():  # (a clock check, per read)
             self.follower.maybe_checkpoint(self._extra())
         follower = self.follower
         out: list[Notice] = []
-        h = follower.health()
-        if h.last_error and h.last_error != self._error_told:
-            where = "" if h.last_error.startswith(str(follower.path)) else f"{follower.path}: "
-            out.append(_problem(f"log {where}{h.last_error}"))
-        elif h.last_error is None and self._error_told is not None:
+        error = follower.last_error
+        if error and error != self._error_told:
+            where = "" if error.startswith(str(follower.path)) else f"{follower.path}: "
+            out.append(_problem(f"log {where}{error}"))
+        elif error is None and self._error_told is not None:
             out.append(Notice("daemon.recovered", {"source": "log"}))
-        self._error_told = h.last_error
+        self._error_told = error
         return out
 
     def _take(self) -> list[Run | Notice]:
@@ -359,14 +346,38 @@ class LogSource:
             extra["stamp_offset_s"] = round(self._offset, 3)
         return extra
 
-    async def wait(self, timeout_s: float) -> bool:
-        return await self.follower.wait_async(timeout_s)
+    def arm(self, loop: asyncio.AbstractEventLoop, fire: Fire, timeout_s: float) -> Disarm:
+        return self.follower.arm(loop, fire, timeout_s)  # (the wait, as the daemon's loop has it)
 
     def close(self) -> None:
-        """A clean stop: the final checkpoint, then the files closed."""
+        """A clean stop: the final checkpoint and an exact emit mark, then the files closed."""
+        self.marks.quiet()
         self.follower.checkpoint(self._extra())
         self.follower.close(checkpoint=False)
         self.marks.close()
+
+
+def peek_offset(
+    path: Path, size: int, mtime: float, fmt: LogFormat, scanner: Callable[[], ChunkScanner]
+) -> float | None:
+    """The file's modification time minus the last stamp in its last bytes: when its last line
+    was written, on the daemon's clock, against when vLLM says it was (a first start's estimate
+    of the offset between the two)."""
+    try:
+        with open(path, "rb") as f:
+            at = max(0, size - PEEK_BYTES)
+            f.seek(at)
+            data = f.read(size - at)
+    except OSError:
+        return None
+    if at > 0:
+        nl = data.find(b"\n")
+        data, at = data[nl + 1 :], at + nl + 1
+    data = data[: max(data.rfind(b"\n"), data.rfind(b"\r")) + 1]
+    if fmt != "plain":
+        data = decode_bytes(data, fmt)
+    stamps = [ev.ts for ev in scanner().feed(data, at) if ev.ts is not None]
+    return mtime - max(stamps) if stamps else None
 
 
 def _problem(line: str) -> Notice:

@@ -1,0 +1,88 @@
+"""Publishing by what changed: urgent changes at once, counters at most every interval, nothing
+rendered when nothing changed (a heartbeat instead). Time is the publisher's injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+
+from loadwatch.daemon.config import Config, LogConfig
+from loadwatch.daemon.loop import Daemon
+from loadwatch.daemon.publish import Publisher
+from loadwatch.daemon.sources.gpu.guard import NullGpuSource
+from loadwatch.daemon.state.published import Published
+from loadwatch.daemon.tasks import Pace
+from loadwatch.exporters.eventlog import EventLog
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _publisher(tmp_path: Path) -> tuple[Publisher, Clock, list[Published], list[str]]:
+    cfg = Config(log=LogConfig(path=None), state_dir=tmp_path / "state")
+    daemon = Daemon(cfg, eventlog=EventLog(io.StringIO(), None, console=False), gpu=NullGpuSource())
+    clock = Clock()
+    pub = Publisher(daemon, interval_s=1.0, monotonic=clock)
+    boards: list[Published] = []
+    beats: list[str] = []
+    pub.hooks.append(boards.append)
+    pub.heartbeats.append(lambda: beats.append("beat"))
+    return pub, clock, boards, beats
+
+
+def test_counters_go_out_at_most_every_interval_and_urgent_changes_at_once(
+    tmp_path: Path,
+) -> None:
+    pub, clock, boards, _ = _publisher(tmp_path)
+    pub.soon()  # the first change: nothing was published yet
+    assert len(boards) == 1
+    for _ in range(50):  # a busy log: a change every 10 ms
+        clock.t += 0.01
+        pub.changed()
+    assert len(boards) == 1  # held back (the loop's timer would publish them at the interval)
+    clock.t += 0.4  # (0.9 s since the last: a read now takes them along)
+    pub.changed()
+    assert len(boards) == 2
+    clock.t += 0.1
+    pub.urgent()  # a transition: at once, whatever the interval
+    pub.changed()
+    assert len(boards) == 3
+
+
+def test_nothing_changed_is_a_heartbeat_not_a_board(tmp_path: Path) -> None:
+    pub, clock, boards, beats = _publisher(tmp_path)
+    pub.now()
+    clock.t += 2.0
+    pub.alive(5.0)  # too soon for a heartbeat
+    clock.t += 4.0
+    pub.alive(5.0)
+    assert (len(boards), beats) == (1, ["beat"])
+    clock.t += 0.1
+    pub.soon()  # (within the interval of the heartbeat: held)
+    pub.alive(5.0)  # a pending change goes out as a board
+    assert (len(boards), beats) == (2, ["beat"])
+
+
+def test_a_nap_ends_when_a_load_starts() -> None:
+    busy = [False]
+
+    async def main() -> float:
+        pace = Pace(lambda: busy[0], None, lambda: False)
+        loop = asyncio.get_running_loop()
+
+        def start() -> None:
+            busy[0] = True
+            pace.check()
+
+        loop.call_later(0.05, start)
+        began = loop.time()
+        await pace.nap(30.0, 1.0)
+        return loop.time() - began
+
+    assert asyncio.run(main()) < 5.0
