@@ -216,8 +216,15 @@ class JournalPump:
                 pending += data
                 cut = pending.rfind(b"\n") + 1
                 if cut:
-                    self._take(bytes(pending[:cut]).splitlines())
+                    lines = bytes(pending[:cut]).splitlines()
                     del pending[:cut]
+                    # (one read may hold an entry over the bound whole: skipped all the same)
+                    kept = [x for x in lines if len(x) <= self._max_entry]
+                    for _ in range(len(lines) - len(kept)):
+                        self._on_problem(
+                            f"journal: an entry of over {self._max_entry} bytes is skipped"
+                        )
+                    self._take(kept)
                 if len(pending) > self._max_entry:
                     # An entry that never ends (journalctl prints one JSON document a line):
                     # not held whole, never a memory that grows without bound.
