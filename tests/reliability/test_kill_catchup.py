@@ -24,6 +24,7 @@ from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, startup
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
 from tests.helpers import records
 from tests.reliability.proc import DaemonProc, wait_for
+from tests.reliability.script import server_alive_here
 from tests.reliability.test_kill_restart import _args, _identity, _read_events
 
 SEED = 20261201
@@ -40,7 +41,7 @@ def _loads(n: int) -> list[str]:
     shape = Shape(model="/models/m", shard_s=(2.0, 4.0))
     out = []
     for _ in range(n):
-        out.append("".join(startup(rng, clock, shape)))
+        out.append(server_alive_here("".join(startup(rng, clock, shape))))
         clock.advance(3600)
     return out
 
