@@ -29,15 +29,12 @@ Each update is one `pwrite` of a fixed-size block over the same bytes, so a kill
 either the old note or the new one. There is no fsync: the note has to outlive the process, not
 the machine, and the event log's own lines are not synced either.
 
-On a budget, not per run. Beside a serving vLLM every read is a run, so the log source does not
-have the note rewritten around each. With an event log file to read back, `begin` notes
-`pending` a byte budget (`ahead_bytes`) past the run's end, and the runs that end within it need no new note;
-`end` notes `done` (and the event log's position there) once `every_s` has passed since the last
-note, and `quiet` makes the note exact when reading has caught up. A kill then leaves a
-`[done, pending)` wider than the run it cut short: its records are read one by one against the
-event log, as a cut run's always were, so nothing is written twice or lost; records past what the
-killed daemon read are simply not found there, and written. Without a file to read back, a cut
-run would be written again marked `replay`, so there `pending` is each run's end, as before.
+Beside a serving vLLM every read is a run. `begin` notes each run (its `pending` is the run's
+end, `done` what was written before it: one `pwrite`); `end` notes `done` again at most once
+every `every_s`, since the next `begin` notes it anyway, and `quiet` makes the note exact when
+reading has caught up. (A note whose `pending` ran a byte budget ahead of the run, so that runs
+within it needed none, lost a record's events across kills in the kill/restart tests: each run
+is noted.)
 """
 
 from __future__ import annotations
@@ -57,10 +54,7 @@ from loadwatch.daemon.sources.log.checkpoint import read_bounded
 BLOCK = 512
 MAX_MARK_BYTES = 1 << 16  # a note is a block or two: past this, not one (never read whole)
 READ_BACK = 64 << 20  # at most this much of the event log is read back (else: not known)
-# The log source's budget (`EmitMark`'s defaults note every run exactly): `pending` this far
-# past a run's end (with an event log file to read back), `done` at most this often.
-AHEAD_BYTES = 1 << 20
-EVERY_S = 1.0
+EVERY_S = 1.0  # the log source's: `done` noted at the end of a run at most this often
 
 Identity = tuple[Any, ...]
 
@@ -178,7 +172,6 @@ class EmitMark:
         self,
         path: Path,
         *,
-        ahead_bytes: int = 0,
         every_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -186,7 +179,6 @@ class EmitMark:
         self.errors_total = 0
         self.last_error: str | None = None
         self.writes_total = 0
-        self._ahead = ahead_bytes
         self._every_s = every_s
         self._clock = clock
         self._fd: int | None = None
@@ -224,15 +216,10 @@ class EmitMark:
     ) -> None:
         """Events of the records in [start, end) of `file_id` are about to be written, to the
         event log file `events` = ("dev:ino", its size now), when there is one."""
-        noted = self._noted
-        covered = noted is not None and noted.file_id == file_id
-        if covered and noted is not None and noted.done <= start < end <= noted.pending:
-            return  # the note says these may be written already
         if file_id != self._file_id:
             self._file_id, self._done = file_id, start
         ev_file, ev_at = events if events is not None else (None, None)
-        pending = end + (self._ahead if ev_file is not None else 0)
-        self._write(Mark(file_id, min(self._done, start), pending, ev_file, ev_at))
+        self._write(Mark(file_id, min(self._done, start), end, ev_file, ev_at))
 
     def end(self, file_id: str, end: int, events: tuple[str, int] | None = None) -> None:
         """Those events are written (and the event log file is now `events`)."""
@@ -253,14 +240,8 @@ class EmitMark:
 
     def _note_done(self) -> None:
         assert self._file_id is not None
-        noted = self._noted
-        pending = self._done
-        if noted is not None and noted.file_id == self._file_id and noted.pending > pending:
-            pending = noted.pending  # (runs within it still need no note)
         ev_file, ev_at = self._done_events if self._done_events is not None else (None, None)
-        if ev_file is None:
-            pending = self._done
-        self._write(Mark(self._file_id, self._done, pending, ev_file, ev_at))
+        self._write(Mark(self._file_id, self._done, self._done, ev_file, ev_at))
         self._done_noted_at = self._clock()
 
     def _write(self, mark: Mark) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 from loadwatch.daemon.sources.inputs import Chunk, joined
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
 from loadwatch.daemon.sources.log.container import ContainerLogDecoder, LogFormat, decode_bytes
-from loadwatch.daemon.sources.log.emitmark import AHEAD_BYTES, EVERY_S, EmitMark, Written
+from loadwatch.daemon.sources.log.emitmark import EVERY_S, EmitMark, Written
 from loadwatch.daemon.sources.log.files import stat_file
 from loadwatch.daemon.sources.log.follower import FollowerError, LogFollower
 from loadwatch.daemon.sources.log.resume import Emit, Notice, Resume
@@ -100,7 +100,7 @@ class LogSource:
         self._format = container
         self.decoder = ContainerLogDecoder(container, cap_bytes) if container != "plain" else None
         name = checkpoint_name(path).replace("follower-", "events-", 1)
-        self.marks = EmitMark(state_dir / name, ahead_bytes=AHEAD_BYTES, every_s=EVERY_S)
+        self.marks = EmitMark(state_dir / name, every_s=EVERY_S)
         self.resume = Resume(self.follower, self.marks, events_file)
         self._pending: list[Notice] = []
         cp = self.follower.loaded_checkpoint
