@@ -180,10 +180,12 @@ def _progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
 
 
 def _unit_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
-    """A bar counting a unit of its own (`21/21 [00:00<00:00, 33.51profile/s]`): its rate read
-    in that unit (`1.52s/profile` is 1/1.52 a second)."""
+    """A bar counting a unit of its own (`21/21 [00:00<00:00, 33.51profile/s]`): kernel
+    autotuning, its rate read in that unit (`1.52s/profile` is 1/1.52 a second)."""
     desc = m["desc"].strip()
     kind = bar_kind(desc)
+    if kind == "other":
+        kind = "autotune"
     rate_text = m["rate"]
     per, _, unit = rate_text.partition("/")
     if rate_text.startswith("?"):

@@ -102,5 +102,5 @@ def test_compile_words_from_another_logger_are_not_a_milestone() -> None:
 def test_autotuner_bar(line: str, desc: str, done: int, total: int, rate: float | None) -> None:
     (ev,) = events(line)
     assert isinstance(ev, ShardProgress)
-    assert (ev.desc, ev.bar, ev.unit, ev.done, ev.total) == (desc, "other", "items", done, total)
+    assert (ev.desc, ev.bar, ev.unit, ev.done, ev.total) == (desc, "autotune", "items", done, total)
     assert ev.rate_per_s == (pytest.approx(rate) if rate is not None else None)
