@@ -248,3 +248,37 @@ def _fold_llama() -> LoadState:
         if ev.ts is not None:
             state = state.apply(ev, ev.ts)
     return state
+
+
+def test_the_servable_check_is_the_last_step_of_a_live_start() -> None:
+    """Supervised, with `[vllm] servable`: the start-up ends with the first completion, and
+    the steps add up to it; /health 200 stands for the ready line no log gave."""
+    from loadwatch.daemon.sources.inputs import CompletionProbe, HealthProbe
+
+    from .helpers import T0, bar, fold, ms, started
+
+    items: list[tuple[float, Input]] = [
+        (T0, started(T0)),
+        (T0 + 20, ms("model_load_start", process="Worker_TP0")),
+        (T0 + 21, bar(0, 2)),
+        (T0 + 30, bar(2, 2)),
+        (T0 + 31, ms("weights_loaded", seconds=10.0, process="Worker_TP0")),
+        (T0 + 40, ms("kv_cache", detail="available_memory", gib=1.0, process="Worker_TP0")),
+        (T0 + 45, ms("engine_init", seconds=14.0, process="EngineCore")),
+        (T0 + 46, ms("api_server_start", value="http://127.0.0.1:8000", process="APIServer")),
+        (T0 + 48, HealthProbe(ok=True, ts=T0 + 48, status=200)),
+        (T0 + 49.5, CompletionProbe(ok=True, ts=T0 + 49.5, latency_s=0.4)),
+    ]
+    state, _ = fold(items, require_completion=True)
+    s = state.session
+    assert s is not None and s.timeline.done
+    steps = timeline_view(s.timeline, s.bars, T0 + 60)
+    assert [(x.phase, x.started_at - T0, x.duration_s) for x in steps] == [
+        ("config", 0.0, 20.0),
+        ("weights", 20.0, 11.0),
+        ("kv_cache", 31.0, 14.0),
+        ("engine_ready", 45.0, 1.0),
+        ("api_server", 46.0, 2.0),
+        ("first_completion", 48.0, 1.5),
+    ]
+    assert_adds_up(steps)
