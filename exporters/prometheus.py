@@ -18,6 +18,7 @@ from loadwatch.daemon.state.published import Published
 from loadwatch.daemon.state.snapshot import GpuView, SessionView, Snapshot
 from loadwatch.exporters.prometheus_memplan import memory_plan_metrics
 from loadwatch.exporters.prometheus_node import node_metrics
+from loadwatch.exporters.prometheus_timeline import timeline_metrics
 from loadwatch.parsers.events import FailureKind
 
 PHASES = ("starting", "loading_weights", "post_load", "ready", "failed", "stalled", "stopped")
@@ -56,6 +57,7 @@ class LoadwatchCollector(Collector):
         yield from _health(snap)
         yield from memory_plan_metrics(snap)
         yield from node_metrics(snap)
+        yield from timeline_metrics(snap)
 
 
 def registry_for(collector: Collector) -> CollectorRegistry:

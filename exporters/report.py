@@ -17,6 +17,7 @@ from loadwatch.daemon.state.snapshot import (
     MilestoneView,
     SessionView,
     Snapshot,
+    StartupStepView,
     WarningView,
     plain,
 )
@@ -182,6 +183,7 @@ class SessionReport:
     stalls_total: int
     stall_hints: int
     milestones: tuple[MilestoneView, ...]
+    timeline: tuple[StartupStepView, ...] = ()  # the start-up's steps (daemon/state/timeline.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,19 +246,36 @@ def session_verdict(view: SessionView, last: bool = True) -> Verdict:
     lp = _last_progress(view)
     notes: list[str] = []
     status: Status = view.verdict  # type: ignore[assignment]  # decided in the snapshot
+    tail = view.reason == "first_event"  # the log begins after this vLLM started
     if status == "failed":
         kind = view.failure_kind or "unknown"
         text = f"failed: {kind}"
+        step = failed_step(view)
         if view.ready_at is not None:
             notes.append(f"after it was ready at {clock(view.ready_at)}")
+        elif tail and step is None and lp is None:
+            notes.append(
+                "in a phase the log does not show: it begins after vLLM started (its start, "
+                "the phases before and the time to the failure are not in it)"
+            )
         else:
-            notes.append(f"in {reached}, {_progress_text(lp)}")
+            where = f"{step} ({reached})" if step is not None else reached
+            notes.append(f"in {where}, {_progress_text(lp)}")
+            if tail:
+                notes.append("the log begins after this vLLM started")
     elif status == "ready":
         kind, text = None, "ready"
         ttr = view.time_to_ready_s
-        notes.append(
-            f"ready at {clock(view.ready_at)}" + (f", {duration(ttr)} after start" if ttr else "")
-        )
+        if tail:
+            notes.append(
+                f"ready at {clock(view.ready_at)}; the log begins after vLLM started, so the "
+                "time from its start is not known"
+            )
+        else:
+            notes.append(
+                f"ready at {clock(view.ready_at)}"
+                + (f", {duration(ttr)} after start" if ttr else "")
+            )
         if view.phase == "stopped":
             how = "on request" if view.stop_requested else "afterwards"
             notes.append(f"vLLM shut down {how} at {clock(view.phase_entered_at)}")
@@ -271,12 +290,12 @@ def session_verdict(view: SessionView, last: bool = True) -> Verdict:
             )
     else:
         kind = None
-        if view.reason == "first_event" and reached == "starting" and lp is None:
+        if tail and reached == "starting" and lp is None:
             text = "incomplete: no vLLM start in the log"
             notes.append("the log begins after vLLM started (a rotated or partial log?)")
         else:
             text = f"incomplete: {reached}, {_progress_text(lp)}"
-            if view.reason == "first_event":
+            if tail:
                 notes.append("the log begins after this vLLM started")
         if view.phase == "stalled" and view.stall.reason:
             notes.append(f"stalled: {view.stall.reason}")
@@ -292,6 +311,14 @@ def session_verdict(view: SessionView, last: bool = True) -> Verdict:
         last_progress=lp,
         notes=tuple(notes),
     )
+
+
+def failed_step(view: SessionView) -> str | None:
+    """The start-up step the session ended in, when the log says which (timeline.py)."""
+    if not view.timeline:
+        return None
+    phase = view.timeline[-1].phase
+    return None if phase == "unknown" else phase
 
 
 def _session(cap: SessionCapture, lines: Mapping[int, int], last: bool) -> SessionReport:
@@ -361,7 +388,8 @@ def _session(cap: SessionCapture, lines: Mapping[int, int], last: bool) -> Sessi
         failure_kind=view.failure_kind,
         stop_requested=view.stop_requested,
         ready_at=view.ready_at,
-        time_to_ready_s=view.time_to_ready_s,
+        # a session the log begins inside: its start is not in it, nor the time to ready
+        time_to_ready_s=view.time_to_ready_s if view.reason != "first_event" else None,
         weights_load_s=view.weights_load_s,
         verdict=session_verdict(view, last),
         phases=phases,
@@ -378,6 +406,7 @@ def _session(cap: SessionCapture, lines: Mapping[int, int], last: bool) -> Sessi
         stalls_total=view.stall.stalls_total,
         stall_hints=view.stall.hints,
         milestones=view.milestones,
+        timeline=view.timeline,
     )
 
 

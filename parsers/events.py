@@ -65,11 +65,12 @@ def field_names(cls: type) -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShardProgress(Event):
-    """One update of a tqdm progress bar (weights, graph capture, prefetch)."""
+    """One update of a tqdm progress bar (weights, graph capture, prefetch, kernel autotuning:
+    a bar counting a unit of its own, `profile/s`)."""
 
     type: ClassVar[str] = "shard_progress"
     desc: str
-    bar: Literal["weights", "graph_capture", "prefetch", "other"]
+    bar: Literal["weights", "graph_capture", "prefetch", "autotune", "other"]
     done: int
     total: int
     elapsed_s: float | None = None

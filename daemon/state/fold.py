@@ -28,6 +28,7 @@ from loadwatch.daemon.state.session import (
     summarise,
 )
 from loadwatch.daemon.state.snapshot import Transition, TransitionKind
+from loadwatch.daemon.state.timeline import begin, finish
 
 _R = TypeVar("_R")
 _new = object.__new__
@@ -183,6 +184,7 @@ class Fold:
             argv=argv,
             phase_entered_at=at,
             last_event_at=at,
+            timeline=begin(at, reason),
         )
         self.sess_owned = True
         gpus = self.get("gpus")
@@ -216,6 +218,8 @@ class Fold:
         history = (*s.history, span)[-self.cfg.max_phase_history :]
         kind = failure_kind if to == "failed" else s.failure_kind
         self.upd(phase=to, phase_entered_at=at, history=history, failure_kind=kind)
+        if to in TERMINAL:
+            self.upd(timeline=finish(s.timeline, at))
         self.emit(
             "phase",
             at,

@@ -19,6 +19,7 @@ from loadwatch.daemon.state.forecast import EtaState, eta_update, tqdm_elapsed_s
 from loadwatch.daemon.state.nodefold import track_node
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import BarTrack, Session
+from loadwatch.daemon.state.timeline import bar_phase, mark
 from loadwatch.parsers.events import ShardProgress
 
 MAX_EVEN_FILES = 100_000  # a bar of more "files" than this is not one of checkpoint files
@@ -119,7 +120,10 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
             latest = {k: v for k, v in latest.items() if v in bars}
         changes = {"bars": bars, "bar_latest": latest}
         advanced = ev.done > 0
+        began, was_finished = True, False
     else:
+        began = False
+        was_finished = cur.finished_at is not None
         advanced = ev.done > cur.done
         gap = cur.longest_gap_s
         if advanced:
@@ -159,22 +163,32 @@ def _on_progress(f: Fold, ev: ShardProgress) -> None:
         sd.update(changes)
     if advanced and f.s.stall is not None:
         f.progressed(t, f"{ev.desc}: {ev.done}/{ev.total}")
+    finished = not was_finished and bar.finished_at is not None  # (with this update)
+    # (all of the stage's weights bars done: the weights are in; else this bar is one of them)
+    weights_in = (
+        finished
+        and bar.kind == "weights"
+        and all(
+            b.finished_at is not None
+            for b in f.s.bars.values()
+            if b.kind == "weights" and b.index == bar.index
+        )
+    )
+    phase = bar_phase(bar.kind) if began or finished else None
+    if phase is not None:
+        tl = f.s.timeline
+        if began:
+            tl = mark(tl, phase, t, bar.process, "start", t - bar.started_at, bar=bar.key)
+        if finished:
+            tl = mark(tl, phase, t, bar.process, "end" if weights_in else "on")
+        sd["timeline"] = tl
     if weights:
         f.advance("loading_weights", t, "weights bar")
-        if (
-            bar.finished_at is not None  # (else this bar is one of those not finished)
-            and bar.kind == "weights"
-            and bar.index == 0
-            and all(
-                b.finished_at is not None
-                for b in f.s.bars.values()
-                if b.kind == "weights" and b.index == 0
-            )
-        ):
+        if weights_in and bar.index == 0:
             f.clear_forecasts(t, "weights loaded")
     else:
-        if ev.bar == "graph_capture":
-            f.advance("post_load", t, "graph capture")
+        if ev.bar in ("graph_capture", "autotune"):  # (vLLM does both after the weights)
+            f.advance("post_load", t, ev.bar.replace("_", " "))
         f.activity(t)
 
 

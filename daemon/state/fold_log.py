@@ -22,6 +22,8 @@ from loadwatch.daemon.state.session import (
     MilestoneSeen,
     WarningTally,
 )
+from loadwatch.daemon.state.timeline import mark, milestone_signal
+from loadwatch.daemon.state.timeline import ready as timeline_ready
 from loadwatch.parsers.events import (
     ClientText,
     EpWeightFilter,
@@ -45,7 +47,7 @@ def _on_ep_filter(f: Fold, ev: EpWeightFilter) -> None:
     f.ensure_session(t)
     f.activity(t)
     seen = EpFilterSeen(ev.ep_size, ev.ep_rank, ev.experts_loaded, ev.experts_total, t, ev.process)
-    f.upd(ep_filter=seen)
+    f.upd(ep_filter=seen, timeline=mark(f.s.timeline, "weights", t, ev.process, "on"))
     f.advance("loading_weights", t, "ep weight filter")
 
 
@@ -190,6 +192,12 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
             else ev.value,
         )
     f.mine("milestones")[key] = m
+    signal = milestone_signal(ev.kind, ev.detail)
+    if signal is not None:
+        phase, edge, note, timed = signal
+        took = ev.seconds if timed else None
+        tl = mark(f.s.timeline, phase, t, ev.process, edge, took, detail=note)
+        f.upd(timeline=tl)
     if ev.kind == "version" and ev.value:
         f.upd(version=ev.value)
     pid = _server_pid(ev)
@@ -261,7 +269,8 @@ def ready(f: Fold, t: float, reason: str) -> None:
     if not f.replay and not s.seen_live:
         f.upd(seen_live=True)
     if s.ready_at is None:
-        f.upd(ready_at=t)
+        tl = timeline_ready(s.timeline, t, None, f.cfg.require_completion)
+        f.upd(ready_at=t, timeline=tl)
     f.advance("ready", t, reason)
 
 

@@ -26,6 +26,7 @@ from loadwatch.daemon.state.session import (
     IoTrack,
     main_fraction,
 )
+from loadwatch.daemon.state.timeline import served
 from loadwatch.parsers.events import Failure
 
 
@@ -97,6 +98,8 @@ def _on_completion(f: Fold, ev: CompletionProbe) -> None:
     if f.sess is None:
         return
     f.upd(completion=ev)  # (also once failed: the engine may die of the request, and say so)
+    if ev.ok:
+        f.upd(timeline=served(f.s.timeline, ev.ts))
     if not ev.ok:
         why = ev.error or "failed"
         model = f" (model {ev.model})" if ev.model else ""

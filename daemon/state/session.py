@@ -30,6 +30,7 @@ from loadwatch.daemon.state.memfit import MemoryConfig, MemoryFit, MemoryProject
 from loadwatch.daemon.state.node import NodeFacts
 from loadwatch.daemon.state.nodeprogress import NodeLoad
 from loadwatch.daemon.state.snapshot import SessionSummary, Transition
+from loadwatch.daemon.state.timeline import Timeline, timeline_view
 from loadwatch.parsers.events import Event
 from loadwatch.parsers.vllm.catalog import KIND_RANK
 
@@ -238,6 +239,7 @@ class Session:
     backlog_read_at: float | None = None  # the daemon's clock when it last read a backlog
     stall_hints: int = 0
     last_hint_s: float | None = None
+    timeline: Timeline = field(default_factory=Timeline)  # the start-up's steps (timeline.py)
 
 
 @dataclass(frozen=True)
@@ -403,6 +405,7 @@ def summarise(s: Session, at: float) -> SessionSummary:
         warnings_total=s.warnings_total,
         failures_total=s.failures_total,
         stalls_total=s.stalls_total,
+        timeline=timeline_view(s.timeline, s.bars, s.ended_at if s.ended_at is not None else at),
     )
 
 

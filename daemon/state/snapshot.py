@@ -86,6 +86,38 @@ class Transition:
         return out
 
 
+# The start-up timeline's phases in load order (daemon/state/timeline.py says what each is), and
+# the step whose phase the log has not said yet.
+STARTUP_PHASES = (
+    "config",
+    "weights",
+    "weight_postprocess",
+    "torch_compile",
+    "autotune",
+    "kv_cache",
+    "graph_capture",
+    "engine_ready",
+    "api_server",
+    "first_completion",
+)
+STARTUP_UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class StartupStepView:
+    """One step of the start-up timeline (daemon/state/timeline.py): a phase as an operator
+    names it, from its start to the next step's (None: under way)."""
+
+    phase: str
+    started_at: float
+    ended_at: float | None
+    duration_s: float  # to its end, or to the snapshot's time while under way
+    last_line_at: float | None  # its own last line; the time after it is the step's quiet end
+    began_before_log: bool  # the log begins inside it: its true start is earlier
+    detail: str | None  # e.g. "loaded from the compile cache"
+    bars: tuple[str, ...]  # what each of its bars counted: "desc: done/total unit"
+
+
 @dataclass(frozen=True, slots=True)
 class SessionSummary:
     id: int
@@ -105,6 +137,7 @@ class SessionSummary:
     warnings_total: int
     failures_total: int
     stalls_total: int
+    timeline: tuple[StartupStepView, ...] = ()  # the start-up's steps, as the session ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +348,7 @@ class SessionView:
     failures_total: int
     milestones: tuple[MilestoneView, ...]
     ep_weight_filter: EpFilterView | None = None
+    timeline: tuple[StartupStepView, ...] = ()  # the start-up's steps (timeline.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,6 +446,8 @@ class Snapshot:
 
 __all__ = [
     "SCHEMA",
+    "STARTUP_PHASES",
+    "STARTUP_UNKNOWN",
     "BarView",
     "EchoView",
     "EtaView",
@@ -429,6 +465,7 @@ __all__ = [
     "SessionView",
     "Snapshot",
     "StallView",
+    "StartupStepView",
     "SupervisorView",
     "Transition",
     "TransitionKind",

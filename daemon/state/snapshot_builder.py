@@ -44,6 +44,7 @@ from loadwatch.daemon.state.snapshot import (
     SupervisorView,
     WarningView,
 )
+from loadwatch.daemon.state.timeline import timeline_view
 
 
 def _layers(mask: int, cap: int = 512) -> tuple[int, ...]:
@@ -276,6 +277,7 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
         failures_total=s.failures_total,
         milestones=milestones,
         ep_weight_filter=EpFilterView(**vars(s.ep_filter)) if s.ep_filter is not None else None,
+        timeline=timeline_view(s.timeline, s.bars, now),
     )
 
 

@@ -122,6 +122,59 @@ def _phases_line(s: SessionReport) -> Text:
     return out
 
 
+# A step went quiet when its own lines ended this long before its end (and this share of it).
+QUIET_S = 5.0
+QUIET_SHARE = 0.25
+
+
+def _timeline_table(s: SessionReport) -> Table:
+    """The start-up's steps: when each began, how long it took, and what the log says of it.
+    The steps are contiguous, so the durations add up (the title says to what)."""
+    t = _table(("step", "left"), ("from", "left"), ("took", "right"), ("", "left"))
+    t.columns[3].no_wrap = False
+    last = len(s.timeline) - 1
+    for i, step in enumerate(s.timeline):
+        notes: list[str] = []
+        start = hms(step.started_at)
+        if step.began_before_log:
+            start = "≤" + start
+            notes.append("began before the log: its start is not in it")
+        if step.detail:
+            notes.append(step.detail)
+        notes.extend(step.bars)
+        end = step.ended_at
+        if end is not None and step.last_line_at is not None:
+            quiet = end - step.last_line_at
+            if quiet >= QUIET_S and quiet >= QUIET_SHARE * step.duration_s:
+                notes.append(f"its last line {duration(quiet)} before the next step")
+        took = duration(step.duration_s)
+        style = ""
+        if end is None:
+            took += "…"
+            notes.append("under way when the log ends")
+        elif i == last and s.verdict.status == "failed" and s.ready_at is None:
+            style = "red"
+            notes.append(f"failed here: {s.failure_kind or 'unknown'}")
+        elif i == last and s.phase == "stopped" and s.ready_at is None:
+            notes.append("vLLM shut down here")
+        if step.phase == "unknown":
+            what = "which step this was" if step.began_before_log else "what came next"
+            notes.insert(0, f"the log does not say {what}")
+        t.add_row(
+            Text(step.phase, style=style), Text(start), Text(took), Text("; ".join(notes), "dim")
+        )
+    return t
+
+
+def _timeline_title(s: SessionReport) -> Text:
+    first, end = s.timeline[0].started_at, s.timeline[-1].ended_at
+    title = Text("Start-up timeline", style="bold")
+    if end is not None:
+        what = "to ready" if s.ready_at is not None and end <= s.ready_at else "in all"
+        title.append(f"  {duration(end - first)} {what}", style="dim")
+    return title
+
+
 def _rate(per_s: float | None) -> str:
     if not per_s:
         return "-"
@@ -288,7 +341,7 @@ def _session_block(s: SessionReport, last: bool) -> list[RenderableType]:
     if s.version:
         start += f", vLLM {s.version}"
     if s.reason == "first_event":
-        start += "; the log begins after this start"
+        start = f"before the log; its first line {start}"
     grid.add_row(Text("started"), Text(start))
     if s.phases:
         grid.add_row(Text("phases"), _phases_line(s))
@@ -313,6 +366,9 @@ def _session_block(s: SessionReport, last: bool) -> list[RenderableType]:
     if facts is not None:
         grid.add_row(Text("facts"), facts)
     out.append(_indent(grid))
+    if s.timeline:
+        out.append(_indent(_timeline_title(s)))
+        out.append(_indent(_timeline_table(s)))
     if s.failures:
         out.append(_indent(Text("Failures", style="bold")))
         out.append(_indent(_failures(s, 5 if last else 1)))

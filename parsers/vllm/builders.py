@@ -179,6 +179,35 @@ def _progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return event
 
 
+def _unit_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+    """A bar counting a unit of its own (`21/21 [00:00<00:00, 33.51profile/s]`): kernel
+    autotuning, its rate read in that unit (`1.52s/profile` is 1/1.52 a second)."""
+    desc = m["desc"].strip()
+    kind = bar_kind(desc)
+    if kind == "other":
+        kind = "autotune"
+    rate_text = m["rate"]
+    per, _, unit = rate_text.partition("/")
+    if rate_text.startswith("?"):
+        rate = None
+    elif unit == "s":  # `33.51profile/s`
+        rate = _num(per.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+    else:  # `1.52s/profile`
+        secs = _num(per[:-1])
+        rate = 1.0 / secs if secs else None
+    return ShardProgress(
+        desc=desc,
+        bar=kind,  # type: ignore[arg-type]
+        done=int(m["n"]),
+        total=int(m["total"]),
+        elapsed_s=hms_seconds(m["el"]),
+        remaining_s=hms_seconds(m["rem"]),
+        rate_per_s=rate,
+        unit=bar_unit(desc, kind),  # type: ignore[arg-type]
+        **ctx,
+    )
+
+
 def _byte_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event | None:
     """A bar in bytes (`13.3G/155G [00:01<00:10, 14.3GB/s]`): done and total as bytes."""
     desc = m["desc"].strip()

@@ -24,17 +24,7 @@ from loadwatch.parsers.vllm.builders import (
     _progress,
     _scale_factor,
 )
-
-# vllm/compilation/'s files, where torch.compile's lines come from
-COMPILATION = (
-    "backends.py",
-    "monitor.py",
-    "decorators.py",
-    "wrapper.py",
-    "compiler_interface.py",
-    "piecewise_backend.py",
-    "caching.py",
-)
+from loadwatch.parsers.vllm.catalog_compile import COMPILE, WARMUP
 
 LOAD: tuple[Entry, ...] = (
     # -- progress bars ---------------------------------------------------------------------
@@ -316,50 +306,7 @@ LOAD: tuple[Entry, ...] = (
         "info",
         loggers=("*model_runner.py", "*worker.py"),
     ),
-    Entry(
-        "ms.compile_cache_dir",
-        ("for vLLM's torch.compile",),
-        _c(r"Using cache directory: (?P<d>\S{1,400}+) for vLLM's torch\.compile"),
-        _milestone("torch_compile", detail="cache_dir", value="d"),
-        "info",
-        loggers=COMPILATION,
-    ),
-    Entry(
-        "ms.compile_dynamo",
-        ("Dynamo bytecode transform time",),
-        _c(r"Dynamo bytecode transform time: " + _SEC + r" s"),
-        _milestone("torch_compile", detail="dynamo", seconds="sec"),
-        "info",
-        loggers=COMPILATION,
-    ),
-    Entry(
-        "ms.compile_graph",
-        ("Compiling a graph for",),
-        _c(r"Compiling a graph for (?P<shape>.{1,200}?) takes " + _SEC + r" s"),
-        _milestone("torch_compile", detail="compile_graph", seconds="sec", value="shape"),
-        "info",
-        loggers=COMPILATION,
-    ),
-    Entry(
-        "ms.compile_cache_load",
-        ("from the cache, took",),
-        _c(
-            r"Directly load the compiled graph\(s\) for (?P<shape>.{1,200}?) from the cache, took "
-            + _SEC
-            + r" s"
-        ),
-        _milestone("torch_compile", detail="cache_load", seconds="sec", value="shape"),
-        "info",
-        loggers=COMPILATION,
-    ),
-    Entry(
-        "ms.compile_total",
-        ("torch.compile take", "torch.compile took"),
-        _c(r"torch\.compile (?:takes|took) " + _SEC + r" s in total"),
-        _milestone("torch_compile", detail="total", seconds="sec"),
-        "info",
-        loggers=COMPILATION,
-    ),
+    *COMPILE,
     Entry(
         "ms.kv_available",
         ("KV cache memory:",),
@@ -411,6 +358,7 @@ LOAD: tuple[Entry, ...] = (
         "info",
         loggers=("kv_cache_utils.py", "*executor.py", "executor_base.py"),
     ),
+    *WARMUP,
     Entry(
         "ms.graph_capture",
         ("Graph capturing finished",),

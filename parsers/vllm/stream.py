@@ -55,6 +55,10 @@ from loadwatch.parsers.vllm.segment import (
 )
 from loadwatch.parsers.vllm.wrapped import is_piece, may_continue
 
+# A traceback's frames logged with these levels (vLLM's ERROR header on each of its lines) are
+# read even without the traceback's head: a log may begin inside one.
+CUT_LEVELS = ("ERROR", "CRITICAL")
+
 
 @dataclass(slots=True)
 class _Traceback:
@@ -70,6 +74,14 @@ class _Traceback:
     kind: FailureKind | None = None
     tail_open: bool = False  # its exception line may go on in the next record (wrapped)
     joined: bool = False  # a wrapped exception line's pieces were joined
+    cut_head: bool = False  # its head is not in the log (the log begins inside it)
+
+    @classmethod
+    def opened(cls, head: Head, offset: int, last_ts: float | None, cut_head: bool) -> _Traceback:
+        """A traceback its record `head` opens (`cut_head`: a frame, the head not in the log)."""
+        ts = head.ts if head.ts is not None else last_ts
+        first = head.body.strip()[:500]
+        return cls(offset, ts, head.process, head.pid, first, last_offset=offset, cut_head=cut_head)
 
     def take(self, head: Head, offset: int) -> bool | None:
         """None: the line belongs to the traceback; True: it ended it; False: not ours."""
@@ -95,8 +107,11 @@ class _Traceback:
         self.exc_type, self.message = exc_type, message
         return True
 
-    def close(self) -> Failure:
-        """The traceback as one failure."""
+    def close(self) -> Failure | None:
+        """The traceback as one failure; None for frames alone, with neither head nor
+        exception line (they say nothing of what failed)."""
+        if self.cut_head and self.exc_type is None and not self.message:
+            return None
         kind = self.kind or "other"
         if self.joined:  # a wrapped message joined: its whole text decides
             joined = classify(self.exc_type, self.message)
@@ -193,10 +208,12 @@ class EventStream:
                 head = head._replace(process=pending[0], pid=pending[1])
             ts = head.ts
             level = head.level
+            body = head.body
             if (
                 self.in_traceback
                 or ts is None
-                or (level in TRACEBACK_LEVELS and head.body.rstrip().endswith(TRACEBACK_START))
+                or (level in TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START))
+                or (level in CUT_LEVELS and body[:1].isspace())  # (a frame: `_segment`)
             ):
                 out = self._segment(head, offset)
             else:  # `_segment` for the common case: no traceback to join, none to open
@@ -285,7 +302,8 @@ class EventStream:
     def flush(self) -> list[Event]:
         """End of input: close any open traceback (a log cut off mid-traceback)."""
         held = [self._wrapped] if self._wrapped is not None else []
-        out: list[Event] = [tb.close() for tb in [*held, *self._tracebacks.values()]]
+        closed = [tb.close() for tb in [*held, *self._tracebacks.values()]]
+        out: list[Event] = [f for f in closed if f is not None]
         self._tracebacks.clear()
         self._wrapped = None
         self.in_traceback = False
@@ -317,19 +335,18 @@ class EventStream:
                 return []
             self.in_traceback = bool(self._tracebacks)
             # Not part of the traceback after all: close it, then parse the record as usual.
-            return [tb.close(), *self._parse(head, offset)]
-        # `EngineCore hit an exception: Traceback (most recent call last):` opens one too.
-        if head.level in TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START):
+            closed = tb.close()
+            return [*([closed] if closed is not None else []), *self._parse(head, offset)]
+        # `EngineCore hit an exception: Traceback (most recent call last):` opens one too; so
+        # does a frame with no traceback open: the log begins inside one (a tail of a log),
+        # and its exception line, when it comes, names the failure.
+        head_line = head.level in TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START)
+        if head_line or (
+            head.level in CUT_LEVELS and body[:1].isspace() and body.lstrip().startswith('File "')
+        ):
             self.stats.tracebacks += 1
             self.in_traceback = True
-            self._tracebacks[key] = _Traceback(
-                offset=offset,
-                ts=head.ts if head.ts is not None else self._last_ts,
-                process=head.process,
-                pid=head.pid,
-                first_line=body.strip()[:500],
-                last_offset=offset,
-            )
+            self._tracebacks[key] = _Traceback.opened(head, offset, self._last_ts, not head_line)
             return []
         events = self._parse(head, offset)
         if head.level is None and head.process is not None and may_continue(body) and events:
@@ -380,7 +397,8 @@ class EventStream:
         self._wrapped = None
         self.in_traceback = bool(self._tracebacks)
         closed = tb.close()
-        return [closed] if piece else [closed, *self._segment(head, offset)]
+        done: list[Event] = [closed] if closed is not None else []
+        return done if piece else [*done, *self._segment(head, offset)]
 
     def _parse(self, head: Head, offset: int) -> list[Event]:
         key = (self.mode, head.level, head.source, head.body)

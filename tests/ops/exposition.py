@@ -66,6 +66,9 @@ class Scene:
     time_to_ready_s: float | None = None
     first_completion_s: float | None = None
     weights_load_s: float | None = None
+    # the start-up timeline: seconds per phase, of the current start and the last ready one
+    startup_seconds: Mapping[str, float] = field(default_factory=dict)
+    last_startup_seconds: Mapping[str, float] = field(default_factory=dict)
     log_lines: int = 0
     scrapes: int = 0
     node_role: str = "head"
@@ -176,6 +179,7 @@ def render(scene: Scene) -> str:
     if scene.weights_load_s is not None:
         t.family("loadwatch_weights_load_seconds", "gauge", "Weight loading time, last session.")
         t.sample("loadwatch_weights_load_seconds", scene.weights_load_s)
+    _startup(t, scene)
     t.family("loadwatch_sessions_total", "counter", "vLLM sessions seen.")
     t.sample("loadwatch_sessions_total", scene.sessions)
     t.family("loadwatch_vllm_restarts_total", "counter", "Sessions after the first.")
@@ -303,6 +307,25 @@ def render(scene: Scene) -> str:
         t.sample(f"loadwatch_http_process_{name}", value)
     _memory_plan(t, scene)
     return "\n".join(t.lines) + "\n"
+
+
+# The start-up step under way, by the load phase (the timeline's own is finer).
+STARTUP_STEP = {"starting": "config", "loading_weights": "weights", "post_load": "kv_cache"}
+STARTUP_PHASES = (
+    *("config", "weights", "weight_postprocess", "torch_compile", "autotune", "kv_cache"),
+    *("graph_capture", "engine_ready", "api_server", "first_completion", "unknown"),
+)
+
+
+def _startup(t: _Text, scene: Scene) -> None:
+    under_way = STARTUP_STEP.get(scene.phase)
+    t.family("loadwatch_startup_phase", "gauge", "1 for the start-up step under way.")
+    for phase in STARTUP_PHASES:
+        t.sample("loadwatch_startup_phase", 1 if phase == under_way else 0, {"phase": phase})
+    t.family("loadwatch_startup_phase_seconds", "gauge", "Seconds per start-up phase.")
+    for start, took in (("current", scene.startup_seconds), ("last", scene.last_startup_seconds)):
+        for phase, seconds in took.items():
+            t.sample("loadwatch_startup_phase_seconds", seconds, {"phase": phase, "start": start})
 
 
 def _memory_plan(t: _Text, scene: Scene) -> None:

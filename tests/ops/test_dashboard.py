@@ -103,6 +103,8 @@ def titles() -> dict[str, dict[str, Any]]:
     ("title", "kind", "metrics"),
     [
         ("Phase over time", "state-timeline", ["loadwatch_load_phase"]),
+        ("Start-up step over time", "state-timeline", ["loadwatch_startup_phase{"]),
+        ("Start-up phases: this start and the last", "bargauge", ["loadwatch_startup_phase_seconds"]),
         ("Load progress", "timeseries", ["loadwatch_load_progress_ratio"]),
         ("ETA and budget", "timeseries", ["loadwatch_load_eta_seconds", "loadwatch_load_budget"]),
         ("Shard rate", "timeseries", ['rate(loadwatch_load_shards_loaded_total{job=~"$job", instance=~"$instance"}[$__rate_interval])']),
@@ -150,6 +152,19 @@ def test_phase_mapping_covers_every_phase() -> None:
     options = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
     assert {options[code]["text"]: code for code in options} == codes
     assert len(codes) == 7
+
+
+def test_startup_step_mapping_covers_every_documented_phase() -> None:
+    """The state timeline of the start-up's step names each phase docs/metrics.md lists."""
+    from .test_metric_names import documented
+
+    panel = titles()["Start-up step over time"]
+    (expr,) = [t["expr"] for t in panel["targets"]]
+    codes = dict(re.findall(r'phase="(\w+)"\} \* (\d+)', expr))
+    options = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    assert {options[code]["text"]: code for code in options if code != "0"} == codes
+    assert set(codes) == documented()["loadwatch_startup_phase"].values["phase"]
+    assert options["0"]["text"] == "not starting"
 
 
 def test_listing_script_prints_every_query() -> None:

@@ -182,6 +182,8 @@ def rich_scene() -> Scene:
         time_to_ready_s=900.0,
         first_completion_s=0.4,
         weights_load_s=700.0,
+        startup_seconds={"config": 60.0, "weights": 440.0},
+        last_startup_seconds={"config": 58.0, "weights": 700.0, "torch_compile": 95.0},
         log_lines=5000,
     )
 

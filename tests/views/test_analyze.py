@@ -36,6 +36,11 @@ EXPECTED: dict[str, tuple[int, str, list[str]]] = {
         [],
     ),
     "gh-club3090-60-oom-reraised.log": (1, "failed: cuda_oom", []),
+    "gh-club3090-617-autotuner-prefix.log": (
+        1,
+        "incomplete: post_load, last progress 21/21 at 12-01 00:00:00",
+        [],
+    ),
     "gh-dynamo-4087-ready.log": (1, "incomplete: post_load, no progress logged", []),
     "gh-glmv-204-two-graph-bars.log": (
         1,
@@ -74,6 +79,12 @@ EXPECTED: dict[str, tuple[int, str, list[str]]] = {
     "gh-vllm-16707-nccl-ray.log": (1, "failed: nccl", []),
     "gh-vllm-17939-oom-sampler.log": (1, "failed: cuda_oom", []),
     "gh-vllm-27508-engine-init-quoted.log": (1, "failed: engine_init_failed", []),
+    "gh-vllm-35061-tp8-aot-compile.log": (1, "incomplete: post_load, no progress logged", []),
+    "gh-vllm-46367-autotuner.log": (
+        1,
+        "incomplete: post_load, last progress 2/21 at 12-01 00:00:00",
+        [],
+    ),
     "gh-vllm-7800-nccl-init-device.log": (1, "failed: nccl", []),
     "gh-vllm-pr35616-startup-timeout.log": (1, "failed: startup_timeout", []),
     "ray.log": (1, "failed: nccl", []),
@@ -320,7 +331,8 @@ def test_kv_too_small(tmp_path: Path) -> None:
     assert s.failures[0].kind == "kv_cache_too_small"
     assert "max seq len (512)" in s.failures[0].message
     assert s.reached == "post_load" and s.progress.shards_done == s.progress.shards_total == 12
-    assert r.verdict.notes == ("in post_load, last progress 12/12 at 11-30 06:36:59",)
+    # the start-up step it failed in (the timeline), then the load phase it reached
+    assert r.verdict.notes == ("in kv_cache (post_load), last progress 12/12 at 11-30 06:36:59",)
     kv = next(w for w in s.warnings if w.code == "kv_scale_missing")
     assert (kv.count, kv.layer_count, kv.verdict) == (24, 12, "benign")
 

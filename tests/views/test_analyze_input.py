@@ -204,6 +204,7 @@ def actual_keys(doc: dict[str, Any]) -> dict[str, set[str]]:
         "sessions[].warnings[]": set(s["warnings"][0]),
         "sessions[].failures[]": set(s["failures"][0]),
         "sessions[].milestones[]": set(s["milestones"][0]),
+        "sessions[].timeline[]": set(s["timeline"][0]),
     }
 
 

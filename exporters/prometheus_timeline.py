@@ -1,0 +1,67 @@
+"""The start-up timeline's metrics (docs/metrics.md): which step the current start is in, and
+the seconds each phase took, in the current start and in the last one that got ready.
+
+A phase the start has not reached is left out (not known is no sample, never 0); a phase seen
+twice (a drafter's second weights) counts its steps together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from prometheus_client.core import GaugeMetricFamily
+
+from loadwatch.daemon.state.snapshot import (
+    STARTUP_PHASES,
+    STARTUP_UNKNOWN,
+    Snapshot,
+    StartupStepView,
+)
+
+PHASE_LABELS = (*STARTUP_PHASES, STARTUP_UNKNOWN)
+
+
+def phase_seconds(steps: Sequence[StartupStepView]) -> dict[str, float]:
+    """Seconds per phase, a repeated phase's steps added up."""
+    out: dict[str, float] = {}
+    for s in steps:
+        out[s.phase] = out.get(s.phase, 0.0) + s.duration_s
+    return out
+
+
+def last_finished(snap: Snapshot) -> Sequence[StartupStepView] | None:
+    """The timeline of the latest earlier session whose start got to ready."""
+    for past in reversed(snap.sessions):
+        if past.time_to_ready_s is not None and past.timeline:
+            return past.timeline
+    return None
+
+
+def timeline_metrics(snap: Snapshot) -> Iterator[GaugeMetricFamily]:
+    s = snap.session
+    if s is None:
+        return
+    under_way = next((x.phase for x in reversed(s.timeline) if x.ended_at is None), None)
+    current = GaugeMetricFamily(
+        "loadwatch_startup_phase",
+        "1 for the start-up step the current session is in; all 0 once it is over.",
+        labels=["phase"],
+    )
+    for name in PHASE_LABELS:
+        current.add_metric([name], 1.0 if name == under_way else 0.0)
+    yield current
+    seconds = GaugeMetricFamily(
+        "loadwatch_startup_phase_seconds",
+        "Seconds each start-up phase took: the current start, and the last that got ready.",
+        labels=["phase", "start"],
+    )
+    last = last_finished(snap)
+    for start, steps in (("current", s.timeline), ("last", last or ())):
+        took = phase_seconds(steps)
+        for name in PHASE_LABELS:
+            if name in took:
+                seconds.add_metric([name, start], took[name])
+    yield seconds
+
+
+__all__ = ["PHASE_LABELS", "last_finished", "phase_seconds", "timeline_metrics"]
