@@ -137,6 +137,9 @@ class Milestone(Event):
     blocks: int | None = None
     count: int | None = None
     value: str | None = None  # version, backend name, model name, URL, filesystem type
+    # launch_args: the options that size memory, as a command line gives them
+    # (`--tensor-parallel-size`, `8`, ...), from the arguments vLLM logs at start
+    args: tuple[str, ...] | None = None
 
 
 FailureKind = Literal[

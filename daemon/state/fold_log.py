@@ -157,6 +157,12 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
         duplicate = seen is not None and t - seen.last_at < 10.0
         if s is None or not fresh_start or (seen is not None and not duplicate):
             f.open_session(t, "log_version")
+    elif ev.kind == "launch_args" and (
+        s is None or s.phase != "starting" or "launch_args.kv_cache_dtype" in s.milestones
+    ):
+        # vLLM prints its arguments and its version line at start, in either order (0.15 the
+        # arguments first): the arguments of a session that is not a fresh start open the next
+        f.open_session(t, "log_launch_args")
     elif ev.kind == "model_load_start" and (
         s is None
         or s.phase in TERMINAL
@@ -222,8 +228,11 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
         ready(f, t, "application startup complete")
     elif ev.kind == "shutdown":
         _shutdown(f, t, ev.value or "")
-    elif ev.kind == "launch_args" and ev.detail == "kv_cache_dtype" and ev.value:
-        f.upd(kv=replace(f.s.kv, args=ev.value.lower()))
+    elif ev.kind == "launch_args" and ev.detail == "kv_cache_dtype":
+        if ev.value:
+            f.upd(kv=replace(f.s.kv, args=ev.value.lower()))
+        if ev.args and ev.args != f.s.launch_args:
+            f.upd(launch_args=ev.args)
     elif ev.kind == "engine_config":
         kv = f.s.kv
         f.upd(kv=replace(kv, engine=(ev.detail or "").lower() or kv.engine, model_path=ev.value))

@@ -34,12 +34,15 @@ def memory_plan_view(state: StateData, s: Session | None, kv: KvDtype) -> Memory
     size = s.milestones.get("kv_cache.size") if s is not None else None
     avail = s.milestones.get("kv_cache.available_memory") if s is not None else None
     totals = [g.sample.memory_total_bytes for g in state.gpus.values()]
+    argv = s.argv if s is not None else None
+    logged = s.launch_args if s is not None and not argv else None
     key = (
         dtype,
-        s.argv if s is not None else None,
+        argv or logged,
         next((t for t in totals if t), None),
         None if size is None else (size.tokens, size.value),
         None if avail is None else avail.gib,
+        logged is not None,
     )
     last = _LAST[0]
     if last is not None and last[0] is model and last[1] == key:
@@ -62,6 +65,7 @@ def _view(
     cap: int | None,
     size: tuple[int | None, str | None] | None,
     avail_gib: float | None,
+    logged: bool,
 ) -> MemoryPlanView:
     assert model.geometry is not None
     device = "cpu" if size is not None and size[1] == "CPU" else "cuda"
@@ -86,6 +90,8 @@ def _view(
     )
     if not argv:
         explain += " (launch arguments unknown: planned as TP 1, PP 1)"
+    elif logged:
+        explain += " (launch arguments as vLLM logged them at start)"
     return MemoryPlanView(
         verdict=p.verdict,
         predicted_error=p.predicted_error,

@@ -203,6 +203,9 @@ class Session:
     load_started_by: frozenset[str] = frozenset()
     kv: KvEvidence = field(default_factory=KvEvidence)  # what the log says about the KV-cache dtype
     api_server_at: float | None = None
+    # the options that size memory as vLLM logged them at start (its `non-default args`),
+    # argv-shaped: the memory plan's layout when the process's own argv is not known
+    launch_args: tuple[str, ...] | None = None
     server_pid: int | None = None  # the API server's pid as the log gives it
     completion: CompletionProbe | None = None  # the servable check's answer, once it came
     ready_at: float | None = None

@@ -76,8 +76,9 @@ def begin(at: float, reason: str) -> Timeline:
     """A new session's timeline: configuration first when the log shows vLLM's start (or the
     daemon started it); otherwise a step of a phase not known yet, begun before the log when
     the session is one the log opened mid-way."""
-    if reason in ("log_version", "process_start"):
-        return Timeline((Step("config", at, last_at=at if reason == "log_version" else None),))
+    if reason in ("log_version", "log_launch_args", "process_start"):
+        logged = reason != "process_start"
+        return Timeline((Step("config", at, last_at=at if logged else None),))
     return Timeline((Step(UNKNOWN, at, before_log=reason == "first_event"),))
 
 

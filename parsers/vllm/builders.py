@@ -309,12 +309,46 @@ def _backend(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
 _KV_ARG = re.compile(r"""['"]?kv_cache_dtype['"]?(?::\s?|=)['"](?P<v>[A-Za-z0-9_]{1,40}+)['"]""")
 
 
+# The arguments that size memory (the memory plan's), as `non-default args: {'k': v, ...}` or
+# `args: Namespace(k=v, ...)` print them: numbers, or True for a flag
+_SIZING_ARGS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "enable_expert_parallel",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "block_size",
+)
+_SIZING_ARG = re.compile(
+    r"""[{(,]\s?['"]?(?P<k>"""
+    + "|".join(_SIZING_ARGS)
+    + r""")['"]?(?::\s?|=)(?P<v>True|[0-9]{1,20}+(?:\.[0-9]{1,10}+)?+(?:[KMGT]i?B?)?)(?=[,)}])"""
+)
+
+
 def _launch_args(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     """vLLM logs its arguments at start: the KV-cache dtype is the one watch mode needs.
-    `non-default args` leaves out what was not given, which means `auto`."""
-    kv = _KV_ARG.search(head.body, 0, 20000)
-    value = kv["v"] if kv else ("auto" if head.body.lstrip().startswith("non-default") else None)
-    return Milestone(kind="launch_args", detail="kv_cache_dtype", value=value, **ctx)
+    `non-default args` leaves out what was not given, which means `auto`. `args`: those that
+    size memory, as a command line would give them (a flag that is True: its name alone)."""
+    body = head.body[:20000]
+    kv = _KV_ARG.search(body)
+    value = kv["v"] if kv else ("auto" if body.lstrip().startswith("non-default") else None)
+    given: dict[str, str] = {}
+    for a in _SIZING_ARG.finditer(body):
+        given.setdefault(a["k"], a["v"])
+    args: list[str] = []
+    for key in _SIZING_ARGS:  # (one order, whatever the line's)
+        v = given.get(key)
+        if v is None:
+            continue
+        args.append("--" + key.replace("_", "-"))
+        if v != "True":
+            args.append(v)
+    return Milestone(
+        kind="launch_args", detail="kv_cache_dtype", value=value, args=tuple(args) or None, **ctx
+    )
 
 
 _ENGINE_KV = re.compile(r"[ ,]kv_cache_dtype=(?P<v>[A-Za-z0-9_]{1,40}+)")

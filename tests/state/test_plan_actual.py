@@ -77,3 +77,29 @@ def test_pending_until_vllm_sizes_its_cache() -> None:
     p = state.snapshot(0.0).memory_plan
     assert p is not None and p.actual_vs_plan == "pending" and p.actual_tokens is None
     assert p.kv_bytes_per_token == 2048 and p.verdict == "unknown"  # no GPU capacity known
+
+
+def _watched(name: str, info: ModelInfo) -> LoadState:
+    """The log folded as watch mode folds it when vLLM's own argv is not known (no process
+    seen): the model directory given, the rest from the log."""
+    data = (FIXTURES / name).read_bytes()
+    events = EventStream(ref_ts=datetime(2026, 12, 1).timestamp()).feed_all(split_records(data))
+    first = next(e.ts for e in events if e.ts is not None)
+    items: list[tuple[float, Input]] = [(first, events[0]), (first, info)]
+    items += [(e.ts or first, e) for e in events[1:]]
+    state, _ = run(items, LoadState())
+    return state
+
+
+def test_the_plan_takes_the_launch_arguments_vllm_logged() -> None:
+    """Watch mode with no argv: the plan's layout is what vLLM's `non-default args` line says,
+    not TP 1. The Kimi-K2.5 start on eight RTX PRO 6000s (tests/fixtures/v1-2026-sm120.log)
+    logged `'tensor_parallel_size': 8`: the weights are split eight ways."""
+    info = _model("llama")
+    snap = _watched("v1-2026-sm120.log", info).snapshot(0.0)
+    s, p = snap.session, snap.memory_plan
+    assert s is not None and p is not None
+    assert p.weights_bytes_per_gpu == 400_000_000 // 8
+    assert "as vLLM logged them at start" in p.explain
+    llama = _watched("real-v0.32-llama.log", info).snapshot(0.0).memory_plan
+    assert llama is not None and llama.max_model_len == 512  # `'max_model_len': 512`

@@ -27,7 +27,8 @@ def test_analyze_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str
     main(["analyze", str(LOG), "--model-dir", str(model)])
     out = " ".join(capsys.readouterr().out.split())  # the report wraps long lines
     assert "KV vs plan as_planned: 524,288 tokens as planned for 1.00 GiB (+0.0%)" in out
-    assert "launch arguments unknown: planned as TP 1, PP 1" in out
+    # (the log's `non-default args` give max_model_len 512, and no parallel size: TP 1, PP 1)
+    assert "launch arguments as vLLM logged them at start" in out
     main(["analyze", str(LOG), "--model-dir", str(model), "--json"])
     plan_doc = json.loads(capsys.readouterr().out)["sessions"][-1]["memory_plan"]
     assert plan_doc["actual_tokens"] == plan_doc["expected_tokens"] == 524_288
