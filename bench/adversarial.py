@@ -47,6 +47,8 @@ ENTRY_BODIES: dict[str, str] = {
     # vllm-log-formats.md section 9, InstantTensor's bar after vLLM PR #46868
     "progress.tqdm_bytes": "Loading safetensors using InstantTensor loader:   9% Completed | 13.3G/155G [00:01<00:10, 14.3GB/s]",
     "progress.prefetch": "Prefetching checkpoint files: 10% (12/119)",
+    # vllm-project/vllm#46367: FlashInfer's autotuner bar
+    "progress.autotuner": "[AutoTuner]: Tuning flashinfer::trtllm_fp8_block_scale_moe:   5%|▍         | 1/21 [00:00<00:06,  3.29profile/s]",
     "warn.kv_scale_missing": "Found k_scale in the checkpoint (e.g. model.layers.3.self_attn.k_scale), but not found the expected name in the model (e.g. model.layers.3.self_attn.attn.k_scale). k_scale is not loaded.",
     "warn.kv_scale_deprecated": "DEPRECATED. Found kv_scale in the checkpoint. This format is deprecated in favor of separate k_scale and v_scale tensors and will be removed in a future release.",
     "warn.kv_scale_default": "Using KV cache scaling factor 1.0 for fp8_e4m3. This may cause accuracy issues.",
@@ -72,6 +74,12 @@ ENTRY_BODIES: dict[str, str] = {
     "ms.compile_graph": "Compiling a graph for dynamic shape takes 50.88 s",
     "ms.compile_cache_load": "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 6.711 s",
     "ms.compile_total": "torch.compile takes 69.35 s in total",
+    # vllm-project/vllm#35061 (backends.py), and vllm/compilation/decorators.py's AOT lines
+    "ms.compile_cache_save": "Cache the graph of compile range (1, 32768) for later use",
+    "ms.compile_aot_load": "Directly load AOT compilation from path /root/.cache/vllm/torch_compile_cache/torch_aot_compile/8fc6bc4f/rank_0_0/model",
+    "ms.compile_aot_save": "saving AOT compiled function to /tmp/cache/vllm/torch_compile_cache/torch_aot_compile/082f3e10/rank_0_0/model",
+    # vllm/compilation/monitor.py (PR #36098)
+    "ms.profiling_run": "Initial profiling/warmup run took 117.91 s",
     "ms.kv_available": "Available KV cache memory: 51.77 GiB",
     "ms.kv_explicit": "Explicitly set (1.0/10.96) GiB for KV cache on node 0.",
     "ms.kv_dtype": "Using fp8_e4m3 data type to store kv cache. It reduces the GPU memory footprint.",
