@@ -40,10 +40,10 @@ def test_the_range_of_a_repeat_start_and_none_without_history() -> None:
 
 
 def test_overdue_once_past_the_slowest_earlier_start() -> None:
-    state, entry = first_start()
-    state2, at = repeat_start_at_first_line(history=True)
+    _, entry = first_start()
+    state, at = repeat_start_at_first_line(history=True)
     later = at + entry.ready_s + 100
-    assert f"{OVERDUE} 100.0" in exposition(state2, later)
+    assert f"{OVERDUE} 100.0" in exposition(state, later)
 
 
 def test_promtool_has_nothing_to_say() -> None:
