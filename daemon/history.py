@@ -5,8 +5,8 @@ and what it is for).
 The file is written whole or not at all (a temporary file, fsync, rename, fsync of the
 directory). One that cannot be read as a history (not JSON, a wrong shape, a value out of
 range, larger than `MAX_BYTES`) is set aside as `<name>.corrupt` with one `daemon.problem`
-line, and the daemon goes on with none. `loadwatch history --clear` deletes it; so does
-deleting the file while the daemon is stopped.
+line, and the daemon goes on with none. To clear the history, delete the file while the daemon
+is stopped (a running daemon keeps what it read and writes it back at the next ready).
 """
 
 from __future__ import annotations
@@ -141,14 +141,6 @@ class StartHistory:
             atomic_write(self.path, to_json(history), 0o600)
         except OSError as e:
             self.problem(f"start history {self.path}: cannot write it: {e.strerror}")
-
-    def clear(self) -> bool:
-        """Delete the file; False when there was none."""
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            return False
-        return True
 
     def learn(self, state: LoadState, t: Transition) -> LoadState:
         """`state` with the start that transition `t` made ready added to its history, which is

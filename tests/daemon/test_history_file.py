@@ -1,5 +1,5 @@
 """The start history file (daemon/history.py): written whole, read back, bounded, a corrupt or
-oversized file set aside with one problem line, cleared; and the start a ready transition adds."""
+oversized file set aside with one problem line; and the start a ready transition adds."""
 
 from __future__ import annotations
 
@@ -68,13 +68,6 @@ def test_the_history_is_bounded_per_key_and_in_all() -> None:
     assert len(h) == TOTAL and h[-1].key.model == f"/models/{TOTAL + 9}"
     doc = json.loads(to_json(h))
     assert len(doc["starts"]) == TOTAL and from_json(to_json(h)) == h
-
-
-def test_clear(tmp_path: Path) -> None:
-    h, _ = history(tmp_path)
-    assert h.clear() is False
-    h.save((past(1),))
-    assert h.clear() is True and h.load() == ()
 
 
 def test_a_ready_transition_adds_the_start_and_saves_it(tmp_path: Path) -> None:
