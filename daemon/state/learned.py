@@ -82,8 +82,9 @@ class PastStart:
 def start_key(model: ModelInfo | None, gpus: Mapping[int, Any], s: Session) -> StartKey:
     """The key of session `s`, from what the state knows now."""
     layout = None
-    if s.argv is not None:
-        lay = layout_from_argv(s.argv)
+    args = s.argv if s.argv is not None else s.launch_args  # (the options vLLM logged at start)
+    if args is not None:
+        lay = layout_from_argv(args)
         layout = f"tp{lay.tensor_parallel} pp{lay.pipeline_parallel} dp{lay.data_parallel}"
     gpu = next((gpus[i].sample.name for i in sorted(gpus) if gpus[i].sample.name), None)
     kv = decide_kv_dtype(s.argv, s.kv, model, s.version, bool(s.load_started_by))

@@ -159,3 +159,17 @@ def test_the_history_file_round_trips_what_a_start_learned(tmp_path: object) -> 
     h = StartHistory(Path(str(tmp_path)), problems.append)
     h.save((entry,))
     assert h.load() == (entry,) and problems == []
+
+
+def test_a_start_of_another_layout_does_not_compare() -> None:
+    state, entry = first_start()
+    assert entry.key.layout == "tp2 pp1 dp1"  # from the arguments vLLM logged
+    other = replace(entry, key=replace(entry.key, layout="tp8 pp1 dp1"))
+    lines = list(timed_lines(2, SyntheticClock(1_795_003_600.0)))
+    # the first line (the version) says no layout: both compare; the arguments (next) do
+    one, _, _ = fold(with_history(state, other), iter(lines[:1]))
+    assert one.snapshot(lines[0][0]).session.startup_eta is not None  # type: ignore[union-attr]
+    two, _, _ = fold(with_history(state, other), iter(lines[:2]))
+    view = two.snapshot(lines[1][0]).session
+    assert view is not None and view.startup_eta is None
+    assert view.startup_eta_reason is not None and "no earlier start" in view.startup_eta_reason
