@@ -22,12 +22,14 @@ import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from loadwatch.daemon import tasks
 from loadwatch.daemon.aftercare import ModelDirs, OrphanChecks
 from loadwatch.daemon.config import Config
 from loadwatch.daemon.eventfeed import EventFeed, RunEffects
+from loadwatch.daemon.history import StartHistory
 from loadwatch.daemon.publish import VERSION, Publisher, Tally, status_line
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
@@ -74,7 +76,8 @@ class Daemon:
         self.notifier = notifier or SdNotifier({})
         self.redactor = self.feed.redactor
         self.started_at = clock()
-        self.state = LoadState(config=state_config(self.cfg))
+        self.starts = StartHistory(cfg.state_dir, self.feed.problem)  # what earlier starts took
+        self.state = LoadState(config=replace(state_config(cfg), history=self.starts.load()))
         self.tally = Tally()
         self.publisher = Publisher(self, cfg.http.publish_interval_s)
         self.on_publish = self.publisher.hooks
@@ -114,6 +117,7 @@ class Daemon:
         for t in self.state.transitions:
             self.feed.transition(t)
             tell_supervisor(self.supervisor, t)
+            self.state = self.starts.learn(self.state, t)
         tell_failing(self.supervisor, before, self.state)
 
     def take_log(self, items: Sequence[Run | Notice]) -> None:
@@ -179,6 +183,8 @@ class Daemon:
         out.transition(t, at)
         if run.emit == "new":
             tell_supervisor(self.supervisor, t)
+        if not run.replay:
+            self.state = self.starts.learn(self.state, t)
 
     def on_process_event(self, ev: ProcessEvent) -> None:
         """The supervisor's callback (on the loop's thread)."""

@@ -1,5 +1,7 @@
 """The start-up timeline's metrics (docs/metrics.md): which step the current start is in, and
-the seconds each phase took, in the current start and in the last one that got ready.
+the seconds each phase took, in the current start and in the last one that got ready; the time
+left to ready and how far past its learned range the start has run, where earlier comparable
+starts are in the history (daemon/state/learned.py).
 
 A phase the start has not reached is left out (not known is no sample, never 0); a phase seen
 twice (a drafter's second weights) counts its steps together.
@@ -62,6 +64,27 @@ def timeline_metrics(snap: Snapshot) -> Iterator[GaugeMetricFamily]:
             if name in took:
                 seconds.add_metric([name, start], took[name])
     yield seconds
+    eta = s.startup_eta
+    if eta is None:
+        return  # no comparable earlier start (or the start-up is over): no sample, never 0
+    left = GaugeMetricFamily(
+        "loadwatch_startup_eta_seconds",
+        "Seconds left to ready as the comparable earlier starts say: low, mid (median), high.",
+        labels=["bound"],
+    )
+    for bound, value in (
+        ("low", eta.remaining_low_s),
+        ("mid", eta.remaining_s),
+        ("high", eta.remaining_high_s),
+    ):
+        left.add_metric([bound], value)
+    yield left
+    if eta.overdue_s is not None:
+        yield GaugeMetricFamily(
+            "loadwatch_startup_overdue_seconds",
+            "Seconds this start-up has run past the slowest comparable earlier start (0: not).",
+            value=eta.overdue_s,
+        )
 
 
 __all__ = ["PHASE_LABELS", "last_finished", "phase_seconds", "timeline_metrics"]

@@ -8,11 +8,19 @@ run made it changes in place; anything older it copies first, once per run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from loadwatch.daemon.state.durations import duration
 from loadwatch.daemon.state.failures import root_cause, stop_consequences
 from loadwatch.daemon.state.forecast import stall_threshold_s
+from loadwatch.daemon.state.learned import (
+    LearnedStep,
+    PastStart,
+    comparable,
+    learned_step,
+    start_key,
+)
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import (
     ORDER,
@@ -276,12 +284,18 @@ class Fold:
         s = self.sess
         if s is None:
             return
-        due = stall_due(s, self.now, self.cfg)
+        past: tuple[PastStart, ...] = ()
+        if self.cfg.history:
+            key = start_key(self.get("model"), self.get("gpus"), s)
+            past = comparable(self.cfg.history, key)
+        due = stall_due(s, self.now, self.cfg, past)
         if due is None:
             return
-        kind, last, threshold, expected = due
+        kind, last, threshold, expected, step = due
         now = self.now
-        if kind == "progress":
+        if step is not None:
+            reason = step.reason(now)
+        elif kind == "progress":
             reason = f"no shard finished and no bytes read for {duration(now - last)}"
         else:
             reason = f"nothing logged and no bytes read for {duration(now - last)}"
@@ -372,14 +386,18 @@ class StallWatch(NamedTuple):
     since: float  # the last sign of life: a shard or bytes read; for "quiet", a step in the log too
     threshold_s: float
     expected_shard_s: float | None
+    step: LearnedStep | None = None  # a step without a bar judged by the past starts' times
 
 
-def stall_watch(s: Session, cfg: StateConfig) -> StallWatch | None:
+def stall_watch(s: Session, cfg: StateConfig, past: Sequence[PastStart] = ()) -> StallWatch | None:
     """The watch a session not (yet) stalled is under: while it loads (starting, loading the
-    weights, after them), none once it serves, ended or is stalled already."""
+    weights, after them), none once it serves, ended or is stalled already. Outside the
+    weights bar, a step the comparable past starts (`past`, learned.py) show may stay silent as
+    long as they allow; any other, `quiet_stall_s`."""
     if s.stall is not None or s.phase in TERMINAL or s.phase == "ready" or s.failing is not None:
         return None
     io_mark = s.io.mark_at if s.io is not None and s.io.mark_at is not None else 0.0
+    step: LearnedStep | None = None
     bar = active_weights_bar(s) if s.phase == "loading_weights" else None
     if bar is not None:
         eta = bar.eta
@@ -394,6 +412,10 @@ def stall_watch(s: Session, cfg: StateConfig) -> StallWatch | None:
             threshold = stall_threshold_s(expected, cfg.stall_k, cfg.stall_floor_s)
         last = max(bar.last_progress_at or bar.started_at, io_mark)
         kind: Literal["progress", "quiet"] = "progress"
+    elif (learned := learned_step(past, s, cfg.stall_k, cfg.stall_floor_s)) is not None:
+        step, threshold, expected = learned, learned.threshold_s, None
+        last = max(s.last_event_at, io_mark)
+        kind = "quiet"
     elif cfg.quiet_stall_s is not None:
         threshold, expected = cfg.quiet_stall_s, None
         last = max(s.last_event_at, io_mark)
@@ -404,10 +426,12 @@ def stall_watch(s: Session, cfg: StateConfig) -> StallWatch | None:
     # restart) is silent only from when it was read, whatever its stamps say.
     if s.backlog_read_at is not None and s.backlog_read_at > last:
         last = s.backlog_read_at
-    return StallWatch(kind, last, threshold, expected)
+    return StallWatch(kind, last, threshold, expected, step)
 
 
-def stall_due(s: Session, now: float, cfg: StateConfig) -> StallWatch | None:
+def stall_due(
+    s: Session, now: float, cfg: StateConfig, past: Sequence[PastStart] = ()
+) -> StallWatch | None:
     """A stall to raise at `now`: the watch whose threshold the silence has passed."""
-    watch = stall_watch(s, cfg)
+    watch = stall_watch(s, cfg, past)
     return watch if watch is not None and now - watch.since > watch.threshold_s else None

@@ -26,6 +26,7 @@ from loadwatch.daemon.sources.inputs import (
 from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.forecast import EtaConfig, EtaState
 from loadwatch.daemon.state.kvdtype import KvEvidence
+from loadwatch.daemon.state.learned import PastStart
 from loadwatch.daemon.state.memfit import MemoryConfig, MemoryFit, MemoryProjection
 from loadwatch.daemon.state.node import NodeFacts
 from loadwatch.daemon.state.nodeprogress import NodeLoad
@@ -92,6 +93,10 @@ class StateConfig:
     failure_hold_s: float = 0.0
     eta: EtaConfig = field(default_factory=EtaConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    # the last starts that got ready (learned.py), oldest first: the daemon reads them from its
+    # state directory (daemon/history.py) and hands them in; () : no history, no ETA to ready,
+    # and `quiet_stall_s` alone judges a step without a bar
+    history: tuple[PastStart, ...] = ()
 
 
 # -- per-session records ------------------------------------------------------------------------

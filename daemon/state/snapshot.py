@@ -119,6 +119,20 @@ class StartupStepView:
 
 
 @dataclass(frozen=True, slots=True)
+class StartupEtaView:
+    """The time left to ready from earlier comparable starts (daemon/state/learned.py)."""
+
+    remaining_low_s: float
+    remaining_s: float  # the median
+    remaining_high_s: float
+    ready_at: float  # now + remaining_s
+    step: str  # the step under way
+    past_starts: int  # how many earlier starts it rests on
+    overdue_s: float | None  # how far past the slowest of them this start has run (None: not known)
+    basis: str  # one line: what the figures come from
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSummary:
     id: int
     reason: str
@@ -349,6 +363,8 @@ class SessionView:
     milestones: tuple[MilestoneView, ...]
     ep_weight_filter: EpFilterView | None = None
     timeline: tuple[StartupStepView, ...] = ()  # the start-up's steps (timeline.py)
+    startup_eta: StartupEtaView | None = None  # the time left to ready (learned.py)
+    startup_eta_reason: str | None = None  # why there is none
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,6 +481,7 @@ __all__ = [
     "SessionView",
     "Snapshot",
     "StallView",
+    "StartupEtaView",
     "StartupStepView",
     "SupervisorView",
     "Transition",

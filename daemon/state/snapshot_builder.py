@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from loadwatch.daemon.state.failures import session_kind
 from loadwatch.daemon.state.fold import stall_watch
 from loadwatch.daemon.state.kvdtype import KvDtype, KvEvidence, decide_kv_dtype, warning_verdict
+from loadwatch.daemon.state.learned import comparable, start_key, startup_eta
 from loadwatch.daemon.state.nodefold import node_view
 from loadwatch.daemon.state.plan_actual import memory_plan_view
 from loadwatch.daemon.state.session import (
@@ -173,9 +174,10 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
         ),
     )
     st = s.stall
+    past = comparable(state.config.history, start_key(state.model, state.gpus, s))
     # Raised, the stall's own figures; still loading, those the stall check measures now, so
     # the silence and the threshold it is held against are there before a stall is.
-    watch = st if st is not None else stall_watch(s, state.config)
+    watch = st if st is not None else stall_watch(s, state.config, past)
     stall = StallView(
         active=st is not None,
         kind=st.kind if st else None,
@@ -244,6 +246,8 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
         for k, m in sorted(s.milestones.items(), key=lambda kv_: kv_[1].first_at)
     )
     bars = tuple(_bar_view(b) for b in sorted(s.bars.values(), key=lambda b: b.started_at))
+    progress = _progress_view(state, s, now)
+    eta, no_eta = startup_eta(past, s, now, progress.eta)
     return SessionView(
         id=s.id,
         reason=s.reason,
@@ -268,7 +272,7 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
         verdict=session_verdict(s),
         reached=reached(s),
         history=history,
-        progress=_progress_view(state, s, now),
+        progress=progress,
         bars=bars,
         stall=stall,
         warnings=tuple(warnings),
@@ -278,6 +282,8 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
         milestones=milestones,
         ep_weight_filter=EpFilterView(**vars(s.ep_filter)) if s.ep_filter is not None else None,
         timeline=timeline_view(s.timeline, s.bars, now),
+        startup_eta=eta,
+        startup_eta_reason=no_eta,
     )
 
 

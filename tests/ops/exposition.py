@@ -69,6 +69,8 @@ class Scene:
     # the start-up timeline: seconds per phase, of the current start and the last ready one
     startup_seconds: Mapping[str, float] = field(default_factory=dict)
     last_startup_seconds: Mapping[str, float] = field(default_factory=dict)
+    startup_eta_s: tuple[float, float, float] | None = None  # low, mid, high: from the history
+    startup_overdue_s: float = 0.0
     log_lines: int = 0
     scrapes: int = 0
     node_role: str = "head"
@@ -326,6 +328,12 @@ def _startup(t: _Text, scene: Scene) -> None:
     for start, took in (("current", scene.startup_seconds), ("last", scene.last_startup_seconds)):
         for phase, seconds in took.items():
             t.sample("loadwatch_startup_phase_seconds", seconds, {"phase": phase, "start": start})
+    if scene.startup_eta_s is not None:
+        t.family("loadwatch_startup_eta_seconds", "gauge", "Seconds left to ready, learned.")
+        for bound, value in zip(("low", "mid", "high"), scene.startup_eta_s, strict=True):
+            t.sample("loadwatch_startup_eta_seconds", value, {"bound": bound})
+        t.family("loadwatch_startup_overdue_seconds", "gauge", "Seconds past the slowest start.")
+        t.sample("loadwatch_startup_overdue_seconds", scene.startup_overdue_s)
 
 
 def _memory_plan(t: _Text, scene: Scene) -> None:

@@ -153,6 +153,9 @@ def test_dashboard_uses_documented_metrics_labels_and_values() -> None:
         "loadwatch_gpu_xid_events_total",  # the alert's; the dashboard shows the per-code series
         "loadwatch_vllm_info",  # for joining vLLM's own vllm:* series on model_name
         "loadwatch_log_state",  # the log alerts'; the dashboard shows loadwatch_source_up
+        # the learned ETA to ready and the alert's overdue time: /status and the alert show them
+        "loadwatch_startup_eta_seconds",
+        "loadwatch_startup_overdue_seconds",
     } | {m for m in documented() if m.startswith("loadwatch_http_process_")}  # self-metrics
 
 
@@ -184,6 +187,7 @@ def rich_scene() -> Scene:
         weights_load_s=700.0,
         startup_seconds={"config": 60.0, "weights": 440.0},
         last_startup_seconds={"config": 58.0, "weights": 700.0, "torch_compile": 95.0},
+        startup_eta_s=(500.0, 560.0, 640.0),
         log_lines=5000,
     )
 
