@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,16 @@ def require(tool: str) -> str:
     if path is None:
         pytest.fail(f"{tool} not found: run scripts/ensure-tools.sh (make tools) to install it")
     return path
+
+
+def promtool_says(exposition: str | bytes) -> str:
+    """What `promtool check metrics` says of an exposition (nothing: it passes)."""
+    result = subprocess.run(
+        [require("promtool"), "check", "metrics"],
+        input=exposition if isinstance(exposition, bytes) else exposition.encode(),
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    said = (result.stdout + result.stderr).decode(errors="replace").strip()
+    return said or ("" if result.returncode == 0 else f"exit {result.returncode}")

@@ -124,13 +124,20 @@ def test_without_a_hold_the_first_fatal_line_decides_and_the_root_corrects_it() 
     assert live.st.session is not None and live.st.session.failure_kind == "kv_cache_too_small"
 
 
-def test_the_process_exit_decides_a_held_failure_at_once() -> None:
+def crashed_and_held() -> Live:
+    """A supervised start (pid 30131) whose crash's first two failures (a real vLLM 0.32 CPU
+    start, KV cache too small) were read at T0 and T0 + 1: held for their echoes."""
     live = Live(state())
     live.apply(started(T0 - 10, pid=30131), T0 - 10)
     evs = events(STATE_FIXTURES / "vllm-0.32-cpu-kv-too-small.log")
     failures = [e for e in evs if isinstance(e, Failure)]
     live.apply(failures[0], T0)
     live.apply(failures[1], T0 + 1)
+    return live
+
+
+def test_the_process_exit_decides_a_held_failure_at_once() -> None:
+    live = crashed_and_held()
     live.apply(ProcessEvent(kind="exited", ts=T0 + 2, pid=30131, exit_code=1), T0 + 2)
     snap = live.st.snapshot(T0 + 2)
     assert snap.phase == "failed" and snap.session is not None
@@ -145,12 +152,7 @@ def test_leftovers_ended_after_the_exit_are_no_stop_request() -> None:
     """The supervisor ends what is left of the tree after vLLM's main process exited by itself
     (`ending_leftovers`, before the exit is reported): the held failure still decides, as a
     stop that was asked for would not let it."""
-    live = Live(state())
-    live.apply(started(T0 - 10, pid=30131), T0 - 10)
-    evs = events(STATE_FIXTURES / "vllm-0.32-cpu-kv-too-small.log")
-    failures = [e for e in evs if isinstance(e, Failure)]
-    live.apply(failures[0], T0)
-    live.apply(failures[1], T0 + 1)
+    live = crashed_and_held()
     why = "vLLM exited; ending 1 leftover process(es)"
     live.apply(ProcessEvent(kind="ending_leftovers", ts=T0 + 2, pid=30131, reason=why), T0 + 2)
     live.apply(ProcessEvent(kind="exited", ts=T0 + 2, pid=30131, exit_code=1), T0 + 2)
