@@ -129,6 +129,7 @@ class Daemon:
         for item in items:
             if isinstance(item, Notice):
                 self.feed.notice(item)
+                self.publisher.urgent()  # (what reading says of itself: its health, at once)
             else:
                 self._apply_run(source, item)
         settled = source.settle()
