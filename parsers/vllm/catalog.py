@@ -132,7 +132,7 @@ CLIENT_TEXT_NEEDLES: tuple[str, ...] = (
 
 def client_text(body: str, level: Level) -> ClientTextKind | None:
     """The client-text class a message belongs to, or None: vLLM's own words."""
-    if not body.startswith(CLIENT_TEXT_NEEDLES) and ' - "' not in body[:320]:
+    if not body.startswith(CLIENT_TEXT_NEEDLES) and body.find(' - "', 0, 320) < 0:
         return None
     for kind, levels, pattern in CLIENT_TEXT:
         if level in levels and pattern.match(body) is not None:
