@@ -30,6 +30,7 @@ from loadwatch.daemon.aftercare import ModelDirs, OrphanChecks
 from loadwatch.daemon.config import Config
 from loadwatch.daemon.eventfeed import EventFeed, RunEffects
 from loadwatch.daemon.history import StartHistory
+from loadwatch.daemon.judgements import Judgements
 from loadwatch.daemon.publish import VERSION, Publisher, Tally, status_line
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
@@ -86,6 +87,7 @@ class Daemon:
         self.supervisor: Any = None
         self._supervisor_factory = supervisor_factory
         self.log: LogSource | None = None
+        self.judgements = Judgements()  # live ones in force, kept across a restart
         self.models = ModelDirs(self)
         self.orphans = OrphanChecks(self)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,10 +116,14 @@ class Daemon:
         if self.state.transitions:
             self.publisher.urgent()
             self.pace.check()
+        made_before = self.judgements.again(self.state.transitions)
         for t in self.state.transitions:
+            if made_before:  # (a daemon before this one wrote it: judgements.py)
+                t = replace(t, replay=True)
             self.feed.transition(t)
             tell_supervisor(self.supervisor, t)
             self.state = self.starts.learn(self.state, t)
+        self._keep_judgements()
         tell_failing(self.supervisor, before, self.state)
 
     def take_log(self, items: Sequence[Run | Notice]) -> None:
@@ -142,6 +148,8 @@ class Daemon:
     def _apply_run(self, source: LogSource, run: Run) -> None:
         if not run.events:
             return  # (most reads of a serving log: nothing to fold, nothing to write)
+        if not run.replay:
+            self.judgements.logged()
         source.begin(run, self.feed.position())
         out = self.feed.effects(run)
         for part in bulk_parts(run.events):
@@ -181,6 +189,8 @@ class Daemon:
             source.session_began(run, at)  # (the record that opened it: a restart starts there)
         self.publisher.urgent()
         self.pace.check()
+        self.judgements.note((t,), replay=run.replay)
+        self._keep_judgements()
         out.transition(t, at)
         if run.emit == "new":
             tell_supervisor(self.supervisor, t)
@@ -218,8 +228,14 @@ class Daemon:
 
     # -- the log ----------------------------------------------------------------------------
 
+    def _keep_judgements(self) -> None:
+        if self.log is not None:
+            self.log.judged(self.judgements.keys())
+
     def open_log(self) -> LogSource | None:
         self.log = open_log_source(self.cfg, self.clock)
+        if self.log is not None:
+            self.judgements = Judgements(self.log.judged_before)
         return self.log
 
     # -- state views ------------------------------------------------------------------------

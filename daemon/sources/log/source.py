@@ -110,6 +110,13 @@ class LogSource:
             self._error_told = error
         self._pending.extend(self.resume.notices)
         self.resume.notices.clear()
+        judged = cp.extra.get("judged") if cp is not None else None
+        # the live judgements in force when the checkpoint was saved (judgements.py)
+        self.judged_before: tuple[str, ...] = (
+            tuple(k for k in judged if isinstance(k, str)) if isinstance(judged, list) else ()
+        )
+        self._judged = list(self.judged_before)
+        self._judged_unsaved = False
         saved = cp.extra.get("stamp_offset_s") if cp is not None else None
         self._offset: float | None = float(saved) if isinstance(saved, int | float) else None
         self._offset_at = clock()
@@ -237,7 +244,9 @@ class LogSource:
     def settle(self) -> list[Notice]:
         """After the loop applied what `read` gave: the checkpoint (when due, and something was
         read), then a line when reading or saving failed, or works again."""
-        if self._read_any and self.follower.checkpoint_due():  # (a clock check, per read)
+        if self._judged_unsaved:  # (no read may come while vLLM is stalled: saved now)
+            self._judged_unsaved = not self.follower.checkpoint(self._extra())
+        elif self._read_any and self.follower.checkpoint_due():  # (a clock check, per read)
             self.follower.maybe_checkpoint(self._extra())
         follower = self.follower
         out: list[Notice] = []
@@ -338,10 +347,19 @@ class LogSource:
 
     # -- checkpoints and shutdown -----------------------------------------------------------
 
+    def judged(self, keys: list[str]) -> None:
+        """The live judgements in force now (judgements.py), for the checkpoint: saved at the
+        next `settle` when they changed, between runs, as every checkpoint is."""
+        if keys != self._judged:
+            self._judged = keys
+            self._judged_unsaved = True
+
     def _extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         if self.resume.session_start:
             extra["session_start"] = self.resume.session_start
+        if self._judged:
+            extra["judged"] = self._judged
         if self._offset is not None:
             extra["stamp_offset_s"] = round(self._offset, 3)
         return extra
