@@ -25,7 +25,7 @@ from typing import Any
 
 from loadwatch.daemon.config import Config
 from loadwatch.daemon.publish import Host
-from loadwatch.daemon.sources.inputs import ModelInfo
+from loadwatch.daemon.sources.inputs import ModelInfo, OrphanCheck
 from loadwatch.daemon.sources.model.model_info import read_model_dir, under_roots
 from loadwatch.daemon.sources.model.modelfiles import ModelFileError, shown
 from loadwatch.daemon.supervise.orphans import ORPHAN_GRACE_S, settle_orphans
@@ -181,7 +181,7 @@ class OrphanChecks:
         )
         if report is None:
             return
-        d.tally.orphans = len(report.leaked)
+        d.apply(OrphanCheck(ts=d.clock(), leaked=len(report.leaked)))
         # Also when clean: how long the exited tree took to give its memory back is worth a line.
         d.feed.line(
             "gpu.orphans",

@@ -30,7 +30,7 @@ from loadwatch.daemon.aftercare import ModelDirs, OrphanChecks
 from loadwatch.daemon.config import Config
 from loadwatch.daemon.eventfeed import EventFeed, RunEffects
 from loadwatch.daemon.history import StartHistory
-from loadwatch.daemon.publish import VERSION, Publisher, Tally, status_line
+from loadwatch.daemon.publish import VERSION, Publisher, status_line
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.inputs import IoReader, ProcessEvent
@@ -78,7 +78,6 @@ class Daemon:
         self.started_at = clock()
         self.starts = StartHistory(cfg.state_dir, self.feed.problem)  # what earlier starts took
         self.state = LoadState(config=replace(state_config(cfg), history=self.starts.load()))
-        self.tally = Tally()
         self.publisher = Publisher(self, cfg.http.publish_interval_s)
         self.on_publish = self.publisher.hooks
         self.stop_event = asyncio.Event()
@@ -159,9 +158,6 @@ class Daemon:
         self.state = after
         if run.emit == "new":
             tell_failing(self.supervisor, before, after)
-        counts = self.tally.events
-        for ev in part:
-            counts[ev.type] += 1
         transitions = after.transitions
         i, n = 0, len(transitions)
         for ev in part:
@@ -189,13 +185,6 @@ class Daemon:
 
     def on_process_event(self, ev: ProcessEvent) -> None:
         """The supervisor's callback (on the loop's thread)."""
-        runs = self.supervisor.runs if self.supervisor is not None else None
-        if ev.kind == "exited" and runs:
-            # Tallied here: the supervisor keeps only its last runs, and counters never go back.
-            run = runs[-1]
-            outcome = "signal" if run.signal is not None else ("failed" if run.failed else "clean")
-            self.tally.vllm_exits[outcome] += 1
-            self.tally.vllm_last_ok = run.started_at
         if ev.kind == "exited" and self.log is not None:
             self.take_log(self.log.writer_exited())  # the crash's last lines before its exit
         self.apply(ev)
@@ -306,7 +295,9 @@ class Daemon:
     async def _wait_first_gpu_poll(self, timeout_s: float = 5.0) -> None:
         end = self.clock() + timeout_s
         while (
-            self.tally.last_reading is None and self.clock() < end and not self.stop_event.is_set()
+            self.state.gpu_source_up is None  # (no reading folded yet)
+            and self.clock() < end
+            and not self.stop_event.is_set()
         ):
             await asyncio.sleep(0.02)
 

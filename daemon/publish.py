@@ -1,7 +1,7 @@
 """What the daemon hands the HTTP threads: an immutable `Published` bundle after each change.
 
-`Tally` keeps the lifetime counts the state does not (vLLM runs, Xid errors, events by type); `Publisher` builds the bundle from the state, the tally and the
-sources' health, and runs the hooks that render ahead (/metrics, /status).
+`Publisher` builds the bundle from the state (which keeps every count) and the sources' health,
+and runs the hooks that render ahead (/metrics, /status).
 
 When. Each bundle is rendered and sent to the HTTP process, which costs more than reading a
 second of a busy serving log, so a change is published by what it is: a transition, a failure,
@@ -15,56 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loadwatch.daemon.config import Config
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
-from loadwatch.daemon.sources.inputs import GpuReading
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import LogHealth, Published, SupervisorStats, Totals
-from loadwatch.daemon.state.session import Lifetime
 from loadwatch.daemon.state.snapshot import Snapshot
 
 VERSION = "0.1.0"
-
-
-@dataclass
-class Tally:
-    """Lifetime counts that outlive the sessions the state keeps, so totals stay monotonic."""
-
-    events: Counter[str] = field(default_factory=Counter)
-    xids: Counter[tuple[int, str | None, int]] = field(default_factory=Counter)
-    vllm_exits: Counter[str] = field(default_factory=Counter)  # vLLM runs ended, by outcome
-    vllm_last_ok: float | None = None
-    gpu_ccs: dict[int, tuple[int, int]] = field(default_factory=dict)
-    last_reading: GpuReading | None = None
-    orphans: int | None = None
-    health_up: bool | None = None
-
-    def totals(self, snap: Snapshot, life: Lifetime) -> Totals:
-        """Lifetime counts: the sessions before the current one (the state's `lifetime`, kept
-        as each session ended), plus the current one."""
-        warnings = Counter(life.warnings)
-        failures = Counter(life.failures)
-        stalls = life.stalls
-        view = snap.session
-        if view is not None:
-            for w in view.warnings:
-                warnings[w.code] += w.count
-            if view.failure_kind is not None:
-                failures[view.failure_kind] += 1
-            stalls += view.stall.stalls_total
-        return Totals(
-            warnings=dict(warnings),
-            failures=dict(failures),
-            stalls=stalls,
-            events=dict(self.events),
-            xids=dict(self.xids),
-        )
 
 
 class Host(Protocol):
@@ -73,7 +34,6 @@ class Host(Protocol):
     cfg: Config
     gpu: GuardedGpuSource | NullGpuSource
     state: LoadState
-    tally: Tally
     feed: Any  # eventfeed.EventFeed
     publisher: Publisher
     notifier: SdNotifier
@@ -178,12 +138,11 @@ class Publisher:
             at=now,
             started_at=d.started_at,
             version=VERSION,
-            totals=d.tally.totals(snap, d.state.lifetime),
+            totals=Totals.of(d.state, snap),
             log=self._log_health(),
             gpu=d.gpu.health() if isinstance(d.gpu, GuardedGpuSource) else None,
             supervisor=self._supervisor_stats(),
             load_budget_s=d.cfg.forecast.load_budget_s,
-            gpu_ccs=dict(d.tally.gpu_ccs),
             _cache=[snap, now],
         )
         failed: str | None = None
@@ -222,18 +181,17 @@ class Publisher:
         sup = d.supervisor
         if sup is None:
             return None
-        exits = d.tally.vllm_exits
-        last_ok = d.tally.vllm_last_ok
+        exits = d.state.vllm_exits
+        last_ok = d.state.vllm_started_at  # (the last run's start: it worked until its exit)
         if sup.pid is not None:
             last_ok = d.clock()
         return SupervisorStats(
             state=str(sup.state),
             starts_total=sum(exits.values()) + (1 if sup.pid is not None else 0),
-            exits=dict(exits),
-            errors_total=exits["failed"] + exits["signal"],
+            exits=exits,
+            errors_total=exits.get("failed", 0) + exits.get("signal", 0),
             last_success_ts=last_ok,
-            orphans=d.tally.orphans,
-            health_up=d.tally.health_up,
+            orphans=d.state.orphans,
         )
 
 

@@ -70,17 +70,10 @@ async def poll_gpus(d: Host) -> None:
     once = isinstance(d.gpu, NullGpuSource)  # `--gpu none`: every reading is the first one
     last_error: str | None = None
     last_health: tuple[bool, str | None] | None = None
-    tally = d.tally
     while not d.stop_event.is_set():
         reading = await d.gpu.poll_async()
-        tally.last_reading = reading
         for x in reading.xids:
-            uuid = next((s.uuid for s in reading.samples if s.index == x.gpu_index), x.uuid)
-            tally.xids[(x.gpu_index, uuid, x.xid)] += 1
-            d.feed.line("gpu.xid", gpu=x.gpu_index, uuid=uuid, xid=x.xid)
-        for s in reading.samples:
-            if s.compute_capability is not None:
-                tally.gpu_ccs[s.index] = s.compute_capability
+            d.feed.line("gpu.xid", gpu=x.gpu_index, uuid=reading.uuid_of(x), xid=x.xid)
         if reading.error != last_error and reading.error:
             d.feed.problem(f"GPU source: {reading.error}")
         last_error = reading.error

@@ -194,9 +194,9 @@ class VllmWatch:
         if self._prober is None or self._prober.endpoint != ep:
             self._prober = HealthProber(ep, PROBE_TIMEOUT_S)
         result = await self._prober.probe()
-        if not result.ok or d.tally.health_up is not True:  # readiness may change: at once
+        last = d.state.health
+        if not result.ok or last is None or not last.ok:  # readiness may change: at once
             d.publisher.urgent()
-        d.tally.health_up = result.ok
         d.apply(
             HealthProbe(
                 ok=result.ok, ts=result.checked_at, status=result.status, error=result.error
