@@ -1,7 +1,7 @@
 """What the daemon hands the HTTP threads: an immutable `Published` bundle after each change.
 
-`Publisher` builds the bundle from the state (which keeps every count) and the sources' health,
-and runs the hooks that render ahead (/metrics, /status).
+`bundle` builds it from the state (which keeps every count) and the sources' health;
+`Publisher` says when, and runs the hooks that render it ahead (/metrics, /status).
 
 When. Each bundle is rendered and sent to the HTTP process, which costs more than reading a
 second of a busy serving log, so a change is published by what it is: a transition, a failure,
@@ -16,11 +16,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
 
-from loadwatch.daemon.config import Config
-from loadwatch.daemon.sdnotify import SdNotifier
-from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
+from loadwatch.daemon.sources.gpu.guard import GpuSourceHealth
+from loadwatch.daemon.sources.log.source import LogSource
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import LogHealth, Published, SupervisorStats, Totals
 from loadwatch.daemon.state.snapshot import Snapshot
@@ -28,44 +26,19 @@ from loadwatch.daemon.state.snapshot import Snapshot
 VERSION = "0.1.0"
 
 
-class Host(Protocol):
-    """What publishing and the periodic tasks (tasks.py) use of the daemon (loop.py)."""
-
-    cfg: Config
-    gpu: GuardedGpuSource | NullGpuSource
-    state: LoadState
-    feed: Any  # eventfeed.EventFeed
-    publisher: Publisher
-    notifier: SdNotifier
-    supervisor: Any
-    log: Any  # sources.log.source.LogSource | None
-    stop_event: asyncio.Event
-    pace: Any  # tasks.Pace
-    io_reader: Any  # sources.inputs.IoReader | None
-    started_at: float
-
-    @property
-    def busy(self) -> bool: ...
-
-    def clock(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-    def apply(self, item: Any) -> None: ...
-
-    def take_log(self, items: Any) -> None: ...
-
-    def snapshot(self) -> Snapshot: ...
-
-
 class Publisher:
+    """When a bundle goes out (`make` builds it), and the hooks that render it ahead; a hook
+    that fails is said through `problem`, once while it repeats."""
+
     def __init__(
         self,
-        daemon: Host,
+        make: Callable[[], Published],
+        problem: Callable[[str], None],
         interval_s: float = 1.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._d = daemon
+        self._make = make
+        self._problem = problem
         self.interval_s = interval_s
         self._mono = monotonic
         self.published: Published | None = None
@@ -125,26 +98,12 @@ class Publisher:
                 pass
 
     def now(self) -> None:
-        d = self._d
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._urgent = self._dirty = False
         self._last = self._mono()
-        now = d.clock()
-        snap = d.state.snapshot(now)
-        self.published = Published(
-            state=d.state,
-            at=now,
-            started_at=d.started_at,
-            version=VERSION,
-            totals=Totals.of(d.state, snap),
-            log=self._log_health(),
-            gpu=d.gpu.health() if isinstance(d.gpu, GuardedGpuSource) else None,
-            supervisor=self._supervisor_stats(),
-            load_budget_s=d.cfg.forecast.load_budget_s,
-            _cache=[snap, now],
-        )
+        self.published = self._make()
         failed: str | None = None
         for hook in self.hooks:
             try:
@@ -152,47 +111,71 @@ class Publisher:
             except Exception as exc:  # a hook's bug must not stop the loop: said once
                 failed = f"after publishing: {type(exc).__name__}: {exc}"
         if failed is not None and failed != self._hook_error:
-            d.feed.problem(failed)
+            self._problem(failed)
         self._hook_error = failed
 
-    def _log_health(self) -> LogHealth | None:
-        source = self._d.log
-        if source is None:
-            return None
-        h = source.follower.health()
-        return LogHealth(
-            up=h.file_exists and h.last_error is None,
-            file_exists=h.file_exists,
-            lines_total=h.records_total,
-            bytes_total=h.bytes_total,
-            # (and records joined from a container runtime's pieces past the cap)
-            cuts_total=h.cuts_total + (source.decoder.cuts if source.decoder else 0),
-            rotations_total=h.rotations_total,
-            truncations_total=h.truncations_total,
-            errors_total=h.errors_total,
-            last_error=h.last_error,
-            last_success_ts=h.last_check_ts,
-            mode=h.mode,
-            state_error=h.error_in_state,
-        )
 
-    def _supervisor_stats(self) -> SupervisorStats | None:
-        d = self._d
-        sup = d.supervisor
-        if sup is None:
-            return None
-        exits = d.state.vllm_exits
-        last_ok = d.state.vllm_started_at  # (the last run's start: it worked until its exit)
-        if sup.pid is not None:
-            last_ok = d.clock()
-        return SupervisorStats(
-            state=str(sup.state),
-            starts_total=sum(exits.values()) + (1 if sup.pid is not None else 0),
-            exits=exits,
-            errors_total=exits.get("failed", 0) + exits.get("signal", 0),
-            last_success_ts=last_ok,
-            orphans=d.state.orphans,
-        )
+def bundle(
+    state: LoadState,
+    now: float,
+    *,
+    started_at: float,
+    log: LogSource | None,
+    gpu: GpuSourceHealth | None,
+    supervisor: SupervisorStats | None,
+    load_budget_s: float | None,
+) -> Published:
+    """The bundle of `state` at `now`, with the sources' health."""
+    snap = state.snapshot(now)
+    return Published(
+        state=state,
+        at=now,
+        started_at=started_at,
+        version=VERSION,
+        totals=Totals.of(state, snap),
+        log=log_health(log) if log is not None else None,
+        gpu=gpu,
+        supervisor=supervisor,
+        load_budget_s=load_budget_s,
+        _cache=[snap, now],
+    )
+
+
+def log_health(source: LogSource) -> LogHealth:
+    h = source.follower.health()
+    return LogHealth(
+        up=h.file_exists and h.last_error is None,
+        file_exists=h.file_exists,
+        lines_total=h.records_total,
+        bytes_total=h.bytes_total,
+        # (and records joined from a container runtime's pieces past the cap)
+        cuts_total=h.cuts_total + (source.decoder.cuts if source.decoder else 0),
+        rotations_total=h.rotations_total,
+        truncations_total=h.truncations_total,
+        errors_total=h.errors_total,
+        last_error=h.last_error,
+        last_success_ts=h.last_check_ts,
+        mode=h.mode,
+        state_error=h.error_in_state,
+    )
+
+
+def supervisor_stats(
+    sup_state: str, pid: int | None, state: LoadState, now: float
+) -> SupervisorStats:
+    """The supervisor's stats: its state and the vLLM process it runs (`pid`, None between
+    runs), and the counts of the runs before, as `state` keeps them."""
+    exits = state.vllm_exits
+    # the last run's start (it worked until it exited); now, while one runs
+    last_ok = now if pid is not None else state.vllm_started_at
+    return SupervisorStats(
+        state=sup_state,
+        starts_total=sum(exits.values()) + (1 if pid is not None else 0),
+        exits=exits,
+        errors_total=exits.get("failed", 0) + exits.get("signal", 0),
+        last_success_ts=last_ok,
+        orphans=state.orphans,
+    )
 
 
 def status_line(snap: Snapshot) -> str:
