@@ -101,13 +101,14 @@ class Daemon:
     def bundle(self) -> Published:
         """What the exporters read: the state now, with the sources' health."""
         now, sup = self.clock(), self.supervisor
+        stats = None if sup is None else supervisor_stats(str(sup.state), sup.pid, self.state, now)
         return bundle(
             self.state,
             now,
             started_at=self.started_at,
             log=self.log,
             gpu=self.gpu.health() if isinstance(self.gpu, GuardedGpuSource) else None,
-            supervisor=supervisor_stats(str(sup.state), sup.pid, self.state, now) if sup else None,
+            supervisor=stats,
             load_budget_s=self.cfg.forecast.load_budget_s,
         )
 
