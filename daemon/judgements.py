@@ -42,8 +42,10 @@ class Judgements:
     """The judgements in force for the current session, and those a daemon before this one
     raised that this one has not raised again yet."""
 
-    def __init__(self, held: Iterable[str] = ()) -> None:
-        self._held = {k for k in held if isinstance(k, str)}
+    def __init__(self, held: object = ()) -> None:
+        """`held`: what the checkpoint kept (`keys`), as read back (anything: it is checked)."""
+        keys = held if isinstance(held, list | tuple) else ()
+        self._held = {k for k in keys if isinstance(k, str)}
         self._in_force = set(self._held)
 
     def keys(self) -> list[str]:

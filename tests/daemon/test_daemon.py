@@ -23,6 +23,7 @@ from loadwatch.daemon.config import (
 )
 from loadwatch.daemon.sim.kimilog import RealClock, Shape, startup
 from loadwatch.daemon.tools.demo import make_model_dir
+from tests.client import parse_metrics
 from tests.daemon.harness import running
 from tests.helpers import append
 
@@ -177,6 +178,15 @@ def _status(url: str) -> dict[str, object]:
         return doc
 
 
+def _event_counts(url: str) -> dict[str, float]:
+    """`loadwatch_events_total` by type, from a real scrape."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        m = parse_metrics(r.read())
+    return {k: v for k, v in m.items() if k.startswith("loadwatch_events_total{")}
+
+
 def _wait(check: object, timeout_s: float = 20) -> None:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -215,6 +225,8 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
     proc, url = _spawn(args, tmp_path)
     _wait(lambda: shards(url) == 3)
     before = _status(url)["session"]
+    counts = _event_counts(url)
+    assert counts['loadwatch_events_total{type="shard_progress"}'] >= 3
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
@@ -231,6 +243,8 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
             (w["code"], w["count"])
             for w in before["warnings"]  # type: ignore[index]
         ]
+        # The counts are the state's, rebuilt from the session's records: the same, exactly.
+        assert _event_counts(url) == counts
         append(log, rest)
         _wait(lambda: _status(url)["phase"] == "ready")
     finally:

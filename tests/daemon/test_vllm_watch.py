@@ -338,8 +338,17 @@ class RaisingRounds(VllmWatch):
     """The watch with rounds that raise, as a fault no log line should be able to cause would:
     the loop must say it and go on."""
 
-    def __init__(self, daemon: Daemon, failing: int) -> None:
-        super().__init__(daemon)
+    def __init__(self, d: Daemon, failing: int) -> None:
+        super().__init__(
+            d.cfg,
+            state=lambda: d.state,
+            apply=d.apply,
+            feed=d.feed,
+            publisher=d.publisher,
+            clock=d.clock,
+            sleep=d.sleep,
+            stop_event=d.stop_event,
+        )
         self.rounds = 0
         self.failing = failing
 

@@ -42,7 +42,6 @@ def _published(state: LoadState, now: float) -> Published:
         gpu=None,
         supervisor=None,
         load_budget_s=None,
-        gpu_ccs={},
         _cache=[None, now],
     )
 

@@ -29,7 +29,7 @@ from loadwatch.daemon.sources.log.files import FileIdentity, OpenFile, Position
 from loadwatch.daemon.sources.log.generations import Generations, Since
 from loadwatch.daemon.sources.log.wake import ActiveMode, Mode, Wake, Waker
 
-_LF, _CR = 10, 13
+LF, CR = 10, 13
 StartKind = Literal["fresh", "pending", "exact", "rotated", "changed", "gone"]
 TAIL_BYTES = 256  # the bytes before a place that must still be there to resume at it
 LEFT_KEPT = 16  # files left that are remembered, for one that comes back
@@ -65,13 +65,13 @@ class FollowerHealth:
     error_in_state: bool = False  # last_error is the state directory's (a save), not the log's
 
 
-def _first_terminator(buf: bytes) -> int:
+def first_terminator(buf: bytes) -> int:
     lf = buf.find(b"\n")
     cr = buf.find(b"\r", 0, lf if lf >= 0 else len(buf))
     return cr if cr >= 0 else lf
 
 
-def _longer(file_id: str, head: str | None) -> FileIdentity | None:
+def longer(file_id: str, head: str | None) -> FileIdentity | None:
     """The identity `file_id` with the first bytes `head` ("N:FP") names, when they are more
     than its own; None otherwise (or when either does not parse)."""
     n, _, fp = (head or "").partition(":")
@@ -83,7 +83,7 @@ def _longer(file_id: str, head: str | None) -> FileIdentity | None:
     return longer if longer.fp_len > ident.fp_len else None
 
 
-def _one_line(e: BaseException | str) -> str:
+def one_line(e: BaseException | str) -> str:
     text = str(e)
     if isinstance(e, OSError) and e.strerror:
         name = os.fsdecode(e.filename) if e.filename else ""
@@ -189,7 +189,7 @@ class FollowerState:
 
     def _fail(self, e: BaseException | str, *, state: bool = False) -> None:
         self._errors += 1
-        self._last_error = _one_line(e)
+        self._last_error = one_line(e)
         self._error_in_state = state
 
     def _close_sources(self) -> None:

@@ -43,12 +43,12 @@ from loadwatch.daemon.sources.log.follow_changes import FollowerChanges
 from loadwatch.daemon.sources.log.follow_place import FollowerPlacing
 from loadwatch.daemon.sources.log.follow_save import FollowerSaving
 from loadwatch.daemon.sources.log.follow_state import (
-    _CR,
-    _LF,
+    CR,
+    LF,
     FollowerError,
     FollowerHealth,
     StartKind,
-    _first_terminator,
+    first_terminator,
 )
 from loadwatch.daemon.sources.log.follow_wait import FollowerWaiting
 from loadwatch.daemon.sources.log.wake import Mode
@@ -188,7 +188,7 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
                     if self._replaced_while_reading(src):
                         return budget
                     continue
-                t = _first_terminator(buf) if self._split_cr else buf.find(b"\n")
+                t = first_terminator(buf) if self._split_cr else buf.find(b"\n")
                 if t < 0:
                     src.skip_pos += len(buf)
                     self._bytes += len(buf)
@@ -203,7 +203,7 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
                 out.append(Chunk(src.head + b"\n", src.rs, ident, end, True))
                 self._cuts += 1
                 self._records += 1
-                src.cr_end = buf[t] == _CR
+                src.cr_end = buf[t] == CR
                 src.rs, src.skipping, src.head = end, False, b""
                 src.forget()  # a cut record is not the file's bytes
                 continue
@@ -235,9 +235,9 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
             self._bytes += size
             budget -= size
             records = count_records(data)
-            if src.cr_end and data[0] == _LF:
+            if src.cr_end and data[0] == LF:
                 records -= 1
-            src.cr_end = data[-1] == _CR
+            src.cr_end = data[-1] == CR
             self._records += records
             if n < cap:
                 return budget
@@ -258,7 +258,7 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
         """Done with a file we moved past: deliver an unterminated last record, close it."""
         start = src.skip_pos if src.skipping else src.rs
         tail = os.pread(src.fd, self._cap, start)
-        if _first_terminator(tail) >= 0 or len(tail) == self._cap:
+        if first_terminator(tail) >= 0 or len(tail) == self._cap:
             return False  # it grew since the drain: drain again
         rs = src.rs
         if src.skipping or tail:
