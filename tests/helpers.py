@@ -1,8 +1,9 @@
 """Helpers every test directory shares: appending to a log as vLLM does, waiting for a condition,
-reading the event log's folded lines by their records."""
+a virtual clock, reading the event log's folded lines by their records."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -36,6 +37,23 @@ def wait_for(
             last = exc
         time.sleep(every_s)
     raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
+
+
+class VirtualClock:
+    """Time that moves only when slept: the `monotonic` (call it) and the async `sleep` of a
+    component under test, so a wait of seconds takes none."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)  # (a sleep lets the loop's other work in; so does this one)
 
 
 def records(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
