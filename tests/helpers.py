@@ -39,6 +39,22 @@ def wait_for(
     raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
 
 
+async def wait_for_async(
+    check: Callable[[], object], what: str, timeout_s: float = 20.0, every_s: float = 0.01
+) -> None:
+    """`wait_for` inside a running event loop: the loop goes on between the checks."""
+    end = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while time.monotonic() < end:
+        try:
+            if check():
+                return
+        except (AssertionError, KeyError, TypeError, ValueError, OSError) as exc:
+            last = exc
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
+
+
 class VirtualClock:
     """Time that moves only when slept: the `monotonic` (call it) and the async `sleep` of a
     component under test, so a wait of seconds takes none."""

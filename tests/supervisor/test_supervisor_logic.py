@@ -21,7 +21,7 @@ from loadwatch.daemon.supervise.supervisor import (
     SupervisorConfigError,
     supervisor_config,
 )
-from tests.supervisor.harness import Recorder
+from tests.supervisor.harness import Recorder, wait_until
 
 
 class _Child:
@@ -66,6 +66,8 @@ class VirtualOps:
 
     async def sleep(self, seconds: float) -> None:
         self.now += seconds
+        # (a real millisecond: the thread that waits for a child reports its exit meanwhile,
+        # rather than virtual time racing ahead while the loop spins)
         await asyncio.sleep(0.001)
 
     def become_subreaper(self) -> bool:
@@ -210,8 +212,7 @@ def test_stop_before_run_and_during_backoff(tmp_path: Path) -> None:
 
     async def scenario() -> str:
         task = asyncio.create_task(sup2.run())
-        while "backoff" not in rec.kinds:
-            await asyncio.sleep(0.001)
+        await wait_until(lambda: "backoff" in rec.kinds, what="the long backoff")
         await sup2.stop()
         return await task
 
