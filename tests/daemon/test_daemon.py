@@ -24,7 +24,7 @@ from loadwatch.daemon.config import (
 from loadwatch.daemon.sim.kimilog import RealClock, Shape, startup
 from loadwatch.daemon.tools.demo import make_model_dir
 from tests.daemon.harness import running
-from tests.helpers import append
+from tests.helpers import append, wait_for
 
 SHARDS = 6
 
@@ -177,18 +177,6 @@ def _status(url: str) -> dict[str, object]:
         return doc
 
 
-def _wait(check: object, timeout_s: float = 20) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            if check():  # type: ignore[operator]
-                return
-        except Exception:
-            pass
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> None:
     model = make_model_dir(tmp_path, fp8_kv=False, shards=SHARDS, total_bytes=6 * 10**9)
     log, events = tmp_path / "vllm.log", tmp_path / "events.jsonl"
@@ -213,7 +201,7 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
         return _status(url)["session"]["progress"]["shards_done"]  # type: ignore[index]
 
     proc, url = _spawn(args, tmp_path)
-    _wait(lambda: shards(url) == 3)
+    wait_for(lambda: shards(url) == 3, "three shards")
     before = _status(url)["session"]
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -223,7 +211,7 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
 
     proc, url = _spawn(args, tmp_path)
     try:
-        _wait(lambda: shards(url) == 3)
+        wait_for(lambda: shards(url) == 3, "three shards, read back")
         after = _status(url)["session"]
         assert after["id"] == before["id"] == 1  # type: ignore[index]
         assert _status(url)["sessions_total"] == 1
@@ -232,7 +220,7 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
             for w in before["warnings"]  # type: ignore[index]
         ]
         append(log, rest)
-        _wait(lambda: _status(url)["phase"] == "ready")
+        wait_for(lambda: _status(url)["phase"] == "ready", "ready")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
