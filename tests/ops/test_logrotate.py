@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import wait_for
+from tests.helpers import offline_events, wait_for
 from tests.views.helpers import FIXTURES
 
 from .common import SYSTEMD, require
@@ -36,22 +36,13 @@ def _log_events(path: Path) -> list[tuple[object, object]]:
     ]
 
 
-def _offline_events(log: Path) -> list[tuple[str, int]]:
-    """What `loadwatch events` reads from a log: each record's events once."""
-    out = subprocess.run(
-        [sys.executable, "-m", "loadwatch.daemon.cli", "events", str(log)],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout  # fmt: skip
-    return [(f"log.{e['type']}", e["offset"]) for e in map(json.loads, out.split("\n")[:-1])]
-
-
 def test_rotation_by_the_shipped_snippet_loses_and_repeats_nothing(tmp_path: Path) -> None:
     require("logrotate")
     log, events = tmp_path / "vllm.log", tmp_path / "events.jsonl"
     lines = (FIXTURES / "real-v0.32-llama.log").read_bytes().splitlines(keepends=True)
     half = len(lines) // 2
     log.write_bytes(b"".join(lines[:half]))
-    want = _offline_events(FIXTURES / "real-v0.32-llama.log")  # (what the log holds at the end)
+    want = offline_events(FIXTURES / "real-v0.32-llama.log")  # (what the log holds at the end)
     first_half = [w for w in want if w[1] < log.stat().st_size]
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadwatch.daemon.cli", "run", "--log", str(log),
