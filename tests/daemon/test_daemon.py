@@ -25,7 +25,7 @@ from loadwatch.daemon.sim.kimilog import RealClock, Shape, startup
 from loadwatch.daemon.tools.demo import make_model_dir
 from tests.client import parse_metrics
 from tests.daemon.harness import running
-from tests.helpers import append
+from tests.helpers import append, wait_for
 
 SHARDS = 6
 
@@ -187,18 +187,6 @@ def _event_counts(url: str) -> dict[str, float]:
     return {k: v for k, v in m.items() if k.startswith("loadwatch_events_total{")}
 
 
-def _wait(check: object, timeout_s: float = 20) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            if check():  # type: ignore[operator]
-                return
-        except Exception:
-            pass
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> None:
     model = make_model_dir(tmp_path, fp8_kv=False, shards=SHARDS, total_bytes=6 * 10**9)
     log, events = tmp_path / "vllm.log", tmp_path / "events.jsonl"
@@ -223,7 +211,7 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
         return _status(url)["session"]["progress"]["shards_done"]  # type: ignore[index]
 
     proc, url = _spawn(args, tmp_path)
-    _wait(lambda: shards(url) == 3)
+    wait_for(lambda: shards(url) == 3, "three shards")
     before = _status(url)["session"]
     counts = _event_counts(url)
     assert counts['loadwatch_events_total{type="shard_progress"}'] >= 3
@@ -235,7 +223,7 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
 
     proc, url = _spawn(args, tmp_path)
     try:
-        _wait(lambda: shards(url) == 3)
+        wait_for(lambda: shards(url) == 3, "three shards, read back")
         after = _status(url)["session"]
         assert after["id"] == before["id"] == 1  # type: ignore[index]
         assert _status(url)["sessions_total"] == 1
@@ -246,7 +234,7 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
         # The counts are the state's, rebuilt from the session's records: the same, exactly.
         assert _event_counts(url) == counts
         append(log, rest)
-        _wait(lambda: _status(url)["phase"] == "ready")
+        wait_for(lambda: _status(url)["phase"] == "ready", "ready")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0

@@ -9,7 +9,6 @@ the failure) is in the log, without waiting for the server."""
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from loadwatch.daemon.state.memplan import MemoryPlan
 from loadwatch.daemon.state.memplan_inputs import layout_from_argv
 from loadwatch.daemon.tools.preflight import preflight
 from loadwatch.parsers import ChunkScanner, Event, EventStream, Failure, Milestone
+from tests.helpers import wait_for
 from tests.realvllm.vllmproc import (
     ServerSpec,
     VllmServer,
@@ -59,12 +59,13 @@ def _run_until_kv_line(spec: ServerSpec, log: Path, deadline_s: float = 240.0) -
     """Start vLLM, stop it once it printed its KV-cache size or failed; the events of its log."""
     with VllmServer(spec, log) as server:
         server.start(rss_interval_s=None)
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end and server.poll() is None:
+
+        def said_or_exited() -> bool:
             text = log.read_bytes()
-            if b"KV cache size:" in text or b"Engine core initialization failed" in text:
-                break
-            time.sleep(0.5)
+            said = b"KV cache size:" in text or b"Engine core initialization failed" in text
+            return said or server.poll() is not None
+
+        wait_for(said_or_exited, "vLLM's KV-cache size (or its failure, or exit)", deadline_s, 0.2)
         server.stop(grace_s=15.0)
     return list(ChunkScanner(EventStream()).feed(log.read_bytes(), base=0))
 
