@@ -27,6 +27,7 @@ from loadwatch.daemon.cli import EX_CANTCREAT, EX_CONFIG, EX_DATAERR, fail
 from loadwatch.daemon.config import (
     Config,
     ConfigError,
+    VllmConfig,
     http_files_problem,
     load_config,
     with_api_key,
@@ -324,6 +325,31 @@ async def _main(
                 loop.remove_signal_handler(sig)
 
 
+def ladder_for(daemon: Daemon, vllm: VllmConfig) -> Any:
+    """The crash loop's keeper and ladder of remedies (supervise/ladder.py) of a supervising
+    daemon: its loop in the state directory, on /status through the daemon's state."""
+    from loadwatch.daemon.crashloop_file import CrashLoopFile
+    from loadwatch.daemon.supervise.ladder import Ladder, seen_in
+    from loadwatch.daemon.supervise.remedies import Settings
+
+    def changed(loop: Any, counts: Any) -> None:
+        daemon.state = replace(daemon.state, crash_loop=loop, remedy_counts=counts)
+        daemon.publisher.urgent()
+        daemon.publisher.changed()
+
+    return Ladder(
+        vllm.argv,
+        vllm.remedies,
+        Settings(min_model_len=vllm.remedy_min_model_len),
+        CrashLoopFile(daemon.cfg.state_dir, daemon.feed.problem),
+        seen=lambda: seen_in(daemon.state.session),
+        redact=daemon.redactor.argv,
+        say=daemon.feed.line,
+        changed=changed,
+        clock=daemon.clock,
+    )
+
+
 def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
     from loadwatch.daemon.supervise.supervisor import Supervisor, supervisor_config
     from loadwatch.daemon.tools.preflight import start_hook_for_argv
@@ -366,6 +392,7 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
             sup_cfg,
             on_event=daemon.on_process_event,
             on_note=lambda name, fields: daemon.feed.line(name, **fields),
+            planner=ladder_for(daemon, vllm),
         )
 
     return factory

@@ -113,6 +113,13 @@ DOCS: dict[str, str] = {
     "[vllm] stall_restart_after_s": 'with `stall_policy = "restart"`: stalled this long restarts',
     "[vllm] preflight": "the check before a start (FP8 KV cache on SM120, memory): warn, refuse "
     "to start, or skip",
+    "[vllm] remedies": "remedies tried, in this order, when a start fails for a known reason "
+    "(none by default): `max_model_len` starts again with the largest `--max-model-len` vLLM "
+    "said would fit, after `kv_cache_too_small` or `max_model_len`. Each is applied at most once "
+    "per crash loop, announced by a `vllm.remedy` line with the change as a diff of the command, "
+    "and reverted when the next start fails again; the crash-loop rule applies as ever",
+    "[vllm] remedy_min_model_len": "the `max_model_len` remedy never starts vLLM with a "
+    "`--max-model-len` below this (a shorter context is rarely worth serving; default 2048)",
     "[vllm] log_max_bytes": "the captured log is rotated at this size",
     "[vllm] log_keep": "rotated logs kept",
     "[vllm] output": "where vLLM's output goes: `file` (the log, `[log] path`) or `file+stdout` "

@@ -23,6 +23,7 @@ from loadwatch.daemon.sources.inputs import (
     ProcessEvent,
     Tick,
 )
+from loadwatch.daemon.state.crashloop import CrashLoop, RemedyCounts
 from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.forecast import EtaConfig, EtaState
 from loadwatch.daemon.state.kvdtype import KvEvidence
@@ -310,6 +311,9 @@ class StateData:
     node_pids: tuple[int, ...] = ()  # vLLM pids from the log's prefixes (watch mode reads them)
     # records of text a client chose (parsers' `ClientText`), by kind, set aside unread
     client_text: Mapping[str, int] = field(default_factory=dict)
+    # supervise mode: the crash loop under way and the remedies' counts (supervise/ladder.py)
+    crash_loop: CrashLoop = field(default_factory=CrashLoop)
+    remedy_counts: RemedyCounts = field(default_factory=RemedyCounts)
 
     @property
     def restarts(self) -> int:

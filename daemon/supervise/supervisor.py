@@ -57,7 +57,15 @@ from loadwatch.daemon.supervise.leftovers import PidFile
 from loadwatch.daemon.supervise.logsink import RotatingLog
 from loadwatch.daemon.supervise.procops import ChildProcess, PosixOps, ProcessOps
 from loadwatch.daemon.supervise.run_driver import Requests, RunDriver, RunOutcome, StartRefused
-from loadwatch.daemon.supervise.runs import Reporter, RunRecord, State, StopResult, describe_exit
+from loadwatch.daemon.supervise.runs import (
+    PlannerCalls,
+    Reporter,
+    RunRecord,
+    StartPlanner,
+    State,
+    StopResult,
+    describe_exit,
+)
 from loadwatch.daemon.supervise.tree_run import Run, TreeControl
 from loadwatch.parsers.vllm.catalog import KIND_RANK
 
@@ -85,12 +93,17 @@ class Supervisor:
         on_event: Callable[[ProcessEvent], None] | None = None,
         ops: ProcessOps | None = None,
         on_note: Callable[[str, dict[str, Any]], None] | None = None,
+        planner: StartPlanner | None = None,
     ) -> None:
         self.config = config
+        self.argv = config.argv  # the current (or last) start's command
         self._pids = PidFile(config.pid_file) if config.pid_file is not None else None
         self._ops: ProcessOps = ops if ops is not None else PosixOps()
         # on_note: lines of its own for the event log (a leftover tree stopped)
         self._report = Reporter(config.argv, self._ops.time, on_event, on_note)
+        # The first failure of a crash loop and the remedies for it (ladder.py); None: the
+        # configured command, always.
+        self._plan = PlannerCalls(planner, self._report, config.argv)
         self._state: State = "idle"
         self._done: asyncio.Event | None = None
         self._active = False
@@ -136,6 +149,8 @@ class Supervisor:
     def note_ready(self) -> None:
         """vLLM answered /health with 200: this start worked; reset the backoff."""
         if self._run is not None:
+            if not self._serving:
+                self._plan.ready()
             self._serving = True
             self._consecutive_failures = 0
 
@@ -241,9 +256,11 @@ class Supervisor:
                 self._set_state("exited")
                 return
             if cfg.restart == "never" or (cfg.restart == "on-failure" and not last.failed):
+                self._plan.failed(last, False)
                 self._set_state("exited")
                 return
             crash_loop = self._crash_loop()
+            self._plan.failed(last, crash_loop is None)  # (announces a remedy before backoff)
             if crash_loop is not None:
                 self._fatal(crash_loop)
                 return
@@ -286,7 +303,8 @@ class Supervisor:
         await self._requests.sleep_or_wake(self._ops, delay)
 
     async def _start_and_supervise(self) -> Literal["ran", "retry", "fatal"]:
-        started = self._driver.start()
+        self.argv = self._report.argv = self._plan.argv()
+        started = self._driver.start(self.argv)
         if isinstance(started, StartRefused):
             if started.permanent:
                 self._fatal(started.reason)
@@ -325,7 +343,7 @@ class Supervisor:
             reason += f"; {len(remaining)} process(es) survived SIGKILL: {list(remaining)}"
         if ended_mono - run.started_mono >= cfg.backoff_reset_after_s:
             self._consecutive_failures = 0
-        record = outcome.record(cfg.argv, self._ops.time(), reason, failed)
+        record = outcome.record(self.argv, self._ops.time(), reason, failed)
         self.runs.append(record)
         del self.runs[:-100]
         self.last_reason = reason
