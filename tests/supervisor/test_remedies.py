@@ -254,3 +254,24 @@ def test_an_unknown_remedy_exits_78_with_one_line(tmp_path: Path) -> None:
     assert out.returncode == 78
     (line,) = out.stderr.strip().splitlines()
     assert "[vllm] remedies" in line and "more_gpus" in line and "max_model_len" in line
+
+
+def test_status_shows_the_first_failure_and_the_remedies(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from loadwatch.daemon.state.loadstate import LoadState
+    from loadwatch.exporters.http.routes import status_json
+
+    script = Script(kv_too_small(4096, 1568))
+    lad = ladder(tmp_path, script)
+    lad.failed(restarting=True)
+    state = replace(LoadState(), crash_loop=lad.loop, remedy_counts=lad.counts)
+    for red in (Redactor(), Redactor(["sk-secret"])):  # the fast encoder, and the dict route
+        doc = json.loads(status_json(state.snapshot(1300.0), red))
+        first = doc["first_failure"]
+        assert first["kind"] == "kv_cache_too_small" and first["phase"] == "kv_cache"
+        assert first["excerpt"] and "--max-model-len" in first["argv"]
+        (step,) = doc["remedies"]
+        assert step["outcome"] == "applied" and step["after"] == "1568"
+        assert step["diff"] == ["- --max-model-len 4096", "+ --max-model-len 1568"]
+    assert json.loads(status_json(LoadState().snapshot(1.0), Redactor()))["first_failure"] is None
