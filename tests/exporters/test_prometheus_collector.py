@@ -115,3 +115,20 @@ def test_health_up_in_watch_mode_and_supervise_mode() -> None:
         health_up=False,
     )
     assert scrape(up, T0 + 3, sup)[HEALTH] == 1.0  # the latest probe, as the state holds it
+
+
+def test_the_remedies_are_counted_in_supervise_mode() -> None:
+    from dataclasses import replace
+
+    from loadwatch.daemon.state.crashloop import CrashLoop, RemedyCounts
+
+    counts = RemedyCounts().add("max_model_len", "applied").add("max_model_len", "helped")
+    state = replace(LoadState(), crash_loop=CrashLoop(exhausted=True), remedy_counts=counts)
+    sup = SupervisorStats("running", 2, {}, 0, None, None, None)
+    pub = published(state, T0, sup)
+    text = render(registry_for(LoadwatchCollector(lambda: pub, lambda: T0))).decode()
+    assert 'loadwatch_vllm_remedies_total{outcome="applied",remedy="max_model_len"} 1.0' in text
+    assert 'loadwatch_vllm_remedies_total{outcome="helped",remedy="max_model_len"} 1.0' in text
+    assert "loadwatch_vllm_remedy_ladder_exhausted 1.0" in text
+    watch = render(registry_for(LoadwatchCollector(lambda: published(state, T0), lambda: T0)))
+    assert b"remed" not in watch  # watch mode: no supervisor, no remedies
