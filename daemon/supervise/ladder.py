@@ -9,7 +9,7 @@ The supervisor asks it for the command of each start (`argv`) and tells it of ea
 3. when a restart follows, applies the next remedy of `[vllm] remedies` that has a change for
    this failure and was not tried in this loop (each at most once: the ladder never loops), or
    says that there is none (`outcome` none, with the reason; the ladder is `exhausted` when
-   remedies were tried and none is left).
+   remedies were tried and none is left, which is judged when no restart follows too).
 
 Each step is a `vllm.remedy` line (`say`) before the restart, the loop on `/status` (`changed`
 hands it to the daemon's state), and the loop is saved in the state directory (crashloop_file.py)
@@ -97,8 +97,8 @@ class Ladder:
         return argv
 
     def failed(self, restarting: bool) -> None:
-        """A start failed; `restarting`: another follows (else only the first failure is kept
-        and the remedy it ran with reverted)."""
+        """A start failed; `restarting`: another follows (else no remedy is applied: the first
+        failure is kept, the remedy it ran with reverted, the ladder judged exhausted or not)."""
         seen = self._seen() or (Failed("other", UNKNOWN, ""), ())
         failed, excerpt = seen
         loop = self.loop
@@ -113,13 +113,15 @@ class Ladder:
             undone = replace(tried, outcome="reverted", at=self._clock())
             loop = replace(loop, remedies=(*loop.remedies[:-1], undone))
             self._step(undone, f"the start with it failed again ({failed.kind}); reverted", failed)
-        if restarting and self._remedies:
-            loop = self._next(loop, failed)
+        if self._remedies and (restarting or loop.remedies):
+            loop = self._next(loop, failed, restarting)
         self.loop = loop
         self._store.save(loop)
         self._publish()
 
-    def _next(self, loop: CrashLoop, failed: Failed) -> CrashLoop:
+    def _next(self, loop: CrashLoop, failed: Failed, apply: bool) -> CrashLoop:
+        """The next remedy applied (`apply`: a start follows), or why there is none; without a
+        start to follow, only whether the ladder is exhausted."""
         used = {s.remedy for s in loop.remedies}
         reasons: list[str] = []
         argv = self.argv()  # (the one that failed is reverted by now: loop.in_effect is None)
@@ -128,6 +130,8 @@ class Ladder:
                 continue
             change = propose(name, failed, argv, self._settings)
             if isinstance(change, Change) and len(loop.remedies) < MAX_STEPS:
+                if not apply:
+                    return loop  # (one is left, for the next start: after a daemon restart)
                 step = RemedyStep(
                     name,
                     "applied",

@@ -25,7 +25,9 @@ failed runs, ``always`` every run, ``never`` none. The backoff doubles per conse
 up to its cap and resets after ``note_ready`` or a long run; after ``crash_loop_starts`` starts
 within ``crash_loop_window_s`` the state is fatal. The ``preflight`` hook runs before each start;
 its veto backs off and retries (so a patched model directory starts by itself), or is fatal
-under ``never``.
+under ``never``. A ``planner`` (ladder.py's ``Ladder``), when given, decides each start's
+command and hears of each failed start before the backoff (the first failure of a crash loop is
+kept and a remedy announced there) and of readiness.
 
 This module is the policy. The mechanism of one run is ``RunDriver`` (run_driver.py): vLLM in
 its own session (so its own process group), stdout and stderr on one pipe pumped to the rotating

@@ -158,6 +158,7 @@ def test_a_remedy_that_did_not_help_is_reverted_and_the_ladder_never_loops(
         (None, "none"),
         (None, "none"),
         (None, "none"),
+        (None, "none"),  # (after the last start too: no restart, the ladder still exhausted)
     ]
     reverted = next(d for d in script.lines if d.get("outcome") == "reverted")
     assert reverted["diff"] == ["- --max-model-len 1568", "+ --max-model-len 4096"]
@@ -166,6 +167,57 @@ def test_a_remedy_that_did_not_help_is_reverted_and_the_ladder_never_loops(
     loop, counts = script.shown[-1]
     assert loop.exhausted and loop.first_failure is not None
     assert counts.counts == {("max_model_len", "applied"): 1, ("max_model_len", "reverted"): 1}
+
+
+def test_a_crash_loop_that_ends_with_the_remedy_tried_leaves_the_ladder_exhausted(
+    tmp_path: Path,
+) -> None:
+    script = Script(kv_too_small(4096, 1568), kv_too_small(1568, 1000))
+    sup, _rec, ops = supervise(tmp_path, ladder(tmp_path, script), [1, 1], crash_loop_starts=2)
+    assert sup.state == "fatal" and [mml(a) for a, _, _ in ops.spawned] == ["4096", "1568"]
+    assert script.remedy_lines() == [
+        ("max_model_len", "applied"),
+        ("max_model_len", "reverted"),
+        (None, "none"),
+    ]
+    loop = script.shown[-1][0]
+    assert loop.exhausted and [s.outcome for s in loop.remedies] == ["reverted"]
+    saved = json.loads((tmp_path / "state" / FILE_NAME).read_text())
+    assert saved["exhausted"] is True and saved["remedies"][0]["outcome"] == "reverted"
+
+
+def test_a_crash_loop_that_ends_before_a_remedy_keeps_it_for_the_next_daemon(
+    tmp_path: Path,
+) -> None:
+    script = Script(kv_too_small(4096, 1568), kv_too_small(4096, 1568))
+    supervise(tmp_path, ladder(tmp_path, script), [1], crash_loop_starts=1)
+    assert script.lines == []  # no restart: nothing applied, nothing said
+    again = ladder(tmp_path, script)
+    assert again.loop.first_failure is not None and not again.loop.exhausted
+    assert mml(again.argv()) == "4096"
+    again.failed(restarting=True)  # the next daemon's first start failed: now the remedy
+    assert mml(again.argv()) == "1568"
+
+
+class Broken:
+    def argv(self) -> tuple[str, ...]:
+        raise RuntimeError("bug")
+
+    def failed(self, restarting: bool) -> None:
+        raise RuntimeError("bug")
+
+    def ready(self) -> None:
+        raise RuntimeError("bug")
+
+
+def test_a_broken_planner_neither_stops_the_restarts_nor_changes_the_command(
+    tmp_path: Path,
+) -> None:
+    ops = VirtualOps([1, 1])
+    sup = Supervisor(_cfg(tmp_path, argv=ARGV, crash_loop_starts=2), ops=ops, planner=Broken())
+    assert asyncio.run(sup.run()) == "fatal"
+    assert [tuple(a) for a, _, _ in ops.spawned] == [ARGV, ARGV]
+    assert sup.callback_errors_total == 4  # argv twice, failed twice
 
 
 def test_the_ladders_place_and_the_first_failure_survive_a_daemon_restart(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 start whose --max-model-len does not fit the KV cache it is given; vLLM fails and says which
 length would fit; the next start, with that length, reaches ready. (With remedies off the same
 start ends fatal: tests/e2e/test_real_vllm.py::test_kv_cache_too_small_restarts_with_backoff_then_fatal.)
-Two vLLM starts of the small Llama-style test model, about a minute."""
+Two vLLM starts of the small Llama-style test model: about three minutes on a 2-core machine."""
 
 from __future__ import annotations
 
