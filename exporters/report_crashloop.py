@@ -37,9 +37,7 @@ def crash_loop_of(sessions: Sequence[Any]) -> CrashLoopReport | None:
     first = run[-1]
     roots = [f for f in first.failures if f.fatal]
     root = next((f for f in roots if f.kind == first.failure_kind), roots[0] if roots else None)
-    phase = next(
-        (t.phase for t in reversed(first.timeline) if t.phase != STARTUP_UNKNOWN), STARTUP_UNKNOWN
-    )
+    phase = first.timeline[-1].phase if first.timeline else STARTUP_UNKNOWN
     return CrashLoopReport(
         failed_starts=len(run),
         session=first.id,

@@ -46,12 +46,14 @@ Seen = tuple[Failed, tuple[str, ...]]  # a failure and its excerpt
 
 def seen_in(session: Any) -> Seen | None:
     """The failure a session (state/session.py's `Session`) ended with: its root cause, and the
-    start-up step under way when it failed."""
+    phase of the start-up step under way when it failed."""
     if session is None:
         return None
     root = root_cause(session.failures)
     steps = session.timeline.steps
-    phase = next((s.phase for s in reversed(steps) if s.phase != UNKNOWN), UNKNOWN)
+    # (the step under way, even when its phase is not known yet: after the weights' last line
+    # and before the next step's first, an OOM is not the weights')
+    phase = steps[-1].phase if steps else UNKNOWN
     if root is None:
         kind = session.failure_kind or "other"
         return Failed(kind, phase, session.reason or ""), ()

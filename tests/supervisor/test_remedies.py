@@ -327,3 +327,31 @@ def test_status_shows_the_first_failure_and_the_remedies(tmp_path: Path) -> None
         assert step["outcome"] == "applied" and step["after"] == "1568"
         assert step["diff"] == ["- --max-model-len 4096", "+ --max-model-len 1568"]
     assert json.loads(status_json(LoadState().snapshot(1.0), Redactor()))["first_failure"] is None
+
+
+@pytest.mark.parametrize(
+    ("log", "kind", "phase", "words"),
+    [
+        # real vLLM 0.32 on the CPU, its KV cache too small (tests/e2e/test_real_vllm.py)
+        ("real-v0.32-supervised-kv-too-small.log", "kv_cache_too_small", "kv_cache", "max seq len"),
+        # an OOM at shard 3 of 37 (the fixture's .source names the issue it is from)
+        ("v0-bracket-header.log", "cuda_oom", "weights", "CUDA out of memory"),
+    ],
+)
+def test_the_failure_is_read_from_the_folded_session(
+    log: str, kind: str, phase: str, words: str
+) -> None:
+    from loadwatch.daemon.supervise.ladder import seen_in
+    from loadwatch.daemon.tools.analyze import LogReader, SessionFolder
+    from loadwatch.daemon.tools.analyze_input import DEFAULT_RECORD_BYTES
+
+    reader = LogReader(Path(__file__).parents[1] / "fixtures" / log, DEFAULT_RECORD_BYTES)
+    folder = SessionFolder(reader.opened.mtime, None)
+    for ev in reader.events():
+        folder.add(ev)
+    reader.close()
+    seen = seen_in(folder.state.session)
+    assert seen is not None
+    failed, excerpt = seen
+    assert (failed.kind, failed.phase) == (kind, phase) and words in failed.message
+    assert excerpt and all(len(line) <= 400 for line in excerpt)
