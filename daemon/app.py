@@ -340,7 +340,7 @@ def ladder_for(daemon: Daemon, vllm: VllmConfig) -> Any:
     return Ladder(
         vllm.argv,
         vllm.remedies,
-        Settings(min_model_len=vllm.remedy_min_model_len),
+        Settings(vllm.remedy_min_model_len, vllm.remedy_gpu_memory_step),
         CrashLoopFile(daemon.cfg.state_dir, daemon.feed.problem),
         seen=lambda: seen_in(daemon.state.session),
         redact=daemon.redactor.argv,

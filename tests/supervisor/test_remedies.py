@@ -18,7 +18,7 @@ from loadwatch.daemon.crashloop_file import FILE_NAME, CrashLoopFile
 from loadwatch.daemon.sources.inputs import ProcessEvent
 from loadwatch.daemon.state.crashloop import CrashLoop, RemedyCounts
 from loadwatch.daemon.supervise.ladder import Ladder, Seen
-from loadwatch.daemon.supervise.remedies import Failed, Settings
+from loadwatch.daemon.supervise.remedies import Failed, Settings, propose
 from loadwatch.daemon.supervise.supervisor import Supervisor
 from loadwatch.parsers.vllm.argv_secrets import Redactor
 from loadwatch.parsers.vllm.catalog import fitting_model_len
@@ -355,3 +355,78 @@ def test_the_failure_is_read_from_the_folded_session(
     failed, excerpt = seen
     assert (failed.kind, failed.phase) == (kind, phase) and words in failed.message
     assert excerpt and all(len(line) <= 400 for line in excerpt)
+
+
+# vLLM 0.32's OOM message (torch's, raised in the profiling run: the allocation sizes are made up)
+OOM_TEXT = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB "
+    "of which 1.05 GiB is free."
+)
+BOTH = ("gpu_memory_utilization", "max_model_len")
+
+
+def gmu(argv: Any) -> str | None:
+    args = list(argv)
+    i = args.index("--gpu-memory-utilization") if "--gpu-memory-utilization" in args else None
+    return None if i is None else args[i + 1]
+
+
+def test_gpu_memory_utilization_is_lowered_after_an_oom_in_the_kv_profiling(
+    tmp_path: Path,
+) -> None:
+    script = Script(Failed("cuda_oom", "kv_cache", OOM_TEXT))
+    lad = ladder(tmp_path, script, BOTH)
+    _sup, _rec, ops = supervise(tmp_path, lad, [1, 0], ready_on=2)
+    assert [gmu(a) for a, _, _ in ops.spawned] == [None, "0.85"]
+    applied, helped = [d for d in script.lines if d["event"] == "vllm.remedy"]
+    assert applied["remedy"] == "gpu_memory_utilization" and applied["outcome"] == "applied"
+    assert applied["diff"] == ["+ --gpu-memory-utilization 0.85"]
+    assert (
+        "cuda_oom in kv_cache" in applied["reason"] and "0.9 (vLLM's default)" in applied["reason"]
+    )
+    assert helped["outcome"] == "helped"
+
+
+def test_a_remedy_that_did_not_help_is_reverted_before_the_next_is_tried(tmp_path: Path) -> None:
+    # An OOM in the CUDA-graph capture: less memory for vLLM; then its KV cache is too small for
+    # --max-model-len: that remedy goes, the next one comes, on the configured command.
+    script = Script(
+        Failed("cuda_oom", "graph_capture", OOM_TEXT),
+        kv_too_small(4096, 3000),
+        kv_too_small(4096, 3000),
+    )
+    lad = ladder(tmp_path, script, BOTH)
+    _sup, _rec, ops = supervise(tmp_path, lad, [1, 1, 0], ready_on=3)
+    assert [(gmu(a), mml(a)) for a, _, _ in ops.spawned] == [
+        (None, "4096"),
+        ("0.85", "4096"),
+        (None, "3000"),  # the first remedy reverted before the second
+    ]
+    assert script.remedy_lines() == [
+        ("gpu_memory_utilization", "applied"),
+        ("gpu_memory_utilization", "reverted"),
+        ("max_model_len", "applied"),
+        ("max_model_len", "helped"),
+    ]
+    loop, counts = script.shown[-1]
+    assert [(s.remedy, s.outcome) for s in loop.remedies] == [
+        ("gpu_memory_utilization", "reverted"),
+        ("max_model_len", "helped"),
+    ]
+    assert counts.counts[("gpu_memory_utilization", "reverted")] == 1
+
+
+def test_gpu_memory_utilization_has_a_floor_and_ignores_other_phases(tmp_path: Path) -> None:
+    low = (*ARGV, "--gpu-memory-utilization", "0.52")
+    oom = Failed("cuda_oom", "graph_capture", OOM_TEXT)
+    settings = Settings(min_model_len=1024)
+    assert "below 0.5" in str(propose("gpu_memory_utilization", oom, low, settings))
+    for phase in ("weights", "unknown", "config"):
+        assert (
+            propose("gpu_memory_utilization", Failed("cuda_oom", phase, OOM_TEXT), ARGV, settings)
+            is None
+        )
+    change = propose(
+        "gpu_memory_utilization", oom, (*ARGV, "--gpu-memory-utilization=0.8"), settings
+    )
+    assert not isinstance(change, str) and change is not None and change.after == "0.75"
