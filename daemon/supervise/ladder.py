@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from loadwatch.daemon.crashloop_file import CrashLoopFile
 from loadwatch.daemon.state.crashloop import (
@@ -37,6 +36,7 @@ from loadwatch.daemon.state.crashloop import (
     excerpt_of,
 )
 from loadwatch.daemon.state.failures import root_cause
+from loadwatch.daemon.state.session import Session
 from loadwatch.daemon.state.timeline import UNKNOWN
 from loadwatch.daemon.supervise.remedies import Change, Failed, Settings, no_remedy, propose
 from loadwatch.parsers.vllm.argv import with_option
@@ -44,7 +44,7 @@ from loadwatch.parsers.vllm.argv import with_option
 Seen = tuple[Failed, tuple[str, ...]]  # a failure and its excerpt
 
 
-def seen_in(session: Any) -> Seen | None:
+def seen_in(session: Session | None) -> Seen | None:
     """The failure a session (state/session.py's `Session`) ended with: its root cause, and the
     phase of the start-up step under way when it failed."""
     if session is None:
@@ -86,7 +86,21 @@ class Ladder:
         self._kept: tuple[RemedyStep, ...] = ()  # remedies that helped, in this daemon's life
         self.counts = RemedyCounts()
         self.loop = store.load()
+        first = self.loop.first_failure
+        if first is not None and first.argv != self._redacted(self._base):
+            # The operator changed the command since (a fix, say): its failures and remedies
+            # are not this command's.
+            self._say(
+                "vllm.crash_loop_dropped",
+                reason="the configured command differs from the one the kept crash loop began "
+                "with: a new command starts a new loop",
+            )
+            self.loop = CrashLoop()
+            store.save(self.loop)
         self._publish()
+
+    def _redacted(self, argv: Sequence[str]) -> tuple[str, ...]:
+        return tuple(self._redact(argv))[:MAX_ARGV]
 
     def argv(self) -> tuple[str, ...]:
         """The command of the next start: the configured one with the remedies that helped and
@@ -105,7 +119,7 @@ class Ladder:
         failed, excerpt = seen
         loop = self.loop
         if loop.first_failure is None:
-            argv = tuple(self._redact(self.argv()))[:MAX_ARGV]
+            argv = self._redacted(self.argv())
             first = FirstFailure(
                 failed.kind, failed.phase, failed.message, excerpt, argv, self._clock()
             )

@@ -430,3 +430,28 @@ def test_gpu_memory_utilization_has_a_floor_and_ignores_other_phases(tmp_path: P
         "gpu_memory_utilization", oom, (*ARGV, "--gpu-memory-utilization=0.8"), settings
     )
     assert not isinstance(change, str) and change is not None and change.after == "0.75"
+
+
+def test_a_kept_loop_of_another_command_is_dropped(tmp_path: Path) -> None:
+    script = Script(kv_too_small(4096, 1568))
+    ladder(tmp_path, script).failed(restarting=True)  # kept, a remedy applied
+    assert (tmp_path / "state" / FILE_NAME).exists()
+    red = Redactor()
+    fixed = Ladder(
+        (*ARGV[:4], "1024"),  # the operator fixed the command and restarted the daemon
+        ("max_model_len",),
+        Settings(min_model_len=1024),
+        CrashLoopFile(tmp_path / "state", script.problems.append),
+        seen=script.seen,
+        redact=red.argv,
+        say=script.say,
+        changed=script.changed,
+        clock=lambda: 1300.0,
+    )
+    assert fixed.loop == CrashLoop() and mml(fixed.argv()) == "1024"
+    assert not (tmp_path / "state" / FILE_NAME).exists()
+    assert script.lines[-1]["event"] == "vllm.crash_loop_dropped"
+    # the same command (its secret redacted alike) keeps it
+    script2 = Script(kv_too_small(4096, 1568))
+    ladder(tmp_path, script2).failed(restarting=True)
+    assert ladder(tmp_path, script2).loop.first_failure is not None
