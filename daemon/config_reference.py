@@ -32,7 +32,8 @@ INTRO = {
 DOCS: dict[str, str] = {
     "state_dir": "where checkpoints, the emit mark and the start history (`starts.json`, what "
     "the last starts that got ready took; to clear it, delete it while loadwatch is stopped) "
-    "live: `/var/lib/loadwatch`, or, for `loadwatch run` without `--config` by a user who "
+    "and, in supervise mode, the crash loop under way (`crash_loop.json`: its first failure "
+    "and remedies, until a start gets ready) live: `/var/lib/loadwatch`, or, for `loadwatch run` without `--config` by a user who "
     "cannot write `/var/lib`, `~/.local/state/loadwatch`; one daemon per directory (a second "
     "exits 75)",
     "events_file": "also write the event log (one JSON object per line, every event) to this "
