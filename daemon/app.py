@@ -370,17 +370,22 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
             total = next((t for t in totals if t), None)
             return (total, "NVML: the first GPU's total memory") if total else None
 
+        ladder = ladder_for(daemon, vllm)
         hook = None
         if vllm.preflight != "off":
             env = {**os.environ, **vllm.env} if vllm.inherit_env else dict(vllm.env)
-            hook = start_hook_for_argv(
-                vllm.argv,
-                vllm.preflight,
-                gpu_cc=gpu_cc,
-                on_report=on_report,
-                env=env,
-                capacity=capacity,
-            )
+
+            def hook() -> str | None:  # the command the next start runs: a remedy may change it
+                check = start_hook_for_argv(
+                    ladder.argv(),
+                    vllm.preflight,
+                    gpu_cc=gpu_cc,
+                    on_report=on_report,
+                    env=env,
+                    capacity=capacity,
+                )
+                return check() if check is not None else None
+
         sup_cfg = supervisor_config(
             vllm,
             str(cfg.log.path),
@@ -392,7 +397,7 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
             sup_cfg,
             on_event=daemon.on_process_event,
             on_note=lambda name, fields: daemon.feed.line(name, **fields),
-            planner=ladder_for(daemon, vllm),
+            planner=ladder,
         )
 
     return factory

@@ -121,7 +121,10 @@ DOCS: dict[str, str] = {
     "at or below vLLM's default; never below 0.5), after `cuda_oom` in the KV-cache profiling or the CUDA-graph capture "
     "(an OOM while loading weights has no remedy). Each is applied at most once "
     "per crash loop, announced by a `vllm.remedy` line with the change as a diff of the command, "
-    "and reverted when the next start fails again; the crash-loop rule applies as ever",
+    "and reverted when the next start fails again; the crash-loop rule applies as ever. With "
+    '`preflight = "refuse"` a start the preflight refuses is judged the same way before vLLM '
+    "runs (its memory plan predicts vLLM's own error, estimate included), and the preflight "
+    "checks the command the next start runs",
     "[vllm] remedy_min_model_len": "the `max_model_len` remedy never starts vLLM with a "
     "`--max-model-len` below this (a shorter context is rarely worth serving; default 2048)",
     "[vllm] remedy_gpu_memory_step": "how much the `gpu_memory_utilization` remedy lowers "

@@ -16,6 +16,11 @@ hands it to the daemon's state), and the loop is saved in the state directory (c
 so that a restart of the daemon starts where the ladder was, with the first failure. A start that
 reaches ready ends the loop: the remedy it ran with helped and stays in the command for this
 daemon's life; the file is removed.
+
+A start the preflight refuses (`refused`, `preflight = "refuse"`) is judged as a failure in phase
+`preflight`: its memory plan predicts vLLM's own error, estimate included, so the same remedies
+apply before vLLM runs at all (the preflight checks the command `argv` gives). A loop kept for
+another command than the configured one is dropped when the daemon starts.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import replace
 from loadwatch.daemon.crashloop_file import CrashLoopFile
 from loadwatch.daemon.state.crashloop import (
     MAX_ARGV,
+    MAX_LINE_CHARS,
     MAX_MESSAGE_CHARS,
     MAX_STEPS,
     CrashLoop,
@@ -40,8 +46,10 @@ from loadwatch.daemon.state.session import Session
 from loadwatch.daemon.state.timeline import UNKNOWN
 from loadwatch.daemon.supervise.remedies import Change, Failed, Settings, no_remedy, propose
 from loadwatch.parsers.vllm.argv import with_option
+from loadwatch.parsers.vllm.catalog import classify
 
 Seen = tuple[Failed, tuple[str, ...]]  # a failure and its excerpt
+PREFLIGHT = "preflight"  # the phase of a start the preflight refused
 
 
 def seen_in(session: Session | None) -> Seen | None:
@@ -115,7 +123,18 @@ class Ladder:
     def failed(self, restarting: bool) -> None:
         """A start failed; `restarting`: another follows (else no remedy is applied: the first
         failure is kept, the remedy it ran with reverted, the ladder judged exhausted or not)."""
-        seen = self._seen() or (Failed("other", UNKNOWN, ""), ())
+        self._judge(self._seen() or (Failed("other", UNKNOWN, ""), ()), restarting)
+
+    def refused(self, reason: str) -> None:
+        """The preflight refused a start (`preflight = "refuse"`): what it predicts, in vLLM's
+        own words where the memory plan gives them, is judged as a failure in phase `preflight`
+        (its start never ran), so the same remedies apply before vLLM runs at all."""
+        if self._remedies:
+            text = reason[:MAX_MESSAGE_CHARS]
+            failed = Failed(classify(None, text), PREFLIGHT, text)
+            self._judge((failed, (text[:MAX_LINE_CHARS],)), True)
+
+    def _judge(self, seen: Seen, restarting: bool) -> None:
         failed, excerpt = seen
         loop = self.loop
         if loop.first_failure is None:
@@ -128,7 +147,8 @@ class Ladder:
         if tried is not None:
             undone = replace(tried, outcome="reverted", at=self._clock())
             loop = replace(loop, remedies=(*loop.remedies[:-1], undone))
-            self._step(undone, f"the start with it failed again ({failed.kind}); reverted", failed)
+            again = "was refused" if failed.phase == PREFLIGHT else "failed again"
+            self._step(undone, f"the start with it {again} ({failed.kind}); reverted", failed)
         if self._remedies and (restarting or loop.remedies):
             loop = self._next(loop, failed, restarting)
         self.loop = loop

@@ -58,6 +58,8 @@ class StartPlanner(Protocol):
 
     def failed(self, restarting: bool) -> None: ...
 
+    def refused(self, reason: str) -> None: ...
+
     def ready(self) -> None: ...
 
 
@@ -84,6 +86,14 @@ class PlannerCalls:
         if run.failed and self.planner is not None:
             try:
                 self.planner.failed(restarting)
+            except Exception:
+                self._report.errors_total += 1
+
+    def refused(self, reason: str) -> None:
+        """The preflight refused a start (a restart follows, after the backoff)."""
+        if self.planner is not None:
+            try:
+                self.planner.refused(reason)
             except Exception:
                 self._report.errors_total += 1
 

@@ -24,8 +24,8 @@ restart, or exited 0 after ``note_fatal_failure`` (after a clean exit the superv
 failed runs, ``always`` every run, ``never`` none. The backoff doubles per consecutive failure
 up to its cap and resets after ``note_ready`` or a long run; after ``crash_loop_starts`` starts
 within ``crash_loop_window_s`` the state is fatal. The ``preflight`` hook runs before each start;
-its veto backs off and retries (so a patched model directory starts by itself), or is fatal
-under ``never``. A ``planner`` (ladder.py's ``Ladder``), when given, decides each start's
+its veto backs off and retries (so a patched model directory starts by itself, and the planner
+may remedy what it predicts), or is fatal under ``never``. A ``planner`` (ladder.py's ``Ladder``), when given, decides each start's
 command and hears of each failed start before the backoff (the first failure of a crash loop is
 kept and a remedy announced there) and of readiness.
 
@@ -167,7 +167,7 @@ class Supervisor:
         noted = self._run.fatal_kind
         if noted is None or _rank(kind) < _rank(noted):
             self._run.fatal_kind = kind
-        self._poke()
+        self._requests.poke()
         return True
 
     def note_stall(self, stalled_for_s: float) -> bool:
@@ -186,14 +186,14 @@ class Supervisor:
             return False
         if self._requests.restart is None:
             self._requests.restart = reason
-        self._poke()
+        self._requests.poke()
         return True
 
     async def stop(self, reason: str = "stop requested") -> StopResult:
         """End vLLM and its whole tree and stay stopped. Safe to call in any state."""
         if self._requests.stop is None:
             self._requests.stop = reason
-        self._poke()
+        self._requests.poke()
         if self._active and self._done is not None:
             await self._done.wait()
         if self._state == "idle":
@@ -245,6 +245,7 @@ class Supervisor:
                 if cfg.restart == "never":
                     self._fatal(veto)
                     return
+                self._plan.refused(veto)  # (a remedy may make the next start pass)
                 await self._backoff(veto)
                 continue
             outcome = await self._start_and_supervise()
@@ -371,9 +372,6 @@ class Supervisor:
 
     def _stopping(self) -> bool:
         return self._requests.stop is not None
-
-    def _poke(self) -> None:
-        self._requests.poke()
 
     def _stopping_run(self, pid: int, reason: str | None, requested: bool) -> None:
         """The run's tree is being ended: asked for (a stop, a restart), or what was left of it

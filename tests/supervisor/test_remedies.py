@@ -455,3 +455,54 @@ def test_a_kept_loop_of_another_command_is_dropped(tmp_path: Path) -> None:
     script2 = Script(kv_too_small(4096, 1568))
     ladder(tmp_path, script2).failed(restarting=True)
     assert ladder(tmp_path, script2).loop.first_failure is not None
+
+
+def refusing_preflight(lad: Ladder, fits: str) -> Any:
+    """A preflight in refuse mode whose memory plan says the command's --max-model-len will not
+    fit (daemon/tools/memplan_render.py's check line, with the plan's prediction of vLLM's own
+    ValueError) until it is `fits`."""
+
+    def hook() -> str | None:
+        now = mml(lad.argv())
+        if now == fits:
+            return None
+        expect = kv_too_small(int(now), int(fits)).message
+        return f"preflight: --max-model-len {int(now):,} will not fit: expect {expect}"
+
+    return hook
+
+
+def test_a_start_the_preflight_refuses_is_remedied_before_vllm_runs(tmp_path: Path) -> None:
+    script = Script()
+    lad = ladder(tmp_path, script)
+    rec = Recorder()
+    ops = VirtualOps([0])
+    holder: list[Supervisor] = []
+
+    def on_event(e: ProcessEvent) -> None:
+        rec(e)
+        if e.kind == "started":
+            holder[0].note_ready()
+
+    cfg = _cfg(tmp_path, argv=ARGV, preflight=refusing_preflight(lad, "1568"))
+    sup = Supervisor(cfg, on_event=on_event, ops=ops, planner=lad)
+    holder.append(sup)
+    assert asyncio.run(sup.run()) == "exited"
+    # one start, with the remedy: vLLM never ran with the command that could not fit
+    assert [mml(a) for a, _, _ in ops.spawned] == ["1568"]
+    assert script.remedy_lines() == [("max_model_len", "applied"), ("max_model_len", "helped")]
+    applied = script.lines[0]
+    assert applied["kind"] == "kv_cache_too_small" and applied["phase"] == "preflight"
+    during = script.shown[1][0].first_failure
+    assert during is not None and during.phase == "preflight"
+    assert [e.kind for e in rec.events][:2] == ["backoff", "started"]
+
+
+def test_a_refusal_with_remedies_off_changes_nothing(tmp_path: Path) -> None:
+    script = Script()
+    lad = ladder(tmp_path, script, remedies=())
+    lad.refused(
+        "preflight: --max-model-len 4,096 will not fit: expect " + kv_too_small(4096, 1568).message
+    )
+    assert lad.loop == CrashLoop() and script.lines == []
+    assert not (tmp_path / "state" / FILE_NAME).exists()
