@@ -27,6 +27,7 @@ from loadwatch.daemon.cli import EX_CANTCREAT, EX_CONFIG, EX_DATAERR, fail
 from loadwatch.daemon.config import (
     Config,
     ConfigError,
+    VllmConfig,
     http_files_problem,
     load_config,
     with_api_key,
@@ -324,6 +325,31 @@ async def _main(
                 loop.remove_signal_handler(sig)
 
 
+def ladder_for(daemon: Daemon, vllm: VllmConfig) -> Any:
+    """The crash loop's keeper and ladder of remedies (supervise/ladder.py) of a supervising
+    daemon: its loop in the state directory, on /status through the daemon's state."""
+    from loadwatch.daemon.crashloop_file import CrashLoopFile
+    from loadwatch.daemon.supervise.ladder import Ladder, seen_in
+    from loadwatch.daemon.supervise.remedies import Settings
+
+    def changed(loop: Any, counts: Any) -> None:
+        daemon.state = replace(daemon.state, crash_loop=loop, remedy_counts=counts)
+        daemon.publisher.urgent()
+        daemon.publisher.changed()
+
+    return Ladder(
+        vllm.argv,
+        vllm.remedies,
+        Settings(vllm.remedy_min_model_len, vllm.remedy_gpu_memory_step),
+        CrashLoopFile(daemon.cfg.state_dir, daemon.feed.problem),
+        seen=lambda: seen_in(daemon.state.session),
+        redact=daemon.redactor.argv,
+        say=daemon.feed.line,
+        changed=changed,
+        clock=daemon.clock,
+    )
+
+
 def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
     from loadwatch.daemon.supervise.supervisor import Supervisor, supervisor_config
     from loadwatch.daemon.tools.preflight import start_hook_for_argv
@@ -345,17 +371,22 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
             total = next((t for t in totals if t), None)
             return (total, "NVML: the first GPU's total memory") if total else None
 
+        ladder = ladder_for(daemon, vllm)
         hook = None
         if vllm.preflight != "off":
             env = {**os.environ, **vllm.env} if vllm.inherit_env else dict(vllm.env)
-            hook = start_hook_for_argv(
-                vllm.argv,
-                vllm.preflight,
-                gpu_cc=gpu_cc,
-                on_report=on_report,
-                env=env,
-                capacity=capacity,
-            )
+
+            def hook() -> str | None:  # the command the next start runs: a remedy may change it
+                check = start_hook_for_argv(
+                    ladder.argv(),
+                    vllm.preflight,
+                    gpu_cc=gpu_cc,
+                    on_report=on_report,
+                    env=env,
+                    capacity=capacity,
+                )
+                return check() if check is not None else None
+
         sup_cfg = supervisor_config(
             vllm,
             str(cfg.log.path),
@@ -367,6 +398,7 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
             sup_cfg,
             on_event=daemon.on_process_event,
             on_note=lambda name, fields: daemon.feed.line(name, **fields),
+            planner=ladder,
         )
 
     return factory

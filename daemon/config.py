@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 from loadwatch.daemon.config_table import ConfigError as ConfigError
 from loadwatch.daemon.config_table import Table as _Table
 from loadwatch.daemon.sources.health import UrlRefused, endpoint_from_config
+from loadwatch.daemon.supervise.remedies import REMEDY_NAMES
 from loadwatch.exporters.http.settings import DEFAULT_PORT as DEFAULT_PORT
 from loadwatch.exporters.http.settings import HttpConfig as HttpConfig
 from loadwatch.parsers.vllm.argv import option
@@ -84,6 +85,10 @@ class VllmConfig:
     stall_policy: Literal["alert", "restart"] = "alert"
     stall_restart_after_s: float = 900.0
     preflight: Literal["warn", "refuse", "off"] = "warn"
+    # Remedies tried, in this order, when a start fails for a known reason (supervise/remedies.py)
+    remedies: tuple[str, ...] = ()
+    remedy_min_model_len: int = 2048  # the `max_model_len` remedy never goes below this
+    remedy_gpu_memory_step: float = 0.05  # the `gpu_memory_utilization` remedy's step down
     log_max_bytes: int = 256 * 1024 * 1024
     log_keep: int = 3
     output: Literal["file", "file+stdout"] = "file"  # where vLLM's output goes besides the log
@@ -319,6 +324,13 @@ def _vllm_fields(t: _Table) -> dict[str, Any]:
             "stall_restart_after_s", d.stall_restart_after_s, minimum=1.0, maximum=86400
         ),
         "preflight": t.choice("preflight", d.preflight, ("warn", "refuse", "off")),
+        "remedies": t.names("remedies", REMEDY_NAMES),
+        "remedy_min_model_len": t.integer(
+            "remedy_min_model_len", d.remedy_min_model_len, minimum=16, maximum=1 << 24
+        ),
+        "remedy_gpu_memory_step": t.number(
+            "remedy_gpu_memory_step", d.remedy_gpu_memory_step, minimum=0.01, maximum=0.4
+        ),
         "log_max_bytes": t.integer("log_max_bytes", d.log_max_bytes, minimum=4096, maximum=1 << 40),
         "log_keep": t.integer("log_keep", d.log_keep, minimum=1, maximum=100),
         "output": t.choice("output", d.output, ("file", "file+stdout")),

@@ -32,7 +32,8 @@ INTRO = {
 DOCS: dict[str, str] = {
     "state_dir": "where checkpoints, the emit mark and the start history (`starts.json`, what "
     "the last starts that got ready took; to clear it, delete it while loadwatch is stopped) "
-    "live: `/var/lib/loadwatch`, or, for `loadwatch run` without `--config` by a user who "
+    "and, in supervise mode, the crash loop under way (`crash_loop.json`: its first failure "
+    "and remedies, until a start gets ready) live: `/var/lib/loadwatch`, or, for `loadwatch run` without `--config` by a user who "
     "cannot write `/var/lib`, `~/.local/state/loadwatch`; one daemon per directory (a second "
     "exits 75)",
     "events_file": "also write the event log (one JSON object per line, every event) to this "
@@ -113,6 +114,21 @@ DOCS: dict[str, str] = {
     "[vllm] stall_restart_after_s": 'with `stall_policy = "restart"`: stalled this long restarts',
     "[vllm] preflight": "the check before a start (FP8 KV cache on SM120, memory): warn, refuse "
     "to start, or skip",
+    "[vllm] remedies": "remedies tried, in this order, when a start fails for a known reason "
+    "(none by default): `max_model_len` starts again with the largest `--max-model-len` vLLM "
+    "said would fit, after `kv_cache_too_small` or `max_model_len`; `gpu_memory_utilization` "
+    "with `--gpu-memory-utilization` lower by `remedy_gpu_memory_step` (from 0.9 when not given, "
+    "at or below vLLM's default; never below 0.5), after `cuda_oom` in the KV-cache profiling or the CUDA-graph capture "
+    "(an OOM while loading weights has no remedy). Each is applied at most once "
+    "per crash loop, announced by a `vllm.remedy` line with the change as a diff of the command, "
+    "and reverted when the next start fails again; the crash-loop rule applies as ever. With "
+    '`preflight = "refuse"` a start the preflight refuses is judged the same way before vLLM '
+    "runs (its memory plan predicts vLLM's own error, estimate included), and the preflight "
+    "checks the command the next start runs",
+    "[vllm] remedy_min_model_len": "the `max_model_len` remedy never starts vLLM with a "
+    "`--max-model-len` below this (a shorter context is rarely worth serving; default 2048)",
+    "[vllm] remedy_gpu_memory_step": "how much the `gpu_memory_utilization` remedy lowers "
+    "`--gpu-memory-utilization`",
     "[vllm] log_max_bytes": "the captured log is rotated at this size",
     "[vllm] log_keep": "rotated logs kept",
     "[vllm] output": "where vLLM's output goes: `file` (the log, `[log] path`) or `file+stdout` "

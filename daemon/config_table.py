@@ -154,6 +154,21 @@ class Table:
 
         return self._get(key, (), check, "list of strings")
 
+    def names(self, key: str, known: tuple[str, ...]) -> tuple[str, ...]:
+        """A list of names out of `known`, each once (order kept: it may matter)."""
+
+        def check(v: Any) -> tuple[str, ...]:
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ValueError(f"expected a list of names out of {', '.join(known)}")
+            for x in v:
+                if x not in known:
+                    raise ValueError(f"unknown name {_show(x)}; known: {', '.join(known)}")
+            if len(set(v)) != len(v):
+                raise ValueError("a name is listed twice")
+            return tuple(v)
+
+        return self._get(key, (), check, "list of " + ", ".join(f"`{k}`" for k in known))
+
     def user(self, key: str) -> int | str | None:
         """A user name, or a uid (an integer, or a string of digits)."""
 

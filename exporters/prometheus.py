@@ -441,3 +441,16 @@ def _supervisor(pub: Published) -> Iterator[Metric]:
         "Processes of the last vLLM tree still holding GPU memory.",
         sup.orphans,
     )
+    c = CounterMetricFamily(
+        "loadwatch_vllm_remedies",
+        "Remedies of failed vLLM starts, by what became of them.",
+        labels=["remedy", "outcome"],
+    )
+    for (remedy, outcome), n in sorted(pub.state.remedy_counts.counts.items()):
+        c.add_metric([remedy, outcome], n)
+    yield c
+    yield from _gauge(
+        "loadwatch_vllm_remedy_ladder_exhausted",
+        "1 while a crash loop has tried its remedies and none is left for its failure.",
+        1.0 if pub.state.crash_loop.exhausted else 0.0,
+    )

@@ -21,6 +21,7 @@ from loadwatch.daemon.state.snapshot import (
     WarningView,
     plain,
 )
+from loadwatch.exporters.report_crashloop import CrashLoopReport, crash_loop_of
 from loadwatch.exporters.terminal.fmt import clock, duration
 
 SCHEMA = 1
@@ -206,6 +207,7 @@ class Report:
     sessions_total: int
     sessions_omitted: int
     sessions: tuple[SessionReport, ...]
+    crash_loop: CrashLoopReport | None = None  # the failed starts the log ends with (2 or more)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = plain(self)
@@ -452,6 +454,7 @@ def build_report(
         sessions_total=final.sessions_total,
         sessions_omitted=omitted,
         sessions=sessions,
+        crash_loop=crash_loop_of(sessions),
     )
 
 

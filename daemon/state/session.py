@@ -24,6 +24,7 @@ from loadwatch.daemon.sources.inputs import (
     ProcessEvent,
     Tick,
 )
+from loadwatch.daemon.state.crashloop import CrashLoop, RemedyCounts
 from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.forecast import EtaConfig, EtaState
 from loadwatch.daemon.state.kvdtype import KvEvidence
@@ -322,6 +323,9 @@ class StateData:
     vllm_started_at: float | None = None  # the supervisor's last start of vLLM
     # processes of the last exited vLLM tree still holding GPU memory; None: not checked yet
     orphans: int | None = None
+    # supervise mode: the crash loop under way and the remedies' counts (supervise/ladder.py)
+    crash_loop: CrashLoop = field(default_factory=CrashLoop)
+    remedy_counts: RemedyCounts = field(default_factory=RemedyCounts)
 
     @property
     def restarts(self) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from loadwatch.daemon.state.crashloop import FirstFailure, RemedyStep
     from loadwatch.daemon.state.node import NodeRoleView
     from loadwatch.daemon.state.nodeprogress import NodeProgressView
 
@@ -453,6 +454,8 @@ class Snapshot:
     health: HealthView | None
     node: NodeView | None = None
     client_text: Mapping[str, int] = field(default_factory=dict)  # records set aside, by kind
+    first_failure: FirstFailure | None = None  # of the crash loop under way (state/crashloop.py)
+    remedies: tuple[RemedyStep, ...] = ()  # tried in that loop, or that helped the last one
 
     def to_dict(self) -> dict[str, Any]:
         """The `/status` JSON (see the module doc)."""

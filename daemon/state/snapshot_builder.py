@@ -435,4 +435,6 @@ def build_snapshot(state: StateData, now: float) -> Snapshot:
         if h is not None
         else None,
         node=node_view(state, s, now, sv.progress.eta if sv is not None else None),
+        first_failure=state.crash_loop.first_failure,
+        remedies=state.crash_loop.remedies,
     )

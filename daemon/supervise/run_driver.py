@@ -122,15 +122,15 @@ class RunDriver:
         if self.log is not None:
             self.log.close()
 
-    def start(self) -> Run | StartRefused:
-        """Spawn vLLM with its output piped to the log and its exit watched."""
+    def start(self, argv: tuple[str, ...]) -> Run | StartRefused:
+        """Spawn vLLM (`argv`) with its output piped to the log and its exit watched."""
         cfg = self.config
         if self.log is None:
             try:
                 self.log = RotatingLog(cfg.log_path, cfg.log_max_bytes, cfg.log_keep)
             except OSError as exc:
                 return StartRefused(f"cannot open log {cfg.log_path}: {exc.strerror or exc}", True)
-        spawned = self._spawn()
+        spawned = self._spawn(argv)
         if isinstance(spawned, StartRefused):
             return spawned
         child, read_fd = spawned
@@ -149,21 +149,21 @@ class RunDriver:
         watch_exit(child, run.exited, loop, self._requests.poke)
         return run
 
-    def _spawn(self) -> tuple[ChildProcess, int] | StartRefused:
+    def _spawn(self, argv: tuple[str, ...]) -> tuple[ChildProcess, int] | StartRefused:
         cfg = self.config
         env = child_environment(os.environ if cfg.env is None else cfg.env)
         env[RUN_MARKER_ENV] = self._tree.run_marker
         try:
             read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         except OSError as exc:
-            reason = f"cannot start {cfg.argv[0]}: no pipe for its output: {exc.strerror}"
+            reason = f"cannot start {argv[0]}: no pipe for its output: {exc.strerror}"
             return StartRefused(reason, False)
         try:
-            child = self._ops.spawn(cfg.argv, env, cfg.cwd, write_fd)
+            child = self._ops.spawn(argv, env, cfg.cwd, write_fd)
         except OSError as exc:
             os.close(read_fd)
-            where = f" ({exc.filename})" if exc.filename and exc.filename != cfg.argv[0] else ""
-            reason = f"cannot start {cfg.argv[0]}: {exc.strerror or exc}{where}"
+            where = f" ({exc.filename})" if exc.filename and exc.filename != argv[0] else ""
+            reason = f"cannot start {argv[0]}: {exc.strerror or exc}{where}"
             return StartRefused(reason, exc.errno in _PERMANENT_SPAWN_ERRNOS)
         finally:
             os.close(write_fd)

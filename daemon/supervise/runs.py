@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from loadwatch.daemon.sources.inputs import ProcessEvent, ProcessEventKind
 
@@ -50,6 +50,61 @@ def describe_exit(code: int | None, sig: int | None) -> str:
     return f"exit code {code}"
 
 
+class StartPlanner(Protocol):
+    """What decides each start's command beyond the configured one (ladder.py's `Ladder`): the
+    supervisor asks it before each start and tells it of failed starts and readiness."""
+
+    def argv(self) -> tuple[str, ...]: ...
+
+    def failed(self, restarting: bool) -> None: ...
+
+    def refused(self, reason: str) -> None: ...
+
+    def ready(self) -> None: ...
+
+
+class PlannerCalls:
+    """The supervisor's calls of its `StartPlanner`, if any: one that raises is counted in the
+    reporter's `errors_total`, never propagated (its bug must not orphan vLLM nor stop the
+    restarts), and the configured command is used."""
+
+    def __init__(self, planner: StartPlanner | None, report: Reporter, argv: tuple[str, ...]):
+        self.planner = planner
+        self._report = report
+        self._argv = argv
+
+    def argv(self) -> tuple[str, ...]:
+        if self.planner is not None:
+            try:
+                return self.planner.argv()
+            except Exception:
+                self._report.errors_total += 1
+        return self._argv
+
+    def failed(self, run: RunRecord, restarting: bool) -> None:
+        """After a run: a failed one is the planner's to keep, and to remedy when `restarting`."""
+        if run.failed and self.planner is not None:
+            try:
+                self.planner.failed(restarting)
+            except Exception:
+                self._report.errors_total += 1
+
+    def refused(self, reason: str) -> None:
+        """The preflight refused a start (a restart follows, after the backoff)."""
+        if self.planner is not None:
+            try:
+                self.planner.refused(reason)
+            except Exception:
+                self._report.errors_total += 1
+
+    def ready(self) -> None:
+        if self.planner is not None:
+            try:
+                self.planner.ready()
+            except Exception:
+                self._report.errors_total += 1
+
+
 class Reporter:
     """Calls the daemon's callbacks with the supervisor's events (``ProcessEvent``) and notes (lines
     of its own for the event log). A callback that raises is counted in ``errors_total``, never
@@ -62,7 +117,7 @@ class Reporter:
         on_event: Callable[[ProcessEvent], None] | None,
         on_note: Callable[[str, dict[str, Any]], None] | None,
     ) -> None:
-        self._argv = argv
+        self.argv = argv  # (the current start's: a remedy may change it)
         self._clock = clock
         self._on_event = on_event
         self._on_note = on_note
@@ -86,7 +141,7 @@ class Reporter:
             kind=kind,
             ts=self._clock(),
             pid=pid,
-            argv=self._argv,
+            argv=self.argv,
             exit_code=exit_code,
             signal=signal,
             reason=reason,

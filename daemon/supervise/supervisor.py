@@ -24,8 +24,10 @@ restart, or exited 0 after ``note_fatal_failure`` (after a clean exit the superv
 failed runs, ``always`` every run, ``never`` none. The backoff doubles per consecutive failure
 up to its cap and resets after ``note_ready`` or a long run; after ``crash_loop_starts`` starts
 within ``crash_loop_window_s`` the state is fatal. The ``preflight`` hook runs before each start;
-its veto backs off and retries (so a patched model directory starts by itself), or is fatal
-under ``never``.
+its veto backs off and retries (so a patched model directory starts by itself, and the planner
+may remedy what it predicts), or is fatal under ``never``. A ``planner`` (ladder.py's ``Ladder``), when given, decides each start's
+command and hears of each failed start before the backoff (the first failure of a crash loop is
+kept and a remedy announced there) and of readiness.
 
 This module is the policy. The mechanism of one run is ``RunDriver`` (run_driver.py): vLLM in
 its own session (so its own process group), stdout and stderr on one pipe pumped to the rotating
@@ -57,7 +59,15 @@ from loadwatch.daemon.supervise.leftovers import PidFile
 from loadwatch.daemon.supervise.logsink import RotatingLog
 from loadwatch.daemon.supervise.procops import ChildProcess, PosixOps, ProcessOps
 from loadwatch.daemon.supervise.run_driver import Requests, RunDriver, RunOutcome, StartRefused
-from loadwatch.daemon.supervise.runs import Reporter, RunRecord, State, StopResult, describe_exit
+from loadwatch.daemon.supervise.runs import (
+    PlannerCalls,
+    Reporter,
+    RunRecord,
+    StartPlanner,
+    State,
+    StopResult,
+    describe_exit,
+)
 from loadwatch.daemon.supervise.tree_run import Run, TreeControl
 from loadwatch.parsers.vllm.catalog import KIND_RANK
 
@@ -85,12 +95,17 @@ class Supervisor:
         on_event: Callable[[ProcessEvent], None] | None = None,
         ops: ProcessOps | None = None,
         on_note: Callable[[str, dict[str, Any]], None] | None = None,
+        planner: StartPlanner | None = None,
     ) -> None:
         self.config = config
+        self.argv = config.argv  # the current (or last) start's command
         self._pids = PidFile(config.pid_file) if config.pid_file is not None else None
         self._ops: ProcessOps = ops if ops is not None else PosixOps()
         # on_note: lines of its own for the event log (a leftover tree stopped)
         self._report = Reporter(config.argv, self._ops.time, on_event, on_note)
+        # The first failure of a crash loop and the remedies for it (ladder.py); None: the
+        # configured command, always.
+        self._plan = PlannerCalls(planner, self._report, config.argv)
         self._state: State = "idle"
         self._done: asyncio.Event | None = None
         self._active = False
@@ -136,6 +151,8 @@ class Supervisor:
     def note_ready(self) -> None:
         """vLLM answered /health with 200: this start worked; reset the backoff."""
         if self._run is not None:
+            if not self._serving:
+                self._plan.ready()
             self._serving = True
             self._consecutive_failures = 0
 
@@ -150,7 +167,7 @@ class Supervisor:
         noted = self._run.fatal_kind
         if noted is None or _rank(kind) < _rank(noted):
             self._run.fatal_kind = kind
-        self._poke()
+        self._requests.poke()
         return True
 
     def note_stall(self, stalled_for_s: float) -> bool:
@@ -169,14 +186,14 @@ class Supervisor:
             return False
         if self._requests.restart is None:
             self._requests.restart = reason
-        self._poke()
+        self._requests.poke()
         return True
 
     async def stop(self, reason: str = "stop requested") -> StopResult:
         """End vLLM and its whole tree and stay stopped. Safe to call in any state."""
         if self._requests.stop is None:
             self._requests.stop = reason
-        self._poke()
+        self._requests.poke()
         if self._active and self._done is not None:
             await self._done.wait()
         if self._state == "idle":
@@ -228,6 +245,7 @@ class Supervisor:
                 if cfg.restart == "never":
                     self._fatal(veto)
                     return
+                self._plan.refused(veto)  # (a remedy may make the next start pass)
                 await self._backoff(veto)
                 continue
             outcome = await self._start_and_supervise()
@@ -241,9 +259,11 @@ class Supervisor:
                 self._set_state("exited")
                 return
             if cfg.restart == "never" or (cfg.restart == "on-failure" and not last.failed):
+                self._plan.failed(last, False)
                 self._set_state("exited")
                 return
             crash_loop = self._crash_loop()
+            self._plan.failed(last, crash_loop is None)  # (announces a remedy before backoff)
             if crash_loop is not None:
                 self._fatal(crash_loop)
                 return
@@ -286,7 +306,8 @@ class Supervisor:
         await self._requests.sleep_or_wake(self._ops, delay)
 
     async def _start_and_supervise(self) -> Literal["ran", "retry", "fatal"]:
-        started = self._driver.start()
+        self.argv = self._report.argv = self._plan.argv()
+        started = self._driver.start(self.argv)
         if isinstance(started, StartRefused):
             if started.permanent:
                 self._fatal(started.reason)
@@ -325,7 +346,7 @@ class Supervisor:
             reason += f"; {len(remaining)} process(es) survived SIGKILL: {list(remaining)}"
         if ended_mono - run.started_mono >= cfg.backoff_reset_after_s:
             self._consecutive_failures = 0
-        record = outcome.record(cfg.argv, self._ops.time(), reason, failed)
+        record = outcome.record(self.argv, self._ops.time(), reason, failed)
         self.runs.append(record)
         del self.runs[:-100]
         self.last_reason = reason
@@ -352,9 +373,6 @@ class Supervisor:
 
     def _stopping(self) -> bool:
         return self._requests.stop is not None
-
-    def _poke(self) -> None:
-        self._requests.poke()
 
     def _stopping_run(self, pid: int, reason: str | None, requested: bool) -> None:
         """The run's tree is being ended: asked for (a stop, a restart), or what was left of it

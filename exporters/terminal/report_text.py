@@ -18,6 +18,7 @@ from rich.text import Text
 
 from loadwatch.daemon.state.kvdtype import FP8_PATH_CODES, KV_SCALE_CODES
 from loadwatch.exporters.report import Report, SessionReport, WarningGroup
+from loadwatch.exporters.report_crashloop import crash_loop_text
 from loadwatch.exporters.terminal.clean import clean_values
 from loadwatch.exporters.terminal.fmt import (
     clip,
@@ -386,6 +387,8 @@ def _session_block(s: SessionReport, last: bool) -> list[RenderableType]:
 def render_report(report: Report) -> RenderableType:
     report = clean_values(report)
     parts: list[RenderableType] = _header(report)
+    if report.crash_loop is not None:
+        parts.append(Text(crash_loop_text(report.crash_loop), style="red"))
     if len(report.sessions) > 1 or report.sessions_omitted:
         parts.append(Text(""))
         parts.append(_sessions_table(report))

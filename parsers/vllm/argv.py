@@ -54,3 +54,23 @@ KV_CACHE_DTYPES = (
     "turboquant_3bit_nc",
     "ultraquant_4bit",
 )
+
+
+def with_option(argv: Sequence[str], name: str, value: str | None) -> tuple[str, ...]:
+    """``argv`` with every ``name X`` / ``name=X`` taken out and, unless ``value`` is None,
+    ``name value`` appended (argparse takes the last one; one is clearer)."""
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg == name and i + 1 < len(argv):
+            skip = True
+            continue
+        if arg.startswith(name + "="):
+            continue
+        out.append(arg)
+    if value is not None:
+        out += [name, value]
+    return tuple(out)

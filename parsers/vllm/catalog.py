@@ -334,3 +334,23 @@ def classify(exc_type: str | None, message: str) -> FailureKind:
 
 
 NEEDLES: tuple[str, ...] = tuple(sorted({n for e in CATALOG for n in e.needles}))
+
+
+# The length vLLM says would fit, in the ValueError of a KV cache too small for --max-model-len:
+# vLLM >= 0.6 (vllm/v1/core/kv_cache_utils.py, `_check_enough_kv_cache_memory`): "... Based on
+# the available memory, the estimated maximum model length is 1568. Try increasing ..."; before
+# (vllm/worker/worker.py, `raise_if_cache_size_invalid`): "The model's max seq len (4096) is
+# larger than the maximum number of tokens that can be stored in KV cache (2048). Try ...".
+_FITTING_LEN = (
+    re.compile(r"estimated maximum model length is (\d{1,9})\b"),
+    re.compile(r"maximum number of tokens that can be stored in KV cache \((\d{1,9})\)"),
+)
+
+
+def fitting_model_len(message: str) -> int | None:
+    """The largest max-model-len the failure's message says would fit; None if it says none."""
+    for pattern in _FITTING_LEN:
+        m = pattern.search(message)
+        if m is not None:
+            return int(m.group(1))
+    return None

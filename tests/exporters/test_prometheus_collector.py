@@ -132,3 +132,20 @@ def test_the_counts_are_read_from_the_state() -> None:
     assert m['loadwatch_gpu_xid_events_total{UUID="GPU-a",gpu="0"}'] == 3.0
     assert m['loadwatch_gpu_xid_errors_total{UUID="GPU-a",gpu="0",xid="79"}'] == 2.0
     assert 'compute_capability="9.0"' in text
+
+
+def test_the_remedies_are_counted_in_supervise_mode() -> None:
+    from dataclasses import replace
+
+    from loadwatch.daemon.state.crashloop import CrashLoop, RemedyCounts
+
+    counts = RemedyCounts().add("max_model_len", "applied").add("max_model_len", "helped")
+    state = replace(LoadState(), crash_loop=CrashLoop(exhausted=True), remedy_counts=counts)
+    sup = SupervisorStats("running", 2, {}, 0, None, None)
+    pub = published(state, T0, sup)
+    text = render(registry_for(LoadwatchCollector(lambda: pub, lambda: T0))).decode()
+    assert 'loadwatch_vllm_remedies_total{outcome="applied",remedy="max_model_len"} 1.0' in text
+    assert 'loadwatch_vllm_remedies_total{outcome="helped",remedy="max_model_len"} 1.0' in text
+    assert "loadwatch_vllm_remedy_ladder_exhausted 1.0" in text
+    watch = render(registry_for(LoadwatchCollector(lambda: published(state, T0), lambda: T0)))
+    assert b"remed" not in watch  # watch mode: no supervisor, no remedies

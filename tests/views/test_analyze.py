@@ -547,3 +547,22 @@ def test_lines_without_a_time_before_the_first_one(tmp_path: Path) -> None:
     # with no time at all, the file's mtime stands in
     r = analyze_log(write_log(tmp_path / "bars.log", bars.encode()))
     assert r.sessions[0].started_at == REF_TS
+
+
+def test_a_crash_loop_is_reported_by_its_first_failure(tmp_path: Path) -> None:
+    """Two supervised starts of real vLLM that could not fit the KV cache: the report names the
+    loop and its first failure, with the phase it failed in and the line of its root cause."""
+    report = analyze_log(fixture(tmp_path, "real-v0.32-supervised-kv-too-small.log"))
+    loop = report.crash_loop
+    assert loop is not None and loop.failed_starts == 2 and loop.session == 1
+    assert loop.kind == "kv_cache_too_small" and loop.phase == "kv_cache"
+    assert loop.exc_type == "ValueError" and loop.message is not None
+    assert "max seq len (512)" in loop.message
+    # the line the report gives the root cause's first record (the traceback's head)
+    root = next(f for f in report.sessions[0].failures if f.kind == "kv_cache_too_small")
+    assert loop.line is not None and loop.line == root.line
+    assert report.to_dict()["crash_loop"]["phase"] == "kv_cache"
+    text = report_text(report)
+    assert "crash loop of 2 failed starts; the first (session 1, line " in text
+    # one failed start is no loop
+    assert analyze_log(fixture(tmp_path, "real-v0.32-kv-too-small.log")).crash_loop is None

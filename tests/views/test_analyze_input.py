@@ -205,13 +205,15 @@ def actual_keys(doc: dict[str, Any]) -> dict[str, set[str]]:
         "sessions[].failures[]": set(s["failures"][0]),
         "sessions[].milestones[]": set(s["milestones"][0]),
         "sessions[].timeline[]": set(s["timeline"][0]),
+        "crash_loop": set(doc["crash_loop"]),
     }
 
 
 def test_json_matches_the_documented_schema(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log = fixture(tmp_path, "real-v0.32-kv-too-small.log")
+    # two starts of real vLLM 0.32 that could not fit their KV cache: a crash loop
+    log = fixture(tmp_path, "real-v0.32-supervised-kv-too-small.log")
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"architectures": ["DeepseekV3ForCausalLM"]}')

@@ -1,0 +1,162 @@
+"""The crash loop under way (daemon/state/crashloop.py), in the state directory: one JSON file,
+written each time the loop changes (a first failure, a remedy applied or reverted) and removed
+when a start reaches ready, so a restart of the daemon keeps the root cause and the ladder's
+place.
+
+Written whole or not at all (daemon/tools/patch_files.py's `atomic_write`). A file that cannot
+be read as a crash loop is set aside as `<name>.corrupt` with one `daemon.problem` line, and the
+daemon goes on with none. The argv in it is redacted before it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from loadwatch.daemon.state.crashloop import (
+    MAX_ARGV,
+    MAX_EXCERPT_LINES,
+    MAX_LINE_CHARS,
+    MAX_MESSAGE_CHARS,
+    MAX_STEPS,
+    OUTCOMES,
+    CrashLoop,
+    FirstFailure,
+    RemedyStep,
+    diff_lines,
+)
+from loadwatch.daemon.tools.patch_files import atomic_write
+
+FILE_NAME = "crash_loop.json"
+FORMAT = 1
+MAX_BYTES = 256 * 1024
+
+
+class BadCrashLoop(ValueError):
+    pass
+
+
+def to_json(loop: CrashLoop) -> bytes:
+    first = asdict(loop.first_failure) if loop.first_failure is not None else None
+    steps = [{k: v for k, v in asdict(s).items() if k != "diff"} for s in loop.remedies]
+    doc = {"format": FORMAT, "first_failure": first, "remedies": steps, "exhausted": loop.exhausted}
+    return json.dumps(doc, indent=1).encode() + b"\n"
+
+
+def _text(v: Any, what: str, limit: int, optional: bool = False) -> Any:
+    if v is None and optional:
+        return None
+    if not isinstance(v, str) or len(v) > limit:
+        raise BadCrashLoop(f"{what} is not text")
+    return v
+
+
+def _time(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise BadCrashLoop("a time is not a number")
+    return float(v)
+
+
+def _texts(v: Any, what: str, count: int, limit: int) -> tuple[str, ...]:
+    if not isinstance(v, list) or len(v) > count:
+        raise BadCrashLoop(f"{what} is not a list")
+    return tuple(_text(x, what, limit) for x in v)
+
+
+def _first(d: Any) -> FirstFailure | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        raise BadCrashLoop("first_failure is not an object")
+    return FirstFailure(
+        kind=_text(d.get("kind"), "kind", 80),
+        phase=_text(d.get("phase"), "phase", 80),
+        message=_text(d.get("message"), "message", MAX_MESSAGE_CHARS),
+        excerpt=_texts(d.get("excerpt"), "excerpt", MAX_EXCERPT_LINES, MAX_LINE_CHARS),
+        argv=_texts(d.get("argv"), "argv", MAX_ARGV, 65536),
+        at=_time(d.get("at")),
+    )
+
+
+def _step(d: Any) -> RemedyStep:
+    if not isinstance(d, dict) or d.get("outcome") not in OUTCOMES:
+        raise BadCrashLoop("a remedy is not one")
+    option = _text(d.get("option"), "option", 80, True)
+    before = _text(d.get("before"), "before", 4096, True)
+    after = _text(d.get("after"), "after", 4096, True)
+    return RemedyStep(
+        remedy=_text(d.get("remedy"), "remedy", 80),
+        outcome=d["outcome"],
+        reason=_text(d.get("reason"), "reason", MAX_MESSAGE_CHARS),
+        option=option,
+        before=before,
+        after=after,
+        at=_time(d.get("at")),
+        diff=diff_lines(option, before, after),
+    )
+
+
+def from_json(data: bytes) -> CrashLoop:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise BadCrashLoop(f"not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise BadCrashLoop(f"not a crash loop of format {FORMAT}")
+    steps = doc.get("remedies")
+    if not isinstance(steps, list) or len(steps) > MAX_STEPS:
+        raise BadCrashLoop(f"its remedies are not a list of at most {MAX_STEPS}")
+    exhausted = doc.get("exhausted", False)
+    if not isinstance(exhausted, bool):
+        raise BadCrashLoop("exhausted is not true or false")
+    return CrashLoop(_first(doc.get("first_failure")), tuple(_step(s) for s in steps), exhausted)
+
+
+class CrashLoopFile:
+    """The crash-loop file of one state directory; `problem` says one line of what went wrong."""
+
+    def __init__(self, state_dir: Path, problem: Callable[[str], None]) -> None:
+        self.path = state_dir / FILE_NAME
+        self.problem = problem
+
+    def load(self) -> CrashLoop:
+        """The loop kept; none when there is no file, or one set aside as corrupt."""
+        try:
+            with self.path.open("rb") as f:
+                data = f.read(MAX_BYTES + 1)
+        except FileNotFoundError:
+            return CrashLoop()
+        except OSError as e:
+            self.problem(f"crash loop {self.path}: cannot read it: {e.strerror}")
+            return CrashLoop()
+        try:
+            if len(data) > MAX_BYTES:
+                raise BadCrashLoop(f"larger than {MAX_BYTES} bytes")
+            return from_json(data)
+        except BadCrashLoop as e:
+            aside = self.path.with_name(self.path.name + ".corrupt")
+            try:
+                os.replace(self.path, aside)
+                self.problem(f"crash loop {self.path}: {e}; set aside as {aside.name}")
+            except OSError as oe:
+                self.problem(f"crash loop {self.path}: {e}; cannot set it aside: {oe.strerror}")
+            return CrashLoop()
+
+    def save(self, loop: CrashLoop) -> None:
+        """Write `loop`; remove the file when there is no loop under way."""
+        try:
+            if loop.first_failure is None:
+                self.path.unlink(missing_ok=True)
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            atomic_write(self.path, to_json(loop), 0o600)
+        except OSError as e:
+            self.problem(f"crash loop {self.path}: cannot write it: {e.strerror}")
+
+
+__all__ = ["FILE_NAME", "BadCrashLoop", "CrashLoopFile", "from_json", "to_json"]

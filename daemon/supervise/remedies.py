@@ -1,0 +1,135 @@
+"""The remedies: named rules from a classified start-up failure to one change of the next start's
+command. Which are tried, and in which order, is `[vllm] remedies`; the ladder that applies,
+announces and reverts them is ladder.py.
+
+- `max_model_len`: after `kv_cache_too_small` or `max_model_len`, start with the largest
+  `--max-model-len` vLLM said would fit (its ValueError prints the estimate:
+  parsers/vllm/catalog.py's `fitting_model_len`), never below `[vllm] remedy_min_model_len`.
+- `gpu_memory_utilization`: after `cuda_oom` in the KV-cache profiling or the CUDA-graph capture
+  (what vLLM allocates beside its memory budget ran out), start with `--gpu-memory-utilization`
+  lower by `[vllm] remedy_gpu_memory_step` (from 0.9 when not given: vLLM's default, 0.92 in
+  0.32), never below
+  `MIN_GPU_MEMORY_UTILIZATION`.
+
+Some failures have no remedy, and the ladder says so instead of trying one: `cuda_oom` while the
+weights load (the memory the weights need is not there; no setting of vLLM makes it so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from loadwatch.parsers.vllm.argv import option
+from loadwatch.parsers.vllm.catalog import fitting_model_len
+
+REMEDY_NAMES = ("max_model_len", "gpu_memory_utilization")
+MAX_MODEL_LEN_KINDS = frozenset({"kv_cache_too_small", "max_model_len"})
+# The start-up steps whose allocations come beside vLLM's memory budget (timeline.py's phases)
+OOM_OUTSIDE_BUDGET_PHASES = frozenset({"kv_cache", "graph_capture"})
+# vLLM's default when the flag is not given (vllm/config/cache.py, `gpu_memory_utilization`):
+# 0.92 in 0.32, 0.9 before; the lower, so that a step down from it is below either.
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+MIN_GPU_MEMORY_UTILIZATION = 0.5  # below this, the KV cache left is rarely worth serving
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A failed start as the remedies judge it: its kind, the start-up phase it failed in, and
+    the root cause's message (which may hold what vLLM says would work)."""
+
+    kind: str
+    phase: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One argument of the command set to a new value (`before` None: it was not given)."""
+
+    option: str
+    before: str | None
+    after: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    min_model_len: int = 2048
+    gpu_memory_step: float = 0.05
+
+
+def _max_model_len(failed: Failed, argv: Sequence[str], settings: Settings) -> Change | str | None:
+    if failed.kind not in MAX_MODEL_LEN_KINDS:
+        return None
+    fits = fitting_model_len(failed.message)
+    if fits is None:
+        return "vLLM did not say which --max-model-len would fit"
+    current = option(argv, "--max-model-len")
+    if current is not None and current.isdigit() and fits >= int(current):
+        return f"vLLM's estimate ({fits}) is not below --max-model-len {current}"
+    if fits < settings.min_model_len:
+        return (
+            f"vLLM's estimate ({fits}) is below the floor "
+            f"(remedy_min_model_len = {settings.min_model_len})"
+        )
+    why = (
+        f"{failed.kind}: vLLM estimated that a maximum model length of {fits} fits "
+        "the KV cache memory it found"
+    )
+    return Change("--max-model-len", current, str(fits), why)
+
+
+def _gpu_memory_utilization(
+    failed: Failed, argv: Sequence[str], settings: Settings
+) -> Change | str | None:
+    if failed.kind != "cuda_oom" or failed.phase not in OOM_OUTSIDE_BUDGET_PHASES:
+        return None
+    current = option(argv, "--gpu-memory-utilization")
+    try:
+        now = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if current is None else float(current)
+    except ValueError:
+        return f"--gpu-memory-utilization {current!r} is not a number"
+    lower = round(now - settings.gpu_memory_step, 2)
+    if lower < MIN_GPU_MEMORY_UTILIZATION:
+        return f"{lower:g} would be below {MIN_GPU_MEMORY_UTILIZATION:g}"
+    was = f"{now:g}" + (" (vLLM's default)" if current is None else "")
+    why = (
+        f"cuda_oom in {failed.phase}: what vLLM allocates beside its memory budget did not fit; "
+        f"--gpu-memory-utilization {was} lowered by {settings.gpu_memory_step:g} to leave it room"
+    )
+    return Change("--gpu-memory-utilization", current, f"{lower:g}", why)
+
+
+_RULES = {"max_model_len": _max_model_len, "gpu_memory_utilization": _gpu_memory_utilization}
+
+
+def propose(
+    name: str, failed: Failed, argv: Sequence[str], settings: Settings
+) -> Change | str | None:
+    """What remedy `name` would change for `failed`: a `Change`; a reason it cannot, for a
+    failure it is about; None for a failure it is not about."""
+    return _RULES[name](failed, argv, settings)
+
+
+def no_remedy(failed: Failed) -> str | None:
+    """Why no remedy can help this failure, for failures known to have none."""
+    if failed.kind == "cuda_oom" and failed.phase == "weights":
+        return (
+            "CUDA out of memory while loading weights: the memory the weights need is not there, "
+            "no setting of vLLM frees it; no remedy"
+        )
+    return None
+
+
+__all__ = [
+    "MAX_MODEL_LEN_KINDS",
+    "MIN_GPU_MEMORY_UTILIZATION",
+    "OOM_OUTSIDE_BUDGET_PHASES",
+    "REMEDY_NAMES",
+    "Change",
+    "Failed",
+    "Settings",
+    "no_remedy",
+    "propose",
+]
