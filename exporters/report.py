@@ -115,6 +115,24 @@ class EchoReport:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessReport:  # `/status`'s `session.processes[]`, with line numbers
+    name: str
+    pid: int | None
+    first_line: int | None
+    first_offset: int
+    first_at: float
+    last_line: int | None
+    last_offset: int
+    last_at: float
+    silent_s: float
+    phase: str
+    shard: int | None
+    bar_done: int | None
+    bar_total: int | None
+    silent_while_peers_moved_on: bool
+
+
+@dataclass(frozen=True, slots=True)
 class LastProgress:
     desc: str
     done: int
@@ -184,6 +202,7 @@ class SessionReport:
     stall_hints: int
     milestones: tuple[MilestoneView, ...]
     timeline: tuple[StartupStepView, ...] = ()  # the start-up's steps (daemon/state/timeline.py)
+    processes: tuple[ProcessReport, ...] = ()  # every process that logged (state/ranks.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +394,7 @@ def _session(cap: SessionCapture, lines: Mapping[int, int], last: bool) -> Sessi
             )
         )
     p = view.progress
+    ln = lines.get  # (a record's offset -> its line number)
     return SessionReport(
         id=view.id,
         reason=view.reason,
@@ -407,6 +427,10 @@ def _session(cap: SessionCapture, lines: Mapping[int, int], last: bool) -> Sessi
         stall_hints=view.stall.hints,
         milestones=view.milestones,
         timeline=view.timeline,
+        processes=tuple(
+            ProcessReport(**plain(p), first_line=ln(p.first_offset), last_line=ln(p.last_offset))
+            for p in view.processes
+        ),
     )
 
 
@@ -464,6 +488,7 @@ __all__ = [
     "LogFacts",
     "ModelReport",
     "PhaseStep",
+    "ProcessReport",
     "Report",
     "SessionCapture",
     "SessionReport",

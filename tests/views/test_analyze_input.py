@@ -205,6 +205,7 @@ def actual_keys(doc: dict[str, Any]) -> dict[str, set[str]]:
         "sessions[].failures[]": set(s["failures"][0]),
         "sessions[].milestones[]": set(s["milestones"][0]),
         "sessions[].timeline[]": set(s["timeline"][0]),
+        "sessions[].processes[]": set(s["processes"][0]),
     }
 
 
