@@ -119,7 +119,7 @@ def on_kv_run(f: Fold, run: Sequence[KvScaleWarning]) -> None:
         who = (ev.process, ev.pid)
         if who not in seen:  # (`track_node` would do nothing for it again)
             seen.add(who)
-            track_node(f, ev)
+            track_node(f, ev, lines=False)
     track_processes(f, run, prev)  # (each process's last line of the run)
 
 

@@ -69,10 +69,10 @@ def _known(f: Fold, process: str | None, pid: int | None, sid: int | None) -> bo
     return bool(f.get("node_load").session == sid)
 
 
-def track_node(f: Fold, item: Any) -> None:
+def track_node(f: Fold, item: Any, lines: bool = True) -> None:
     """Update the node's record for one input (after the session's handler ran), and its
-    process's lines (ranks.py)."""
-    if isinstance(item, Event):
+    process's lines (ranks.py; `lines=False`: the caller notes them for a whole run)."""
+    if lines and isinstance(item, Event):
         track_process(f, item)
     if type(item) in _PLAIN:
         sid = f.sess.id if f.sess is not None else None

@@ -57,18 +57,17 @@ def track_processes(f: Fold, run: Sequence[Event], prev: float | None = None) ->
     session's last event time before the run) on."""
     if f.sess is None:
         return
-    last: dict[str, int] = {}
-    for i, ev in enumerate(run):
-        if ev.process is not None:
-            last[ev.process] = i
+    last: dict[str | None, int] = {ev.process: i for i, ev in enumerate(run)}
+    last.pop(None, None)
     if not last:
         return
     times = _replayed(f, run, prev) if f.replay else None
-    bars = [ev for ev in run if isinstance(ev, ShardProgress) and ev.bar == "weights"]
-    if bars:
-        _weights(f, len(bars), bars[-1].done)
+    end = run[-1]
+    if isinstance(end, ShardProgress) and end.bar == "weights":  # (a bar's burst: all of it)
+        _weights(f, len(run), end.done)
     known = f.s.processes
     for name, i in last.items():
+        assert name is not None
         j = i if name in known else next(k for k, e in enumerate(run) if e.process == name)
         if times is None:
             _note(f, run[j], run[i], f.at(run[i].ts), f.at(run[j].ts))
