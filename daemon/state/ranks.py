@@ -4,8 +4,9 @@ A vLLM start is many processes writing to one log, told apart by their prefix: w
 (`Worker_TP3`, `VllmWorker_rank3`, `Worker_DP0_TP1_EP1`), engine cores, API servers, Ray
 actors. Per session each one's first and last line the parser read (offset and time), the phase
 the session was in at its last line, the weights shard reached by then, and its own weights bar
-where it prints one, are kept in `Session.processes` (folded by nodefold.py's `track_node`, one
-dict update per event).
+where it prints one, are kept in `Session.processes` by `Worker_TP5 pid=1234` (Ray's actors
+share a name): folded by nodefold.py's `track_node`, one dict update per event, and a run of
+k/v warnings or a bar's burst once per process.
 
 A process is silent while its peers moved on when, among the processes of its family (the name
 without its rank numbers: `Worker_TP`), more than half of its peers, and at least two, logged
@@ -41,6 +42,11 @@ def family(name: str) -> str:
     return name.translate(_RANK_DIGITS)
 
 
+def who(name: str, pid: int | None) -> str:
+    """A process's key and how the stall names it: Ray's actors share one name, not a pid."""
+    return name if pid is None else f"{name} pid={pid}"
+
+
 def track_process(f: Fold, ev: Event) -> None:
     """Note one log event's line under its process."""
     if ev.process is not None and f.sess is not None:
@@ -57,8 +63,7 @@ def track_processes(f: Fold, run: Sequence[Event], prev: float | None = None) ->
     session's last event time before the run) on."""
     if f.sess is None:
         return
-    last: dict[str | None, int] = {ev.process: i for i, ev in enumerate(run)}
-    last.pop(None, None)
+    last = {(ev.process, ev.pid): i for i, ev in enumerate(run) if ev.process is not None}
     if not last:
         return
     times = _replayed(f, run, prev) if f.replay else None
@@ -66,9 +71,10 @@ def track_processes(f: Fold, run: Sequence[Event], prev: float | None = None) ->
     if isinstance(end, ShardProgress) and end.bar == "weights":  # (a bar's burst: all of it)
         _weights(f, len(run), end.done)
     known = f.s.processes
-    for name, i in last.items():
-        assert name is not None
-        j = i if name in known else next(k for k, e in enumerate(run) if e.process == name)
+    for (name, pid), i in last.items():
+        j = i
+        if who(name, pid) not in known:
+            j = next(k for k, e in enumerate(run) if e.process == name and e.pid == pid)
         if times is None:
             _note(f, run[j], run[i], f.at(run[i].ts), f.at(run[j].ts))
         else:
@@ -98,7 +104,8 @@ def _note(f: Fold, first: Event, last: Event, at: float, first_at: float) -> Non
     s = f.s
     name = last.process
     assert name is not None
-    rec = s.processes.get(name)
+    key = who(name, last.pid)
+    rec = s.processes.get(key)
     if rec is None and len(s.processes) >= MAX_TRACKED:
         return
     procs = f.mine("processes")
@@ -111,9 +118,8 @@ def _note(f: Fold, first: Event, last: Event, at: float, first_at: float) -> Non
         )
     else:
         rec = f.mine_record(rec)
-    procs[name] = rec
+    procs[key] = rec
     d = rec.__dict__
-    d["pid"] = last.pid if last.pid is not None else rec.pid
     d["last_offset"] = last.offset
     d["last_at"] = at
     d["phase"] = f.live_phase()
@@ -122,8 +128,8 @@ def _note(f: Fold, first: Event, last: Event, at: float, first_at: float) -> Non
     if isinstance(last, ShardProgress) and last.bar == "weights":
         d["bar_done"], d["bar_total"] = last.done, last.total
     st = s.stall
-    if st is not None and st.kind == "rank" and st.process == name:
-        f.clear_stall(at, f"{name} logged again")
+    if st is not None and st.kind == "rank" and st.process == key:
+        f.clear_stall(at, f"{key} logged again")
 
 
 # -- the silent rank ------------------------------------------------------------------------------
@@ -165,11 +171,11 @@ def silent_ranks(
 
 
 def silent_rank_reason(p: ProcessTrack, peers_on: int, now: float) -> str:
-    who = f"{p.name} pid={p.pid}" if p.pid is not None else p.name
+    name = who(p.name, p.pid)
     silent = duration(now - p.last_at)
     if p.phase == "loading_weights" and p.mark:
-        return f"{who} silent for {silent} since shard {p.shard} while {peers_on} peers read on"
-    return f"{who} silent for {silent} in {p.phase or 'starting'} while {peers_on} peers logged on"
+        return f"{name} silent for {silent} since shard {p.shard} while {peers_on} peers read on"
+    return f"{name} silent for {silent} in {p.phase or 'starting'} while {peers_on} peers logged on"
 
 
 def check_silent_rank(f: Fold) -> None:
@@ -182,8 +188,9 @@ def check_silent_rank(f: Fold) -> None:
     if found:
         p, on = min(found, key=lambda x: x[0].last_at)
         reason = silent_rank_reason(p, on, f.now)
+        key = who(p.name, p.pid)
         f.raise_stall(
-            Stall("rank", p.last_at, f.now, watch.threshold_s, None, reason, s.phase, p.name)
+            Stall("rank", p.last_at, f.now, watch.threshold_s, None, reason, s.phase, key)
         )
 
 
@@ -215,7 +222,8 @@ def process_views(s: Session, now: float, threshold_s: float | None) -> tuple[Pr
     if s.stall is not None and s.stall.kind == "rank" and s.stall.process is not None:
         named.add(s.stall.process)
     if threshold_s is not None and s.processes:
-        named.update(p.name for p, _ in silent_ranks(s.processes, now, threshold_s))
+        found = silent_ranks(s.processes, now, threshold_s, s.backlog_read_at)
+        named.update(who(p.name, p.pid) for p, _ in found)
     return tuple(
         ProcessView(
             name=p.name,
@@ -229,7 +237,7 @@ def process_views(s: Session, now: float, threshold_s: float | None) -> tuple[Pr
             shard=p.shard if p.mark else None,
             bar_done=p.bar_done,
             bar_total=p.bar_total,
-            silent_while_peers_moved_on=p.name in named,
+            silent_while_peers_moved_on=who(p.name, p.pid) in named,
         )
         for p in s.processes.values()  # (in the order of their first lines)
     )
@@ -244,4 +252,5 @@ __all__ = [
     "silent_ranks",
     "track_process",
     "track_processes",
+    "who",
 ]

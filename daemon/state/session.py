@@ -183,7 +183,7 @@ class Stall:
     expected_shard_s: float | None
     reason: str
     resume_phase: str
-    process: str | None = None  # the silent process, for a "rank" stall
+    process: str | None = None  # the silent process (ranks.py `who`), for a "rank" stall
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,8 @@ class Session:
     stall_hints: int = 0
     last_hint_s: float | None = None
     timeline: Timeline = field(default_factory=Timeline)  # the start-up's steps (timeline.py)
-    # every process that wrote to the log, by name (ranks.py), and what they are compared by
+    # every process that wrote to the log, by `Worker_TP5 pid=1234` (ranks.py `who`), and what
+    # a rank's peers past it are told by
     processes: Mapping[str, ProcessTrack] = field(default_factory=dict)
     weights_updates: int = 0  # weights-bar updates so far (a rank's peers past it: later ones)
     weights_done: int = 0  # the latest weights-bar update's count

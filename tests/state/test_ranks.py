@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
 from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, startup
 from loadwatch.daemon.sources.inputs import Tick
@@ -90,7 +91,7 @@ def test_a_worker_silent_after_its_60th_shard_is_named_within_the_threshold() ->
     assert f"since shard {bars[-1].done} " in stall.reason  # type: ignore[attr-defined]
     s = st.session
     assert s is not None and s.phase == "stalled" and s.stall is not None
-    assert s.stall.kind == "rank" and s.stall.process == "Worker_TP5"
+    assert s.stall.kind == "rank" and s.stall.process == f"Worker_TP5 pid={pid}"
     # the other workers read on to the end of the weights: the bar moving does not clear it
     assert not [t for t in out if t.kind == "stall_cleared"]
     view = st.snapshot(st.session.last_event_at + 1).session  # type: ignore[union-attr]
@@ -112,7 +113,7 @@ def test_a_worker_silent_after_its_60th_shard_is_named_within_the_threshold() ->
     st2 = st.apply(again, DAEMON_T0 + 10_000)
     assert st2.session is not None and st2.session.stall is None
     assert [t.reason for t in st2.transitions if t.kind == "stall_cleared"] == [
-        "Worker_TP5 logged again"
+        f"Worker_TP5 pid={pid} logged again"
     ]
 
 
@@ -162,3 +163,14 @@ def test_peers_that_stopped_together_or_two_ranks_name_nobody() -> None:
     one["Worker_TP5"] = _track("Worker_TP5", 450.0, 5)
     assert silent_ranks(one, 500.0, 60.0) == []
     assert [(p.name, on) for p, on in silent_ranks(one, 511.0, 60.0)] == [("Worker_TP5", 7)]
+
+
+def test_ray_actors_that_share_a_name_are_told_apart_by_pid() -> None:
+    """tests/fixtures/ray.log: two `(RayWorkerWrapper pid=N, ip=A)` actors."""
+    data = (Path(__file__).resolve().parents[1] / "fixtures" / "ray.log").read_bytes()
+    events = EventStream(ref_ts=LOG_T0).feed_all(split_records(data))
+    st, _, _ = read_live(events)
+    assert st.session is not None
+    ray = {k: p for k, p in st.session.processes.items() if p.name == "RayWorkerWrapper"}
+    assert sorted(ray) == ["RayWorkerWrapper pid=2211", "RayWorkerWrapper pid=2890"]
+    assert all(p.first_offset <= p.last_offset for p in ray.values())
