@@ -10,10 +10,10 @@ k/v warnings or a bar's burst once per process.
 
 A process is silent while its peers moved on when, among the processes of its family (the name
 without its rank numbers: `Worker_TP`), more than half of its peers, and at least two, logged
-past it (a later weights shard or phase, or a line a stall threshold later), and its own last
-line is older than that threshold. The check is a pass over the session's processes: it runs
-with the stall check of a run that holds a `Tick` (the daemon ticks each second; `analyze`
-once a second of the log's time), never per record. Its time is the fold's own (the daemon's
+past it (two weights-bar updates later or more, a later phase, or a threshold later), and its
+own last line is older than that threshold. The check is a pass over the session's processes:
+it runs with the stall check of a run that holds a `Tick` (the daemon ticks each second;
+`analyze` once a second of the log's time), never per record. Its time is the fold's own (the daemon's
 clock live, the log's stamps analysed), never a log stamp against the daemon's clock.
 Peers that all stopped together name nobody: that is the session's own stall. A load where
 only rank 0 goes on (it prints the bar and the steps after the weights) names nobody either.
@@ -136,8 +136,11 @@ def _note(f: Fold, first: Event, last: Event, at: float, first_at: float) -> Non
 
 
 def _moved_on(peer: ProcessTrack, p: ProcessTrack, threshold_s: float) -> bool:
+    """`peer` logged past `p`: two weights-bar updates or more later (one may straddle: a
+    rank's lines of a shard on either side of rank 0's update), a later phase, or a threshold
+    later."""
     return (
-        peer.mark > p.mark
+        peer.mark - p.mark >= 2
         or _ORDER.get(peer.phase, 0) > _ORDER.get(p.phase, 0)
         or peer.last_at - p.last_at > threshold_s
     )

@@ -158,6 +158,10 @@ def test_peers_that_stopped_together_or_two_ranks_name_nobody() -> None:
     pair = {n: together[n] for n in ("Worker_TP0", "Worker_TP1")}
     pair["Worker_TP0"] = _track("Worker_TP0", 490.0, 9)
     assert silent_ranks(pair, 500.0, 60.0) == []
+    # the last lines of a shard on either side of rank 0's bar update: no rank is behind
+    straddle = {n: _track(n, 100.0, 6) for n in together}
+    straddle["Worker_TP5"] = _track("Worker_TP5", 99.0, 5)
+    assert silent_ranks(straddle, 500.0, 60.0) == []
     # one of eight behind while the others moved on: named, once past the threshold only
     one = {n: _track(n, 490.0, 9) for n in together}
     one["Worker_TP5"] = _track("Worker_TP5", 450.0, 5)
