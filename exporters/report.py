@@ -126,6 +126,7 @@ class ProcessReport:  # `/status`'s `session.processes[]`, with line numbers
     last_at: float
     silent_s: float
     phase: str
+    step: str | None
     shard: int | None
     bar_done: int | None
     bar_total: int | None

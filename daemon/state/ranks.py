@@ -123,6 +123,8 @@ def _note(f: Fold, first: Event, last: Event, at: float, first_at: float) -> Non
     d["last_offset"] = last.offset
     d["last_at"] = at
     d["phase"] = f.live_phase()
+    steps = s.timeline.steps
+    d["step"] = steps[-1].phase if steps else ""
     d["mark"] = s.weights_updates
     d["shard"] = s.weights_done
     if isinstance(last, ShardProgress) and last.bar == "weights":
@@ -178,7 +180,8 @@ def silent_rank_reason(p: ProcessTrack, peers_on: int, now: float) -> str:
     silent = duration(now - p.last_at)
     if p.phase == "loading_weights" and p.mark:
         return f"{name} silent for {silent} since shard {p.shard} while {peers_on} peers read on"
-    return f"{name} silent for {silent} in {p.phase or 'starting'} while {peers_on} peers logged on"
+    step = p.step or p.phase or "starting"
+    return f"{name} silent for {silent} in {step} while {peers_on} peers logged on"
 
 
 def check_silent_rank(f: Fold) -> None:
@@ -212,6 +215,7 @@ class ProcessView:
     last_at: float
     silent_s: float  # since its last line
     phase: str  # the session's phase at its last line
+    step: str | None  # the start-up's step under way at its last line (timeline.py)
     shard: int | None  # the weights shards done at its last line (None: no weights bar yet)
     bar_done: int | None  # its own weights bar, where it prints one
     bar_total: int | None
@@ -237,6 +241,7 @@ def process_views(s: Session, now: float, threshold_s: float | None) -> tuple[Pr
             last_at=p.last_at,
             silent_s=max(now - p.last_at, 0.0),
             phase=p.phase,
+            step=p.step or None,
             shard=p.shard if p.mark else None,
             bar_done=p.bar_done,
             bar_total=p.bar_total,

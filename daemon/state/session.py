@@ -203,6 +203,7 @@ class ProcessTrack:
     shard: int  # the weights shards done (the bar's count) at its last line
     bar_done: int | None = None  # its own weights bar, where it prints one
     bar_total: int | None = None
+    step: str = ""  # the start-up's step under way at its last line (timeline.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,7 @@ def test_a_worker_silent_after_its_60th_shard_is_named_within_the_threshold() ->
     assert flagged == ["Worker_TP5"]
     p5 = next(p for p in view.processes if p.name == "Worker_TP5")
     assert (p5.first_offset, p5.last_offset) == (five[0].offset, five[-1].offset)
-    assert p5.pid == pid and p5.phase == "loading_weights"
+    assert p5.pid == pid and p5.phase == "loading_weights" and p5.step == "weights"
     # /status: the processes list and the stall that names the worker
     doc = st.snapshot(st.session.last_event_at + 1).to_dict()["session"]  # type: ignore[union-attr]
     assert doc["stall"]["kind"] == "rank" and doc["stall"]["reason"] == stall.reason
@@ -140,7 +140,9 @@ def test_a_normal_load_names_nobody() -> None:
         # rank 0 prints the bar under its prefix: its progress is its own
         w0 = next(p for p in view.processes if p.name == "Worker_TP0")
         assert (w0.bar_done, w0.bar_total) == (119, 119)
-        assert w0.phase == "ready" or w0.phase == "post_load"
+        assert (w0.phase, w0.step) == ("ready", "api_server") or w0.phase == "post_load"
+        api = next(p for p in view.processes if p.name == "APIServer")
+        assert api.last_offset > w0.last_offset and api.step in ("api_server", "first_completion")
 
 
 def _track(name: str, last_at: float, mark: int, phase: str = "loading_weights") -> ProcessTrack:
