@@ -22,6 +22,7 @@ from loadwatch.daemon.state.snapshot import (
     plain,
 )
 from loadwatch.exporters.report_crashloop import CrashLoopReport, crash_loop_of
+from loadwatch.exporters.report_ranks import ProcessReport
 from loadwatch.exporters.terminal.fmt import clock, duration
 
 SCHEMA = 1
@@ -185,6 +186,7 @@ class SessionReport:
     stall_hints: int
     milestones: tuple[MilestoneView, ...]
     timeline: tuple[StartupStepView, ...] = ()  # the start-up's steps (daemon/state/timeline.py)
+    processes: tuple[ProcessReport, ...] = ()  # every process that logged (state/ranks.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,6 +379,7 @@ def _session(cap: SessionCapture, lines: Mapping[int, int], last: bool) -> Sessi
             )
         )
     p = view.progress
+    ln = lines.get  # (a record's offset -> its line number)
     return SessionReport(
         id=view.id,
         reason=view.reason,
@@ -409,6 +412,10 @@ def _session(cap: SessionCapture, lines: Mapping[int, int], last: bool) -> Sessi
         stall_hints=view.stall.hints,
         milestones=view.milestones,
         timeline=view.timeline,
+        processes=tuple(
+            ProcessReport(**plain(p), first_line=ln(p.first_offset), last_line=ln(p.last_offset))
+            for p in view.processes
+        ),
     )
 
 
@@ -467,6 +474,7 @@ __all__ = [
     "LogFacts",
     "ModelReport",
     "PhaseStep",
+    "ProcessReport",
     "Report",
     "SessionCapture",
     "SessionReport",

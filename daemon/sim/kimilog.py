@@ -128,9 +128,12 @@ def startup(
     fail: str | None = None,  # "oom", "nccl", "fp8_kv" or None
     fail_at_shard: int = 0,
     stall_at_shard: int | None = None,
+    silent_worker: tuple[int, int] | None = None,
     prefixes: Prefixes | None = None,
 ) -> Iterator[str]:
-    """One start of vLLM, to ready (or to the failure asked for). A stall stops the script."""
+    """One start of vLLM, to ready (or to the failure asked for). A stall stops the script.
+    `silent_worker` (worker, shard): that worker prints nothing after the shard, the others
+    read on to the weights' end, where the script stops (the ranks wait on the silent one)."""
     c = counts if counts is not None else Counts()
     p = prefixes or Prefixes(rng, shape.workers)
     api, core, w = p.api, p.core, p.workers
@@ -183,6 +186,8 @@ def startup(
                 clock.advance(step / 4)
                 step -= step / 4
                 for i in range(shape.workers):
+                    if _hushed(silent_worker, i, n):
+                        continue
                     for sc in ("k", "v"):
                         yield _kv_warning(w[i], clock.stamp(), layer, sc)
                         c.kv_scale_warnings += 1
@@ -191,6 +196,8 @@ def startup(
             clock.advance(step / 4)
             step -= step / 4
             for i, at, sc in _interleaved(rng, shape.workers, range(first, layer)):
+                if _hushed(silent_worker, i, n):
+                    continue
                 yield _kv_warning(w[i], clock.stamp(), at, sc)
                 c.kv_scale_warnings += 1
         clock.advance(step)
@@ -204,6 +211,8 @@ def startup(
         yield f"{bar}{desc}: {100 * n // shape.shards:3d}% Completed | {n}/{shape.shards} [{hms(shown)}<{hms(remaining)}, {_rate(rate)}]\n"
         c.weight_updates += 1
         c.shards_done = n
+    if silent_worker is not None:
+        return
     shown = clock.shown(elapsed)
     yield f"{bar}{desc}: 100% Completed | {shape.shards}/{shape.shards} [{hms(shown)}<00:00, {_rate(shape.shards / max(shown, 1e-6))}]\n"
     c.weight_updates += 1
@@ -226,6 +235,11 @@ def startup(
     yield f"{api}INFO:     Waiting for application startup.\n"
     yield f"{api}INFO:     Application startup complete.\n"
     c.ready += 1
+
+
+def _hushed(silent_worker: tuple[int, int] | None, worker: int, shard: int) -> bool:
+    """Whether `worker` has stopped printing by `shard` (`startup`'s `silent_worker`)."""
+    return silent_worker is not None and worker == silent_worker[0] and shard > silent_worker[1]
 
 
 def _kv_warning(prefix: str, stamp: str, layer: int, sc: str) -> str:

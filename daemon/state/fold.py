@@ -64,6 +64,8 @@ class Fold:
         "replay",
         "sess",
         "sess_owned",
+        "ticked",
+        "watch",
     )
 
     def __init__(
@@ -81,6 +83,8 @@ class Fold:
         self.offset = offset
         self.record: int | None = None  # the offset of the log record being folded
         self.node_seen: set[tuple[Any, ...]] = set()  # (nodefold.py's `track_node`)
+        self.ticked = False  # the run holds a Tick: the silent-rank check runs (ranks.py)
+        self.watch: StallWatch | None = None  # what `check_stall` measured
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -273,8 +277,10 @@ class Fold:
             self.clear_stall(t, "log activity")
 
     def progressed(self, at: float, reason: str) -> None:
-        """Weights progress: clears a stall and keeps the session in a live phase."""
-        if self.s.stall is not None:
+        """Weights progress: clears a stall and keeps the session in a live phase (not a silent
+        rank's: its peers' progress is what named it; its own line clears it, ranks.py)."""
+        st = self.s.stall
+        if st is not None and st.kind != "rank":
             self.clear_stall(at, reason)
 
     # -- stalls ------------------------------------------------------------------------------
@@ -297,23 +303,24 @@ class Fold:
         if self.cfg.history:
             key = start_key(self.get("model"), self.get("gpus"), s)
             past = comparable(self.cfg.history, key)
-        due = stall_due(s, self.now, self.cfg, past)
-        if due is None:
-            return
-        kind, last, threshold, expected, step = due
+        watch = self.watch = stall_watch(s, self.cfg, past)
         now = self.now
+        if watch is None or now - watch.since <= watch.threshold_s:
+            return
+        kind, last, threshold, expected, step = watch
         if step is not None:
             reason = step.reason(now)
         elif kind == "progress":
             reason = f"no shard finished and no bytes read for {duration(now - last)}"
         else:
             reason = f"nothing logged and no bytes read for {duration(now - last)}"
-        self.upd(
-            stall=Stall(kind, last, now, threshold, expected, reason, s.phase),
-            stalls_total=s.stalls_total + 1,
-        )
-        self.emit("stall_raised", now, reason=reason, since=last, threshold_s=threshold)
-        self.set_phase("stalled", now, reason)
+        self.raise_stall(Stall(kind, last, now, threshold, expected, reason, s.phase))
+
+    def raise_stall(self, st: Stall) -> None:
+        self.upd(stall=st, stalls_total=self.s.stalls_total + 1)
+        at = st.raised_at
+        self.emit("stall_raised", at, reason=st.reason, since=st.since, threshold_s=st.threshold_s)
+        self.set_phase("stalled", at, st.reason)
 
     # -- forecasts ---------------------------------------------------------------------------
 
@@ -436,11 +443,3 @@ def stall_watch(s: Session, cfg: StateConfig, past: Sequence[PastStart] = ()) ->
     if s.backlog_read_at is not None and s.backlog_read_at > last:
         last = s.backlog_read_at
     return StallWatch(kind, last, threshold, expected, step)
-
-
-def stall_due(
-    s: Session, now: float, cfg: StateConfig, past: Sequence[PastStart] = ()
-) -> StallWatch | None:
-    """A stall to raise at `now`: the watch whose threshold the silence has passed."""
-    watch = stall_watch(s, cfg, past)
-    return watch if watch is not None and now - watch.since > watch.threshold_s else None

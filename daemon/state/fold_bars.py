@@ -17,6 +17,7 @@ from typing import Any
 from loadwatch.daemon.state.fold import Fold
 from loadwatch.daemon.state.forecast import EtaState, eta_update, tqdm_elapsed_s
 from loadwatch.daemon.state.nodefold import track_node
+from loadwatch.daemon.state.ranks import track_processes
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.session import BarTrack, Session
 from loadwatch.daemon.state.timeline import bar_phase, mark
@@ -230,6 +231,7 @@ def on_progress_run(f: Fold, run: Sequence[ShardProgress]) -> None:
             m += 1
         if m > k:
             _burst(f, bar, run[k:m], t)
+            track_processes(f, run[k:m])
             k = m
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from loadwatch.daemon.state.fold import Fold, settle_failure
 from loadwatch.daemon.state.fold_bars import on_progress_run
 from loadwatch.daemon.state.nodefold import track_node
+from loadwatch.daemon.state.ranks import track_processes
 from loadwatch.daemon.state.session import (
     LOADING_MILESTONES,
     POST_LOAD_MILESTONES,
@@ -111,13 +112,15 @@ def on_kv_run(f: Fold, run: Sequence[KvScaleWarning]) -> None:
     """k/v scale warnings back to back (a load prints one per layer and worker): one tally;
     the node looks at each process once."""
     f.record = run[0].offset
+    prev = f.sess.last_event_at if f.sess is not None else None
     _tally(f, run, "kv_scale_missing", "warning", run[0].checkpoint_name or "", kv=True)
     seen: set[tuple[str | None, int | None]] = set()
     for ev in run:
         who = (ev.process, ev.pid)
         if who not in seen:  # (`track_node` would do nothing for it again)
             seen.add(who)
-            track_node(f, ev)
+            track_node(f, ev, lines=False)
+    track_processes(f, run, prev)  # (each process's last line of the run)
 
 
 def _on_scale_factor(f: Fold, ev: ScaleFactorWarning) -> None:

@@ -11,9 +11,9 @@ whose `transitions` are the ones this call produced. Within the call the fold ch
 copies in place (fold.py), so a run copies each part it touches once, and inputs of one type
 back to back go to that type's handler in one call (one tally for a load's run of k/v
 warnings, one update of a bar for a burst of its updates read at one instant, fold_bars.py);
-stalls are judged once per run. Folding a run in one call or one input at a time gives the same
-state (tests/state/test_apply_run.py). There is no I/O and no
-clock here: `now` is the observation time. A log event's own timestamp (second resolution) is
+stalls are judged once per run (a rank silent while its peers moved on, ranks.py, in a run
+that holds a Tick). Folding a run in one call or one input at a time gives the same state
+(tests/state/test_apply_run.py). There is no I/O and no clock here: `now` is the observation time. A log event's own timestamp (second resolution) is
 never compared with `now`: vLLM stamps in its own local time, of no known zone. Live, a log event
 happens at `now`; replayed (`replay=True`: re-read after a restart, as the log source says), at its
 stamp plus `stamp_offset_s`, in order and never after `now`. Stall checks run only on live inputs.
@@ -56,6 +56,7 @@ from loadwatch.daemon.state.fold_failure import on_failure
 from loadwatch.daemon.state.fold_log import LOG_HANDLERS, LOG_RUNS
 from loadwatch.daemon.state.fold_world import WORLD_HANDLERS
 from loadwatch.daemon.state.nodefold import NODE_EVENTS, track_node
+from loadwatch.daemon.state.ranks import check_silent_rank
 from loadwatch.daemon.state.session import (
     BarTrack,
     GpuTrack,
@@ -138,6 +139,8 @@ class LoadState(StateData):
             j = i + 1
             while j < n and type(seq[j]) is cls:
                 j += 1
+            if cls is Tick:
+                f.ticked = True
             handler = handlers.get(cls)
             if handler is None:
                 raise TypeError(f"LoadState.apply: unsupported input {cls.__name__}")
@@ -151,6 +154,8 @@ class LoadState(StateData):
         settle_due(f)  # a failure held for its echoes, on the daemon's clock
         if not replay:
             f.check_stall()
+            if f.ticked:
+                check_silent_rank(f)
         new: LoadState = f.finish(n)
         return new
 

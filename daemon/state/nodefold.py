@@ -1,6 +1,7 @@
 """Folds the node's facts (node.py) and its bar-less progress (nodeprogress.py) from the inputs
 the state already takes, beside the session's own fold: one call per input from
-`LoadState.apply_run`, changing only the `node` and `node_load` fields of the state."""
+`LoadState.apply_run`, changing only the `node` and `node_load` fields of the state, and the
+session's record of each process's lines (ranks.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from loadwatch.daemon.sources.inputs import GpuReading, IoSample, ModelInfo, ProcessEvent
 from loadwatch.daemon.state.node import NodeFacts, role_view
 from loadwatch.daemon.state.nodeprogress import NodeLoad, NodeProgressView, progress_view
+from loadwatch.daemon.state.ranks import track_process
 from loadwatch.daemon.state.snapshot import NodeView
 from loadwatch.parsers.events import (
     Event,
@@ -67,8 +69,11 @@ def _known(f: Fold, process: str | None, pid: int | None, sid: int | None) -> bo
     return bool(f.get("node_load").session == sid)
 
 
-def track_node(f: Fold, item: Any) -> None:
-    """Update the node's record for one input (after the session's handler ran)."""
+def track_node(f: Fold, item: Any, lines: bool = True) -> None:
+    """Update the node's record for one input (after the session's handler ran), and its
+    process's lines (ranks.py; `lines=False`: the caller notes them for a whole run)."""
+    if lines and isinstance(item, Event):
+        track_process(f, item)
     if type(item) in _PLAIN:
         sid = f.sess.id if f.sess is not None else None
         key = (item.process, item.pid, sid)

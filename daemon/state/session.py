@@ -178,13 +178,35 @@ class IoTrack:
 
 @dataclass(frozen=True)
 class Stall:
-    kind: Literal["progress", "quiet"]
+    # "rank": one process went silent while its peers moved on (ranks.py)
+    kind: Literal["progress", "quiet", "rank"]
     since: float
     raised_at: float
     threshold_s: float
     expected_shard_s: float | None
     reason: str
     resume_phase: str
+    process: str | None = None  # the silent process (ranks.py `who`), for a "rank" stall
+
+
+@dataclass(frozen=True)
+class ProcessTrack:
+    """One process of a session, as its lines tell (ranks.py; the fold changes its own copy
+    in place)."""
+
+    name: str
+    family: str  # the name without its rank numbers: its peers share it
+    pid: int | None
+    first_offset: int
+    first_at: float
+    last_offset: int
+    last_at: float
+    phase: str  # the session's (live) phase at its last line
+    mark: int  # the session's weights-bar updates seen by its last line (peers past it: later)
+    shard: int  # the weights shards done (the bar's count) at its last line
+    bar_done: int | None = None  # its own weights bar, where it prints one
+    bar_total: int | None = None
+    step: str = ""  # the start-up's step under way at its last line (timeline.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +273,11 @@ class Session:
     stall_hints: int = 0
     last_hint_s: float | None = None
     timeline: Timeline = field(default_factory=Timeline)  # the start-up's steps (timeline.py)
+    # every process that wrote to the log, by `Worker_TP5 pid=1234` (ranks.py `who`), and what
+    # a rank's peers past it are told by
+    processes: Mapping[str, ProcessTrack] = field(default_factory=dict)
+    weights_updates: int = 0  # weights-bar updates so far (a rank's peers past it: later ones)
+    weights_done: int = 0  # the latest weights-bar update's count
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from loadwatch.daemon.state.crashloop import FirstFailure, RemedyStep
     from loadwatch.daemon.state.node import NodeRoleView
     from loadwatch.daemon.state.nodeprogress import NodeProgressView
+    from loadwatch.daemon.state.ranks import ProcessView
 
 SCHEMA = 1
 
@@ -228,7 +229,7 @@ class EpFilterView:
 @dataclass(frozen=True, slots=True)
 class StallView:
     active: bool
-    kind: str | None  # "progress": weights stopped; "quiet": nothing logged at all
+    kind: str | None  # "progress": weights stopped; "quiet": nothing logged; "rank": ranks.py
     since: float | None
     raised_at: float | None
     silent_s: float | None
@@ -366,6 +367,7 @@ class SessionView:
     timeline: tuple[StartupStepView, ...] = ()  # the start-up's steps (timeline.py)
     startup_eta: StartupEtaView | None = None  # the time left to ready (learned.py)
     startup_eta_reason: str | None = None  # why there is none
+    processes: tuple[ProcessView, ...] = ()  # every process that logged (ranks.py)
 
 
 @dataclass(frozen=True, slots=True)

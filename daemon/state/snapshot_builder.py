@@ -14,6 +14,7 @@ from loadwatch.daemon.state.kvdtype import KvDtype, KvEvidence, decide_kv_dtype,
 from loadwatch.daemon.state.learned import comparable, start_key, startup_eta
 from loadwatch.daemon.state.nodefold import node_view
 from loadwatch.daemon.state.plan_actual import memory_plan_view
+from loadwatch.daemon.state.ranks import process_views
 from loadwatch.daemon.state.session import (
     ORDER,
     BarTrack,
@@ -284,6 +285,7 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
         timeline=timeline_view(s.timeline, s.bars, now),
         startup_eta=eta,
         startup_eta_reason=no_eta,
+        processes=process_views(s, now, watch.threshold_s if watch else None),
     )
 
 

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import sys
 from collections import deque
 from pathlib import Path
 
 from loadwatch.daemon.config import ForecastConfig
-from loadwatch.daemon.sources.inputs import ModelInfo
+from loadwatch.daemon.sources.inputs import ModelInfo, Tick
 from loadwatch.daemon.sources.model.model_info import read_model_dir
 from loadwatch.daemon.sources.model.modelfiles import ModelFileError
 from loadwatch.daemon.state.loadstate import LoadState, StateConfig
@@ -73,6 +74,7 @@ class SessionFolder:
         self._failures: dict[tuple[str, str], int] = {}
         self._bulk: list[Event] = []  # a load's events at `self._bulk_at`, not folded yet
         self._bulk_at = 0.0
+        self._tick_at = -math.inf
         if model is not None:
             self.state = self.state.apply(model, fallback_ts)
 
@@ -83,6 +85,19 @@ class SessionFolder:
                 return
             self._release(ev.ts if ev.ts is not None else self.fallback_ts)
         at = ev.ts if ev.ts is not None else self.now
+        prev = self.now
+        if (
+            at is not None
+            and prev is not None
+            and at > prev
+            and prev - self._tick_at >= 1.0
+            and self.state.session is not None
+        ):
+            # the daemon's tick, once a second of the log's time, when the second before is
+            # over: a rank silent while its peers moved on is judged on ticks (state/ranks.py)
+            self._fold_bulk()
+            self._tick_at = prev
+            self.state = self.state.apply(Tick(), prev)
         if isinstance(ev, BULK) and self.state.session is not None:
             t = at if at is not None else self.fallback_ts  # (as `_apply` takes it)
             if self._bulk and t != self._bulk_at:
@@ -178,6 +193,8 @@ def analyze_log(
                 offsets.add(cap.start_offset)
             offsets.update(cap.failure_offsets.values())
             view = cap.snapshot.session
+            for p in view.processes if view is not None else ():
+                offsets.update((p.first_offset, p.last_offset))
             for f in view.failures if view is not None else ():
                 offsets.update(e.offset for e in f.evidence)
                 if f.offset is not None:

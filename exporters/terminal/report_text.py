@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from loadwatch.daemon.state.kvdtype import FP8_PATH_CODES, KV_SCALE_CODES
-from loadwatch.exporters.report import Report, SessionReport, WarningGroup
+from loadwatch.exporters.report import ProcessReport, Report, SessionReport, WarningGroup
 from loadwatch.exporters.report_crashloop import crash_loop_text
 from loadwatch.exporters.terminal.clean import clean_values
 from loadwatch.exporters.terminal.fmt import (
@@ -328,6 +328,14 @@ def _indent(r: RenderableType) -> Padding:
     return Padding(r, (0, 0, 0, 2))
 
 
+def _silent(p: ProcessReport) -> str:
+    """A process silent while its peers moved on, where its lines stop."""
+    where = f"line {p.last_line}" if p.last_line is not None else f"offset {p.last_offset}"
+    at = f"shard {p.shard}" if p.shard is not None else p.phase
+    who = f"{p.name} pid={p.pid}" if p.pid is not None else p.name
+    return f"{who}: its last line {where} at {clock(p.last_at)} ({at}); its peers logged on"
+
+
 def _session_block(s: SessionReport, last: bool) -> list[RenderableType]:
     title = Text.assemble(
         (f"Session {s.id}: ", "bold"), (s.verdict.text, STATUS_STYLE[s.verdict.status])
@@ -351,6 +359,9 @@ def _session_block(s: SessionReport, last: bool) -> list[RenderableType]:
     if s.stalls_total or s.stall_hints:
         hint = f"{s.stall_hints} 'no available shared memory broadcast block' hint(s)"
         grid.add_row(Text("stalls"), Text(f"{s.stalls_total} stall(s); {hint}"))
+    for p in s.processes:
+        if p.silent_while_peers_moved_on:
+            grid.add_row(Text("silent rank", style="yellow"), Text(_silent(p)))
     kv = s.kv_cache
     rated = [w for w in s.warnings if w.code in KV_SCALE_CODES | FP8_PATH_CODES]
     if kv.quantized or rated:

@@ -147,6 +147,8 @@ def test_status_json_has_the_documented_shape() -> None:
         "health",
         "node",
         "client_text",
+        "first_failure",  # (supervise mode: a started vLLM)
+        "remedies",
     }
     assert set(d["node"]) == {"role", "progress", "ready"}
     assert d["node"]["role"]["role"] == "head"

@@ -206,6 +206,7 @@ def actual_keys(doc: dict[str, Any]) -> dict[str, set[str]]:
         "sessions[].milestones[]": set(s["milestones"][0]),
         "sessions[].timeline[]": set(s["timeline"][0]),
         "crash_loop": set(doc["crash_loop"]),
+        "sessions[].processes[]": set(s["processes"][0]),
     }
 
 
