@@ -139,7 +139,7 @@ def _play(model: Path, work: Path, n: int, hold_after_weights: bool) -> Start:
                     wait_for(
                         lambda: d.status()["session"]["stall"]["active"],
                         "a stall",
-                        STALL_FLOOR_S * 6,
+                        START_S,  # (the test below holds it to the threshold)
                         every_s=0.1,
                     )
                     stall = d.status()["session"]
