@@ -61,7 +61,8 @@ bench: venv
 clean:
 	rm -rf .venv .venv-run build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
-# The main job on an embedded default: a simulated Kimi-K2.5 load, supervised, about a minute.
+# The main job on an embedded default: a simulated Kimi-K2.5 load, supervised, two starts (the
+# second one with the ETA to ready the first taught), about two minutes.
 # DEMO_ARGS="--scenario oom" (success, stall, oom, crash-loop, fp8-kv-on-sm120), "--real" for vLLM.
 # The demo runs from the runtime install alone (.venv-run: no test tools), as an operator's would.
 demo:

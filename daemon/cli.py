@@ -338,7 +338,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = command(
         "demo",
-        "a simulated Kimi-K2.5 load, supervised, in about a minute",
+        "a simulated Kimi-K2.5 load, supervised: two starts, in about two minutes",
         "examples:\n  loadwatch demo\n  loadwatch demo --scenario oom --speed 30\n"
         "  loadwatch demo --real --keep\n\n"
         "The exit code is the post-mortem's verdict: 0 ready, 1 failed, 2 incomplete.",

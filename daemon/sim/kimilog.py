@@ -85,6 +85,24 @@ class Shape:
     # prefix a record of its own (tests/fixtures/v1-2026-sm120.log); "same_record": the prefix
     # and the bar in one record (the `\r` gone, as a log shipper that drops it writes it)
     bar: Literal["lone_prefix", "same_record"] = "lone_prefix"
+    # The KV cache: what profiling leaves per GPU, and the MLA latent vLLM keeps per token and
+    # layer (Kimi-K2.5's config.json: kv_lora_rank 512 + qk_rope_head_dim 64), not split by TP.
+    kv_available_gib: float = 13.61
+    kv_latent: int = 512 + 64
+    max_model_len: int = 262144  # the model's max_position_embeddings: no --max-model-len
+    block_size: int = 16  # vLLM's on CUDA when --block-size is not given
+
+
+def kv_cache_tokens(shape: Shape) -> tuple[int, float]:
+    """(the tokens `GPU KV cache size` says, the concurrency `Maximum concurrency` says) for the
+    shape's KV budget, as vLLM works them out: whole blocks of `block_size` tokens in every
+    layer, each token's latent in the KV dtype (one byte for FP8, else bfloat16's two)."""
+    per_token = shape.kv_latent * (1 if shape.kv_cache_dtype else 2)
+    blocks = int(shape.kv_available_gib * (1 << 30)) // (
+        per_token * shape.block_size * shape.layers
+    )
+    tokens = blocks * shape.block_size
+    return tokens, tokens / shape.max_model_len
 
 
 @dataclass
@@ -223,9 +241,10 @@ def startup(
     clock.advance(20)
     yield f"{w[0]}INFO {clock.stamp()} [monitor.py:34] torch.compile took 14.31 s in total\n"
     clock.advance(5)
-    yield f"{w[0]}INFO {clock.stamp()} [gpu_worker.py:356] Available KV cache memory: 13.61 GiB\n"
-    yield f"{core}INFO {clock.stamp()} [kv_cache_utils.py:1307] GPU KV cache size: 217,728 tokens\n"
-    yield f"{core}INFO {clock.stamp()} [kv_cache_utils.py:1312] Maximum concurrency for 262,144 tokens per request: 0.83x\n"
+    tokens, concurrency = kv_cache_tokens(shape)
+    yield f"{w[0]}INFO {clock.stamp()} [gpu_worker.py:356] Available KV cache memory: {shape.kv_available_gib:.2f} GiB\n"
+    yield f"{core}INFO {clock.stamp()} [kv_cache_utils.py:1307] GPU KV cache size: {tokens:,} tokens\n"
+    yield f"{core}INFO {clock.stamp()} [kv_cache_utils.py:1312] Maximum concurrency for {shape.max_model_len:,} tokens per request: {concurrency:.2f}x\n"
     clock.advance(8)
     yield f"{w[0]}INFO {clock.stamp()} [gpu_model_runner.py:5063] Graph capturing finished in 5 secs, took 0.88 GiB\n"
     yield f"{core}INFO {clock.stamp()} [core.py:272] init engine (profile, create kv cache, warmup model) took 49.57 s (compilation: 14.31 s)\n"

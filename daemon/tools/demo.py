@@ -1,4 +1,4 @@
-"""`loadwatch demo`: the main job on an embedded default, in about a minute.
+"""`loadwatch demo`: the main job on an embedded default, in about two minutes.
 
 It builds, in a temporary directory, a Kimi-K2.5-NVFP4-shaped checkpoint (119 shards adding up
 to 540 GB, as sparse files that take no disk), then runs the real daemon supervising the
@@ -6,9 +6,12 @@ simulated vLLM of simvllm.py over eight simulated Blackwell GPUs (SM120, 96 GiB)
 grows with the load. The status screen updates live (on a pipe: a plain status line per
 update); /metrics and /status are served on localhost meanwhile. At the end it prints the post-mortem (`loadwatch analyze`) of the log.
 
-Scenarios: success, stall, oom, crash-loop, fp8-kv-on-sm120 (preflight flags the FP8 KV cache,
-the start fails as vLLM does on SM120, the demo applies `patch-model --drop-fp8-kv-cache`, and the
-restart loads). `--real` supervises real vLLM on the CPU with a tiny model instead.
+Scenarios: success (two starts of the model: the first is learned, then the demo has the
+supervisor start vLLM again, and the second start shows from its first line the ETA to ready the
+first one taught; demo_starts.py), stall, oom, crash-loop, fp8-kv-on-sm120 (preflight flags the
+FP8 KV cache, the start fails as vLLM does on SM120, the demo applies `patch-model
+--drop-fp8-kv-cache`, and the restart loads). `--real` supervises real vLLM on the CPU with a
+tiny model instead.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,7 @@ from loadwatch.daemon.config import (
     parse_listen,
 )
 from loadwatch.daemon.config import HttpConfig as _Http
+from loadwatch.daemon.tools.demo_starts import TwoStarts
 
 GIB = 1 << 30
 EX_SOFTWARE = 70  # the demo itself went wrong, not the load it plays
@@ -220,6 +225,8 @@ def run_demo(
     if code != 0:
         return code
     console.print()
+    if end.starts is not None and (said := end.starts.summary()) is not None:
+        console.print(said, highlight=False, soft_wrap=True)
     console.rule("post-mortem: loadwatch analyze")
     from loadwatch.daemon.tools.analyze import analyze_command
 
@@ -271,12 +278,16 @@ class _Ending:
         self.since: float | None = None
         self.patched = False
         self.outcome_ok = False
+        # success plays two starts of the model: the second's ETA to ready is learned
+        self.starts = TwoStarts() if scenario == "success" else None
 
     def done(self, snap: Any, sup_state: str) -> bool:
         s = snap.session
         phase = s.phase if s is not None else None
         hit = False
-        if self.scenario in ("success", "fp8-kv-on-sm120"):
+        if self.starts is not None:
+            hit = self.starts.done
+        elif self.scenario == "fp8-kv-on-sm120":
             hit = phase == "ready"
         elif self.scenario == "stall":
             hit = phase == "stalled"
@@ -329,6 +340,8 @@ def _watch(daemon: Any, server: Any, model: Path, end: _Ending, console: Any, sc
                 live.update(Group(header, render_status(snap.to_dict(), width=console.width)))
             sup = daemon.supervisor
             state = str(sup.state) if sup is not None else ""
+            if end.starts is not None and sup is not None:
+                end.starts.see(snap, partial(_start_again, daemon, sup))
             s = snap.session
             if (
                 end.scenario == "fp8-kv-on-sm120"
@@ -349,6 +362,11 @@ def _watch(daemon: Any, server: Any, model: Path, end: _Ending, console: Any, sc
     daemon.loop_call(daemon.stop_event.set)
 
 
+def _start_again(daemon: Any, sup: Any, why: str) -> None:
+    """Have the supervisor end vLLM and start it again (on the daemon's loop)."""
+    daemon.loop_call(lambda: sup.request_restart(why))
+
+
 def status_line(snap: Any) -> str:
     """The load in one plain line: phase, weights, ETA, stall, the fullest GPU's memory."""
     s = snap.session
@@ -360,6 +378,11 @@ def status_line(snap: Any) -> str:
             parts.append(f"{100 * ratio:.1f}% {p.shards_done or 0}/{p.shards_total} shards")
         if p.eta is not None and s.phase in ("starting", "loading_weights", "stalled"):
             parts.append(f"ETA {p.eta.remaining_s:.0f}s")
+        e = s.startup_eta
+        if e is not None:
+            parts.append(
+                f"ready in {e.remaining_s:.0f}s ({e.remaining_low_s:.0f}-{e.remaining_high_s:.0f}s)"
+            )
         if s.stall.active:
             parts.append(f"STALLED: {s.stall.reason or 'no progress'}")
     used = [g for g in snap.gpus if g.memory_used_bytes is not None and g.memory_total_bytes]

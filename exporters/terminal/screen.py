@@ -30,6 +30,7 @@ from loadwatch.exporters.terminal.docread import (
 )
 from loadwatch.exporters.terminal.fmt import clip, duration, few, hms, plain_text, ranges, size
 from loadwatch.exporters.terminal.plan_line import plan_line
+from loadwatch.exporters.terminal.ready_line import ready_line
 
 BAR_CELLS = 32
 MEMORY_CELLS = 24
@@ -177,6 +178,8 @@ def _progress_rows(doc: Mapping[str, Any], grid: Table) -> None:
     if ttr is not None:
         line.append(f"; ready {duration(ttr)} after start", "green")
     grid.add_row(Text("phase"), line)
+    if (ready := ready_line(s)) is not None:
+        grid.add_row(Text("ready"), ready)
     st = mapping(s.get("stall"))
     if yes(st.get("active")):
         msg = string(st.get("reason")) or "no progress"
