@@ -22,7 +22,7 @@ from loadwatch.daemon.sources.log.files import (
     OpenFile,
     Position,
 )
-from loadwatch.daemon.sources.log.follow_state import FollowerState, _longer
+from loadwatch.daemon.sources.log.follow_state import FollowerState, longer
 from loadwatch.daemon.sources.log.generations import Since
 
 
@@ -34,9 +34,9 @@ class FollowerPlacing(FollowerState):
         cp = self.loaded_checkpoint
         if cp is not None:
             for file_id, head in [(cp.file_id, cp.head), *cp.heads.items()]:
-                longer = _longer(file_id, head)
-                if longer is not None:
-                    self._heads.setdefault(file_id, longer)
+                named = longer(file_id, head)
+                if named is not None:
+                    self._heads.setdefault(file_id, named)
             if cp.file_born_ns is not None:
                 self._born[cp.file_id] = cp.file_born_ns
         start = start_at

@@ -71,7 +71,7 @@ def _first_terminator(buf: bytes) -> int:
     return cr if cr >= 0 else lf
 
 
-def _longer(file_id: str, head: str | None) -> FileIdentity | None:
+def longer(file_id: str, head: str | None) -> FileIdentity | None:
     """The identity `file_id` with the first bytes `head` ("N:FP") names, when they are more
     than its own; None otherwise (or when either does not parse)."""
     n, _, fp = (head or "").partition(":")
@@ -83,7 +83,7 @@ def _longer(file_id: str, head: str | None) -> FileIdentity | None:
     return longer if longer.fp_len > ident.fp_len else None
 
 
-def _one_line(e: BaseException | str) -> str:
+def one_line(e: BaseException | str) -> str:
     text = str(e)
     if isinstance(e, OSError) and e.strerror:
         name = os.fsdecode(e.filename) if e.filename else ""
@@ -189,7 +189,7 @@ class FollowerState:
 
     def _fail(self, e: BaseException | str, *, state: bool = False) -> None:
         self._errors += 1
-        self._last_error = _one_line(e)
+        self._last_error = one_line(e)
         self._error_in_state = state
 
     def _close_sources(self) -> None:

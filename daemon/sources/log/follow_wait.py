@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from loadwatch.daemon.sources.log.follow_state import FollowerError, FollowerState, _one_line
+from loadwatch.daemon.sources.log.follow_state import FollowerError, FollowerState, one_line
 from loadwatch.daemon.sources.log.wake import WakeError, Waker
 
 
@@ -27,7 +27,7 @@ class FollowerWaiting(FollowerState):
                 raise FollowerError(str(e)) from None
             except OSError as e:  # the path cannot be looked at (EACCES, ENAMETOOLONG, ...)
                 self._fail(e)
-                raise FollowerError(_one_line(e)) from None
+                raise FollowerError(one_line(e)) from None
         return self._waker
 
     def wait(self, timeout_s: float | None = None) -> bool:
