@@ -85,8 +85,7 @@ class FollowerSaving(FollowerState):
         except CheckpointError as e:
             self._fail(e, state=True)
             return False
-        if self._error_in_state:
-            self._last_error, self._error_in_state = None, False  # saving works again
+        self._errors.save_works()
         self._checkpoints += 1
         self._cp_saved = (pos, dict(self._extra))
         return True

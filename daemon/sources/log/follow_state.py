@@ -22,12 +22,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from loadwatch.daemon.sources.log.checkpoint import Checkpoint
 from loadwatch.daemon.sources.log.files import FileIdentity, OpenFile, Position
 from loadwatch.daemon.sources.log.generations import Generations, Since
-from loadwatch.daemon.sources.log.wake import ActiveMode, Mode, Wake, Waker
+from loadwatch.daemon.sources.log.wake import ActiveMode
+
+if TYPE_CHECKING:
+    from loadwatch.daemon.sources.log.follow_wait import Waiting
 
 _LF, _CR = 10, 13
 StartKind = Literal["fresh", "pending", "exact", "rotated", "changed", "gone"]
@@ -93,32 +96,51 @@ def one_line(e: BaseException | str) -> str:
     return " ".join(text.split())[:300]
 
 
+class Errors:
+    """The follower's errors: how many, the last one (one line), and whether that one is the
+    state directory's (a save) rather than the log's. Each part that can fail is given it."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.last: str | None = None  # None again once reading (a save, for a save's) works
+        self.in_state = False  # the last error is the state directory's: a save clears it
+
+    def fail(self, e: BaseException | str, *, state: bool = False) -> None:
+        self.total += 1
+        self.last = one_line(e)
+        self.in_state = state
+
+    def read_works(self) -> None:
+        """A read finished without error: a read's error is over (a save's is not)."""
+        if not self.in_state:
+            self.last = None
+
+    def save_works(self) -> None:
+        """A save worked: a save's error is over."""
+        if self.in_state:
+            self.last, self.in_state = None, False
+
+
 class FollowerState:
     """The follower's state (see the module docstring); its parts read and change it."""
+
+    _waiting: Waiting  # (set by `LogFollower`)
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         *,
         cap_bytes: int,
-        poll_interval_s: float,
-        mode: Mode,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         max_read_bytes: int,
         rotated_keep: int,
-        mountinfo: str,
         split_cr: bool,
-        coalesce_s: float = 0.0,
     ) -> None:
         self.path = Path(os.path.abspath(os.fspath(path)))
         self._path = str(self.path)
         self._cap = cap_bytes
         self._max_read = max_read_bytes
-        self._poll = poll_interval_s
-        self._coalesce = coalesce_s  # after an event, let the writes of this long gather
-        self._mode: Mode = mode
-        self._mountinfo = mountinfo
         # A container runtime's log (container.py) ends its lines with \n only; a \r is content.
         self._split_cr = split_cr
         self._clock = clock
@@ -145,9 +167,6 @@ class FollowerState:
         self._exists = False
         self._at_path = False
         self._backlog = False
-        self._waker: Waker | None = None
-        self._woke: Wake = None
-        self._found = False  # the last read found data (a stream: the next read on the tick)
         self._closed = False
 
         self._records = 0
@@ -156,10 +175,8 @@ class FollowerState:
         self._unterminated = 0
         self._rotations = 0
         self._truncations = 0
-        self._errors = 0
         self._checkpoints = 0
-        self._last_error: str | None = None
-        self._error_in_state = False  # the last error is the state directory's: a save clears it
+        self._errors = Errors()
         self._last_read_ts: float | None = None
         self._last_check_ts: float | None = None
         self.loaded_checkpoint: Checkpoint | None = None  # (follow_save.py loads it)
@@ -188,9 +205,7 @@ class FollowerState:
         return src.fix_identity(self._known, copy=src.name != self._path)
 
     def _fail(self, e: BaseException | str, *, state: bool = False) -> None:
-        self._errors += 1
-        self._last_error = one_line(e)
-        self._error_in_state = state
+        self._errors.fail(e, state=state)
 
     def _close_sources(self) -> None:
         for src in self._sources:
@@ -200,7 +215,7 @@ class FollowerState:
     @property
     def last_error(self) -> str | None:
         """`health().last_error`, without making the rest (asked after every read)."""
-        return self._last_error
+        return self._errors.last
 
     @property
     def file_exists(self) -> bool:
@@ -208,7 +223,7 @@ class FollowerState:
 
     def health(self) -> FollowerHealth:
         src = self._sources[0] if self._sources else None
-        waker = self._waker
+        waker = self._waiting.waker
         return FollowerHealth(
             path=self._path,
             mode=waker.mode if waker is not None else None,
@@ -221,13 +236,13 @@ class FollowerState:
             rotations_total=self._rotations,
             truncations_total=self._truncations,
             checkpoints_total=self._checkpoints,
-            errors_total=self._errors,
-            last_error=self._last_error,
+            errors_total=self._errors.total,
+            last_error=self._errors.last,
             last_read_ts=self._last_read_ts,
             last_check_ts=self._last_check_ts,
             file_id=src.ident if src is not None else None,
             offset=src.rs if src is not None else None,
             backlog=self._backlog,
             start=self._start,
-            error_in_state=self._error_in_state,
+            error_in_state=self._errors.in_state,
         )

@@ -30,6 +30,7 @@ files.py, the rotated-name lookup in generations.py, compressed rotated files in
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import stat
@@ -50,7 +51,7 @@ from loadwatch.daemon.sources.log.follow_state import (
     StartKind,
     _first_terminator,
 )
-from loadwatch.daemon.sources.log.follow_wait import FollowerWaiting
+from loadwatch.daemon.sources.log.follow_wait import Waiting
 from loadwatch.daemon.sources.log.wake import Mode
 from loadwatch.parsers.scan import count_records
 
@@ -68,7 +69,7 @@ DEFAULT_POLL_INTERVAL_S = 0.25
 DEFAULT_ROTATED_KEEP = 5
 
 
-class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWaiting):
+class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving):
     """Reads one log path as chunks of whole records; see the module docstring."""
 
     def __init__(
@@ -100,15 +101,19 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
         super().__init__(
             path,
             cap_bytes=cap_bytes,
-            poll_interval_s=poll_interval_s,
-            mode=mode,
             clock=clock,
             wall_clock=wall_clock,
             max_read_bytes=max_read_bytes,
             rotated_keep=rotated_keep,
-            mountinfo=mountinfo,
             split_cr=split_cr,
+        )
+        self._waiting = Waiting(
+            self.path,
+            mode=mode,
+            mountinfo=mountinfo,
+            poll_interval_s=poll_interval_s,
             coalesce_s=coalesce_s,
+            errors=self._errors,
         )
         self._init_saving(
             state_dir, checkpoint_every_records, checkpoint_every_s, checkpoint_min_interval_s
@@ -136,9 +141,7 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
         out: list[Chunk] = []
         if self._closed:
             return out
-        woke, self._woke = self._woke, None
-        waker = self._waker
-        events_before = waker.events_total if waker is not None else 0
+        mark = self._waiting.begin_read()
         bytes_before = self._bytes
         budget = self._max_read
         self._backlog = False
@@ -156,21 +159,17 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
                 if self._leave(src, out):
                     self._sources.pop(0)
             self._last_check_ts = self._wall()
-            if not self._error_in_state:
-                self._last_error = None  # reading works again
+            self._errors.read_works()
         except OSError as e:
             self._fail(e)
             if e.errno == errno.ESTALE:  # the NFS handle is gone: find our place again by path
                 self._reopen_at_position()
         if out:
             self._last_end = Position(out[-1].file_id, out[-1].next_offset)
-        found = self._found = self._bytes != bytes_before
+        found = self._bytes != bytes_before
         if found:
             self._last_read_ts = self._wall()
-        if waker is not None:
-            waker.note_read(
-                woke=woke, events_before=events_before, found_data=found and self._at_path
-            )
+        self._waiting.end_read(mark, found=found, found_at_path=found and self._at_path)
         return out
 
     def _drain(self, src: OpenFile, out: list[Chunk], budget: int) -> int:
@@ -306,6 +305,25 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
             self._rotate(newest)
             self._at_path = True
 
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the file may have changed or the poll interval passed; True on an event
+        (see follow_wait.py)."""
+        return self._waiting.wait(timeout_s)
+
+    def arm(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fire: Callable[[bool], None],
+        timeout_s: float | None = None,
+    ) -> Callable[[], None]:
+        """`wait_async` as a callback: `loop` calls `fire(True)` after an event (and the
+        coalescing tick), `fire(False)` after the timeout; once. Returns what disarms it."""
+        return self._waiting.arm(loop, fire, timeout_s)
+
+    async def wait_async(self, timeout_s: float | None = None) -> bool:
+        """`wait` for an asyncio loop."""
+        return await self._waiting.wait_async(timeout_s)
+
     def follow(self, stop: threading.Event | None = None) -> Iterator[list[Chunk]]:
         """Chunk lists as they come, until `stop` is set."""
         while stop is None or not stop.is_set():
@@ -332,8 +350,7 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
         if checkpoint:
             self.checkpoint()
         self._closed = True
-        if self._waker is not None:
-            self._waker.close()
+        self._waiting.close()
         self._close_sources()
 
     def __enter__(self) -> LogFollower:
