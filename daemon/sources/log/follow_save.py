@@ -65,7 +65,7 @@ class FollowerSaving(FollowerState):
         if extra is not None:
             self._extra = dict(extra)
         pos = self.position()
-        self._cp_records = self._records
+        self._cp_records = self._reader.records
         self._cp_time = self._clock()
         if pos is None:
             return False
@@ -93,7 +93,7 @@ class FollowerSaving(FollowerState):
     def _tail(self, pos: Position) -> str | None:
         """`Checkpoint.tail` of a position in a file still open."""
         n = min(TAIL_BYTES, pos.offset)
-        for src in self._sources:
+        for src in self._files.sources:
             if src.ident == pos.file_id and n > 0:
                 try:
                     tail = os.pread(src.fd, n, pos.offset - n)
@@ -107,9 +107,7 @@ class FollowerSaving(FollowerState):
     def _known_heads(self) -> dict[str, str]:
         """`Checkpoint.heads`: the first bytes of the files read that their identity lacks."""
         out: dict[str, str] = {}
-        seen = [(src.ident, src.first_bytes()) for src in self._sources]
-        seen += [(ident, prefix) for ident, prefix, *_ in self._left.values()]
-        for ident, prefix in seen:
+        for ident, prefix in self._files.first_bytes_seen():
             if ident is None or ident in out:
                 continue
             try:
@@ -127,15 +125,15 @@ class FollowerSaving(FollowerState):
         """`Checkpoint.file_mtime_ns`, `.head` and `.file_born_ns`: of the file being read (the
         position's, or the one after the last record delivered); before any is open, the loaded
         checkpoint's own."""
-        if self._pending is not None or not self._sources:
+        if self._placer.pending() is not None or not self._files.sources:
             cp = self.loaded_checkpoint
             if cp is not None and cp.file_id == pos.file_id:
                 return cp.file_mtime_ns, cp.head, cp.file_born_ns
             return None, None, None
-        src = self._sources[0]
+        src = self._files.sources[0]
         try:
             mtime = os.fstat(src.fd).st_mtime_ns
-            if src.ident is None and self._last_end is not None:
+            if src.ident is None and self._files.last_end is not None:
                 # the position is the end of the file before this one: what was written after
                 # it is this file and what came later; its own first bytes are not this one's
                 return mtime, None, None
@@ -158,7 +156,8 @@ class FollowerSaving(FollowerState):
         return first or (
             elapsed >= self._min_interval_s
             and (
-                self._records - self._cp_records >= self._every_records or elapsed >= self._every_s
+                self._reader.records - self._cp_records >= self._every_records
+                or elapsed >= self._every_s
             )
         )
 
@@ -178,7 +177,8 @@ class FollowerSaving(FollowerState):
         due = first or (
             elapsed >= self._min_interval_s
             and (
-                self._records - self._cp_records >= self._every_records or elapsed >= self._every_s
+                self._reader.records - self._cp_records >= self._every_records
+                or elapsed >= self._every_s
             )
         )
         if not due:
@@ -188,7 +188,7 @@ class FollowerSaving(FollowerState):
         if extra is not None:
             self._extra = dict(extra)
         if self._cp_saved == (self.position(), self._extra):
-            self._cp_records, self._cp_time = self._records, self._clock()
+            self._cp_records, self._cp_time = self._reader.records, self._clock()
             return False
         return self.checkpoint()
 

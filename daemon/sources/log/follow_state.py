@@ -1,9 +1,9 @@
-"""What the parts of `LogFollower` share: its files, its place, its counters, and its health.
+"""What the follower's parts share: its errors, its health record, and how a file is known.
 
-The follower is one object made of parts, each in its own module: reading (follower.py), noticing
-rotations and truncations (follow_changes.py), finding a remembered file again (follow_place.py),
-checkpoints (follow_save.py) and waking (follow_wait.py). Each part is a base class of
-`LogFollower` over this state; `FollowerState.__init__` is the one place every attribute is set.
+`LogFollower` (follower.py) composes parts that each own their state (see its docstring); what
+they have in common lives here: `FollowerError`, `FollowerHealth`, `StartKind`, `TAIL_BYTES`,
+`Errors` (the errors, given to each part that can fail), `longer` and `one_line`. `FollowerState`
+is the part of the follower its checkpoints (follow_save.py, still a base class) read.
 
 Files and identity. A file is known by device + inode and a fingerprint of its first bytes (up to
 `FINGERPRINT_BYTES`), written ``"dev:ino:len:hash"`` (`FileIdentity`) and carried by every chunk.
@@ -25,17 +25,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from loadwatch.daemon.sources.log.checkpoint import Checkpoint
-from loadwatch.daemon.sources.log.files import FileIdentity, OpenFile, Position
-from loadwatch.daemon.sources.log.generations import Generations, Since
+from loadwatch.daemon.sources.log.files import FileIdentity, Position
 from loadwatch.daemon.sources.log.wake import ActiveMode
 
 if TYPE_CHECKING:
-    from loadwatch.daemon.sources.log.follow_wait import Waiting
+    from loadwatch.daemon.sources.log.follow_files import FileSet
+    from loadwatch.daemon.sources.log.follow_place import Placer
+    from loadwatch.daemon.sources.log.follow_read import RecordReader
 
-_LF, _CR = 10, 13
 StartKind = Literal["fresh", "pending", "exact", "rotated", "changed", "gone"]
 TAIL_BYTES = 256  # the bytes before a place that must still be there to resume at it
-LEFT_KEPT = 16  # files left that are remembered, for one that comes back
 
 
 class FollowerError(Exception):
@@ -66,12 +65,6 @@ class FollowerHealth:
     # because the checkpoint's file was cut back below it ("changed") or is not found ("gone")
     start: StartKind
     error_in_state: bool = False  # last_error is the state directory's (a save), not the log's
-
-
-def _first_terminator(buf: bytes) -> int:
-    lf = buf.find(b"\n")
-    cr = buf.find(b"\r", 0, lf if lf >= 0 else len(buf))
-    return cr if cr >= 0 else lf
 
 
 def longer(file_id: str, head: str | None) -> FileIdentity | None:
@@ -122,127 +115,31 @@ class Errors:
 
 
 class FollowerState:
-    """The follower's state (see the module docstring); its parts read and change it."""
+    """What the checkpoints read of the follower; `LogFollower` sets the parts."""
 
-    _waiting: Waiting  # (set by `LogFollower`)
+    _files: FileSet
+    _reader: RecordReader
+    _placer: Placer
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         *,
-        cap_bytes: int,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
-        max_read_bytes: int,
-        rotated_keep: int,
-        split_cr: bool,
     ) -> None:
         self.path = Path(os.path.abspath(os.fspath(path)))
         self._path = str(self.path)
-        self._cap = cap_bytes
-        self._max_read = max_read_bytes
-        # A container runtime's log (container.py) ends its lines with \n only; a \r is content.
-        self._split_cr = split_cr
         self._clock = clock
         self._wall = wall_clock
-        self._gens = Generations(self._path, rotated_keep)
-
-        self._sources: list[OpenFile] = []
-        self._pending: tuple[FileIdentity, int] | None = None  # a start position to look up
-        self._known: list[FileIdentity] = []  # identities given before: see `know`
-        self._last_end: Position | None = None  # after the last record delivered
-        self._start: StartKind = "fresh"
-        # after what the files that came after the checkpoint's were written (see `written_after`)
-        self._since: Since | None = None
-        # the checkpoint's file by its first bytes at the save, when they are more than its
-        # identity holds (`Checkpoint.head`): what looking for that file looks for
-        self._heads: dict[str, FileIdentity] = {}
-        self._born: dict[str, int] = {}  # and its birth time at the save (`Checkpoint`)
-        self._recovered: tuple[str, ...] = ()  # see `recovered`
-        self._rewritten: set[str] = set()  # identities whose file was rewritten in place
-        self.rewrites_total = 0  # files found rewritten in place (same first bytes, longer)
-        # files left (drained after a rotation), by inode: (identity, first bytes, where we
-        # were, ended in "\r", the bytes before that place), for one that comes back
-        self._left: dict[tuple[int, int], tuple[str, bytes, int, bool, bytes]] = {}
-        self._exists = False
-        self._at_path = False
-        self._backlog = False
-        self._closed = False
-
-        self._records = 0
-        self._bytes = 0
-        self._cuts = 0
-        self._unterminated = 0
-        self._rotations = 0
-        self._truncations = 0
-        self._checkpoints = 0
         self._errors = Errors()
-        self._last_read_ts: float | None = None
-        self._last_check_ts: float | None = None
+        self._checkpoints = 0
         self.loaded_checkpoint: Checkpoint | None = None  # (follow_save.py loads it)
 
     def position(self) -> Position | None:
         """Where the next undelivered record starts; None when no file was seen yet."""
-        if self._pending is not None:
-            ident, offset = self._pending
-            return Position(str(ident), offset)
-        if not self._sources:
-            return None
-        src = self._sources[0]
-        if src.ident is not None:
-            return Position(src.ident, src.rs)
-        if self._last_end is not None:
-            # Nothing delivered from this file yet (new at the path, or cut back in place): after
-            # the last record delivered, which names its file by its first bytes. This file may
-            # be empty, and an identity of no bytes would name whatever its inode holds later.
-            return self._last_end
-        try:
-            return Position(src.provisional_identity(self._known, src.name != self._path), src.rs)
-        except OSError:
-            return None
-
-    def _fix_identity(self, src: OpenFile) -> str:
-        return src.fix_identity(self._known, copy=src.name != self._path)
+        pending = self._placer.pending()
+        return pending if pending is not None else self._files.position()
 
     def _fail(self, e: BaseException | str, *, state: bool = False) -> None:
         self._errors.fail(e, state=state)
-
-    def _close_sources(self) -> None:
-        for src in self._sources:
-            src.close()
-        self._sources = []
-
-    @property
-    def last_error(self) -> str | None:
-        """`health().last_error`, without making the rest (asked after every read)."""
-        return self._errors.last
-
-    @property
-    def file_exists(self) -> bool:
-        return self._exists
-
-    def health(self) -> FollowerHealth:
-        src = self._sources[0] if self._sources else None
-        waker = self._waiting.waker
-        return FollowerHealth(
-            path=self._path,
-            mode=waker.mode if waker is not None else None,
-            mode_reason=waker.reason if waker is not None else None,
-            file_exists=self._exists,
-            records_total=self._records,
-            bytes_total=self._bytes,
-            cuts_total=self._cuts,
-            unterminated_total=self._unterminated,
-            rotations_total=self._rotations,
-            truncations_total=self._truncations,
-            checkpoints_total=self._checkpoints,
-            errors_total=self._errors.total,
-            last_error=self._errors.last,
-            last_read_ts=self._last_read_ts,
-            last_check_ts=self._last_check_ts,
-            file_id=src.ident if src is not None else None,
-            offset=src.rs if src is not None else None,
-            backlog=self._backlog,
-            start=self._start,
-            error_in_state=self._errors.in_state,
-        )
