@@ -2,8 +2,7 @@
 
 `LogFollower` (follower.py) composes parts that each own their state (see its docstring); what
 they have in common lives here: `FollowerError`, `FollowerHealth`, `StartKind`, `TAIL_BYTES`,
-`Errors` (the errors, given to each part that can fail), `longer` and `one_line`. `FollowerState`
-is the part of the follower its checkpoints (follow_save.py, still a base class) read.
+`Errors` (the errors, given to each part that can fail), `longer` and `one_line`.
 
 Files and identity. A file is known by device + inode and a fingerprint of its first bytes (up to
 `FINGERPRINT_BYTES`), written ``"dev:ino:len:hash"`` (`FileIdentity`) and carried by every chunk.
@@ -18,20 +17,11 @@ different runs compare as strings.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from loadwatch.daemon.sources.log.checkpoint import Checkpoint
-from loadwatch.daemon.sources.log.files import FileIdentity, Position
+from loadwatch.daemon.sources.log.files import FileIdentity
 from loadwatch.daemon.sources.log.wake import ActiveMode
-
-if TYPE_CHECKING:
-    from loadwatch.daemon.sources.log.follow_files import FileSet
-    from loadwatch.daemon.sources.log.follow_place import Placer
-    from loadwatch.daemon.sources.log.follow_read import RecordReader
 
 StartKind = Literal["fresh", "pending", "exact", "rotated", "changed", "gone"]
 TAIL_BYTES = 256  # the bytes before a place that must still be there to resume at it
@@ -112,34 +102,3 @@ class Errors:
         """A save worked: a save's error is over."""
         if self.in_state:
             self.last, self.in_state = None, False
-
-
-class FollowerState:
-    """What the checkpoints read of the follower; `LogFollower` sets the parts."""
-
-    _files: FileSet
-    _reader: RecordReader
-    _placer: Placer
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.path = Path(os.path.abspath(os.fspath(path)))
-        self._path = str(self.path)
-        self._clock = clock
-        self._wall = wall_clock
-        self._errors = Errors()
-        self._checkpoints = 0
-        self.loaded_checkpoint: Checkpoint | None = None  # (follow_save.py loads it)
-
-    def position(self) -> Position | None:
-        """Where the next undelivered record starts; None when no file was seen yet."""
-        pending = self._placer.pending()
-        return pending if pending is not None else self._files.position()
-
-    def _fail(self, e: BaseException | str, *, state: bool = False) -> None:
-        self._errors.fail(e, state=state)

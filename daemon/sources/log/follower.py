@@ -2,7 +2,8 @@
 
 The synchronous core, `LogFollower`, needs no threads: `read()` returns what the file holds now as
 `Chunk`s (runs of whole records, bounded per call) and keeps its place. Call it again later, or
-after `wait()` / `await wait_async()` says the file may have changed. The daemon loop::
+after `wait()` / `await wait_async()` says the file may have changed; `follow()` and
+`follow_async()` wrap read + wait into iterators of chunk lists. The daemon loop::
 
     follower = LogFollower(path, state_dir=state)        # resumes from its checkpoint, if any
     while running:
@@ -24,12 +25,15 @@ their own modules:
   ``max_read_bytes`` per `read()` (then `backlog`); it counts what was read.
 - `Placer` (follow_place.py): where reading starts (`start_at`, else the checkpoint's place) and
   where a remembered position's file is now (`seek`, `where`).
-- follow_save.py: checkpoints (`FollowerSaving`, a base class of `LogFollower` over
-  `FollowerState`, the part of it the checkpoints read): loads the checkpoint at start, and
-  decides when and what to save (`checkpoint`, `maybe_checkpoint`).
+- `Checkpointer` (follow_save.py): loads the checkpoint at start, and decides when and what to
+  save (`checkpoint`, `maybe_checkpoint`).
 - `Waiting` (follow_wait.py): the path's `Waker` (wake.py), for `wait`, `wait_async`, `arm`.
 - `Errors` (follow_state.py, with the health record and the other shared names): the errors,
   given to each part that can fail.
+
+The parts get what they need passed in (the `FileSet`, the `Errors`, the clocks; the
+checkpointer, `position`), never the follower; it keeps the public surface and its own few things: the read budget and `backlog`,
+when reads last found data and finished, and whether it is closed.
 
 Identity and open-file state live in files.py, the rotated-name lookup in generations.py,
 compressed rotated files in gzipped.py.
@@ -42,15 +46,19 @@ import errno
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
 from loadwatch.daemon.sources.inputs import Chunk
+from loadwatch.daemon.sources.log.checkpoint import Checkpoint
 from loadwatch.daemon.sources.log.files import FileIdentity, Position
 from loadwatch.daemon.sources.log.follow_files import FileSet
 from loadwatch.daemon.sources.log.follow_place import Placer
 from loadwatch.daemon.sources.log.follow_read import RecordReader
-from loadwatch.daemon.sources.log.follow_save import FollowerSaving
+from loadwatch.daemon.sources.log.follow_save import Checkpointer
 from loadwatch.daemon.sources.log.follow_state import (
+    Errors,
     FollowerError,
     FollowerHealth,
     StartKind,
@@ -72,7 +80,7 @@ DEFAULT_POLL_INTERVAL_S = 0.25
 DEFAULT_ROTATED_KEEP = 5
 
 
-class LogFollower(FollowerSaving):
+class LogFollower:
     """Reads one log path as chunks of whole records; see the module docstring."""
 
     def __init__(
@@ -101,14 +109,25 @@ class LogFollower(FollowerSaving):
             raise FollowerError("need poll_interval_s > 0, rotated_keep >= 0, coalesce_s >= 0")
         if mode not in ("auto", "inotify", "poll"):
             raise FollowerError(f"unknown follow mode {mode!r} (auto, inotify or poll)")
-        super().__init__(path, clock=clock, wall_clock=wall_clock)
+        self.path = Path(os.path.abspath(os.fspath(path)))
         self._max_read = max_read_bytes
+        self._wall = wall_clock
+        self._errors = Errors()
         self._files = FileSet(str(self.path), rotated_keep)
         self._reader = RecordReader(self._files, cap_bytes=cap_bytes, split_cr=split_cr)
-        self._init_saving(
-            state_dir, checkpoint_every_records, checkpoint_every_s, checkpoint_min_interval_s
+        self._saver = Checkpointer(
+            state_dir,
+            self.path,
+            files=self._files,
+            position=self.position,
+            errors=self._errors,
+            every_records=checkpoint_every_records,
+            every_s=checkpoint_every_s,
+            min_interval_s=checkpoint_min_interval_s,
+            clock=clock,
+            wall_clock=wall_clock,
         )
-        self._placer = Placer(self._files, self._errors, self.loaded_checkpoint, start_at)
+        self._placer = Placer(self._files, self._errors, self._saver.loaded, start_at)
         self._waiting = Waiting(
             self.path,
             mode=mode,
@@ -121,6 +140,11 @@ class LogFollower(FollowerSaving):
         self._closed = False
         self._last_read_ts: float | None = None  # wall clock, the last read that found data
         self._last_check_ts: float | None = None  # ... the last read that finished well
+
+    @property
+    def loaded_checkpoint(self) -> Checkpoint | None:
+        """The checkpoint found at start, if any."""
+        return self._saver.loaded
 
     @property
     def start(self) -> StartKind:
@@ -199,6 +223,11 @@ class LogFollower(FollowerSaving):
         self._waiting.end_read(mark, found=found, found_at_path=found and files.at_path)
         return out
 
+    def position(self) -> Position | None:
+        """Where the next undelivered record starts; None when no file was seen yet."""
+        pending = self._placer.pending()
+        return pending if pending is not None else self._files.position()
+
     def know(self, file_id: str) -> None:
         """A file identity given before (a checkpoint's, a position noted elsewhere): a file it
         names gets exactly it when read, so identities compare as strings (`OpenFile.known_as`)."""
@@ -221,6 +250,20 @@ class LogFollower(FollowerSaving):
             return False
         self._backlog = False
         return True
+
+    def checkpoint(self, extra: Mapping[str, Any] | None = None) -> bool:
+        """Save `position()` and `extra` (kept for later saves when None) now; False on failure."""
+        return self._saver.checkpoint(self._reader.records, extra)
+
+    def checkpoint_due(self) -> bool:
+        """`maybe_checkpoint` would save now (when something changed): a caller may skip
+        making its `extra` until then."""
+        return self._saver.due(self._reader.records)
+
+    def maybe_checkpoint(self, extra: Mapping[str, Any] | None = None) -> bool:
+        """`checkpoint` once enough records or seconds have passed and something changed, and
+        the first time it is called when there was none to load (see follow_save.py)."""
+        return self._saver.maybe_checkpoint(self._reader.records, extra)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the file may have changed or the poll interval passed; True on an event
@@ -256,7 +299,7 @@ class LogFollower(FollowerSaving):
             unterminated_total=reader.unterminated,
             rotations_total=files.rotations,
             truncations_total=files.truncations + placer.truncations,
-            checkpoints_total=self._checkpoints,
+            checkpoints_total=self._saver.saves,
             errors_total=self._errors.total,
             last_error=self._errors.last,
             last_read_ts=self._last_read_ts,
