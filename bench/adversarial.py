@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from loadwatch.parsers import ChunkScanner, EventStream
-from loadwatch.parsers.vllm import catalog, lines
+from loadwatch.parsers.vllm import builders, catalog, lines
 from loadwatch.parsers.vllm.catalog import BARE, CATALOG, FAILURE, MESSAGE, WARNING, Entry
 
 MB = 1 << 20
@@ -140,13 +140,13 @@ OTHER: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
         (TRACEBACK, '  File "x.py", line 1, in f', "vllm.v1.engine.exceptions.EngineGone: gone"),
     ),
     (
-        "catalog._KV_ARG",
-        catalog._KV_ARG,
+        "builders.KV_ARG",
+        builders.KV_ARG,
         (f"{PREFIX}INFO {STAMP} [utils.py:1] {ENTRY_BODIES['ms.launch_args']}",),
     ),
     (
-        "catalog._LAYER",
-        catalog._LAYER,
+        "builders.LAYER",
+        builders.LAYER,
         (f"{PREFIX}WARNING {STAMP} [w.py:1] {ENTRY_BODIES['warn.kv_scale_missing']}",),
     ),
     (

@@ -19,15 +19,15 @@ import asyncio
 import contextlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from loadwatch.daemon.config import Config
-from loadwatch.daemon.publish import Host
-from loadwatch.daemon.sources.inputs import ModelInfo
+from loadwatch.daemon.eventfeed import EventFeed
+from loadwatch.daemon.sources.inputs import GpuReading, ModelInfo, OrphanCheck
 from loadwatch.daemon.sources.model.model_info import read_model_dir, under_roots
 from loadwatch.daemon.sources.model.modelfiles import ModelFileError, shown
+from loadwatch.daemon.state.session import Session
 from loadwatch.daemon.supervise.orphans import ORPHAN_GRACE_S, settle_orphans
 
 PATH_SHOWN = 512  # a path from the log, as a line shows it
@@ -69,8 +69,13 @@ def allowed_roots(cfg: Config) -> tuple[Path, ...]:
 
 
 class ModelDirs:
-    def __init__(self, daemon: Host) -> None:
-        self._d = daemon
+    """Reads a model directory's facts and hands them to `apply` (the daemon's fold); says
+    what it cannot read through `feed`."""
+
+    def __init__(self, cfg: Config, feed: EventFeed, apply: Callable[[ModelInfo], None]) -> None:
+        self._cfg = cfg
+        self._feed = feed
+        self._apply = apply
         self._tried: str | None = None  # the model path of the log last looked for here
         self._said: list[str] = []  # problems said, each once
 
@@ -78,8 +83,8 @@ class ModelDirs:
         """At start, and when the supervisor starts vLLM (with its argv)."""
         from loadwatch.parsers.vllm import argv as vllm_argv
 
-        d = self._d
-        model_dir = d.cfg.model.dir
+        cfg = self._cfg
+        model_dir = cfg.model.dir
         if model_dir is None and argv:
             found = vllm_argv.model_path(list(argv))
             model_dir = Path(found) if found else None
@@ -91,7 +96,7 @@ class ModelDirs:
         except OSError as exc:
             is_dir, why = False, f"cannot be read: {exc.strerror or exc}"
         if not is_dir:
-            if d.cfg.model.dir is not None:
+            if cfg.model.dir is not None:
                 # configured, so meant: say what is off without it (a path from argv may be a
                 # Hugging Face model id, no directory at all)
                 self._problem(
@@ -102,22 +107,20 @@ class ModelDirs:
         info, refused = self._read(model_dir)
         if not refused:
             for err in info.errors:
-                d.feed.line("model.error", path=str(model_dir), error=err)
-        d.apply(info)
+                self._feed.line("model.error", path=str(model_dir), error=err)
+        self._apply(info)
 
-    def read_logged(self) -> ModelInfo | None:
-        """Without a model directory configured, the one the engine config names, when it is
-        here and under the allowed roots; None when nothing new (a Hugging Face model id,
-        another host's path)."""
-        d = self._d
-        s = d.state.session
+    def read_logged(self, s: Session | None) -> ModelInfo | None:
+        """Without a model directory configured, the one the engine config of session `s`
+        names, when it is here and under the allowed roots; None when nothing new (a Hugging
+        Face model id, another host's path)."""
         path = s.kv.model_path if s is not None else None
-        if path is None or path == self._tried or d.cfg.model.dir is not None:
+        if path is None or path == self._tried or self._cfg.model.dir is not None:
             return None
         self._tried = path
         if not os.path.isabs(path):
             return None
-        roots = allowed_roots(d.cfg)
+        roots = allowed_roots(self._cfg)
         if not under_roots(path, roots):
             where = shown(path, PATH_SHOWN)
             if roots:  # the operator named where checkpoints live, and this is elsewhere
@@ -127,7 +130,7 @@ class ModelDirs:
                     f"allowed_roots ({allowed}): not read"
                 )
             else:  # none allowed (watch mode's default): as meant, a note, not a problem
-                d.feed.line("model.not_read", path=where, reason=NOT_READ)
+                self._feed.line("model.not_read", path=where, reason=NOT_READ)
             return ModelInfo(path=where, errors=("outside [model] allowed_roots: not read",))
         if not os.path.isdir(path):
             return None
@@ -150,20 +153,37 @@ class ModelDirs:
         if line in self._said:
             return
         self._said = [*self._said[-(SAID_KEPT - 1) :], line]
-        self._d.feed.problem(line)
+        self._feed.problem(line)
 
 
 class OrphanChecks:
-    def __init__(self, daemon: Host) -> None:
-        self._d = daemon
+    """After a vLLM tree exited: polls the GPUs (`poll`) until the driver let go of it, hands
+    the state what is left (`apply`), writes it through `feed` and publishes."""
+
+    def __init__(
+        self,
+        poll: Callable[[], Awaitable[GpuReading]],
+        *,
+        feed: EventFeed,
+        apply: Callable[[OrphanCheck], None],
+        publish: Callable[[], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._poll = poll
+        self._feed = feed
+        self._apply = apply
+        self._publish = publish
+        self._clock = clock
         self.grace_s = ORPHAN_GRACE_S
         self._running: dict[tuple[int, ...], asyncio.Task[None]] = {}  # by tree, in flight
 
-    def start(self, tree_pids: tuple[int, ...]) -> asyncio.Task[None]:
-        """The check waits out the moment in which the driver still lists the exited tree."""
+    def start(self, tree_pids: tuple[int, ...], run_marker: str | None) -> asyncio.Task[None]:
+        """The check waits out the moment in which the driver still lists the exited tree;
+        `run_marker`: the supervisor's mark in its runs' environment (orphans.py)."""
         task = self._running.get(tree_pids)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._check(tree_pids), name="orphans")
+            check = self._check(tree_pids, run_marker)
+            task = asyncio.get_running_loop().create_task(check, name="orphans")
             self._running[tree_pids] = task
             task.add_done_callback(lambda _: self._running.pop(tree_pids, None))
         return task
@@ -173,17 +193,15 @@ class OrphanChecks:
             with contextlib.suppress(Exception):
                 await check
 
-    async def _check(self, tree_pids: tuple[int, ...]) -> None:
-        d = self._d
-        marker: Any = getattr(d.supervisor, "run_marker", None)
+    async def _check(self, tree_pids: tuple[int, ...], marker: str | None) -> None:
         report = await settle_orphans(
-            d.gpu.poll_async, tree_pids, grace_s=self.grace_s, run_marker=marker
+            self._poll, tree_pids, grace_s=self.grace_s, run_marker=marker
         )
         if report is None:
             return
-        d.tally.orphans = len(report.leaked)
+        self._apply(OrphanCheck(ts=self._clock(), leaked=len(report.leaked)))
         # Also when clean: how long the exited tree took to give its memory back is worth a line.
-        d.feed.line(
+        self._feed.line(
             "gpu.orphans",
             summary=report.summary(),
             leaked=len(report.leaked),
@@ -194,4 +212,4 @@ class OrphanChecks:
             pids=sorted({h.pid for h in report.leaked}),
             waited_s=round(report.waited_s, 2),
         )
-        d.publisher.now()
+        self._publish()

@@ -334,7 +334,8 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
 
     def factory(daemon: Daemon) -> Any:
         def gpu_cc() -> tuple[int, int] | None:
-            return next(iter(daemon.tally.gpu_ccs.values()), None)
+            ccs = (g.compute_capability for g in daemon.state.gpus.values())
+            return next((cc for cc in ccs if cc is not None), None)
 
         def on_report(report: Any) -> None:
             daemon.feed.line("preflight", verdict=report.verdict, report=report.to_dict())

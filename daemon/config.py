@@ -370,7 +370,7 @@ def _events_fields(t: _Table) -> dict[str, Any]:
         raise ConfigError(
             t.key("fold"),
             "no longer a setting: k/v scale warnings back to back are always one line, which "
-            "lists each record's offset and time (README: The event log)",
+            "lists each record's offset and time (docs/usage.md: The event log)",
         )
     return {"stdout": t.choice("stdout", "transitions", ("transitions", "all", "none"))}
 

@@ -7,8 +7,10 @@ Tasks on the loop (tasks.py):
 - the GPUs: a guarded poll every `[gpu] poll_interval_s`;
 - a 1 s tick: stall checks, sd_notify STATUS=, publishing;
 - in supervise mode: the supervisor, the `/health` prober and the /proc I/O sampler.
-After each batch the loop publishes an immutable `Published` bundle (publish.py); HTTP threads
-read only that.
+The functions after `Daemon` wire each task to the parts of the daemon it uses (its state as it
+is now, `apply`, the event feed, the publisher, the clock): no task holds the daemon. After each
+batch the loop publishes an immutable `Published` bundle (publish.py); HTTP threads read only
+that.
 
 Restart: the log source alone decides what is a replay (its checkpoint, its emit mark); the
 loop applies what it is handed. Time: a live input happens at the daemon's clock; a replayed
@@ -21,7 +23,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -30,22 +32,21 @@ from loadwatch.daemon.aftercare import ModelDirs, OrphanChecks
 from loadwatch.daemon.config import Config
 from loadwatch.daemon.eventfeed import EventFeed, RunEffects
 from loadwatch.daemon.history import StartHistory
-from loadwatch.daemon.publish import VERSION, Publisher, Tally, status_line
+from loadwatch.daemon.judgements import Judgements
+from loadwatch.daemon.parts import open_log_source, state_config
+from loadwatch.daemon.publish import VERSION, Publisher, bundle, status_line, supervisor_stats
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.inputs import IoReader, ProcessEvent
-from loadwatch.daemon.sources.log.container import resolve_format
 from loadwatch.daemon.sources.log.source import LogSource, Notice, Run
 from loadwatch.daemon.state.failures import session_kind
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import Published
-from loadwatch.daemon.state.session import StateConfig
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.tasks import Pace
 from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
-from loadwatch.parsers import ChunkScanner, Event, KvScaleWarning, ShardProgress
-from loadwatch.parsers.grammar import load as load_grammar
+from loadwatch.parsers import Event, KvScaleWarning, ShardProgress
 from loadwatch.parsers.scan import NATIVE
 from loadwatch.parsers.vllm.argv_secrets import Redactor
 
@@ -78,16 +79,18 @@ class Daemon:
         self.started_at = clock()
         self.starts = StartHistory(cfg.state_dir, self.feed.problem)  # what earlier starts took
         self.state = LoadState(config=replace(state_config(cfg), history=self.starts.load()))
-        self.tally = Tally()
-        self.publisher = Publisher(self, cfg.http.publish_interval_s)
+        self.publisher = Publisher(self.bundle, self.feed.problem, cfg.http.publish_interval_s)
         self.on_publish = self.publisher.hooks
         self.stop_event = asyncio.Event()
         self.pace = Pace(lambda: self.busy, sleep, self.stop_event.is_set)
         self.supervisor: Any = None
         self._supervisor_factory = supervisor_factory
         self.log: LogSource | None = None
-        self.models = ModelDirs(self)
-        self.orphans = OrphanChecks(self)
+        self.judgements = Judgements()  # live ones in force, kept across a restart
+        self.models = ModelDirs(cfg, self.feed, self.apply)
+        self.orphans = OrphanChecks(
+            gpu.poll_async, feed=self.feed, apply=self.apply, publish=self.publish, clock=clock
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -96,6 +99,20 @@ class Daemon:
 
     def publish(self) -> None:
         self.publisher.now()
+
+    def bundle(self) -> Published:
+        """What the exporters read: the state now, with the sources' health."""
+        now, sup = self.clock(), self.supervisor
+        stats = None if sup is None else supervisor_stats(str(sup.state), sup.pid, self.state, now)
+        return bundle(
+            self.state,
+            now,
+            started_at=self.started_at,
+            log=self.log,
+            gpu=self.gpu.health() if isinstance(self.gpu, GuardedGpuSource) else None,
+            supervisor=stats,
+            load_budget_s=self.cfg.forecast.load_budget_s,
+        )
 
     async def sleep(self, seconds: float) -> None:
         """Sleep, or less when asked to stop; the injected sleep when one was given."""
@@ -114,10 +131,14 @@ class Daemon:
         if self.state.transitions:
             self.publisher.urgent()
             self.pace.check()
+        made_before = self.judgements.again(self.state.transitions)
         for t in self.state.transitions:
+            if made_before:  # (a daemon before this one wrote it: judgements.py)
+                t = replace(t, replay=True)
             self.feed.transition(t)
             tell_supervisor(self.supervisor, t)
             self.state = self.starts.learn(self.state, t)
+        self._keep_judgements()
         tell_failing(self.supervisor, before, self.state)
 
     def take_log(self, items: Sequence[Run | Notice]) -> None:
@@ -142,6 +163,8 @@ class Daemon:
     def _apply_run(self, source: LogSource, run: Run) -> None:
         if not run.events:
             return  # (most reads of a serving log: nothing to fold, nothing to write)
+        if not run.replay:
+            self.judgements.logged()
         source.begin(run, self.feed.position())
         out = self.feed.effects(run)
         for part in bulk_parts(run.events):
@@ -159,9 +182,6 @@ class Daemon:
         self.state = after
         if run.emit == "new":
             tell_failing(self.supervisor, before, after)
-        counts = self.tally.events
-        for ev in part:
-            counts[ev.type] += 1
         transitions = after.transitions
         i, n = 0, len(transitions)
         for ev in part:
@@ -172,7 +192,7 @@ class Daemon:
         while i < n:  # judged after the part's last record (a stall, a cleared forecast)
             self._effect(source, out, run, transitions[i], part[-1].offset)
             i += 1
-        info = self.models.read_logged()
+        info = self.models.read_logged(self.state.session)
         if info is not None:
             self.apply(info)
 
@@ -181,6 +201,8 @@ class Daemon:
             source.session_began(run, at)  # (the record that opened it: a restart starts there)
         self.publisher.urgent()
         self.pace.check()
+        self.judgements.note((t,), replay=run.replay)
+        self._keep_judgements()
         out.transition(t, at)
         if run.emit == "new":
             tell_supervisor(self.supervisor, t)
@@ -189,13 +211,6 @@ class Daemon:
 
     def on_process_event(self, ev: ProcessEvent) -> None:
         """The supervisor's callback (on the loop's thread)."""
-        runs = self.supervisor.runs if self.supervisor is not None else None
-        if ev.kind == "exited" and runs:
-            # Tallied here: the supervisor keeps only its last runs, and counters never go back.
-            run = runs[-1]
-            outcome = "signal" if run.signal is not None else ("failed" if run.failed else "clean")
-            self.tally.vllm_exits[outcome] += 1
-            self.tally.vllm_last_ok = run.started_at
         if ev.kind == "exited" and self.log is not None:
             self.take_log(self.log.writer_exited())  # the crash's last lines before its exit
         self.apply(ev)
@@ -213,13 +228,19 @@ class Daemon:
         if ev.kind == "started":
             self.models.load(ev.argv)
         elif ev.kind == "exited" and ev.tree_pids:
-            self.orphans.start(ev.tree_pids)
+            self.orphans.start(ev.tree_pids, run_marker(self.supervisor))
         self.publish()
 
     # -- the log ----------------------------------------------------------------------------
 
+    def _keep_judgements(self) -> None:
+        if self.log is not None:
+            self.log.keep("judged", self.judgements.keys())
+
     def open_log(self) -> LogSource | None:
         self.log = open_log_source(self.cfg, self.clock)
+        if self.log is not None:
+            self.judgements = Judgements(self.log.kept("judged"))
         return self.log
 
     # -- state views ------------------------------------------------------------------------
@@ -251,25 +272,23 @@ class Daemon:
         source = self.open_log()
         self.publish()
         made = [
-            asyncio.create_task(tasks.tick(self), name="tick"),
-            asyncio.create_task(tasks.poll_gpus(self), name="gpu"),
+            asyncio.create_task(tick(self), name="tick"),
+            asyncio.create_task(poll_gpus(self), name="gpu"),
         ]
         if source is not None:
-            made.append(asyncio.create_task(tasks.follow_log(self), name="follow"))
+            follow = tasks.follow_log(source, self.take_log, self.stop_event)
+            made.append(asyncio.create_task(follow, name="follow"))
         sup_task: asyncio.Task[Any] | None = None
         if self._supervisor_factory is not None:
             # Know the GPUs before vLLM starts: the preflight needs their compute capability.
             await self._wait_first_gpu_poll()
             self.supervisor = self._supervisor_factory(self)
             sup_task = asyncio.create_task(self.supervisor.run(), name="supervisor")
-            made.append(
-                asyncio.create_task(tasks.sample_io(self, self._supervised_pids), name="io")
-            )
+            made.append(asyncio.create_task(sample_io(self, self._supervised_pids), name="io"))
         elif source is not None:
-            made.append(
-                asyncio.create_task(tasks.sample_io(self, lambda: logged_pids(self)), name="io")
-            )
-        made.append(asyncio.create_task(VllmWatch(self).run(), name="health"))
+            io = sample_io(self, lambda: logged_pids(self))
+            made.append(asyncio.create_task(io, name="io"))
+        made.append(asyncio.create_task(vllm_watch(self).run(), name="health"))
         if self.notifier.watchdog_interval_s:
             made.append(asyncio.create_task(self.notifier.run_watchdog(), name="watchdog"))
         self.notifier.ready(status_line(self.snapshot()))
@@ -306,7 +325,9 @@ class Daemon:
     async def _wait_first_gpu_poll(self, timeout_s: float = 5.0) -> None:
         end = self.clock() + timeout_s
         while (
-            self.tally.last_reading is None and self.clock() < end and not self.stop_event.is_set()
+            self.state.gpu_source_up is None  # (no reading folded yet)
+            and self.clock() < end
+            and not self.stop_event.is_set()
         ):
             await asyncio.sleep(0.02)
 
@@ -314,7 +335,7 @@ class Daemon:
         if self.supervisor is not None:
             result = await self.supervisor.stop("loadwatch is stopping")
             if result.tree_pids:
-                self.orphans.start(result.tree_pids)
+                self.orphans.start(result.tree_pids, run_marker(self.supervisor))
             await self.orphans.finish()
             self.feed.line(
                 "vllm.stopped",
@@ -331,6 +352,82 @@ class Daemon:
         self.publish()
         self.feed.line("daemon.stopped")
         return 0
+
+
+# -- the tasks wired to the daemon: each is handed the few parts it uses, never the daemon ----
+
+
+def tick(d: Daemon) -> Coroutine[Any, Any, None]:
+    def on_stall(stalled_s: float) -> None:
+        """While the load is stalled, the supervisor hears how long for (its policy decides)."""
+        if d.supervisor is not None:
+            d.supervisor.note_stall(stalled_s)
+
+    return tasks.tick(
+        apply=d.apply,
+        state=lambda: d.state,
+        snapshot=d.snapshot,
+        feed=d.feed,
+        publisher=d.publisher,
+        notifier=d.notifier,
+        on_stall=on_stall,
+        clock=d.clock,
+        pace=d.pace,
+    )
+
+
+def poll_gpus(d: Daemon) -> Coroutine[Any, Any, None]:
+    return tasks.poll_gpus(
+        d.gpu,
+        d.cfg.gpu.poll_interval_s,
+        apply=d.apply,
+        feed=d.feed,
+        publisher=d.publisher,
+        pace=d.pace,
+    )
+
+
+def sample_io(d: Daemon, pids_of: Callable[[], Sequence[int]]) -> Coroutine[Any, Any, None]:
+    from loadwatch.daemon.sources.proc.io_counters import ProcIoReader
+
+    reader = d.io_reader or ProcIoReader(clock=d.clock)
+    return tasks.sample_io(
+        reader, pids_of, state=lambda: d.state, apply=d.apply, pace=d.pace, sleep=d.sleep
+    )
+
+
+def vllm_watch(d: Daemon, proc_root: str = "/proc") -> VllmWatch:
+    """The /health prober and process watch."""
+    return VllmWatch(
+        d.cfg,
+        state=lambda: d.state,
+        apply=d.apply,
+        feed=d.feed,
+        publisher=d.publisher,
+        clock=d.clock,
+        sleep=d.sleep,
+        stop_event=d.stop_event,
+        proc_root=proc_root,
+    )
+
+
+def run_marker(supervisor: Any) -> str | None:
+    """The supervisor's mark in its runs' environment (supervise/orphans.py); None without."""
+    marker = getattr(supervisor, "run_marker", None)
+    return marker if isinstance(marker, str) else None
+
+
+def logged_pids(d: Daemon) -> tuple[int, ...]:
+    """Watch mode: the pids of the log's prefixes that are vLLM processes here (a handed
+    reader, a simulated one, takes them all)."""
+    if d.io_reader is not None:
+        return d.state.node_pids
+    from loadwatch.daemon.sources.proc.io_counters import vllm_processes
+    from loadwatch.daemon.sources.proc.logged_process import expected_user
+
+    vllm = d.cfg.vllm
+    user = expected_user(vllm.user if vllm is not None else None, d.cfg.log.path)
+    return vllm_processes(d.state.node_pids, user)
 
 
 def tell_supervisor(supervisor: Any, t: Transition) -> None:
@@ -357,53 +454,6 @@ def tell_failing(supervisor: Any, before: LoadState, after: LoadState) -> None:
         return
     if old is None or old.id != s.id or old.failing is None or session_kind(old.failures) != kind:
         supervisor.note_fatal_failure(kind)
-
-
-def open_log_source(cfg: Config, clock: Callable[[], float]) -> LogSource | None:
-    """The log source the config names (None: no log)."""
-    path = cfg.log.path
-    if path is None:
-        return None
-    grammar = load_grammar()  # the log grammar (parsers/grammar.py): vLLM's
-    fmt = "plain" if cfg.supervise else resolve_format(cfg.log.format, path)
-    return LogSource(
-        path,
-        container=fmt,
-        state_dir=cfg.state_dir / "follower",
-        scanner=lambda: ChunkScanner(grammar.new_stream(clock()), grammar=grammar),
-        events_file=cfg.events_file,
-        cap_bytes=cfg.log.max_record_bytes,
-        poll_interval_s=cfg.log.poll_interval_s,
-        mode=cfg.log.mode,
-        clock=clock,
-        coalesce_s=cfg.log.coalesce_ms / 1000,
-    )
-
-
-def state_config(cfg: Config) -> StateConfig:
-    """The state's settings, from the daemon's."""
-    f = cfg.forecast
-    return StateConfig(
-        max_sessions=cfg.sessions_kept,
-        stall_k=f.stall_factor,
-        stall_floor_s=f.stall_floor_s,
-        quiet_stall_s=f.quiet_stall_s,
-        failure_hold_s=f.failure_hold_s,
-        require_completion=cfg.vllm is not None and cfg.vllm.servable,
-    )
-
-
-def logged_pids(d: Daemon) -> tuple[int, ...]:
-    """Watch mode: the pids of the log's prefixes that are vLLM processes here (a handed
-    reader, a simulated one, takes them all)."""
-    if d.io_reader is not None:
-        return d.state.node_pids
-    from loadwatch.daemon.sources.proc.io_counters import vllm_processes
-    from loadwatch.daemon.sources.proc.logged_process import expected_user
-
-    vllm = d.cfg.vllm
-    user = expected_user(vllm.user if vllm is not None else None, d.cfg.log.path)
-    return vllm_processes(d.state.node_pids, user)
 
 
 BULK = (KvScaleWarning, ShardProgress)  # a load's many records: bars and warnings

@@ -1,7 +1,7 @@
 """What the daemon hands the HTTP threads: an immutable `Published` bundle after each change.
 
-`Tally` keeps the lifetime counts the state does not (vLLM runs, Xid errors, events by type); `Publisher` builds the bundle from the state, the tally and the
-sources' health, and runs the hooks that render ahead (/metrics, /status).
+`bundle` builds it from the state (which keeps every count) and the sources' health;
+`Publisher` says when, and runs the hooks that render it ahead (/metrics, /status).
 
 When. Each bundle is rendered and sent to the HTTP process, which costs more than reading a
 second of a busy serving log, so a change is published by what it is: a transition, a failure,
@@ -15,97 +15,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-from loadwatch.daemon.config import Config
-from loadwatch.daemon.sdnotify import SdNotifier
-from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
-from loadwatch.daemon.sources.inputs import GpuReading
+from loadwatch.daemon.sources.gpu.guard import GpuSourceHealth
+from loadwatch.daemon.sources.log.source import LogSource
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import LogHealth, Published, SupervisorStats, Totals
-from loadwatch.daemon.state.session import Lifetime
 from loadwatch.daemon.state.snapshot import Snapshot
 
 VERSION = "0.1.0"
 
 
-@dataclass
-class Tally:
-    """Lifetime counts that outlive the sessions the state keeps, so totals stay monotonic."""
-
-    events: Counter[str] = field(default_factory=Counter)
-    xids: Counter[tuple[int, str | None, int]] = field(default_factory=Counter)
-    vllm_exits: Counter[str] = field(default_factory=Counter)  # vLLM runs ended, by outcome
-    vllm_last_ok: float | None = None
-    gpu_ccs: dict[int, tuple[int, int]] = field(default_factory=dict)
-    last_reading: GpuReading | None = None
-    orphans: int | None = None
-    health_up: bool | None = None
-
-    def totals(self, snap: Snapshot, life: Lifetime) -> Totals:
-        """Lifetime counts: the sessions before the current one (the state's `lifetime`, kept
-        as each session ended), plus the current one."""
-        warnings = Counter(life.warnings)
-        failures = Counter(life.failures)
-        stalls = life.stalls
-        view = snap.session
-        if view is not None:
-            for w in view.warnings:
-                warnings[w.code] += w.count
-            if view.failure_kind is not None:
-                failures[view.failure_kind] += 1
-            stalls += view.stall.stalls_total
-        return Totals(
-            warnings=dict(warnings),
-            failures=dict(failures),
-            stalls=stalls,
-            events=dict(self.events),
-            xids=dict(self.xids),
-        )
-
-
-class Host(Protocol):
-    """What publishing and the periodic tasks (tasks.py) use of the daemon (loop.py)."""
-
-    cfg: Config
-    gpu: GuardedGpuSource | NullGpuSource
-    state: LoadState
-    tally: Tally
-    feed: Any  # eventfeed.EventFeed
-    publisher: Publisher
-    notifier: SdNotifier
-    supervisor: Any
-    log: Any  # sources.log.source.LogSource | None
-    stop_event: asyncio.Event
-    pace: Any  # tasks.Pace
-    io_reader: Any  # sources.inputs.IoReader | None
-    started_at: float
-
-    @property
-    def busy(self) -> bool: ...
-
-    def clock(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-    def apply(self, item: Any) -> None: ...
-
-    def take_log(self, items: Any) -> None: ...
-
-    def snapshot(self) -> Snapshot: ...
-
-
 class Publisher:
+    """When a bundle goes out (`make` builds it), and the hooks that render it ahead; a hook
+    that fails is said through `problem`, once while it repeats."""
+
     def __init__(
         self,
-        daemon: Host,
+        make: Callable[[], Published],
+        problem: Callable[[str], None],
         interval_s: float = 1.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._d = daemon
+        self._make = make
+        self._problem = problem
         self.interval_s = interval_s
         self._mono = monotonic
         self.published: Published | None = None
@@ -165,27 +98,12 @@ class Publisher:
                 pass
 
     def now(self) -> None:
-        d = self._d
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._urgent = self._dirty = False
         self._last = self._mono()
-        now = d.clock()
-        snap = d.state.snapshot(now)
-        self.published = Published(
-            state=d.state,
-            at=now,
-            started_at=d.started_at,
-            version=VERSION,
-            totals=d.tally.totals(snap, d.state.lifetime),
-            log=self._log_health(),
-            gpu=d.gpu.health() if isinstance(d.gpu, GuardedGpuSource) else None,
-            supervisor=self._supervisor_stats(),
-            load_budget_s=d.cfg.forecast.load_budget_s,
-            gpu_ccs=dict(d.tally.gpu_ccs),
-            _cache=[snap, now],
-        )
+        self.published = self._make()
         failed: str | None = None
         for hook in self.hooks:
             try:
@@ -193,48 +111,71 @@ class Publisher:
             except Exception as exc:  # a hook's bug must not stop the loop: said once
                 failed = f"after publishing: {type(exc).__name__}: {exc}"
         if failed is not None and failed != self._hook_error:
-            d.feed.problem(failed)
+            self._problem(failed)
         self._hook_error = failed
 
-    def _log_health(self) -> LogHealth | None:
-        source = self._d.log
-        if source is None:
-            return None
-        h = source.follower.health()
-        return LogHealth(
-            up=h.file_exists and h.last_error is None,
-            file_exists=h.file_exists,
-            lines_total=h.records_total,
-            bytes_total=h.bytes_total,
-            # (and records joined from a container runtime's pieces past the cap)
-            cuts_total=h.cuts_total + (source.decoder.cuts if source.decoder else 0),
-            rotations_total=h.rotations_total,
-            truncations_total=h.truncations_total,
-            errors_total=h.errors_total,
-            last_error=h.last_error,
-            last_success_ts=h.last_check_ts,
-            mode=h.mode,
-            state_error=h.error_in_state,
-        )
 
-    def _supervisor_stats(self) -> SupervisorStats | None:
-        d = self._d
-        sup = d.supervisor
-        if sup is None:
-            return None
-        exits = d.tally.vllm_exits
-        last_ok = d.tally.vllm_last_ok
-        if sup.pid is not None:
-            last_ok = d.clock()
-        return SupervisorStats(
-            state=str(sup.state),
-            starts_total=sum(exits.values()) + (1 if sup.pid is not None else 0),
-            exits=dict(exits),
-            errors_total=exits["failed"] + exits["signal"],
-            last_success_ts=last_ok,
-            orphans=d.tally.orphans,
-            health_up=d.tally.health_up,
-        )
+def bundle(
+    state: LoadState,
+    now: float,
+    *,
+    started_at: float,
+    log: LogSource | None,
+    gpu: GpuSourceHealth | None,
+    supervisor: SupervisorStats | None,
+    load_budget_s: float | None,
+) -> Published:
+    """The bundle of `state` at `now`, with the sources' health."""
+    snap = state.snapshot(now)
+    return Published(
+        state=state,
+        at=now,
+        started_at=started_at,
+        version=VERSION,
+        totals=Totals.of(state, snap),
+        log=log_health(log) if log is not None else None,
+        gpu=gpu,
+        supervisor=supervisor,
+        load_budget_s=load_budget_s,
+        _cache=[snap, now],
+    )
+
+
+def log_health(source: LogSource) -> LogHealth:
+    h = source.follower.health()
+    return LogHealth(
+        up=h.file_exists and h.last_error is None,
+        file_exists=h.file_exists,
+        lines_total=h.records_total,
+        bytes_total=h.bytes_total,
+        # (and records joined from a container runtime's pieces past the cap)
+        cuts_total=h.cuts_total + (source.decoder.cuts if source.decoder else 0),
+        rotations_total=h.rotations_total,
+        truncations_total=h.truncations_total,
+        errors_total=h.errors_total,
+        last_error=h.last_error,
+        last_success_ts=h.last_check_ts,
+        mode=h.mode,
+        state_error=h.error_in_state,
+    )
+
+
+def supervisor_stats(
+    sup_state: str, pid: int | None, state: LoadState, now: float
+) -> SupervisorStats:
+    """The supervisor's stats: its state and the vLLM process it runs (`pid`, None between
+    runs), and the counts of the runs before, as `state` keeps them."""
+    exits = state.vllm_exits
+    # the last run's start (it worked until it exited); now, while one runs
+    last_ok = now if pid is not None else state.vllm_started_at
+    return SupervisorStats(
+        state=sup_state,
+        starts_total=sum(exits.values()) + (1 if pid is not None else 0),
+        exits=exits,
+        errors_total=exits.get("failed", 0) + exits.get("signal", 0),
+        last_success_ts=last_ok,
+        orphans=state.orphans,
+    )
 
 
 def status_line(snap: Snapshot) -> str:

@@ -1,7 +1,8 @@
-"""The daemon's periodic tasks besides the log: GPU polls, the tick, /proc I/O.
+"""The daemon's periodic tasks: GPU polls, the tick, /proc I/O, following the log.
 
-Each runs on the daemon's loop until its stop event is set, feeds its readings to the state
-through `the daemon's `apply`` and sleeps with `its `sleep`` (injectable, as the clock is).
+Each runs on the daemon's loop until the daemon stops (`Pace.stopped`), is handed what it uses
+(the source it reads, the daemon's `apply` that folds a reading into the state, the publisher),
+and waits with `Pace.nap` or the daemon's `sleep` (injectable, as the clock is).
 """
 
 from __future__ import annotations
@@ -10,9 +11,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from loadwatch.daemon.publish import Host, status_line
-from loadwatch.daemon.sources.gpu.guard import NullGpuSource
-from loadwatch.daemon.sources.inputs import IoSample, Tick
+from loadwatch.daemon.eventfeed import EventFeed
+from loadwatch.daemon.publish import Publisher, status_line
+from loadwatch.daemon.sdnotify import SdNotifier
+from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
+from loadwatch.daemon.sources.inputs import GpuReading, IoReader, IoSample, Tick
+from loadwatch.daemon.sources.log.source import LogSource, Notice, Run
+from loadwatch.daemon.state.loadstate import LoadState
+from loadwatch.daemon.state.snapshot import Snapshot
 
 TICK_S = 1.0  # while a load is in flight: stall checks, STATUS=, publishing the ETA
 IDLE_TICK_S = 5.0  # tick and GPU poll with nothing loading (no session, ready, failed, stopped)
@@ -28,7 +34,9 @@ class Pace:
         sleep: Callable[[float], Awaitable[None]] | None,
         stopped: Callable[[], bool],
     ) -> None:
-        self._busy, self._sleep, self._stopped = busy, sleep, stopped
+        self.busy = busy  # a load is in flight: the tasks run at full pace
+        self.stopped = stopped  # the daemon is stopping
+        self._sleep = sleep
         self._was_busy = False
         self._naps: set[asyncio.Future[None]] = set()
 
@@ -36,8 +44,8 @@ class Pace:
         """Sleep `seconds`, or less once `busy` changes. With an injected sleep, in steps of
         `step_s` that look at `busy`, as the tests' virtual time expects; else one timer."""
         if self._sleep is not None:
-            busy, waited = self._busy(), 0.0
-            while waited < seconds and self._busy() == busy and not self._stopped():
+            busy, waited = self.busy(), 0.0
+            while waited < seconds and self.busy() == busy and not self.stopped():
                 await self._sleep(step_s)
                 waited += step_s
             return
@@ -53,7 +61,7 @@ class Pace:
 
     def check(self) -> None:
         """After transitions: a change of `busy` ends the naps."""
-        busy = self._busy()
+        busy = self.busy()
         if busy != self._was_busy:
             self._was_busy = busy
             for woken in self._naps:
@@ -65,96 +73,116 @@ def _wake(woken: asyncio.Future[None]) -> None:
         woken.set_result(None)
 
 
-async def poll_gpus(d: Host) -> None:
-    interval = d.cfg.gpu.poll_interval_s
-    once = isinstance(d.gpu, NullGpuSource)  # `--gpu none`: every reading is the first one
+async def poll_gpus(
+    gpu: GuardedGpuSource | NullGpuSource,
+    interval_s: float,
+    *,
+    apply: Callable[[GpuReading], None],
+    feed: EventFeed,
+    publisher: Publisher,
+    pace: Pace,
+) -> None:
+    once = isinstance(gpu, NullGpuSource)  # `--gpu none`: every reading is the first one
     last_error: str | None = None
     last_health: tuple[bool, str | None] | None = None
-    tally = d.tally
-    while not d.stop_event.is_set():
-        reading = await d.gpu.poll_async()
-        tally.last_reading = reading
+    while not pace.stopped():
+        reading = await gpu.poll_async()
         for x in reading.xids:
-            uuid = next((s.uuid for s in reading.samples if s.index == x.gpu_index), x.uuid)
-            tally.xids[(x.gpu_index, uuid, x.xid)] += 1
-            d.feed.line("gpu.xid", gpu=x.gpu_index, uuid=uuid, xid=x.xid)
-        for s in reading.samples:
-            if s.compute_capability is not None:
-                tally.gpu_ccs[s.index] = s.compute_capability
+            feed.line("gpu.xid", gpu=x.gpu_index, uuid=reading.uuid_of(x), xid=x.xid)
         if reading.error != last_error and reading.error:
-            d.feed.problem(f"GPU source: {reading.error}")
+            feed.problem(f"GPU source: {reading.error}")
         last_error = reading.error
-        d.apply(reading)
+        apply(reading)
         health = (reading.source_up, reading.error)
         if health != last_health:  # a change of health goes out with the state it fed
             last_health = health
-            d.publisher.urgent()
-        d.publisher.changed()  # (readings alone: within the publishing interval)
+            publisher.urgent()
+        publisher.changed()  # (readings alone: within the publishing interval)
         if once:
             return
         # While nothing loads, a poll every IDLE_TICK_S; a load that starts meanwhile wakes it.
-        await d.pace.nap(interval if d.busy else IDLE_TICK_S, interval)
+        await pace.nap(interval_s if pace.busy() else IDLE_TICK_S, interval_s)
 
 
-async def tick(d: Host) -> None:
+async def tick(
+    *,
+    apply: Callable[[Tick], None],
+    state: Callable[[], LoadState],
+    snapshot: Callable[[], Snapshot],
+    feed: EventFeed,
+    publisher: Publisher,
+    notifier: SdNotifier,
+    on_stall: Callable[[float], None],
+    clock: Callable[[], float],
+    pace: Pace,
+) -> None:
+    """Every second while a load is busy, else every IDLE_TICK_S: the stall clock, STATUS=,
+    publishing; `on_stall` hears how long a stalled load has been stalled (the supervisor's
+    policy decides)."""
     last_status = ""
-    while not d.stop_event.is_set():
-        d.feed.check()
-        d.apply(Tick())
-        if d.busy:  # the ETA and the stall clock move on their own
-            d.publisher.changed()
+    while not pace.stopped():
+        feed.check()
+        apply(Tick())
+        if pace.busy():  # the ETA and the stall clock move on their own
+            publisher.changed()
         else:  # nothing renders what did not change; the HTTP process hears the loop runs
-            d.publisher.alive(IDLE_TICK_S)
-        line = status_line(d.snapshot())
+            publisher.alive(IDLE_TICK_S)
+        line = status_line(snapshot())
         if line != last_status:
             last_status = line
-            d.notifier.status(line)
-        s = d.state.session
-        if d.supervisor is not None and s is not None and s.stall is not None:
-            # while the load is stalled, tell the supervisor how long for (its policy decides)
-            d.supervisor.note_stall(d.clock() - s.stall.since)
-        await d.pace.nap(TICK_S if d.busy else IDLE_TICK_S, TICK_S)
+            notifier.status(line)
+        s = state().session
+        if s is not None and s.stall is not None:
+            on_stall(clock() - s.stall.since)
+        await pace.nap(TICK_S if pace.busy() else IDLE_TICK_S, TICK_S)
 
 
-async def sample_io(d: Host, pids_of: Callable[[], Sequence[int]]) -> None:
+async def sample_io(
+    reader: IoReader,
+    pids_of: Callable[[], Sequence[int]],
+    *,
+    state: Callable[[], LoadState],
+    apply: Callable[[IoSample], None],
+    pace: Pace,
+    sleep: Callable[[float], Awaitable[None]],
+) -> None:
     """Bytes read by the vLLM processes: the supervised one's tree, or in watch mode the trees
     of the pids the log's prefixes name (those that run on this host)."""
-    from loadwatch.daemon.sources.proc.io_counters import ProcIoReader
-
-    reader = d.io_reader or ProcIoReader(clock=d.clock)
-    while not d.stop_event.is_set():
-        phase = d.state.session.phase if d.state.session is not None else None
+    while not pace.stopped():
+        s = state().session
+        phase = s.phase if s is not None else None
         if phase not in ("starting", "loading_weights", "stalled"):
-            await d.pace.nap(IDLE_TICK_S, IO_SAMPLE_S)  # (until a load starts: no /proc to read)
+            await pace.nap(IDLE_TICK_S, IO_SAMPLE_S)  # (until a load starts: no /proc to read)
             continue
         pids = pids_of()
         if pids:
             sample: IoSample = reader.read_many(pids)
             if sample.read_bytes is not None:
-                d.apply(sample)
-        await d.sleep(IO_SAMPLE_S)
+                apply(sample)
+        await sleep(IO_SAMPLE_S)
 
 
-async def follow_log(d: Host) -> None:
-    """Read the log source, apply what it hands over, wait for more (a change event and the
-    source's coalescing tick, or one second), until stopped.
+async def follow_log(
+    source: LogSource,
+    take: Callable[[Sequence[Run | Notice]], None],
+    stop_event: asyncio.Event,
+) -> None:
+    """Read the log source, apply what it hands over (`take`), wait for more (a change event
+    and the source's coalescing tick, or one second), until stopped.
 
     A wake-up is a callback of the loop (the source's `arm`), not a task: beside a serving vLLM
     this runs ten times a second for days, and a task, its futures and an `asyncio.wait` per
     wake-up cost more than the read. A failure ends the task with it (the daemon says so)."""
-    source = d.log
-    if source is None:
-        return
     loop = asyncio.get_running_loop()
     failed: asyncio.Future[None] = loop.create_future()
     disarm: list[Callable[[], None]] = []
 
     def step(_event: bool = False) -> None:
         disarm.clear()
-        if failed.done() or d.stop_event.is_set():
+        if failed.done() or stop_event.is_set():
             return
         try:
-            d.take_log(source.read())
+            take(source.read())
             if source.backlog:  # more is there now: read on, letting the loop's other work in
                 loop.call_soon(step)
             else:
@@ -163,7 +191,7 @@ async def follow_log(d: Host) -> None:
             failed.set_exception(exc)
 
     step()
-    stop: asyncio.Future[Any] = asyncio.ensure_future(d.stop_event.wait())
+    stop: asyncio.Future[Any] = asyncio.ensure_future(stop_event.wait())
     try:
         await asyncio.wait((stop, failed), return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -37,9 +37,11 @@ would ever end it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable
 
-from loadwatch.daemon.config import VllmConfig
+from loadwatch.daemon.config import Config, VllmConfig
+from loadwatch.daemon.eventfeed import EventFeed
+from loadwatch.daemon.publish import Publisher
 from loadwatch.daemon.sources.health import (
     Endpoint,
     HealthProber,
@@ -57,17 +59,38 @@ from loadwatch.daemon.sources.proc.logged_process import (
     expected_user,
     look,
 )
-from loadwatch.daemon.state.session import TERMINAL, Session
+from loadwatch.daemon.state.loadstate import LoadState
+from loadwatch.daemon.state.session import TERMINAL, Input, Session
 
 PROBE_TIMEOUT_S = 2.0
 QUICK_S = 0.5  # a session read back ready is probed this soon after it is read
 
 
 class VllmWatch:
-    def __init__(self, daemon: Any, proc_root: str = "/proc") -> None:
-        """`daemon`: the loop's `Daemon` (its state, apply, publish, event log)."""
-        self.daemon = daemon
-        self.cfg: VllmConfig | None = daemon.cfg.vllm
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        state: Callable[[], LoadState],
+        apply: Callable[[Input], None],
+        feed: EventFeed,
+        publisher: Publisher,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]],
+        stop_event: asyncio.Event,
+        proc_root: str = "/proc",
+    ) -> None:
+        """`state`: the daemon's state as it is now; `apply` folds what this finds into it."""
+        self._state = state
+        self._apply = apply
+        self._feed = feed
+        self._publisher = publisher
+        self._clock = clock
+        self._sleep = sleep
+        self._stop = stop_event
+        self._supervise = cfg.supervise
+        self._log_path = cfg.log.path
+        self.cfg: VllmConfig | None = cfg.vllm
         self.interval_s = self.cfg.health_interval_s if self.cfg is not None else 5.0
         self._prober: HealthProber | None = None
         self._process = LoggedProcess(proc_root, user=self._expected_user, on_refused=self._refused)
@@ -97,7 +120,7 @@ class VllmWatch:
                 logged.value, cfg.allowed_hosts if cfg is not None else ()
             )
         except UrlRefused as exc:
-            self.daemon.feed.problem(f"vLLM's logged API server URL is not probed: {exc}")
+            self._feed.problem(f"vLLM's logged API server URL is not probed: {exc}")
             ep = None
         self._logged = (s.id, logged.value, ep)
         return ep
@@ -111,45 +134,42 @@ class VllmWatch:
                     else endpoint_from_argv(cfg.argv)
                 )
             except UrlRefused as exc:  # (an argv vLLM itself would refuse: `--port x`)
-                self.daemon.feed.problem(f"vLLM's /health is not probed: {exc}")
+                self._feed.problem(f"vLLM's /health is not probed: {exc}")
                 self._configured = exc
         return self._configured if isinstance(self._configured, Endpoint) else None
 
     async def run(self) -> None:
-        d = self.daemon
-        while not d.stop_event.is_set():
+        while not self._stop.is_set():
             try:
                 await self._round()
                 self._last_error = None
             except Exception as exc:  # one bad round must not end the probes for good
                 error = f"vLLM health probe round failed: {type(exc).__name__}: {exc}"
                 if error != self._last_error:
-                    d.feed.problem(error)
+                    self._feed.problem(error)
                 self._last_error = error
             await self._pause()
 
     async def _pause(self) -> None:
         """The interval, or less once a session read back ready waits for a live answer (once
         per session: then the interval again, whatever the answer)."""
-        d = self.daemon
         waited = 0.0
-        while waited < self.interval_s and not d.stop_event.is_set():
+        while waited < self.interval_s and not self._stop.is_set():
             step = min(QUICK_S, self.interval_s - waited)
             await self._sleep(step)
             waited += step
-            s = d.state.session
+            s = self._state().session
             if s is not None and s.phase == "ready" and not s.seen_live and s.id != self._quick_for:
                 self._quick_for = s.id
                 return
 
     async def _round(self) -> None:
-        d = self.daemon
-        s = d.state.session
+        s = self._state().session
         if s is None or s.phase in TERMINAL:
             return
-        if not d.cfg.supervise:
+        if not self._supervise:
             self._check_process(s)
-            s = d.state.session
+            s = self._state().session
         if s is not None and s.api_server_at is not None and s.phase not in TERMINAL:
             await self._probe(s)
 
@@ -157,55 +177,57 @@ class VllmWatch:
         what, seen = self._process.check(s.server_pid)
         if seen is None:
             return
-        d = self.daemon
         if what == "new":
-            d.apply(LoggedProcessSeen(ts=d.clock(), pid=seen.pid, alive=True, argv=seen.argv))
+            self._apply(
+                LoggedProcessSeen(ts=self._clock(), pid=seen.pid, alive=True, argv=seen.argv)
+            )
         elif what == "gone":
-            d.apply(LoggedProcessSeen(ts=d.clock(), pid=seen.pid, alive=False))
-            d.publish()
+            self._apply(LoggedProcessSeen(ts=self._clock(), pid=seen.pid, alive=False))
+            self._publisher.now()
 
     def _gone_unseen(self) -> None:
         """A session read back (never seen live) whose /health fails at loopback: when no
         process has the pid the log names here, vLLM is gone (killed before this daemon began
         to watch). A process with that pid, whoever's, leaves the session as it is."""
-        d = self.daemon
-        s = d.state.session
+        state = self._state()
+        s = state.session
         if s is None or s.phase in TERMINAL or s.seen_live or s.server_pid is None:
             return
-        if d.state.health_failures < d.state.config.health_failures_not_ready:
+        if state.health_failures < state.config.health_failures_not_ready:
             return
         if self._process.seen is not None:
             return  # one was seen: its own exit says when it is gone
         if look(s.server_pid, self._process.proc_root) is not None:
             return
-        d.apply(LoggedProcessSeen(ts=d.clock(), pid=s.server_pid, alive=False, was_seen=False))
+        self._apply(
+            LoggedProcessSeen(ts=self._clock(), pid=s.server_pid, alive=False, was_seen=False)
+        )
 
     def _expected_user(self) -> ExpectedUser:
-        return expected_user(self.cfg.user if self.cfg else None, self.daemon.cfg.log.path)
+        return expected_user(self.cfg.user if self.cfg else None, self._log_path)
 
     def _refused(self, pid: int, why: str) -> None:
-        self.daemon.feed.problem(f"the log names pid {pid}, not taken for vLLM's: {why}")
+        self._feed.problem(f"the log names pid {pid}, not taken for vLLM's: {why}")
 
     async def _probe(self, s: Session) -> None:
         ep = self.endpoint(s)
         if ep is None:
             return
-        d = self.daemon
         if self._prober is None or self._prober.endpoint != ep:
             self._prober = HealthProber(ep, PROBE_TIMEOUT_S)
         result = await self._prober.probe()
-        if not result.ok or d.tally.health_up is not True:  # readiness may change: at once
-            d.publisher.urgent()
-        d.tally.health_up = result.ok
-        d.apply(
+        last = self._state().health
+        if not result.ok or last is None or not last.ok:  # readiness may change: at once
+            self._publisher.urgent()
+        self._apply(
             HealthProbe(
                 ok=result.ok, ts=result.checked_at, status=result.status, error=result.error
             )
         )
-        if result.status is None and not d.cfg.supervise and is_loopback(ep.host):
+        if result.status is None and not self._supervise and is_loopback(ep.host):
             self._gone_unseen()  # (nothing answered: an answer, even a 302, is something alive)
-        d.publisher.changed()
-        now = d.state.session
+        self._publisher.changed()
+        now = self._state().session
         if (
             result.ok
             and self.cfg is not None
@@ -220,16 +242,15 @@ class VllmWatch:
     async def _servable(self, ep: Endpoint) -> None:
         cfg = self.cfg
         assert cfg is not None
-        d = self.daemon
         r = await asyncio.to_thread(
             probe_completion,
             ep,
             cfg.servable_prompt,
             cfg.servable_timeout_s,
-            d.clock,
+            self._clock,
             cfg.api_key,
         )
-        d.feed.line(
+        self._feed.line(
             "vllm.servable",
             ok=r.ok,
             model=r.model,
@@ -237,15 +258,12 @@ class VllmWatch:
             status=r.status,
             error=r.error,
         )
-        d.apply(
+        self._apply(
             CompletionProbe(
                 ok=r.ok, ts=r.checked_at, latency_s=r.latency_s, model=r.model, error=r.error
             )
         )
-        d.publish()
-
-    async def _sleep(self, seconds: float) -> None:
-        await self.daemon.sleep(seconds)
+        self._publisher.now()
 
 
 __all__ = ["VllmWatch"]

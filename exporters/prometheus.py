@@ -348,8 +348,7 @@ def _gpus(pub: Published, snap: Snapshot) -> Iterator[Metric]:
         "loadwatch_gpu_xid_events", "NVML Xid critical errors, all codes.", labels=["gpu", "UUID"]
     )
     for g in snap.gpus:
-        n = sum(v for (index, _, _), v in pub.totals.xids.items() if index == g.index)
-        per_gpu.add_metric([str(g.index), g.uuid or ""], n)
+        per_gpu.add_metric([str(g.index), g.uuid or ""], g.xids_total)
     yield per_gpu
     xid = CounterMetricFamily(
         "loadwatch_gpu_xid_errors",

@@ -134,3 +134,40 @@ def test_modules_and_classes_stay_small() -> None:
                 if size > CLASS_MAX_LINES:
                     too_long.append(f"{name}.{node.name}: {size} lines")
     assert len(modules()) > 100 and not too_long, too_long
+
+
+def is_submodule(package: str, name: str) -> bool:
+    """`package.name` is a module of ours (a file, a folder, or a C extension's stub)."""
+    top, _, rest = package.removeprefix("loadwatch.").partition(".")
+    if top not in PACKAGES:
+        return False
+    folder = ROOT.joinpath(top, *rest.split(".")) if rest else ROOT / top
+    return any((folder / f"{name}{ext}").exists() for ext in (".py", ".pyi", ""))
+
+
+def private_imports(module: str, path: Path) -> list[str]:
+    """The underscore names (not dunders) `module` imports from another module: what a module
+    keeps to itself is its own, and a helper two modules share gets a public name."""
+    found = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        source = node.module or ""
+        if node.level:  # (relative: resolved against the module's own package)
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            source = f"{base}.{source}" if source else base
+        if source == module:
+            continue
+        for alias in node.names:
+            name = alias.name
+            if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
+                if is_submodule(source, name):
+                    continue  # (a package's private module: the C scanner `_scan`)
+                found.append(f"{module}:{node.lineno} imports {name} from {source}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    bad = [line for name, path in modules().items() for line in private_imports(name, path)]
+    assert bad == [], "\n".join(bad)

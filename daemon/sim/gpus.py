@@ -86,6 +86,7 @@ class SimulatedGpuSource:
         clock: Callable[[], float] = time.time,
         exit_linger_s: float = 0.0,
         proc_root: Path = Path("/proc"),
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
@@ -105,6 +106,7 @@ class SimulatedGpuSource:
         self._context = context_bytes
         self._pids = None if pids is None else _per_gpu(pids, count, "pids")
         self._clock = clock
+        self._monotonic = monotonic  # (for the linger after an exit)
         self._lock = threading.Lock()
         self._lost: set[int] = set()
         self._library_missing = False
@@ -209,7 +211,7 @@ class SimulatedGpuSource:
 
     def _drop_exited(self) -> None:
         """Holders that exited stop being listed ``exit_linger_s`` after the exit was seen."""
-        now = time.monotonic()
+        now = self._monotonic()
         for gpu, pid in list(self._held):
             try:
                 stat = (self._proc_root / str(pid) / "stat").read_text(errors="replace")

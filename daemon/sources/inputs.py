@@ -128,6 +128,11 @@ class GpuReading:
     poll_seconds: float | None = None
     stale: bool = False  # the poll overran its deadline: samples are the last good ones, flagged
 
+    def uuid_of(self, x: XidEvent) -> str | None:
+        """The UUID of the GPU an Xid came from: its sample's in this reading, else the
+        event's own."""
+        return next((s.uuid for s in self.samples if s.index == x.gpu_index), x.uuid)
+
 
 class GpuSource(Protocol):
     def poll(self) -> GpuReading: ...
@@ -152,6 +157,23 @@ class ProcessEvent:
     reason: str | None = None  # one line: why it exited, why fatal, why backing off
     backoff_s: float | None = None
     tree_pids: tuple[int, ...] = ()  # "exited": every pid seen in the run's process tree
+    # "exited": the supervisor's verdict; an exit with code 0 after a fatal error in the log, or
+    # a restart it asked for, failed
+    failed: bool = False
+
+    @property
+    def outcome(self) -> str:
+        """How an exit ended: `signal`, `failed` or `clean` (/metrics' exit outcomes)."""
+        return "signal" if self.signal is not None else ("failed" if self.failed else "clean")
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanCheck:
+    """After a vLLM process tree exited and the driver had time to let go of it: how many of
+    its processes still hold GPU memory."""
+
+    ts: float
+    leaked: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,6 +142,15 @@ class Fold:
         self.owned.add(id(rec))
         return rec
 
+    def count(self, name: str, key: Any, n: int = 1) -> None:
+        """Add `n` to the state's count `name` (a mapping: `events`, `xids`, ...) at `key`; the
+        run copies the mapping once."""
+        counts = self.changes.get(name)
+        if counts is None or id(counts) not in self.owned:
+            counts = self.changes[name] = dict(self.get(name))
+            self.owned.add(id(counts))
+        counts[key] = counts.get(key, 0) + n
+
     def emit(self, kind: TransitionKind, at: float, **kw: Any) -> None:
         sid = kw.pop("session", self.sess.id if self.sess is not None else None)
         self.out.append(Transition(kind=kind, at=at, session=sid, offset=self.record, **kw))

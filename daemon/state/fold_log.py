@@ -137,8 +137,7 @@ def _on_log_error(f: Fold, ev: LogError) -> None:
 def _on_client_text(f: Fold, ev: ClientText) -> None:
     """Text a client chose, echoed by vLLM: counted, and nothing else (not even activity: it
     says nothing of how vLLM's own work goes)."""
-    counts = f.get("client_text")
-    f.changes["client_text"] = {**counts, ev.kind: counts.get(ev.kind, 0) + 1}
+    f.count("client_text", ev.kind)
 
 
 def _on_stall_hint(f: Fold, ev: StallHint) -> None:

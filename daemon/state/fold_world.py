@@ -1,5 +1,5 @@
 """The fold's handlers of what the daemon observes besides the log: the supervisor's process
-events, health probes, the model's checkpoint, bytes read, GPU readings, ticks."""
+events, health probes, the model's checkpoint, bytes read, GPU readings, orphan checks, ticks."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from loadwatch.daemon.sources.inputs import (
     IoSample,
     LoggedProcessSeen,
     ModelInfo,
+    OrphanCheck,
     ProcessEvent,
     Tick,
 )
@@ -34,7 +35,10 @@ def _on_process(f: Fold, ev: ProcessEvent) -> None:
     f.changes["supervisor"] = ev
     t = ev.ts
     s = f.sess
+    if ev.kind == "exited":
+        f.count("vllm_exits", ev.outcome)  # (every run's, whatever session it was)
     if ev.kind == "started":
+        f.changes["vllm_started_at"] = t
         argv = ev.argv or None
         if (
             s is not None
@@ -210,7 +214,11 @@ def _on_gpu(f: Fold, ev: GpuReading) -> None:
     mcfg = f.cfg.memory
     for sample in ev.samples:
         g = gpus.get(sample.index)
-        g = GpuTrack(sample) if g is None else evolve(g, sample=sample)
+        cc = sample.compute_capability
+        if g is None:
+            g = GpuTrack(sample, compute_capability=cc)
+        else:
+            g = evolve(g, sample=sample, compute_capability=cc or g.compute_capability)
         used, total = sample.memory_used_bytes, sample.memory_total_bytes
         if frac is not None and used is not None and sample.up:
             fit = g.fit or MemoryFit(skip_below=first, cfg=mcfg)
@@ -244,10 +252,15 @@ def _on_gpu(f: Fold, ev: GpuReading) -> None:
                     )
         gpus[sample.index] = g
     for x in ev.xids:
+        f.count("xids", (x.gpu_index, ev.uuid_of(x), x.xid))
         g = gpus.get(x.gpu_index)
         if g is not None:
-            gpus[x.gpu_index] = evolve(g, xids_total=g.xids_total + 1, last_xid=x.xid)
+            gpus[x.gpu_index] = evolve(g, last_xid=x.xid)
     f.changes["gpus"] = gpus
+
+
+def _on_orphans(f: Fold, ev: OrphanCheck) -> None:
+    f.changes["orphans"] = ev.leaked
 
 
 def _on_tick(f: Fold, ev: Tick) -> None:
@@ -263,4 +276,5 @@ WORLD_HANDLERS: dict[type, Any] = {
     IoSample: _on_io,
     GpuReading: _on_gpu,
     Tick: _on_tick,
+    OrphanCheck: _on_orphans,
 }

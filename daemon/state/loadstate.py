@@ -2,8 +2,8 @@
 
     state = LoadState()                      # or LoadState(config=StateConfig(...))
     state = state.apply(item, now)           # item: parser Event, GpuReading, ProcessEvent,
-    for t in state.transitions: log(t)       #   IoSample, ModelInfo, HealthProbe or Tick
-    snap = state.snapshot(now)               # immutable view for exporters; snap.to_dict()
+    for t in state.transitions: log(t)       #   IoSample, ModelInfo, HealthProbe, OrphanCheck
+    snap = state.snapshot(now)               #   or Tick; snap: immutable view for exporters
 
 `apply` and `apply_run` (a run of inputs in one call: the fast way) never change the state they
 are called on: they return a new `LoadState` that shares every part the run did not change, and
@@ -32,6 +32,11 @@ failure after the supervisor asked the process to stop is kept but not fatal (a 
 still logs `EngineDeadError`), and once the server was ready a failure of kind "other" (a
 request's traceback) is not fatal. Failures that describe one crash are kept as one entry per
 (kind, message) with a count; the session's failure kind is the most telling (`KIND_RANK`).
+
+Counts. The state keeps every count /metrics exports (`StateData`: log events by type, Xid
+errors, vLLM's exits, the sessions' warnings, failures and stalls in `lifetime`), one home each.
+A daemon restart rebuilds the log's counts with the state, from the current session's records;
+the GPUs' and the processes' begin again with the daemon.
 
 Cost: per input O(1) amortised. Every per-session collection is capped (bars, warning codes,
 processes per code, failures, phase history), layer numbers are bits of an int, and the
@@ -67,7 +72,7 @@ from loadwatch.daemon.state.session import (
 )
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.state.snapshot_builder import build_snapshot
-from loadwatch.parsers.events import Failure
+from loadwatch.parsers.events import Event, Failure
 
 RunHandler = Callable[[Fold, Sequence[Any]], None]
 
@@ -137,6 +142,8 @@ class LoadState(StateData):
             if handler is None:
                 raise TypeError(f"LoadState.apply: unsupported input {cls.__name__}")
             handler(f, seq[i:j] if j - i < n else seq)
+            if issubclass(cls, Event):  # (the log's events, counted by type)
+                f.count("events", cls.type, j - i)
             i = j
         if replay and f.sess is not None and n:
             # what was read now, however old its stamps: silence is counted from here

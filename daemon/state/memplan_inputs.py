@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from loadwatch.daemon.sources.inputs import ModelInfo
-from loadwatch.daemon.state.memplan import GIB, Layout
+from loadwatch.daemon.state.memplan import GIB, Layout, MemoryPlan, plan
 from loadwatch.parsers.vllm import argv as vllm_argv
 
 # Total memory NVML reports for common datacenter and workstation GPUs (MiB), for planning on a
@@ -163,3 +163,32 @@ def weights_per_gpu(info: ModelInfo, layout: Layout) -> tuple[int | None, str]:
     if fams & {"embed_tokens", "lm_head"}:
         how += "; embeddings and lm_head split by vocabulary across TP"
     return per_gpu, how
+
+
+NO_CAPACITY: tuple[int | None, str] = (None, "unknown")  # (bytes per GPU, where that came from)
+
+
+def plan_start(
+    model: ModelInfo,
+    kv_dtype: str,
+    layout: Layout,
+    capacity_bytes: int | None,
+    capacity_source: str,
+) -> MemoryPlan | None:
+    """The memory plan of one start: the one way from a model directory, a KV dtype, a layout
+    and a capacity to a plan, for the preflight before a start and the live view during it alike
+    (so the two cannot say different things of the same start)."""
+    if model.geometry is None:
+        return None
+    weights, how = weights_per_gpu(model, layout)
+    if layout.device == "cpu" and capacity_bytes is None:
+        capacity_source = "the CPU: the KV budget is set outright"
+    return plan(
+        model.geometry,
+        kv_dtype,
+        layout,
+        weights_bytes=weights,
+        weights_explain=how,
+        capacity_bytes=capacity_bytes,
+        capacity_source=capacity_source,
+    )

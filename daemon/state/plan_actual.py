@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.state.kvdtype import KvDtype
-from loadwatch.daemon.state.memplan import GIB, capacity, plan
-from loadwatch.daemon.state.memplan_inputs import layout_from_argv, weights_per_gpu
+from loadwatch.daemon.state.memplan import GIB, capacity
+from loadwatch.daemon.state.memplan_inputs import layout_from_argv, plan_start
 from loadwatch.daemon.state.session import Session, StateData
 from loadwatch.daemon.state.snapshot import MemoryPlanView
 
@@ -67,19 +67,10 @@ def _view(
     avail_gib: float | None,
     logged: bool,
 ) -> MemoryPlanView:
-    assert model.geometry is not None
     device = "cpu" if size is not None and size[1] == "CPU" else "cuda"
     layout = layout_from_argv(argv or (), device=device)
-    weights, how = weights_per_gpu(model, layout)
-    p = plan(
-        model.geometry,
-        dtype,
-        layout,
-        weights_bytes=weights,
-        weights_explain=how,
-        capacity_bytes=cap,
-        capacity_source="NVML" if cap else "unknown",
-    )
+    p = plan_start(model, dtype, layout, cap, "NVML" if cap else "unknown")
+    assert p is not None  # (the caller checked the geometry)
     actual_bytes = int(avail_gib * GIB) if avail_gib is not None else None
     actual_tokens = size[0] if size is not None else None
     expected = None

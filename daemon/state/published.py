@@ -8,6 +8,7 @@ the last one for a moment so a burst of scrapes builds it once.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,29 @@ class Totals:
     events: Mapping[str, int] = field(default_factory=dict)  # parsed events by type
     xids: Mapping[tuple[int, str | None, int], int] = field(default_factory=dict)
     gpu_errors: int = 0
+
+    @classmethod
+    def of(cls, state: LoadState, snap: Snapshot) -> Totals:
+        """The state's lifetime counts: the sessions before the current one (its `lifetime`,
+        kept as each session ended) plus the current one (`snap`'s), and its own counts."""
+        life = state.lifetime
+        warnings = Counter(life.warnings)
+        failures = Counter(life.failures)
+        stalls = life.stalls
+        view = snap.session
+        if view is not None:
+            for w in view.warnings:
+                warnings[w.code] += w.count
+            if view.failure_kind is not None:
+                failures[view.failure_kind] += 1
+            stalls += view.stall.stalls_total
+        return cls(
+            warnings=dict(warnings),
+            failures=dict(failures),
+            stalls=stalls,
+            events=state.events,
+            xids=state.xids,
+        )
 
 
 @dataclass(frozen=True)
@@ -63,7 +87,6 @@ class SupervisorStats:
     errors_total: int
     last_success_ts: float | None
     orphans: int | None  # processes of the last tree still holding GPU memory; None: not checked
-    health_up: bool | None
 
 
 @dataclass(frozen=True)
@@ -77,9 +100,17 @@ class Published:
     gpu: GpuSourceHealth | None
     supervisor: SupervisorStats | None
     load_budget_s: float | None
-    gpu_ccs: Mapping[int, tuple[int, int]] = field(default_factory=dict)  # compute capability
     _cache: list[Any] = field(default_factory=lambda: [None, 0.0], compare=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    @property
+    def gpu_ccs(self) -> Mapping[int, tuple[int, int]]:
+        """Each GPU's compute capability, where known."""
+        return {
+            i: g.compute_capability
+            for i, g in self.state.gpus.items()
+            if g.compute_capability is not None
+        }
 
     def snapshot(self, now: float) -> Snapshot:
         with self._lock:

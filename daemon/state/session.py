@@ -20,6 +20,7 @@ from loadwatch.daemon.sources.inputs import (
     IoSample,
     LoggedProcessSeen,
     ModelInfo,
+    OrphanCheck,
     ProcessEvent,
     Tick,
 )
@@ -45,6 +46,7 @@ Input = (
     | HealthProbe
     | CompletionProbe
     | LoggedProcessSeen
+    | OrphanCheck
     | Tick
 )
 
@@ -268,8 +270,9 @@ class GpuTrack:
     fit: MemoryFit | None = None
     projection: MemoryProjection | None = None
     oom_since: float | None = None
-    xids_total: int = 0
-    last_xid: int | None = None
+    last_xid: int | None = None  # (the counts: `StateData.xids`)
+    # the last a sample gave (a poll whose static read failed gives none: the one known stays)
+    compute_capability: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -308,8 +311,17 @@ class StateData:
     node: NodeFacts = field(default_factory=NodeFacts)  # this node's place in the deployment
     node_load: NodeLoad = field(default_factory=NodeLoad)  # the load as this node sees it
     node_pids: tuple[int, ...] = ()  # vLLM pids from the log's prefixes (watch mode reads them)
+    # Counts over the state's life, /metrics' counters (a daemon restart rebuilds the log's from
+    # the current session's records; the GPUs' and the processes' begin again):
     # records of text a client chose (parsers' `ClientText`), by kind, set aside unread
     client_text: Mapping[str, int] = field(default_factory=dict)
+    events: Mapping[str, int] = field(default_factory=dict)  # log events folded, by type
+    # NVML Xid errors by (GPU index, its UUID, Xid code)
+    xids: Mapping[tuple[int, str | None, int], int] = field(default_factory=dict)
+    vllm_exits: Mapping[str, int] = field(default_factory=dict)  # clean, failed, signal
+    vllm_started_at: float | None = None  # the supervisor's last start of vLLM
+    # processes of the last exited vLLM tree still holding GPU memory; None: not checked yet
+    orphans: int | None = None
 
     @property
     def restarts(self) -> int:

@@ -287,7 +287,7 @@ def _session_view(state: StateData, s: Session, now: float, kv: KvDtype) -> Sess
     )
 
 
-def _gpu_view(g: GpuTrack) -> GpuView:
+def _gpu_view(g: GpuTrack, xids: int) -> GpuView:
     x = g.sample
     p = g.projection
     total = x.memory_total_bytes
@@ -303,7 +303,7 @@ def _gpu_view(g: GpuTrack) -> GpuView:
         power_watts=x.power_watts,
         sampled_at=x.sampled_at,
         error=x.error,
-        xids_total=g.xids_total,
+        xids_total=xids,
         last_xid=g.last_xid,
         projected_final_bytes=p.final_bytes if p else None,
         projected_low_bytes=p.low_bytes if p else None,
@@ -312,6 +312,11 @@ def _gpu_view(g: GpuTrack) -> GpuView:
         shortfall_bytes=p.final_bytes - total if p and total and g.oom_since is not None else None,
         oom_predicted_since=g.oom_since,
     )
+
+
+def xids_of(state: StateData, index: int) -> int:
+    """Xid errors of GPU `index`, all codes."""
+    return sum(n for (i, _, _), n in state.xids.items() if i == index)
 
 
 CRASH_LOOP_FAILURES = 3  # sessions that failed within the window: vLLM is crash looping...
@@ -420,7 +425,7 @@ def build_snapshot(state: StateData, now: float) -> Snapshot:
         memory_plan=memory_plan_view(state, s, kv),
         gpu_source_up=state.gpu_source_up,
         gpu_error=state.gpu_error,
-        gpus=tuple(_gpu_view(state.gpus[i]) for i in sorted(state.gpus)),
+        gpus=tuple(_gpu_view(state.gpus[i], xids_of(state, i)) for i in sorted(state.gpus)),
         supervisor=SupervisorView(
             sup.kind, sup.ts, sup.pid, sup.exit_code, sup.signal, sup.reason, sup.backoff_s
         )

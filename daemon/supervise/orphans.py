@@ -208,6 +208,7 @@ async def settle_orphans(
     ignore_pids: Collection[int] = (),
     run_marker: str | None = None,
     monotonic: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> OrphanReport | None:
     """The orphan check after an exit: fresh readings until the tree's holders are gone.
 
@@ -229,7 +230,7 @@ async def settle_orphans(
         )
         if report.settled or waited >= grace_s:
             return dataclasses.replace(report, waited_s=waited)
-        await asyncio.sleep(min(recheck_s, max(0.0, grace_s - waited)))
+        await sleep(min(recheck_s, max(0.0, grace_s - waited)))
 
 
 def _descends_from(pid: int, tree: frozenset[int], proc_root: Path) -> bool:

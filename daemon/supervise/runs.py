@@ -78,6 +78,7 @@ class Reporter:
         reason: str | None = None,
         backoff_s: float | None = None,
         tree_pids: tuple[int, ...] = (),
+        failed: bool = False,
     ) -> None:
         if self._on_event is None:
             return
@@ -91,6 +92,7 @@ class Reporter:
             reason=reason,
             backoff_s=backoff_s,
             tree_pids=tree_pids,
+            failed=failed,
         )
         try:
             self._on_event(event)

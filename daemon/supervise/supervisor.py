@@ -336,6 +336,7 @@ class Supervisor:
             signal=sig,
             reason=reason,
             tree_pids=record.tree_pids,
+            failed=failed,
         )
 
     async def _end_run_after_cancel(self) -> None:

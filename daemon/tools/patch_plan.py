@@ -5,28 +5,10 @@ it leaves, and whether --max-model-len still fits."""
 from __future__ import annotations
 
 from loadwatch.daemon.sources.inputs import ModelInfo
-from loadwatch.daemon.state.memplan import Layout, MemoryPlan, plan
-from loadwatch.daemon.state.memplan_inputs import weights_per_gpu
+from loadwatch.daemon.state.memplan import Layout, MemoryPlan
+from loadwatch.daemon.state.memplan_inputs import NO_CAPACITY, plan_start
 
 _SAID = {"fits": "fits", "tight": "tight", "will_fail": "will not fit", "unknown": "unknown"}
-
-
-def _plan(
-    info: ModelInfo, dtype: str, layout: Layout, capacity: tuple[int, str] | None
-) -> MemoryPlan | None:
-    if info.geometry is None:
-        return None
-    weights, how = weights_per_gpu(info, layout)
-    cap, src = capacity if capacity is not None else (None, "unknown")
-    return plan(
-        info.geometry,
-        dtype,
-        layout,
-        weights_bytes=weights,
-        weights_explain=how,
-        capacity_bytes=cap,
-        capacity_source=src,
-    )
 
 
 def _tokens(p: MemoryPlan) -> str:
@@ -46,8 +28,8 @@ def patch_effect_lines(
     """Lines for the patch report; none when the checkpoint declares no FP8 KV cache."""
     if info.checkpoint_kv_dtype != "fp8":
         return []
-    before = _plan(info, "fp8_e4m3", layout, capacity)
-    after = _plan(info, "auto", layout, capacity)
+    before = plan_start(info, "fp8_e4m3", layout, *(capacity or NO_CAPACITY))
+    after = plan_start(info, "auto", layout, *(capacity or NO_CAPACITY))
     if before is None or after is None or before.kv is None or after.kv is None:
         return ["memory plan: config.json lacks the attention shapes: not planned"]
     verb = "would change" if dry_run else "changes"

@@ -22,7 +22,7 @@ from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.sources.model.model_info import MLA_MODEL_TYPES, read_model_dir
 from loadwatch.daemon.sources.model.modelfiles import ModelFileError
 from loadwatch.daemon.state import memplan
-from loadwatch.daemon.state.memplan_inputs import layout_from_argv, weights_per_gpu
+from loadwatch.daemon.state.memplan_inputs import NO_CAPACITY, layout_from_argv, plan_start
 from loadwatch.daemon.supervise.vllm_probe import TritonMlaAnswer, ask_triton_mla_fp8
 from loadwatch.daemon.tools.memplan_render import memory_check_message, plan_dict, plan_lines
 from loadwatch.parsers.vllm import argv as vllm_argv
@@ -253,7 +253,9 @@ def preflight(
 
     benign, scale_check = _scale_warning_check(info, kv_dtype, quantized)
     checks.append(scale_check)
-    plan = _memory_plan(info, kv_dtype, layout, capacity)
+    plan = (
+        None if layout is None else plan_start(info, kv_dtype, layout, *(capacity or NO_CAPACITY))
+    )
     if plan is not None:
         status: CheckStatus = {"fits": "ok", "tight": "warn", "will_fail": "fail"}.get(
             plan.verdict, "info"
@@ -275,29 +277,6 @@ def preflight(
         fix=fix,
         model=model,
         memory=plan,
-    )
-
-
-def _memory_plan(
-    info: ModelInfo,
-    kv_dtype: str,
-    layout: memplan.Layout | None,
-    capacity: tuple[int, str] | None,
-) -> memplan.MemoryPlan | None:
-    if layout is None or info.geometry is None:
-        return None
-    weights, how = weights_per_gpu(info, layout)
-    cap, cap_src = capacity if capacity is not None else (None, "unknown")
-    if layout.device == "cpu":
-        cap_src = "the CPU: the KV budget is set outright" if cap is None else cap_src
-    return memplan.plan(
-        info.geometry,
-        kv_dtype,
-        layout,
-        weights_bytes=weights,
-        weights_explain=how,
-        capacity_bytes=cap,
-        capacity_source=cap_src,
     )
 
 

@@ -50,13 +50,23 @@ from loadwatch.exporters.http.settings import HttpConfig
 ALIVE_S = 20.0  # no board for this long: the loop is stuck
 START_TIMEOUT_S = 30.0
 RESTART_S = 5.0  # a server process that died is started again after this
-SEND_TIMEOUT_S = 10.0
+SEND_TIMEOUT_S = 10.0  # a server that takes this long to read a board is stuck
+END_WAIT_S = 5.0  # for a server process to end once its socket closed, before it is killed
 ALIVE = frame(b"")  # a heartbeat: no board; the last one still holds
 
 
 class HttpProcess:
-    def __init__(self, config: HttpConfig, on_problem: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: HttpConfig,
+        on_problem: Callable[[str], None] | None = None,
+        *,
+        send_timeout_s: float = SEND_TIMEOUT_S,
+        end_wait_s: float = END_WAIT_S,
+    ) -> None:
         self.config = config
+        self._send_timeout_s = send_timeout_s
+        self._end_wait_s = end_wait_s
         self.url = ""
         self.probe_url: str | None = None  # the probe listener's, when [http] probe_listen is set
         self.restarts = 0
@@ -70,7 +80,9 @@ class HttpProcess:
         self._thread: threading.Thread | None = None
 
     def start(self) -> str:
-        self._sock, self._proc, self.url, self.probe_url = _spawn(self.config)
+        self._sock, self._proc, self.url, self.probe_url = _spawn(
+            self.config, self._send_timeout_s, self._end_wait_s
+        )
         # a restart binds the addresses this one got (port 0 picks one)
         port = int(self.url.rsplit(":", 1)[1])
         self.config = dataclasses.replace(self.config, port=port)
@@ -160,7 +172,9 @@ class HttpProcess:
 
     def _restart(self) -> bool:
         try:
-            self._sock, self._proc, self.url, self.probe_url = _spawn(self.config)
+            self._sock, self._proc, self.url, self.probe_url = _spawn(
+                self.config, self._send_timeout_s, self._end_wait_s
+            )
         except ServerError as exc:
             self._on_problem(f"the HTTP server cannot start again: {exc}")
             return False
@@ -173,10 +187,12 @@ class HttpProcess:
             sock.close()  # the server sees the socket close and stops
         proc, self._proc = self._proc, None
         if proc is not None:
-            _end(proc)
+            _end(proc, self._end_wait_s)
 
 
-def _spawn(config: HttpConfig) -> tuple[socket.socket, subprocess.Popen[bytes], str, str | None]:
+def _spawn(
+    config: HttpConfig, send_timeout_s: float, end_wait_s: float
+) -> tuple[socket.socket, subprocess.Popen[bytes], str, str | None]:
     ours, theirs = socket.socketpair()
     try:
         proc = subprocess.Popen(
@@ -199,18 +215,18 @@ def _spawn(config: HttpConfig) -> tuple[socket.socket, subprocess.Popen[bytes], 
         reply = None
     kind, _, value = (reply or b"").decode(errors="replace").partition(" ")
     if kind != "ok":
-        _end(proc)
+        _end(proc, end_wait_s)
         ours.close()
         raise ServerError(value if kind == "error" else "the HTTP server process did not start")
     # A server that takes this long to read a board is stuck: it is killed and started again.
-    ours.settimeout(SEND_TIMEOUT_S)
+    ours.settimeout(send_timeout_s)
     url, _, probe_url = value.partition(" ")
     return ours, proc, url, probe_url or None
 
 
-def _end(proc: subprocess.Popen[bytes]) -> None:
+def _end(proc: subprocess.Popen[bytes], wait_s: float) -> None:
     try:
-        proc.wait(5)
+        proc.wait(wait_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)

@@ -3,8 +3,9 @@
 Handlers only read immutable snapshots, so they run on the server's own threads and never touch
 the event loop. Defences, all configurable: loopback bind by default, a cap on concurrent
 connections (past it, the connection that has waited longest for its request gives way, so no
-number of slow clients keeps a scraper out; with every slot answering, a new one is closed at
-once, never queued), a deadline for
+number of slow clients keeps a scraper out; nor does a client that does not read its answers:
+a connection gives way while its answer is written, too; with every slot computing an answer,
+a new one is closed at once, never queued), a deadline for
 each request to arrive whole (a client that never finishes its request is dropped, even one that
 sends a byte now and then), GET/HEAD only, no request bodies, optional TLS and bearer/basic
 authentication.
@@ -38,6 +39,9 @@ class Response:
 
 
 Handler = Callable[[Mapping[str, str]], Response]  # query parameters -> response
+
+
+SEND_BUFFER_BYTES = 64 * 1024  # the kernel doubles it; a /metrics answer is a few KiB to ~100
 
 
 class ServerError(Exception):
@@ -130,6 +134,10 @@ class _Server(ThreadingHTTPServer):
             return
         self.slots.waiting(request, True)
         try:
+            # A small send buffer: a client that does not read its answers blocks the write
+            # (and gives way, `_send`) after an answer or two, not after the kernel has taken
+            # megabytes of them, each one computed for nobody.
+            request.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
             super().process_request(request, client_address)
         except Exception:
             self.slots.release(request)
@@ -243,16 +251,26 @@ class _RequestHandler(BaseHTTPRequestHandler):
         self._send(label, response, head)
 
     def _send(self, label: str, response: Response, head: bool) -> None:
-        self.server.owner.stats.count(label, response.status)
+        server = self.server
+        server.owner.stats.count(label, response.status)
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(response.body)))
         self.send_header("Cache-Control", "no-store")
         for name, value in response.headers:
             self.send_header(name, value)
-        self.end_headers()
-        if not head:
-            self.wfile.write(response.body)
+        # While the answer is written the connection gives way, as one still waiting for its
+        # request does: a reader that takes its answer is done in an instant, a client that
+        # pipelines requests and never reads blocks here once the socket buffers are full, and
+        # must not hold a slot a scraper needs. A write gets the request timeout, whole.
+        self.connection.settimeout(server.owner.config.request_timeout_s)
+        server.slots.waiting(self.connection, True)
+        try:
+            self.end_headers()
+            if not head:
+                self.wfile.write(response.body)
+        finally:
+            server.slots.waiting(self.connection, False)
 
 
 def _parse_query(query: str) -> dict[str, str]:

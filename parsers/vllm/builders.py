@@ -155,7 +155,7 @@ _PROGRESS_FIELDS = (
 assert set(_PROGRESS_FIELDS) == {f.name for f in fields(ShardProgress)}, "ShardProgress changed"
 
 
-def _progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     # A load prints a bar line per shard: built as `__init__` would, with every field set from
     # C (`map`) instead of one Python-level call per field.
     desc = m["desc"].strip()
@@ -179,7 +179,7 @@ def _progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return event
 
 
-def _unit_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def unit_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     """A bar counting a unit of its own (`21/21 [00:00<00:00, 33.51profile/s]`): kernel
     autotuning, its rate read in that unit (`1.52s/profile` is 1/1.52 a second)."""
     desc = m["desc"].strip()
@@ -208,7 +208,7 @@ def _unit_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     )
 
 
-def _byte_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event | None:
+def byte_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event | None:
     """A bar in bytes (`13.3G/155G [00:01<00:10, 14.3GB/s]`): done and total as bytes."""
     desc = m["desc"].strip()
     done, total = scaled(m["n"]), scaled(m["total"])
@@ -228,7 +228,7 @@ def _byte_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event |
     )
 
 
-def _prefetch(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def prefetch(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return ShardProgress(
         desc="Prefetching checkpoint files",
         bar="prefetch",
@@ -239,7 +239,7 @@ def _prefetch(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     )
 
 
-def _ep_filter(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def ep_filter(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return EpWeightFilter(
         ep_size=int(m["size"]),
         ep_rank=int(m["rank"]),
@@ -250,17 +250,17 @@ def _ep_filter(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
 
 
 _SCALE_NAMES = {"k": "k", "v": "v", "q": "q", "kv": "kv", "prob": "prob"}
-_LAYER = re.compile(r"layers?\.(\d{1,6}+)\.")
+LAYER = re.compile(r"layers?\.(\d{1,6}+)\.")
 
 
-def _kv_scale(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def kv_scale(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     raw = m["name"].lstrip(".").replace("-", "_").replace(" ", "_").lower()
     if raw.endswith("zero_point"):
         scale = "zero_point"
     else:
         scale = _SCALE_NAMES.get(raw.removesuffix("_scale").rsplit(".", 1)[-1], "other")
     ckpt = m["ckpt"]
-    layer = _LAYER.search(ckpt or "") or _LAYER.search(m["model"] or "")
+    layer = LAYER.search(ckpt or "") or LAYER.search(m["model"] or "")
     return KvScaleWarning(
         scale=scale,  # type: ignore[arg-type]
         layer=int(layer.group(1)) if layer else None,
@@ -271,18 +271,18 @@ def _kv_scale(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     )
 
 
-def _deprecated_kv(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def deprecated_kv(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return KvScaleWarning(scale="kv", deprecated=True, **ctx)
 
 
-def _scale_factor(code: str) -> Builder:
+def scale_factor(code: str) -> Builder:
     def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
         return ScaleFactorWarning(code=code, message=head.body.strip()[:500], **ctx)  # type: ignore[arg-type]
 
     return build
 
 
-def _milestone(kind: str, detail: str | None = None, **groups: str) -> Builder:
+def milestone(kind: str, detail: str | None = None, **groups: str) -> Builder:
     """Build a Milestone; `groups` maps Milestone fields to regex group names."""
 
     def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
@@ -300,13 +300,13 @@ def _milestone(kind: str, detail: str | None = None, **groups: str) -> Builder:
     return build
 
 
-def _backend(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def backend(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     # "Triton MLA" and "TRITON_MLA" name the same backend
     name = m["b"].strip().upper().replace(" ", "_")
     return Milestone(kind="attention_backend", value=name, **ctx)
 
 
-_KV_ARG = re.compile(r"""['"]?kv_cache_dtype['"]?(?::\s?|=)['"](?P<v>[A-Za-z0-9_]{1,40}+)['"]""")
+KV_ARG = re.compile(r"""['"]?kv_cache_dtype['"]?(?::\s?|=)['"](?P<v>[A-Za-z0-9_]{1,40}+)['"]""")
 
 
 # The arguments that size memory (the memory plan's), as `non-default args: {'k': v, ...}` or
@@ -328,12 +328,12 @@ _SIZING_ARG = re.compile(
 )
 
 
-def _launch_args(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def launch_args(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     """vLLM logs its arguments at start: the KV-cache dtype is the one watch mode needs.
     `non-default args` leaves out what was not given, which means `auto`. `args`: those that
     size memory, as a command line would give them (a flag that is True: its name alone)."""
     body = head.body[:20000]
-    kv = _KV_ARG.search(body)
+    kv = KV_ARG.search(body)
     value = kv["v"] if kv else ("auto" if body.lstrip().startswith("non-default") else None)
     given: dict[str, str] = {}
     for a in _SIZING_ARG.finditer(body):
@@ -354,7 +354,7 @@ def _launch_args(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
 _ENGINE_KV = re.compile(r"[ ,]kv_cache_dtype=(?P<v>[A-Za-z0-9_]{1,40}+)")
 
 
-def _engine_config(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def engine_config(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     """`Initializing a V1 LLM engine (v0.32.0) with config: model='/models/X', ...,
     kv_cache_dtype=auto, ...`: the engine's own config. `detail` is its `kv_cache_dtype` (None
     when the line leaves it out), `value` the model path."""
@@ -364,11 +364,11 @@ def _engine_config(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     )
 
 
-def _shutdown(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def shutdown(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return Milestone(kind="shutdown", value=(m["what"] or m["uv"]).strip(), **ctx)
 
 
-def _parallel_init(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def parallel_init(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return ParallelInit(
         world_size=int(m["ws"]),
         rank=int(m["rank"]),
@@ -379,7 +379,7 @@ def _parallel_init(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     )
 
 
-def _headless(mode: str) -> Builder:
+def headless(mode: str) -> Builder:
     def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
         engines = _int(m["n"]) if "n" in m.re.groupindex else None
         return NodeLaunch(mode=mode, head_address=m["addr"], engines=engines, **ctx)  # type: ignore[arg-type]
@@ -387,13 +387,13 @@ def _headless(mode: str) -> Builder:
     return build
 
 
-def _stall(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
+def stall(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     return StallHint(seconds=_num(m["sec"]), **ctx)
 
 
-def _c(pattern: str) -> re.Pattern[str]:
+def rx(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
-_SEC = r"(?P<sec>\d{1,9}+(?:\.\d{1,9}+)?)"
-_GIB = r"(?P<gib>\d{1,9}+(?:\.\d{1,9}+)?)"
+SEC = r"(?P<sec>\d{1,9}+(?:\.\d{1,9}+)?)"
+GIB = r"(?P<gib>\d{1,9}+(?:\.\d{1,9}+)?)"

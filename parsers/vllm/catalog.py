@@ -16,9 +16,7 @@ import re
 from typing import Any
 
 from loadwatch.parsers.events import ClientTextKind, Event, Failure, FailureKind
-from loadwatch.parsers.vllm.builders import _KV_ARG as _KV_ARG
-from loadwatch.parsers.vllm.builders import _LAYER as _LAYER
-from loadwatch.parsers.vllm.builders import _SEC, ANY_LOGGER, _c, _stall
+from loadwatch.parsers.vllm.builders import ANY_LOGGER, SEC, rx, stall
 from loadwatch.parsers.vllm.builders import BARE as BARE
 from loadwatch.parsers.vllm.builders import FAILURE as FAILURE
 from loadwatch.parsers.vllm.builders import MESSAGE as MESSAGE
@@ -69,22 +67,22 @@ CLIENT_TEXT: tuple[tuple[ClientTextKind, frozenset[Level], re.Pattern[str]], ...
     (
         "request_received",
         MESSAGE,
-        _c(
+        rx(
             r"Received (?:messages )?request \S|Request \S{1,400}+ (?:details|JSON body): "
             r"|Convert to OpenAI request "
         ),
     ),
     # v1/engine/async_llm.py (0.8-, with --enable-log-requests): `Added request cmpl-...-0.`,
     # `Aborted request cmpl-....`; V0 engine/async_llm_engine.py: `Finished request ...`
-    ("request_added", MESSAGE, _c(r"Added request \S")),
-    ("request_aborted", MESSAGE, _c(r"Aborted request(?:s|\(s\))? \S")),
-    ("request_finished", MESSAGE, _c(r"Finished request \S")),
+    ("request_added", MESSAGE, rx(r"Added request \S")),
+    ("request_aborted", MESSAGE, rx(r"Aborted request(?:s|\(s\))? \S")),
+    ("request_finished", MESSAGE, rx(r"Finished request \S")),
     # logger.py / request_logger.py with --enable-log-outputs: `Generated response ID: output:`
-    ("response_generated", MESSAGE, _c(r"Generated response \S")),
+    ("response_generated", MESSAGE, rx(r"Generated response \S")),
     # openai/serving_engine.py (0.6-), serving.py (2026): an unknown model name, at ERROR, on
     # every such request with default flags: `Error with model error=ErrorInfo(message='The
     # model `...` does not exist.', ...)`
-    ("model_error", FAILURE | MESSAGE | WARNING, _c(r"Error with model ")),
+    ("model_error", FAILURE | MESSAGE | WARNING, rx(r"Error with model ")),
     # A request's error with its id first (generate/base/serving.py 2026, at ERROR: `Request ID
     # failed with an internal error during generation`; v1/engine/async_llm.py 2026-01 on, at
     # INFO with --enable-log-requests: `Request ID failed due to ExcType: message.`), and the
@@ -96,7 +94,7 @@ CLIENT_TEXT: tuple[tuple[ClientTextKind, frozenset[Level], re.Pattern[str]], ...
     (
         "request_error",
         FAILURE | MESSAGE | WARNING,
-        _c(
+        rx(
             r"Request \S{1,400}+ failed (?:with|due to) "
             r"|(?:Engine |HTTP)?(?:Exception|RequestValidationError) caught\. Request id: "
         ),
@@ -105,12 +103,12 @@ CLIENT_TEXT: tuple[tuple[ClientTextKind, frozenset[Level], re.Pattern[str]], ...
     (
         "request_fields_ignored",
         WARNING,
-        _c(r"The following fields were present in the request but ignored"),
+        rx(r"The following fields were present in the request but ignored"),
     ),
     # uvicorn's access line (its own `INFO:     ` head, or vLLM's header with uvicorn's
     # h11_impl.py / httptools_impl.py): `127.0.0.1:40312 - "POST /v1/chat/completions HTTP/1.1"
     # 200 OK`, the path as the client sent it
-    ("access", MESSAGE | WARNING, _c(r"[^\s\"]{1,300}+ - \"")),
+    ("access", MESSAGE | WARNING, rx(r"[^\s\"]{1,300}+ - \"")),
 )
 CLIENT_TEXT_NEEDLES: tuple[str, ...] = (
     "Received request ",
@@ -132,7 +130,7 @@ CLIENT_TEXT_NEEDLES: tuple[str, ...] = (
 
 def client_text(body: str, level: Level) -> ClientTextKind | None:
     """The client-text class a message belongs to, or None: vLLM's own words."""
-    if not body.startswith(CLIENT_TEXT_NEEDLES) and ' - "' not in body[:320]:
+    if not body.startswith(CLIENT_TEXT_NEEDLES) and body.find(' - "', 0, 320) < 0:
         return None
     for kind, levels, pattern in CLIENT_TEXT:
         if level in levels and pattern.match(body) is not None:
@@ -150,8 +148,8 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "stall.shm_broadcast",
         ("No available",),
-        _c(r"No available (?:shared memory broadcast )?block found in " + _SEC + r" seconds?"),
-        _stall,
+        rx(r"No available (?:shared memory broadcast )?block found in " + SEC + r" seconds?"),
+        stall,
         "warning",
         levels=frozenset({"INFO", "DEBUG", "WARNING"}),
         serving=True,
@@ -161,7 +159,7 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "fail.engine_core_start",
         ("failed to start",),
-        _c(r"(?:EngineCore|WorkerProc|Engine process|Engine core) failed to start"),
+        rx(r"(?:EngineCore|WorkerProc|Engine process|Engine core) failed to start"),
         _failure("engine_init_failed"),
         "error",
         levels=FAILURE,
@@ -171,7 +169,7 @@ CATALOG: tuple[Entry, ...] = (
         "fail.engine_fatal",
         ("encountered a fatal error", "hit an exception", "died unexpectedly", "died, exit code"),
         # also as the message of the EngineDeadError every waiting request is failed with
-        _c(
+        rx(
             r"(?:(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+EngineDeadError: )?"
             r"(?:EngineCore encountered a fatal error|WorkerProc hit an exception"
             r"|Worker proc \S{1,80}+ died unexpectedly|Worker \S{1,80}+ pid \d{1,10}+ died, exit code)"
@@ -184,7 +182,7 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "fail.error_executing",
         ("This might cause deadlock",),
-        _c(r"Error executing method '?(?P<m>\w{1,80}+)'?\. This might cause deadlock"),
+        rx(r"Error executing method '?(?P<m>\w{1,80}+)'?\. This might cause deadlock"),
         _failure("other"),
         "error",
         levels=FAILURE,
@@ -210,7 +208,7 @@ CATALOG: tuple[Entry, ...] = (
         # At the start of the message, or in the message of an exception line that starts it
         # (vLLM repeats its header on every line of a logged traceback: `ERROR ... [core.py:700]
         # ValueError: No available memory for the cache blocks. ...`).
-        _c(
+        rx(
             r"(?:" + EXCEPTION_HEAD + r"[^\r\n]{0,4000}?)?"
             r"(?:CUDA out of memory|out of memory|Failed to load model - not enough GPU memory"
             r"|not enough GPU memory|No available memory for the cache"
@@ -234,7 +232,7 @@ CATALOG = (
     Entry(
         "fail.bare_exception",
         ("Error: ",),
-        _c(r"^(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Z][A-Za-z0-9_]{0,80}Error: \S"),
+        rx(r"^(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Z][A-Za-z0-9_]{0,80}Error: \S"),
         _failure(None),
         "error",
         levels=BARE,
@@ -245,7 +243,7 @@ CATALOG = (
     Entry(
         "fail.cuda_check",
         ("Failed: Cuda error",),
-        _c(r"^Failed: Cuda error \S{1,400}+ '[^'\r\n]{1,400}+'"),
+        rx(r"^Failed: Cuda error \S{1,400}+ '[^'\r\n]{1,400}+'"),
         _failure(None),
         "error",
         levels=BARE,
@@ -268,36 +266,36 @@ EXCEPTION_LINE_LOOSE = re.compile(
 # Ordered: the first that matches names the kind. More specific kinds come first.
 _CLASSIFY: tuple[tuple[re.Pattern[str], FailureKind], ...] = (
     (
-        _c(
+        rx(
             r"FP8 Triton MLA|TritonMLA(?: V1)? with FP8 KV cache not yet supported"
             r"|expected scalar type \w{1,40}+ but found Float8_e\dm\d"
             r"|No valid attention backend.{0,4000}?kv_cache_dtype not supported"
         ),
         "fp8_kv_unsupported",
     ),
-    (_c(r"OutOfMemoryError|CUDA out of memory|out of memory|not enough GPU memory"), "cuda_oom"),
+    (rx(r"OutOfMemoryError|CUDA out of memory|out of memory|not enough GPU memory"), "cuda_oom"),
     (
-        _c(
+        rx(
             r"No available memory for the cache blocks|KV cache is needed, which is larger than"
             r"|larger than the maximum number of tokens that can be stored in KV cache"
         ),
         "kv_cache_too_small",
     ),
-    (_c(r"max_model_len|max model len|max_position_embeddings"), "max_model_len"),
-    (_c(r"NCCL error|NCCL|DistBackendError"), "nccl"),
+    (rx(r"max_model_len|max model len|max_position_embeddings"), "max_model_len"),
+    (rx(r"NCCL error|NCCL|DistBackendError"), "nccl"),
     # the engine did not come up in time (VLLM_ENGINE_READY_TIMEOUT_S), a DP handshake stalled
     (
-        _c(
+        rx(
             r"Timed out waiting for engines?(?: core processes)? to (?:start|send)"
             r"|Did not receive response from front-end process"
         ),
         "startup_timeout",
     ),
     (
-        _c(r"Engine core initialization failed|initialization failed|failed to start"),
+        rx(r"Engine core initialization failed|initialization failed|failed to start"),
         "engine_init_failed",
     ),
-    (_c(r"EngineDeadError|died unexpectedly|died, exit code|fatal error"), "worker_died"),
+    (rx(r"EngineDeadError|died unexpectedly|died, exit code|fatal error"), "worker_died"),
 )
 
 CUT_TRACEBACK = "traceback without an exception line"  # a traceback cut before its end

@@ -24,12 +24,12 @@ Sources of the wordings (vLLM's own source, and real excerpts of public issues):
 from __future__ import annotations
 
 from loadwatch.parsers.vllm.builders import (
-    _SEC,
     BARE,
+    SEC,
     Entry,
-    _c,
-    _milestone,
-    _unit_progress,
+    milestone,
+    rx,
+    unit_progress,
 )
 
 # vllm/compilation/'s files, where torch.compile's lines come from
@@ -47,68 +47,68 @@ COMPILE: tuple[Entry, ...] = (
     Entry(
         "ms.compile_cache_dir",
         ("for vLLM's torch.compile",),
-        _c(r"Using cache directory: (?P<d>\S{1,400}+) for vLLM's torch\.compile"),
-        _milestone("torch_compile", detail="cache_dir", value="d"),
+        rx(r"Using cache directory: (?P<d>\S{1,400}+) for vLLM's torch\.compile"),
+        milestone("torch_compile", detail="cache_dir", value="d"),
         "info",
         loggers=COMPILATION,
     ),
     Entry(
         "ms.compile_dynamo",
         ("Dynamo bytecode transform time",),
-        _c(r"Dynamo bytecode transform time: " + _SEC + r" s"),
-        _milestone("torch_compile", detail="dynamo", seconds="sec"),
+        rx(r"Dynamo bytecode transform time: " + SEC + r" s"),
+        milestone("torch_compile", detail="dynamo", seconds="sec"),
         "info",
         loggers=COMPILATION,
     ),
     Entry(
         "ms.compile_graph",
         ("Compiling a graph for",),
-        _c(r"Compiling a graph for (?P<shape>.{1,200}?) takes " + _SEC + r" ?s"),
-        _milestone("torch_compile", detail="compile_graph", seconds="sec", value="shape"),
+        rx(r"Compiling a graph for (?P<shape>.{1,200}?) takes " + SEC + r" ?s"),
+        milestone("torch_compile", detail="compile_graph", seconds="sec", value="shape"),
         "info",
         loggers=COMPILATION,
     ),
     Entry(
         "ms.compile_cache_load",
         ("from the cache, took",),
-        _c(
+        rx(
             r"Directly load the compiled graph\(s\) for (?P<shape>.{1,200}?) from the cache, took "
-            + _SEC
+            + SEC
             + r" s"
         ),
-        _milestone("torch_compile", detail="cache_load", seconds="sec", value="shape"),
+        milestone("torch_compile", detail="cache_load", seconds="sec", value="shape"),
         "info",
         loggers=COMPILATION,
     ),
     Entry(
         "ms.compile_cache_save",
         ("for later use",),
-        _c(r"^Cache the graph (?:of compile range .{1,200}? |for dynamic shape )for later use"),
-        _milestone("torch_compile", detail="cache_save"),
+        rx(r"^Cache the graph (?:of compile range .{1,200}? |for dynamic shape )for later use"),
+        milestone("torch_compile", detail="cache_save"),
         "info",
         loggers=COMPILATION,
     ),
     Entry(
         "ms.compile_aot_load",
         ("AOT compil",),
-        _c(r"^Directly load AOT compilation from path "),
-        _milestone("torch_compile", detail="aot_load"),
+        rx(r"^Directly load AOT compilation from path "),
+        milestone("torch_compile", detail="aot_load"),
         "info",
         loggers=COMPILATION,
     ),
     Entry(
         "ms.compile_aot_save",
         ("AOT compil",),
-        _c(r"^sav(?:ing|ed) AOT compiled function to "),
-        _milestone("torch_compile", detail="aot_save"),
+        rx(r"^sav(?:ing|ed) AOT compiled function to "),
+        milestone("torch_compile", detail="aot_save"),
         "info",
         loggers=COMPILATION,
     ),
     Entry(
         "ms.compile_total",
         ("torch.compile take", "torch.compile took"),
-        _c(r"torch\.compile (?:takes|took) " + _SEC + r" s in total"),
-        _milestone("torch_compile", detail="total", seconds="sec"),
+        rx(r"torch\.compile (?:takes|took) " + SEC + r" s in total"),
+        milestone("torch_compile", detail="total", seconds="sec"),
         "info",
         loggers=COMPILATION,
     ),
@@ -118,15 +118,15 @@ WARMUP: tuple[Entry, ...] = (
     Entry(
         "ms.profiling_run",
         ("Initial profiling/warmup run took",),
-        _c(r"^Initial profiling/warmup run took " + _SEC + r" ?s"),
-        _milestone("kv_cache", detail="profiling_run", seconds="sec"),
+        rx(r"^Initial profiling/warmup run took " + SEC + r" ?s"),
+        milestone("kv_cache", detail="profiling_run", seconds="sec"),
         "info",
         loggers=COMPILATION,
     ),
     Entry(
         "progress.autotuner",
         ("profile/s]", "s/profile]"),
-        _c(
+        rx(
             # The `[AutoTuner]: ` tag is read as a launcher's (lines.py), the message starts at
             # `Tuning`. The op's name may hold colons (`flashinfer::trtllm_fp8_block_scale_moe`):
             # the description ends at the colon before the percentage.
@@ -136,7 +136,7 @@ WARMUP: tuple[Entry, ...] = (
             r"\[(?P<el>[\d:]{1,12}+)<(?P<rem>[\d:?]{1,12}+),\s{0,8}+"
             r"(?P<rate>\?profile/s|\d{1,9}+(?:\.\d{1,9}+)?(?:profile/s|s/profile))\]"
         ),
-        _unit_progress,
+        unit_progress,
         "info",
         levels=BARE,
     ),

@@ -3,7 +3,7 @@ lines) and going down (vLLM's `[shutdown]` lines, uvicorn's)."""
 
 from __future__ import annotations
 
-from loadwatch.parsers.vllm.builders import Entry, _c, _milestone, _shutdown
+from loadwatch.parsers.vllm.builders import Entry, milestone, rx, shutdown
 
 # the API server's files: openai/api_server.py, entry.py (0.32), api_utils.py, launcher.py
 API_SERVER = ("api_server.py", "entry.py", "api_utils.py", "launcher.py")
@@ -14,16 +14,16 @@ SERVE: tuple[Entry, ...] = (
     Entry(
         "ms.api_server",
         ("Starting vLLM",),
-        _c(r"Starting vLLM (?:API )?server(?: \d{1,4}+)? on (?P<url>\S{1,400}+)"),
-        _milestone("api_server_start", value="url"),
+        rx(r"Starting vLLM (?:API )?server(?: \d{1,4}+)? on (?P<url>\S{1,400}+)"),
+        milestone("api_server_start", value="url"),
         "info",
         loggers=API_SERVER,
     ),
     Entry(
         "ms.uvicorn_running",
         ("Uvicorn running on",),
-        _c(r"Uvicorn running on (?P<url>\S{1,400}+)"),
-        _milestone("api_server_start", detail="uvicorn", value="url"),
+        rx(r"Uvicorn running on (?P<url>\S{1,400}+)"),
+        milestone("api_server_start", detail="uvicorn", value="url"),
         "info",
         serving=True,  # uvicorn prints it after "Application startup complete"
         loggers=UVICORN,
@@ -31,43 +31,43 @@ SERVE: tuple[Entry, ...] = (
     Entry(
         "ms.routes",
         ("Available routes are",),
-        _c(r"^Available routes are:"),
-        _milestone("api_server_start", detail="routes"),
+        rx(r"^Available routes are:"),
+        milestone("api_server_start", detail="routes"),
         "info",
         loggers=API_SERVER,
     ),
     Entry(
         "ms.uvicorn_started",
         ("Started server process",),
-        _c(r"^Started server process \[(?P<pid>\d{1,10}+)\]"),
-        _milestone("api_server_start", detail="server_process", value="pid"),
+        rx(r"^Started server process \[(?P<pid>\d{1,10}+)\]"),
+        milestone("api_server_start", detail="server_process", value="pid"),
         "info",
         loggers=UVICORN,
     ),
     Entry(
         "ms.app_waiting",
         ("Waiting for application startup",),
-        _c(r"^Waiting for application startup\."),
-        _milestone("api_server_start", detail="waiting_startup"),
+        rx(r"^Waiting for application startup\."),
+        milestone("api_server_start", detail="waiting_startup"),
         "info",
         loggers=UVICORN,
     ),
     Entry(
         "ms.app_complete",
         ("Application startup complete",),
-        _c(r"^Application startup complete\."),
-        _milestone("app_startup_complete"),
+        rx(r"^Application startup complete\."),
+        milestone("app_startup_complete"),
         "info",
         loggers=UVICORN,
     ),
     Entry(
         "ms.shutdown",
         ("[shutdown]", "Shutting down", "application shutdown", "Application shutdown complete"),
-        _c(
+        rx(
             r"^\[shutdown\] (?P<what>.{1,200}+)|^(?P<uv>Shutting down|Waiting for application shutdown"
             r"|Application shutdown complete)"
         ),
-        _shutdown,
+        shutdown,
         "info",
         serving=True,  # a stop usually comes while serving
         # vLLM's `[shutdown]` lines (2026-05, #43707) from the engine core, its client, the

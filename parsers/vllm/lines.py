@@ -273,8 +273,8 @@ class StandardHeads:
         self._rests = {}
 
     def head(self, text: str) -> Head | None:
-        if "\x1b" in text or "0m" in text or "6m" in text or " [repeated " in text:
-            return None  # colour codes to strip, or a Ray suffix to drop: the general path
+        # A prefix and a rest are each judged once, when first seen (`_prefix`, `_rest`):
+        # colour codes to strip or a Ray suffix to drop send the record to the general path.
         process: str | None = None
         pid: int | None = None
         rest = text
@@ -289,7 +289,7 @@ class StandardHeads:
             rest = text[p:]
         got = self._rests.get(rest)
         if got is None:
-            got = self._rest(rest)
+            got = False if _odd(rest) or rest.startswith("[repeated ") else self._rest(rest)
             if got is False or got[0] is not None:  # (a bar's text is new with each update)
                 if len(self._rests) >= _HEAD_CACHE_MAX:
                     self._rests.clear()
@@ -324,7 +324,7 @@ class StandardHeads:
     def _prefix(self, text: str) -> tuple[str, int] | Literal[False]:
         prefix = self._prefixes.get(text)
         if prefix is None:
-            m = _ONE_PREFIX.fullmatch(text)
+            m = None if _odd(text) else _ONE_PREFIX.fullmatch(text)
             prefix = (_process_name(m), int(m.group("pid"))) if m else False
             if len(self._prefixes) >= _HEAD_CACHE_MAX:
                 self._prefixes.clear()
@@ -350,6 +350,11 @@ class StandardHeads:
             if word in window:
                 return None
         return _tuple_new(Head, (None, None, None, None, None, text, False))
+
+
+def _odd(text: str) -> bool:
+    """Colour codes to strip, or a Ray suffix to drop: not a common shape."""
+    return "\x1b" in text or "0m" in text or "6m" in text or " [repeated " in text
 
 
 _NO_PREFIX = (None, None)

@@ -14,7 +14,7 @@ from loadwatch.daemon.config import (
     parse_listen,
     with_api_key,
 )
-from loadwatch.daemon.loop import state_config
+from loadwatch.daemon.parts import state_config
 from loadwatch.daemon.state.session import StateConfig
 
 

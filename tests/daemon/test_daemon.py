@@ -23,8 +23,9 @@ from loadwatch.daemon.config import (
 )
 from loadwatch.daemon.sim.kimilog import RealClock, Shape, startup
 from loadwatch.daemon.tools.demo import make_model_dir
+from tests.client import parse_metrics
 from tests.daemon.harness import running
-from tests.helpers import append
+from tests.helpers import append, wait_for
 
 SHARDS = 6
 
@@ -177,16 +178,13 @@ def _status(url: str) -> dict[str, object]:
         return doc
 
 
-def _wait(check: object, timeout_s: float = 20) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            if check():  # type: ignore[operator]
-                return
-        except Exception:
-            pass
-        time.sleep(0.05)
-    raise AssertionError("timed out")
+def _event_counts(url: str) -> dict[str, float]:
+    """`loadwatch_events_total` by type, from a real scrape."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        m = parse_metrics(r.read())
+    return {k: v for k, v in m.items() if k.startswith("loadwatch_events_total{")}
 
 
 def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> None:
@@ -213,8 +211,10 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
         return _status(url)["session"]["progress"]["shards_done"]  # type: ignore[index]
 
     proc, url = _spawn(args, tmp_path)
-    _wait(lambda: shards(url) == 3)
+    wait_for(lambda: shards(url) == 3, "three shards")
     before = _status(url)["session"]
+    counts = _event_counts(url)
+    assert counts['loadwatch_events_total{type="shard_progress"}'] >= 3
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
@@ -223,7 +223,7 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
 
     proc, url = _spawn(args, tmp_path)
     try:
-        _wait(lambda: shards(url) == 3)
+        wait_for(lambda: shards(url) == 3, "three shards, read back")
         after = _status(url)["session"]
         assert after["id"] == before["id"] == 1  # type: ignore[index]
         assert _status(url)["sessions_total"] == 1
@@ -231,8 +231,10 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
             (w["code"], w["count"])
             for w in before["warnings"]  # type: ignore[index]
         ]
+        # The counts are the state's, rebuilt from the session's records: the same, exactly.
+        assert _event_counts(url) == counts
         append(log, rest)
-        _wait(lambda: _status(url)["phase"] == "ready")
+        wait_for(lambda: _status(url)["phase"] == "ready", "ready")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0

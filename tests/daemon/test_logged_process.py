@@ -108,7 +108,7 @@ def test_a_pid_that_is_not_here_is_never_judged() -> None:
 def test_a_process_that_only_mentions_vllm_is_not_adopted_and_said_once(
     tmp_path: Path, procs: list[Lookalike]
 ) -> None:
-    mentions = plain(sys.executable, "-c", "import time; time.sleep(60)", "vllm.entrypoints.x")
+    mentions = plain(sys.executable, "-c", "import signal; signal.pause()", "vllm.entrypoints.x")
     sleeper = plain("sleep", "60")
     procs += [mentions, sleeper]
     watch = Watch(os.getuid())
@@ -178,7 +178,7 @@ def test_a_child_vllm_spawned_is_adopted_by_its_ancestry_a_helper_it_runs_is_not
     watch = Watch(os.getuid())
     assert watch.check(helper) == ("unknown", None)
     assert watch.check(core)[0] == "new"
-    code = "from multiprocessing.spawn import spawn_main; import time; time.sleep(60)"
+    code = "from multiprocessing.spawn import spawn_main; import signal; signal.pause()"
     orphan = plain(sys.executable, "-B", "-c", code, "--multiprocessing-fork")
     procs.append(orphan)  # such a command line, started by no vLLM (by pytest)
     other = Watch(os.getuid())

@@ -28,7 +28,7 @@ def _publisher(tmp_path: Path) -> tuple[Publisher, Clock, list[Published], list[
     cfg = Config(log=LogConfig(path=None), state_dir=tmp_path / "state")
     daemon = Daemon(cfg, eventlog=EventLog(io.StringIO(), None, console=False), gpu=NullGpuSource())
     clock = Clock()
-    pub = Publisher(daemon, interval_s=1.0, monotonic=clock)
+    pub = Publisher(daemon.bundle, daemon.feed.problem, interval_s=1.0, monotonic=clock)
     boards: list[Published] = []
     beats: list[str] = []
     pub.hooks.append(boards.append)

@@ -12,13 +12,13 @@ loopback HTTP server that answers `/health`.
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.daemon.harness import running
 from tests.daemon.test_vllm_watch import INTERVAL_S, Server, VllmRoutes, run_log, watch_config
+from tests.helpers import wait_for
 from tests.realvllm.vllmproc import free_port
 
 LOGGED_PID = "21820"  # the API server's pid in the recorded run (its prefixes, uvicorn's line)
@@ -43,13 +43,12 @@ def test_a_dead_vllms_log_is_never_ready_and_its_session_ends_vanished(
     log = run_log(url).replace(LOGGED_PID, str(pid))
     answers: list[int] = []
     with running(watch_config(tmp_path, log, health_interval_s=interval_s)) as d:
-        end = time.monotonic() + 20
-        while time.monotonic() < end:
-            answers.append(d.get("/readyz")[0])
-            status = d.status()
-            if status["phase"] == "failed":
-                break
-            time.sleep(0.01)
+
+        def failed() -> bool:
+            answers.append(d.get("/readyz")[0])  # every answer until then
+            return bool(d.status()["phase"] == "failed")
+
+        wait_for(failed, "the session failed", 20, every_s=0.01)
         s = d.status()["session"]
         assert s["phase"] == "failed" and s["failure_kind"] == "vanished", s
         assert s["server_pid"] == pid

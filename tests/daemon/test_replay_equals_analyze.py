@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +67,11 @@ def test_live_daemon_ends_with_analyzes_verdicts(log: Path, tmp_path: Path) -> N
         d.wait(lambda: _read_all(d, size), "the whole log read", 60)
         d.daemon.loop_call(d.daemon.publish)  # type: ignore[union-attr]
         if want is None:  # no vLLM start found: none live either
-            time.sleep(0.5)
+            d.wait(
+                lambda: d.metrics()["loadwatch_log_read_bytes_total"] >= size,
+                "a board of the whole log served",
+                20,
+            )
             assert d.status()["session"] is None
             return
         d.wait(lambda: _facts(d.status()["session"] or {}) == want, "analyze's verdicts", 20)

@@ -38,7 +38,8 @@ class FakeVllm(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.completion_status = completion_status
         self.requests: list[dict[str, Any]] = []
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.health_probes = 0
+        self.thread = threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     @property
@@ -66,6 +67,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/health":
+            self.server.health_probes += 1
             self._send(200, {})
         elif self.path == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": "tiny-llama", "object": "model"}]})
@@ -152,7 +154,9 @@ def test_without_servable_health_alone_makes_ready(tmp_path: Path, server: FakeV
     server.completion_status = 500
     with running(_config(tmp_path, server, servable=False)) as d:
         d.wait(lambda: d.get("/readyz")[0] == 200, "ready", 20)
-        time.sleep(3 * INTERVAL_S)
+        # (a servable check follows the first /health 200 in its round: later rounds come after)
+        probes = server.health_probes
+        d.wait(lambda: server.health_probes >= probes + 2, "two more rounds", 20)
         assert d.get("/readyz")[0] == 200 and server.requests == []
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from loadwatch.daemon.sim.kimilog import RealClock, Shape, startup
+from tests.helpers import wait_for
 
 
 def _lines(n: int) -> str:
@@ -73,15 +74,10 @@ def test_notify_watchdog_reopen_and_stop(tmp_path: Path) -> None:
         # SIGHUP reopens the event log, so logrotate can move it
         events.rename(tmp_path / "events.jsonl.1")
         proc.send_signal(signal.SIGHUP)
-        time.sleep(0.5)
+        wait_for(events.exists, "the event log reopened (created again)", 10)
         with log.open("a") as f:
             f.write(_lines(2))  # a restart: a new session
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (
-            events.exists() and "session_started" in events.read_text()
-        ):
-            time.sleep(0.05)
-        assert "session_started" in events.read_text()
+        wait_for(lambda: "session_started" in events.read_text(), "the new session's events", 10)
         old = [json.loads(x) for x in (tmp_path / "events.jsonl.1").read_text().splitlines()]
         assert old and old[0]["event"] == "daemon.listening"
 

@@ -10,6 +10,10 @@ line goes just before that one.
 
 A `Recorder` on another port counts every connection made to it (before any byte is read): it
 must count none.
+
+Where a test is about rounds in which something must not happen again, it drives the watch itself
+(`Rounds`): the real daemon's log source and state, its pause an injected sleep, so five rounds
+are five rounds and take no wall time.
 """
 
 from __future__ import annotations
@@ -21,8 +25,7 @@ import json
 import socket
 import sys
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,7 @@ from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
 from tests.conftest import FIXTURES
 from tests.daemon.harness import Running, running
-from tests.helpers import append
+from tests.helpers import append, wait_for
 
 INTERVAL_S = 0.1
 REAL_URL = "http://127.0.0.1:8321"
@@ -83,7 +86,7 @@ class Server(ThreadingHTTPServer):
         self.connections = 0
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.redirect_to: str | None = None
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, args=(0.02,), daemon=True).start()
 
     @property
     def url(self) -> str:
@@ -170,10 +173,62 @@ def problems(d: Running) -> list[str]:
 def probes_then(server: Server, more: int) -> None:
     """Wait until `server` answered `more` further /health probes (the watch went on)."""
     start = server.paths().count("/health")
-    end = time.monotonic() + 20
-    while server.paths().count("/health") < start + more:
-        assert time.monotonic() < end, f"no {more} further probes of {server.url}"
-        time.sleep(INTERVAL_S / 2)
+    wait_for(
+        lambda: server.paths().count("/health") >= start + more,
+        f"{more} further probes of {server.url}",
+    )
+
+
+class Rounds:
+    """The watch alone, on the real daemon's log source and state; its pause is an injected
+    sleep that ends `run` after the rounds asked for."""
+
+    def __init__(self, cfg: Config, watch: Callable[[Daemon], VllmWatch] = VllmWatch) -> None:
+        self.out = io.StringIO()
+        self.left = 0
+        self.daemon = Daemon(
+            cfg,
+            eventlog=EventLog(self.out, None, console=False),
+            gpu=NullGpuSource(),
+            sleep=self._pause,
+        )
+        assert self.daemon.open_log() is not None
+        self.read()
+        self.watch = watch(self.daemon)
+
+    async def _pause(self, seconds: float) -> None:
+        self.left -= 1
+        if self.left <= 0:
+            self.daemon.stop_event.set()
+
+    def read(self) -> None:
+        """Fold what the log holds now."""
+        d = self.daemon
+        assert d.log is not None
+        d.take_log(d.log.read())
+        while d.log.backlog:
+            d.take_log(d.log.read())
+
+    def append(self, text: str) -> None:
+        assert self.daemon.cfg.log.path is not None
+        append(self.daemon.cfg.log.path, text)
+        self.read()
+
+    def run(self, rounds: int) -> None:
+        self.daemon.stop_event.clear()
+        self.left = rounds
+        asyncio.run(self.watch.run())
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in self.out.getvalue().splitlines()]
+
+    def problems(self) -> list[str]:
+        return [str(e.get("error")) for e in self.events() if e.get("event") == "daemon.problem"]
+
+    def ready(self) -> bool:
+        """What /readyz says 200 for."""
+        d = self.daemon
+        return d.state.snapshot(d.clock()).not_ready is None
 
 
 def api_milestone_count(d: Running) -> int:
@@ -215,16 +270,15 @@ def test_an_unparsable_port_later_does_not_end_the_probes(tmp_path: Path, vllm: 
 def test_a_malformed_url_is_said_once_and_the_watch_goes_on(tmp_path: Path, vllm: Server) -> None:
     """The session's only URL has a port that is no number: one `daemon.problem`, and the
     task lives on: the next session's URL (vLLM started again in the same log) is probed."""
-    with running(watch_config(tmp_path, run_log("http://127.0.0.1:18999-0-90eced95."))) as d:
-        d.wait(lambda: problems(d), "the URL refused")
-        time.sleep(5 * INTERVAL_S)  # rounds that must not say it again
-        (said,) = problems(d)
-        assert "18999-0-90eced95" in said and "port" in said
-        assert d.daemon is not None and d.daemon.cfg.log.path is not None
-        append(d.daemon.cfg.log.path, run_log(vllm.url))
-        probes_then(vllm, 3)
-        d.wait(lambda: d.get("/readyz")[0] == 200, "the new session ready")
-        assert len(problems(d)) == 1
+    w = Rounds(watch_config(tmp_path, run_log("http://127.0.0.1:18999-0-90eced95.")))
+    w.run(5)  # the URL refused in the first round; four more must not say it again
+    (said,) = w.problems()
+    assert "18999-0-90eced95" in said and "port" in said
+    w.append(run_log(vllm.url))
+    w.run(3)
+    assert vllm.paths().count("/health") == 3
+    assert w.ready(), "the new session ready"
+    assert len(w.problems()) == 1
 
 
 def test_a_redirect_is_a_failed_probe_and_its_target_is_not_asked(
@@ -232,8 +286,10 @@ def test_a_redirect_is_a_failed_probe_and_its_target_is_not_asked(
 ) -> None:
     vllm.redirect_to = f"{recorder.url}/elsewhere"
     with running(watch_config(tmp_path, run_log(vllm.url))) as d:
-        d.wait(lambda: vllm.paths().count("/health") >= 3, "probes")
-        time.sleep(2 * INTERVAL_S)
+        d.wait(
+            lambda: vllm.paths().count("/health") >= 3 and d.get("/readyz")[0] == 503,
+            "three probes and readiness lost",
+        )
         health = d.status()["health"]
         assert health["ok"] is False and health["status"] == 302
         assert "redirect" in health["error"] and "not followed" in health["error"]
@@ -243,12 +299,11 @@ def test_a_redirect_is_a_failed_probe_and_its_target_is_not_asked(
 
 def test_an_ftp_url_is_refused_without_a_connection(tmp_path: Path, recorder: Server) -> None:
     url = f"ftp://127.0.0.1:{recorder.server_address[1]}"
-    with running(watch_config(tmp_path, run_log(url))) as d:
-        d.wait(lambda: problems(d) or recorder.connections, "the URL refused (or used)")
-        time.sleep(5 * INTERVAL_S)
-        assert recorder.connections == 0
-        (said,) = problems(d)
-        assert "ftp" in said and "http" in said
+    w = Rounds(watch_config(tmp_path, run_log(url)))
+    w.run(5)
+    assert recorder.connections == 0
+    (said,) = w.problems()
+    assert "ftp" in said and "http" in said
 
 
 def _other_address() -> str | None:
@@ -275,12 +330,11 @@ def lan_recorder() -> Iterator[Server]:
 def test_a_host_off_loopback_is_refused_without_a_connection(
     tmp_path: Path, lan_recorder: Server
 ) -> None:
-    with running(watch_config(tmp_path, run_log(lan_recorder.url))) as d:
-        d.wait(lambda: problems(d) or lan_recorder.connections, "the URL refused (or used)")
-        time.sleep(5 * INTERVAL_S)
-        assert lan_recorder.connections == 0
-        (said,) = problems(d)
-        assert lan_recorder.server_address[0] in said and "allowed_hosts" in said
+    w = Rounds(watch_config(tmp_path, run_log(lan_recorder.url)))
+    w.run(5)
+    assert lan_recorder.connections == 0
+    (said,) = w.problems()
+    assert lan_recorder.server_address[0] in said and "allowed_hosts" in said
 
 
 def test_allowed_hosts_lets_the_log_name_that_host(tmp_path: Path, lan_recorder: Server) -> None:
@@ -306,12 +360,12 @@ def test_the_api_key_file_goes_with_the_servable_check(tmp_path: Path, vllm: Ser
 
 
 # The supervised "vLLM": prints the real run's log (its API server on the URL given), then
-# waits to be stopped.
+# waits for the signal that stops it.
 CHILD = """
-import sys, time
+import signal, sys
 sys.stdout.write(open(sys.argv[1]).read())
 sys.stdout.flush()
-time.sleep(600)
+signal.pause()
 """
 
 
@@ -338,8 +392,17 @@ class RaisingRounds(VllmWatch):
     """The watch with rounds that raise, as a fault no log line should be able to cause would:
     the loop must say it and go on."""
 
-    def __init__(self, daemon: Daemon, failing: int) -> None:
-        super().__init__(daemon)
+    def __init__(self, d: Daemon, failing: int) -> None:
+        super().__init__(
+            d.cfg,
+            state=lambda: d.state,
+            apply=d.apply,
+            feed=d.feed,
+            publisher=d.publisher,
+            clock=d.clock,
+            sleep=d.sleep,
+            stop_event=d.stop_event,
+        )
         self.rounds = 0
         self.failing = failing
 
@@ -350,24 +413,9 @@ class RaisingRounds(VllmWatch):
 
 
 def test_a_round_that_raises_is_said_once_and_the_rounds_go_on(tmp_path: Path) -> None:
-    out = io.StringIO()
-    cfg = watch_config(tmp_path, "")
-
-    sleeps = 0
-
-    async def sleep(seconds: float) -> None:
-        nonlocal sleeps
-        sleeps += 1
-        if sleeps >= 5:
-            daemon.stop_event.set()
-
-    async def scenario() -> None:  # (the daemon's stop event belongs to a running loop)
-        await watch.run()
-
-    daemon = Daemon(cfg, eventlog=EventLog(out), gpu=NullGpuSource(), sleep=sleep)
-    watch = RaisingRounds(daemon, failing=3)
-    asyncio.run(scenario())
-    said = [json.loads(x) for x in out.getvalue().splitlines()]
-    assert watch.rounds == 5
+    w = Rounds(watch_config(tmp_path, ""), lambda d: RaisingRounds(d, failing=3))
+    w.run(5)
+    assert isinstance(w.watch, RaisingRounds) and w.watch.rounds == 5
+    said = w.events()
     assert [e["event"] for e in said] == ["daemon.problem"]
     assert "RuntimeError: a fault in the round" in said[0]["error"]

@@ -20,9 +20,8 @@ from typing import Any
 import pytest
 
 from loadwatch.daemon.config import Config, GpuConfig, HttpConfig, LogConfig, VllmConfig
-from loadwatch.daemon.loop import Daemon
+from loadwatch.daemon.loop import Daemon, vllm_watch
 from loadwatch.daemon.sources.gpu.guard import NullGpuSource
-from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
 from tests.conftest import FIXTURES
 from tests.daemon.lookalike import NOBODY, Lookalike, plain, standin
@@ -55,7 +54,7 @@ class Watched:
             cfg, eventlog=eventlog, gpu=NullGpuSource(), clock=lambda: T0, sleep=self._stop
         )
         assert self.daemon.open_log() is not None
-        self.watch = VllmWatch(self.daemon)
+        self.watch = vllm_watch(self.daemon)
 
     async def _stop(self, seconds: float) -> None:
         self.daemon.stop_event.set()

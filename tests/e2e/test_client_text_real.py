@@ -166,7 +166,12 @@ def test_what_clients_make_vllm_log_changes_nothing(
         # the daemon has read it all and probed /health several times since
         size = len(log)
         d.wait(lambda: d.metrics()["loadwatch_log_read_bytes_total"] >= size, "log read", 30)
-        time.sleep(3 * INTERVAL_S)
+        read_at = time.time()
+        d.wait(
+            lambda: d.status()["health"]["at"] >= read_at + 2 * INTERVAL_S,
+            "more /health probes since",
+            30,
+        )
         after_status = d.status()
         after = after_status["session"]
         assert after_status["sessions_total"] == 1

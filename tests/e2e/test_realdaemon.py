@@ -13,7 +13,7 @@ from tests.e2e.realdaemon import kill_leftovers, leftovers, supervise_config
 
 def _sleeper(marker: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", str(marker)],
+        [sys.executable, "-c", "import signal; signal.pause()", str(marker)],
         stdin=subprocess.DEVNULL,
     )
 
@@ -22,8 +22,7 @@ def test_leftovers_by_tree_pid_and_by_command_line(tmp_path: Path) -> None:
     marker = tmp_path / "model-dir"
     proc = _sleeper(marker)
     try:
-        time.sleep(0.2)  # a start time in the past, at /proc's resolution
-        now = time.time()
+        now = time.time()  # after its start (Popen returns once it runs), at /proc's resolution
         by_tree = leftovers([proc.pid], "no-such-needle", now)
         assert [(x.pid, x.why) for x in by_tree] == [(proc.pid, "tree")]
         by_cmdline = leftovers([], str(marker), now)

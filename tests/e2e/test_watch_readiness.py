@@ -30,6 +30,7 @@ from loadwatch.daemon.config import (
     VllmConfig,
 )
 from tests.daemon.harness import Running, running
+from tests.helpers import offline_events, records, wait_for
 from tests.realvllm.vllmproc import ServerSpec, VllmServer, free_port, vllm_available, vllm_python
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -94,23 +95,17 @@ def vllm_and_daemon(
 
 
 def _time_to_503(d: Running, since: float, limit_s: float) -> float:
-    end = since + limit_s
-    while time.monotonic() < end:
-        if d.get("/readyz")[0] == 503:
-            return time.monotonic() - since
-        time.sleep(0.02)
-    raise AssertionError(f"/readyz still 200 {limit_s} s after the stop: {d.get('/readyz')}")
+    wait_for(lambda: d.get("/readyz")[0] == 503, "/readyz 503 after the stop", limit_s, 0.02)
+    return time.monotonic() - since
 
 
 def wait_ready(server: VllmServer, d: Running) -> None:
-    end = time.monotonic() + START_S
-    while time.monotonic() < end:
-        if d.get("/readyz")[0] == 200:
-            return
-        if server.poll() is not None:
-            raise AssertionError(f"vLLM exited with {server.poll()}")
-        time.sleep(0.2)
-    raise AssertionError(f"not ready after {START_S} s: {d.get('/readyz')}")
+    def ready() -> bool:
+        if server.poll() is not None:  # (not an AssertionError: that would wait on)
+            raise RuntimeError(f"vLLM exited with {server.poll()}")
+        return bool(d.get("/readyz")[0] == 200)
+
+    wait_for(ready, "ready", START_S, every_s=0.2)
 
 
 @pytest.mark.parametrize("vllm_and_daemon", [(True, "Hello")], indirect=True)
@@ -159,12 +154,12 @@ def test_sigkill_ends_ready_within_two_probe_intervals(
 def _readyz_until_failed(d: Running, limit_s: float) -> list[int]:
     """Every /readyz answer until the phase is failed (or `limit_s` passes)."""
     answers: list[int] = []
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
+
+    def failed() -> bool:
         answers.append(d.get("/readyz")[0])
-        if d.status()["phase"] == "failed":
-            break
-        time.sleep(0.02)
+        return bool(d.status()["phase"] == "failed")
+
+    wait_for(failed, "the session failed", limit_s, every_s=0.02)
     return answers
 
 
@@ -219,13 +214,17 @@ def test_a_start_that_cannot_fit_its_kv_cache_is_one_failure_of_its_root_cause(
     try:
         with running(_config(tmp_path, log, False, "Hello")) as d:
             server.start(rss_interval_s=None)
-            end = time.monotonic() + START_S
-            while time.monotonic() < end and server.poll() is None:
-                kinds |= {k for k, v in _session_failure(d).items() if v == 1.0}
-                time.sleep(0.2)
-            assert server.poll() is not None, "vLLM did not exit"
+
+            def exited() -> bool:  # (the alert's kinds seen on the way)
+                kinds.update(k for k, v in _session_failure(d).items() if v == 1.0)
+                return server.poll() is not None
+
+            wait_for(exited, "vLLM's exit", START_S, every_s=0.2)
             d.wait(lambda: d.status()["phase"] == "failed", "failed", 20)
-            time.sleep(2.0)  # the last echoes read (a traceback closes after 2 s of quiet)
+            # the last echoes read (a traceback closes after 2 s of quiet): every record's
+            # events, as `loadwatch events` reads the whole log
+            want = set(offline_events(log))
+            d.wait(lambda: want <= _written(d), "every record's events", 20)
             kinds |= {k for k, v in _session_failure(d).items() if v == 1.0}
             events = d.events()
             read = [e["kind"] for e in events if e.get("event") == "log.failure"]
@@ -245,6 +244,11 @@ def test_a_start_that_cannot_fit_its_kv_cache_is_one_failure_of_its_root_cause(
     assert [e["failure_kind"] for e in failed] == ["kv_cache_too_small"]
     assert s["failure_kind"] == "kv_cache_too_small", s
     assert kinds == {"kv_cache_too_small"}, kinds  # what LoadwatchLoadFailed's kind would be
+
+
+def _written(d: Running) -> set[tuple[str, int]]:
+    """The log events the daemon wrote, (`log.TYPE`, offset), a folded line as its records."""
+    return {(e["event"], e["offset"]) for e in records(d.events()) if e["event"].startswith("log.")}
 
 
 def _session_failure(d: Running) -> dict[str, float]:

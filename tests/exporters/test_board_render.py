@@ -25,7 +25,8 @@ from loadwatch.exporters.http.routes import status_json
 from loadwatch.exporters.http.settings import HttpConfig
 from loadwatch.exporters.prometheus import LoadwatchCollector, Renderer, registry_for
 from loadwatch.parsers.vllm.argv_secrets import Redactor
-from tests.exporters.test_httpd import get, wait_for
+from tests.exporters.test_httpd import get
+from tests.helpers import wait_for
 from tests.views.helpers import FIXTURES, fold_log
 
 LOGS = sorted(p.name for p in FIXTURES.glob("real-v0.32-*.log"))  # real vLLM: every shape
@@ -42,7 +43,6 @@ def _published(state: LoadState, now: float) -> Published:
         gpu=None,
         supervisor=None,
         load_budget_s=None,
-        gpu_ccs={},
         _cache=[None, now],
     )
 
@@ -81,6 +81,7 @@ def test_a_heartbeat_keeps_the_board_and_process_metrics_are_the_daemons(tmp_pat
         server.send(Board(b"loadwatch_up 1\n", b"{}\n", True, ""))
         wait_for(lambda: get(url, "/readyz")[0] == 200, "the board")
         server.alive()
+        # (real: nothing tells when the server has read the heartbeat; it has by then)
         time.sleep(0.2)
         code, body = get(url, "/metrics")
         assert code == 200 and body.startswith(b"loadwatch_up 1\n")

@@ -5,7 +5,6 @@ real HTTP process from boards rendered from a real fold."""
 
 from __future__ import annotations
 
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadwatch.daemon.config import HttpConfig
 from loadwatch.exporters.http.process import HttpProcess
 from loadwatch.exporters.http.routes import BoardMaker
+from tests.helpers import wait_for
 from tests.views.test_status import mid_load, published
 
 
@@ -25,7 +25,7 @@ def served() -> Iterator[tuple[str, float]]:
     proc = HttpProcess(HttpConfig(port=0))
     url = proc.start()
     proc.send(board)
-    time.sleep(0.3)  # the board travels to the server's process
+    wait_for(lambda: get(url + "/status")[0] == 200, "the board at the server's process", 10)
     yield url, now
     proc.stop()
 

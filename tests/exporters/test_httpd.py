@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from loadwatch.daemon.config import HttpConfig
 from loadwatch.exporters.http.board import Board, decode, encode, read_frame
 from loadwatch.exporters.http.process import HttpProcess
 from loadwatch.exporters.http.server import ServerError
+from tests.helpers import wait_for
 
 
 @given(
@@ -81,9 +81,7 @@ def test_the_server_process_serves_the_latest_board_and_ends_with_the_socket() -
         assert get(url, "/status")[0] == 503  # nothing sent yet
         assert get(url, "/readyz") == (503, b"not ready: starting\n")
         server.send(Board(b"loadwatch_up 1\n", b'{"phase": "ready"}\n', True, ""))
-        deadline = time.monotonic() + 5
-        while get(url, "/readyz")[0] != 200 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: get(url, "/readyz")[0] == 200, "the board served", 5)
         assert get(url, "/readyz") == (200, b"ready\n")
         assert get(url, "/status") == (200, b'{"phase": "ready"}\n')
         code, body = get(url, "/metrics")
@@ -102,22 +100,13 @@ def test_the_server_process_serves_the_latest_board_and_ends_with_the_socket() -
         get(url, "/healthz")
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    pytest.fail(f"timed out: {what}")
-
-
 @pytest.mark.parametrize("how", ["killed", "stopped"])
 def test_a_server_process_that_dies_or_hangs_is_replaced_on_the_same_address(how: str) -> None:
     problems: list[str] = []
-    server = HttpProcess(HttpConfig(port=0), on_problem=problems.append)
+    # (a server that reads nothing is stuck after 1 s, and killed 0.5 s after its socket closed)
+    server = HttpProcess(
+        HttpConfig(port=0), on_problem=problems.append, send_timeout_s=1.0, end_wait_s=0.5
+    )
     url = server.start()
     try:
         server.send(Board(b"m 1\n", b"{}\n", True, ""))
@@ -128,14 +117,22 @@ def test_a_server_process_that_dies_or_hangs_is_replaced_on_the_same_address(how
             os.kill(first, signal.SIGKILL)
         else:
             os.kill(first, signal.SIGSTOP)  # it reads nothing more: the socket fills up
-        # the loop goes on publishing; send() never blocks, whatever the server does
-        t0 = time.monotonic()
-        for i in range(400):
-            server.send(Board(b"m %d\n" % i + b"x" * 20_000, b"{}\n", True, ""))
-            time.sleep(0.005)
-        assert time.monotonic() - t0 < 10
-        wait_for(lambda: server.pid not in (None, first), "a new server process", 30)
-        wait_for(lambda: get(url, "/metrics")[1].startswith(b"m 399\n"), "the newest board", 30)
+        # the loop goes on publishing (boards big enough to fill the socket of one that reads
+        # nothing) until a new server process runs; send() never blocks, whatever the server does
+        sent, slowest = 0, 0.0
+
+        def publish() -> bool:
+            nonlocal sent, slowest
+            t0 = time.monotonic()
+            server.send(Board(b"m %d\n" % sent + b"x" * 20_000, b"{}\n", True, ""))
+            slowest = max(slowest, time.monotonic() - t0)
+            sent += 1
+            return server.pid not in (None, first)
+
+        wait_for(publish, "a new server process", 30, every_s=0.005)
+        assert slowest < 0.5, f"a send waited {slowest:.3f} s"
+        newest = b"m %d\n" % (sent - 1)
+        wait_for(lambda: get(url, "/metrics")[1].startswith(newest), "the newest board", 30)
         assert server.restarts == 1
         assert len(problems) == 1 and "HTTP server process" in problems[0], problems
         assert get(url, "/readyz") == (200, b"ready\n")
@@ -163,11 +160,11 @@ def test_the_server_never_outlives_a_killed_daemon(tmp_path: Path) -> None:
     """A parent killed with SIGKILL cannot stop its HTTP process: the closed socket does."""
     script = tmp_path / "parent.py"
     script.write_text(
-        "import sys, time\n"
+        "import signal\n"
         "from loadwatch.daemon.config import HttpConfig\n"
         "from loadwatch.exporters.http.process import HttpProcess\n"
         "s = HttpProcess(HttpConfig(port=0)); url = s.start()\n"
-        "print(s._proc.pid, url, flush=True); time.sleep(60)\n"
+        "print(s._proc.pid, url, flush=True); signal.pause()\n"
     )
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None
@@ -175,14 +172,11 @@ def test_the_server_never_outlives_a_killed_daemon(tmp_path: Path) -> None:
     assert get(url, "/healthz")[0] == 200
     parent.send_signal(signal.SIGKILL)
     parent.wait(5)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if not _running(int(pid_s)):
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(int(pid_s), signal.SIGKILL)
-        pytest.fail("the HTTP process outlived its daemon")
+    try:
+        wait_for(lambda: not _running(int(pid_s)), "the HTTP process to end with its daemon", 5)
+    finally:
+        if _running(int(pid_s)):
+            os.kill(int(pid_s), signal.SIGKILL)
 
 
 def _running(pid: int) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from loadwatch.daemon.config import ConfigError, HttpConfig, parse_config
 from loadwatch.exporters.http.board import Board, decode, encode
 from loadwatch.exporters.http.process import HttpProcess
 from tests.exporters.test_httpd import get
+from tests.helpers import wait_for
 
 
 @given(st.booleans(), st.text(max_size=64), st.booleans(), st.text(max_size=64))
@@ -24,12 +24,8 @@ def test_the_live_flag_and_its_reason_travel_in_the_frame(
 
 
 def _wait(url: str, path: str, code: int) -> tuple[int, bytes]:
-    deadline = time.monotonic() + 5
-    got = get(url, path)
-    while got[0] != code and time.monotonic() < deadline:
-        time.sleep(0.02)
-        got = get(url, path)
-    return got
+    wait_for(lambda: get(url, path)[0] == code, f"{path} to say {code}", 5)
+    return get(url, path)
 
 
 def test_with_auth_on_the_probes_answer_on_their_own_bind_without_credentials(

@@ -3,10 +3,13 @@ all through a load (not only once a stall is raised), and /health's answer in ei
 
 from __future__ import annotations
 
-from loadwatch.daemon.sources.inputs import HealthProbe, Tick
+from dataclasses import replace
+
+from loadwatch.daemon.sources.inputs import GpuReading, GpuSample, HealthProbe, Tick, XidEvent
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import Published, SupervisorStats, Totals
 from loadwatch.exporters.prometheus import LoadwatchCollector, registry_for, render
+from tests.client import parse_metrics
 from tests.state.helpers import T0, bar, fold, ms, started
 
 THRESHOLD = "loadwatch_load_stall_threshold_seconds"
@@ -112,6 +115,20 @@ def test_health_up_in_watch_mode_and_supervise_mode() -> None:
         errors_total=0,
         last_success_ts=T0,
         orphans=None,
-        health_up=False,
     )
     assert scrape(up, T0 + 3, sup)[HEALTH] == 1.0  # the latest probe, as the state holds it
+
+
+def test_the_counts_are_read_from_the_state() -> None:
+    """Events by type, Xids by GPU and code, the compute capability: the state's, as folded."""
+    sample = GpuSample(index=0, health="ok", uuid="GPU-a", compute_capability=(9, 0))
+    xids = (XidEvent(0, 79, T0), XidEvent(0, 79, T0), XidEvent(0, 13, T0))
+    st, _ = fold([(T0, started(T0)), (T0 + 1, bar(0, 4)), (T0 + 1, bar(1, 4))])
+    st, _ = fold([(T0 + 2, GpuReading(ts=T0 + 2, samples=(sample,), xids=xids))], st)
+    pub = replace(published(st, T0 + 3), totals=Totals.of(st, st.snapshot(T0 + 3)))
+    text = render(registry_for(LoadwatchCollector(lambda: pub, lambda: T0 + 3))).decode()
+    m = parse_metrics(text.encode())
+    assert m['loadwatch_events_total{type="shard_progress"}'] == 2.0
+    assert m['loadwatch_gpu_xid_events_total{UUID="GPU-a",gpu="0"}'] == 3.0
+    assert m['loadwatch_gpu_xid_errors_total{UUID="GPU-a",gpu="0",xid="79"}'] == 2.0
+    assert 'compute_capability="9.0"' in text

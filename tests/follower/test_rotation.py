@@ -17,6 +17,7 @@ import pytest
 from loadwatch.daemon.sources.log.follower import LogFollower
 from tests.follower.helpers import Collector, WriterProcess, expected, line
 from tests.follower.writer import rotate
+from tests.helpers import wait_for
 
 
 @pytest.fixture
@@ -323,8 +324,7 @@ def test_copytruncate_in_the_middle_of_a_long_read(log: Path, tmp_path: Path) ->
                 assert child.poll() is None and time.monotonic() < deadline, "the reader stopped"
             os.kill(child.pid, signal.SIGSTOP)
             try:
-                while not _stopped(child.pid):
-                    time.sleep(0.001)
+                wait_for(lambda: _stopped(child.pid), "the reader stopped", 10, every_s=0.001)
                 rotate(str(log), -1, "copytruncate")
                 with open(log, "ab") as w:
                     w.write(new)

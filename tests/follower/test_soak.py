@@ -14,6 +14,7 @@ import pytest
 from loadwatch.daemon.sources.log.checkpoint import CheckpointStore
 from loadwatch.daemon.sources.log.follower import LogFollower
 from tests.follower.writer import rotate, write_all
+from tests.helpers import wait_for
 
 LINES = 1_000_000
 ROTATIONS = 100
@@ -54,13 +55,13 @@ def test_soak_million_lines_hundred_rotations(tmp_path: Path) -> None:
             gen_start = 0
             for batch, g in zip(batches, gen_of_batch, strict=True):
                 if g != gen:
+
+                    def seen(start: int = gen_start) -> bool:
+                        return delivered[0] > start
+
                     # Let the follower see this generation before it is rotated away: a file
                     # deleted or copied over twice before anyone looked is lost to any reader.
-                    deadline = time.monotonic() + 20
-                    while delivered[0] <= gen_start:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError(f"follower stuck at {delivered[0]} bytes")
-                        time.sleep(0.0005)
+                    wait_for(seen, f"the follower past byte {gen_start}", 20, every_s=0.0005)
                     fd = rotate(str(log), fd, kinds[gen])
                     gen, gen_start = g, written
                 write_all(fd, batch)

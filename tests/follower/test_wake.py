@@ -34,8 +34,10 @@ def follower(log: Path) -> Iterator[LogFollower]:
 
 
 def later(delay_s: float, action: object) -> threading.Thread:
+    """`action` from another thread `delay_s` from now: while the caller blocks in a wait."""
+
     def run() -> None:
-        time.sleep(delay_s)
+        time.sleep(delay_s)  # (real: it must land while this thread blocks in the wait)
         action()  # type: ignore[operator]
 
     t = threading.Thread(target=run, daemon=True)
@@ -122,22 +124,18 @@ def test_auto_mode_falls_back_when_events_do_not_arrive(log: Path, tmp_path: Pat
     f.wait(0.01)
     assert f.health().mode == "inotify"
     fd = os.open(elsewhere / "vllm.log", os.O_WRONLY | os.O_APPEND)
-    stop = threading.Event()
+    written = 0
 
-    def write() -> None:
-        i = 0
-        while not stop.is_set():
-            os.write(fd, line("h", i))
-            i += 1
-            time.sleep(0.01)
+    def write_then_look() -> bool:
+        """A line between reads: the next wake is the timer's, and its read finds data."""
+        nonlocal written
+        os.write(fd, line("h", written))
+        written += 1
+        return f.health().mode == "poll"
 
-    t = threading.Thread(target=write, daemon=True)
-    t.start()
     try:
-        col.pump(lambda: f.health().mode == "poll", timeout_s=10)
+        col.pump(write_then_look, timeout_s=10)
     finally:
-        stop.set()
-        t.join()
         os.close(fd)
     col.settle(0.2)
     h = f.health()

@@ -70,14 +70,18 @@ def test_child_protocol_allocates_each_step_on_next() -> None:
 
 
 def test_line_reader_waits_with_a_timeout_on_a_real_pipe() -> None:
-    code = "import sys,time; print('noise'); print('READY 7 9', flush=True); time.sleep(0.3)"
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    # it prints, then holds its stdout open until its stdin closes
+    code = "import sys; print('noise'); print('READY 7 9', flush=True); sys.stdin.readline()"
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
-        assert p.stdout is not None
+        assert p.stdout is not None and p.stdin is not None
         r = nt.LineReader(p.stdout)
         assert r.expect("READY", 10) == ["7", "9"]
         with pytest.raises(TimeoutError, match="no 'STEP' line"):
             r.expect("STEP", 0.05)
+        p.stdin.close()
         with pytest.raises(EOFError):
             r.expect("STEP", 10)
     finally:
@@ -105,7 +109,7 @@ def test_track_fails_after_its_timeout_when_memory_does_not_move() -> None:
     src = NvmlSource(fake, xid_events=False)
     now = {"t": 0.0}
 
-    def sleep(s: float) -> None:
+    def nap(s: float) -> None:  # the injected sleep: time moves, none passes
         now["t"] += s
 
     t = nt.track(
@@ -116,7 +120,7 @@ def test_track_fails_after_its_timeout_when_memory_does_not_move() -> None:
         1 * GIB,
         8 * GIB,
         timeout_s=1.0,
-        sleep=sleep,
+        sleep=nap,
         monotonic=lambda: now["t"],
     )
     assert not t.ok and t.device_delta == 0 and t.waited_s >= 1.0

@@ -13,6 +13,7 @@ from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.gpu.nvml import NvmlSource
 from loadwatch.daemon.sources.inputs import GpuReading, GpuSample
 from tests.gpu import fake_pynvml as fk
+from tests.helpers import wait_for
 
 DEADLINE_S = 0.05
 SLACK_S = 0.5  # scheduling noise on a shared two-core machine
@@ -140,16 +141,16 @@ def test_xids_raised_during_a_hang_are_delivered_exactly_once(sim: SimulatedGpuS
 
 
 class SlowOnce:
-    """Answers after ``delay_s`` on its first poll, at once afterwards; Xids in every answer."""
+    """Answers its first poll once `release` is set, at once afterwards; Xids in every answer."""
 
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
+    def __init__(self) -> None:
+        self.release = threading.Event()
         self.n = 0
 
     def poll(self) -> GpuReading:
         self.n += 1
         if self.n == 1:
-            time.sleep(self.delay_s)
+            self.release.wait(10)
         from loadwatch.daemon.sources.inputs import XidEvent
 
         return GpuReading(
@@ -160,10 +161,11 @@ class SlowOnce:
 
 
 def test_a_late_result_is_kept_and_its_xids_are_passed_on() -> None:
-    inner = SlowOnce(0.2)
+    inner = SlowOnce()
     g = GuardedGpuSource(inner, deadline_s=0.02)
     assert g.poll().stale
-    time.sleep(0.4)  # the first call has come back meanwhile
+    inner.release.set()
+    wait_for(lambda: not g.health().poll_in_flight, "the first call back", 10)
     r = g.poll()
     assert not r.stale
     assert r.samples[0].memory_used_bytes == 2  # the fresh answer
@@ -245,27 +247,21 @@ def test_poll_async_keeps_the_event_loop_free_while_the_inner_call_hangs(
 
     g = GuardedGpuSource(sim, deadline_s=0.2)
 
-    async def main() -> tuple[GpuReading, int]:
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
+    async def main() -> tuple[GpuReading, list[float]]:
         first = await g.poll_async()
         assert first.source_up
         sim.hang()
-        task = asyncio.create_task(ticker())
+        loop = asyncio.get_running_loop()
+        ran: list[float] = []
+        for at in (0.05, 0.1, 0.15):  # the loop's other work, all along the 0.2 s wait
+            loop.call_later(at, ran.append, at)
         reading = await g.poll_async()
-        task.cancel()
-        return reading, ticks
+        return reading, list(ran)  # (what ran before the answer came)
 
     try:
-        reading, ticks = asyncio.run(main())
+        reading, ran = asyncio.run(main())
     finally:
         sim.unhang()
     assert reading.stale
-    assert ticks >= 5  # the loop ran its other work during the 0.2 s wait
+    assert ran == [0.05, 0.1, 0.15]  # the loop ran its other work during the wait
     g.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -12,6 +11,7 @@ from loadwatch.daemon.sources.gpu.nvml import NvmlSource
 from loadwatch.daemon.sources.inputs import GpuReading
 from tests.gpu import fake_pynvml as fk
 from tests.gpu.fake_pynvml import GIB, MIB, FakeDevice, FakeNvml
+from tests.helpers import wait_for
 
 
 class Clock:
@@ -38,15 +38,6 @@ def make(
         **kw,  # type: ignore[arg-type]
     )
     return src, fake, mono, logs
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.005)
-    return cond()
 
 
 def test_healthy_poll_maps_every_field_in_base_units() -> None:
@@ -439,7 +430,7 @@ def test_xid_events_are_reported_once_and_counted_per_gpu_and_code() -> None:
     fake.emit(2, 79)
     fake.emit(2, 79)
     fake.emit(0, 48)
-    assert wait_until(lambda: sum(src.xid_counts().values()) == 3)
+    wait_for(lambda: sum(src.xid_counts().values()) == 3, "three Xids counted", 5)
     r = src.poll()
     assert sorted((x.gpu_index, x.xid) for x in r.xids) == [(0, 48), (2, 79), (2, 79)]
     assert {x.uuid for x in r.xids if x.gpu_index == 2} == {
@@ -448,7 +439,7 @@ def test_xid_events_are_reported_once_and_counted_per_gpu_and_code() -> None:
     assert all(x.ts == 5000.0 for x in r.xids)
     assert src.poll().xids == ()  # handed out once
     fake.emit(2, 79)
-    assert wait_until(lambda: src.xid_counts().get((2, 79)) == 3)
+    wait_for(lambda: src.xid_counts().get((2, 79)) == 3, "three Xid 79 on GPU 2", 5)
     assert src.xid_counts() == {(2, 79): 3, (0, 48): 1}  # counters, never reset
     src.close()
     assert fake.event_sets[0].freed
@@ -473,15 +464,17 @@ def test_xid_thread_ending_on_a_driver_error_is_restarted_by_the_next_poll() -> 
     src, fake, _, _ = make(n=1, xid=True)
     src.poll()
     fake.fail_wait(fk.UNINITIALIZED)
-    assert wait_until(lambda: src.xid_status is not None)
+    wait_for(lambda: src.xid_status is not None, "the failed wait said", 5)
     assert "Uninitialized (NVML error 1)" in (src.xid_status or "")
-    assert wait_until(
-        lambda: not any(t.name == "loadwatch-nvml-xid" for t in threading.enumerate())
+    wait_for(
+        lambda: not any(t.name == "loadwatch-nvml-xid" for t in threading.enumerate()),
+        "the Xid thread ended",
+        5,
     )
     src.poll()
     assert len(fake.event_sets) == 2 and fake.event_sets[0].freed
     fake.emit(0, 31)
-    assert wait_until(lambda: src.xid_counts() == {(0, 31): 1})
+    wait_for(lambda: src.xid_counts() == {(0, 31): 1}, "Xid 31 counted", 5)
     src.close()
 
 
@@ -490,13 +483,13 @@ def test_xid_wait_error_other_than_timeout_does_not_spin() -> None:
     src.poll()
     waits = fake.count("nvmlEventSetWait_v2")
     fake.fail_wait(fk.UNKNOWN)
-    assert wait_until(lambda: src.xid_status is not None)
-    time.sleep(0.1)
+    wait_for(lambda: src.xid_status is not None, "the failed wait said", 5)
+    time.sleep(0.1)  # (real: the calls the thread makes in wall time are what is counted)
     # 20 ms waits: a pause after the error, then back to timeouts; no busy loop
     assert fake.count("nvmlEventSetWait_v2") - waits < 15
     fake.emit(0, 13)
-    assert wait_until(lambda: src.xid_counts() == {(0, 13): 1})
-    assert wait_until(lambda: src.xid_status is None)
+    wait_for(lambda: src.xid_counts() == {(0, 13): 1}, "Xid 13 counted", 5)
+    wait_for(lambda: src.xid_status is None, "the Xid status clear again", 5)
     src.close()
 
 
@@ -504,7 +497,7 @@ def test_xids_survive_the_source_going_down() -> None:
     src, fake, _, _ = make(n=1, xid=True)
     src.poll()
     fake.emit(0, 79)
-    assert wait_until(lambda: src.xid_counts() == {(0, 79): 1})
+    wait_for(lambda: src.xid_counts() == {(0, 79): 1}, "Xid 79 counted", 5)
     fake.driver_error = fk.UNINITIALIZED
     r: GpuReading = src.poll()
     assert not r.source_up
@@ -519,7 +512,7 @@ def test_close_while_a_poll_hangs_returns_and_stops_the_xid_thread() -> None:
     fake.devices[0].hang = release
     poller = threading.Thread(target=src.poll, daemon=True)
     poller.start()
-    assert wait_until(lambda: fake.count("nvmlDeviceGetMemoryInfo_v2") == 2)
+    wait_for(lambda: fake.count("nvmlDeviceGetMemoryInfo_v2") == 2, "the second poll under way", 5)
     t0 = time.monotonic()
     src.close()
     assert time.monotonic() - t0 < 3.0

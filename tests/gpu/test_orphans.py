@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from loadwatch.daemon.supervise.orphans import (
     read_process,
     settle_orphans,
 )
+from tests.helpers import VirtualClock, wait_for
 
 GIB = 1 << 30
 
@@ -161,10 +161,8 @@ def test_process_tree_pids_on_a_fake_table(proc: Path) -> None:
 def test_process_tree_pids_on_the_real_proc() -> None:
     child = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
-        deadline = time.monotonic() + 10
-        while not (grandchildren := _children_of(child.pid)) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert grandchildren, "the shell did not start its sleep"
+        wait_for(lambda: _children_of(child.pid), "the shell to start its sleep", 10)
+        grandchildren = _children_of(child.pid)
         tree = process_tree_pids(os.getpid())
         assert {os.getpid(), child.pid} | grandchildren <= tree
         assert 1 not in tree
@@ -186,13 +184,31 @@ def _children_of(pid: int) -> set[int]:
 # -- real processes, simulated GPUs ----------------------------------------------------------------
 
 
-def settle(gpus: SimulatedGpuSource, tree: set[int], grace_s: float, **kw: object) -> OrphanReport:
+def settle(
+    gpus: SimulatedGpuSource, clock: VirtualClock, tree: set[int], grace_s: float, **kw: object
+) -> OrphanReport:
+    """The check after an exit, on `clock`: the grace and the re-reads take no wall time (the
+    simulated GPUs' linger after an exit goes by the same clock)."""
+
     async def poll() -> GpuReading:
         return gpus.poll()
 
-    report = asyncio.run(settle_orphans(poll, tree, grace_s=grace_s, recheck_s=0.05, **kw))  # type: ignore[arg-type]
+    report = asyncio.run(
+        settle_orphans(
+            poll,
+            tree,
+            grace_s=grace_s,
+            recheck_s=0.05,
+            monotonic=clock,
+            sleep=clock.sleep,
+            **kw,  # type: ignore[arg-type]
+        )
+    )
     assert report is not None
     return report
+
+
+WAIT_FOR_SIGNAL = "import signal; signal.pause()"  # a worker that lives until it is signalled
 
 
 def python(code: str, **kw: object) -> subprocess.Popen[str]:
@@ -200,8 +216,9 @@ def python(code: str, **kw: object) -> subprocess.Popen[str]:
 
 
 def test_an_exited_worker_still_listed_for_a_moment_is_not_leaked() -> None:
-    gpus = SimulatedGpuSource(2, pids=None, exit_linger_s=1.0)
-    workers = [python("import time; time.sleep(60)") for _ in range(2)]
+    clock = VirtualClock()
+    gpus = SimulatedGpuSource(2, pids=None, exit_linger_s=1.0, monotonic=clock)
+    workers = [python(WAIT_FOR_SIGNAL) for _ in range(2)]
     for i, w in enumerate(workers):
         gpus.hold(i, w.pid, 40 * GIB)
     workers[0].send_signal(signal.SIGTERM)  # a stop
@@ -212,24 +229,26 @@ def test_an_exited_worker_still_listed_for_a_moment_is_not_leaked() -> None:
     first = gpus.poll()
     assert [len(s.processes) for s in first.samples] == [1, 1], "the driver still lists them"
     assert check_orphans(first, tree).leaked == ()
-    t0 = time.monotonic()
-    report = settle(gpus, tree, grace_s=10.0)
+    report = settle(gpus, clock, tree, grace_s=10.0)
     assert report.leaked == () and report.exiting == () and report.unknown == ()
-    assert 0.9 <= report.waited_s < 5.0 and time.monotonic() - t0 < 5.0
+    assert 1.0 <= report.waited_s < 1.1  # the linger, not the grace
     assert report.summary() == "no process holds GPU memory"
 
 
 def test_a_zombie_worker_waits_out_the_grace_and_is_not_leaked() -> None:
-    gpus = SimulatedGpuSource(1, pids=None, exit_linger_s=60.0)
-    worker = python("import time; time.sleep(60)")
+    clock = VirtualClock()
+    gpus = SimulatedGpuSource(1, pids=None, exit_linger_s=60.0, monotonic=clock)
+    worker = python(WAIT_FOR_SIGNAL)
     gpus.hold(0, worker.pid, GIB)
     worker.kill()
-    deadline = time.monotonic() + 10
-    while (info := read_process(worker.pid)) is not None and info.state != "Z":
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+
+    def zombie() -> bool:
+        info = read_process(worker.pid)
+        return info is None or info.state == "Z"
+
+    wait_for(zombie, "the killed worker a zombie", 10)
     try:
-        report = settle(gpus, {worker.pid}, grace_s=0.5)
+        report = settle(gpus, clock, {worker.pid}, grace_s=0.5)
         assert report.leaked == () and [h.pid for h in report.exiting] == [worker.pid]
         assert report.waited_s >= 0.5 and report.exiting[0].alive  # a zombie is in /proc
     finally:
@@ -237,7 +256,7 @@ def test_a_zombie_worker_waits_out_the_grace_and_is_not_leaked() -> None:
 
 
 GRANDCHILD = """
-import os, sys, time
+import os, signal, sys
 r, w = os.pipe()
 if os.fork() == 0:  # the grandchild: holds its memory after its parent exited
     os.close(r)
@@ -247,7 +266,7 @@ if os.fork() == 0:  # the grandchild: holds its memory after its parent exited
             os._exit(0)
     os.write(w, str(os.getpid()).encode())
     os.close(w)
-    time.sleep(60)
+    signal.pause()  # (until the test kills it)
     os._exit(0)
 os.close(w)
 print(os.read(r, 32).decode(), flush=True)
@@ -271,7 +290,8 @@ def start_grandchild(
 
 
 def test_a_grandchild_keeping_memory_after_its_parent_exited_is_leaked() -> None:
-    gpus = SimulatedGpuSource(3, pids=None, exit_linger_s=0.3)
+    clock = VirtualClock()
+    gpus = SimulatedGpuSource(3, pids=None, exit_linger_s=0.3, monotonic=clock)
     child, grandchild = start_grandchild()
     try:
         tree = process_tree_pids(child.pid)  # the snapshot taken while the run lives
@@ -281,7 +301,7 @@ def test_a_grandchild_keeping_memory_after_its_parent_exited_is_leaked() -> None
         assert child.stdin is not None
         child.stdin.close()
         child.wait()
-        report = settle(gpus, tree, grace_s=1.0)
+        report = settle(gpus, clock, tree, grace_s=1.0)
         assert [(h.pid, h.gpu_index, h.used_bytes, h.alive) for h in report.leaked] == [
             (grandchild, 2, 9 * GIB, True)
         ]
@@ -294,17 +314,20 @@ def test_a_grandchild_keeping_memory_after_its_parent_exited_is_leaked() -> None
 
 
 def test_a_worker_that_left_the_tree_is_known_by_the_run_marker() -> None:
-    gpus = SimulatedGpuSource(1, pids=None)
+    clock = VirtualClock()
+    gpus = SimulatedGpuSource(1, pids=None, monotonic=clock)
     env = {**os.environ, "LOADWATCH_RUN": "5eed"}
     child, escaped = start_grandchild("--escape", env=env)
     try:
         child.wait()
         tree = {child.pid}  # the tree never saw it: it left the session before a scan
         gpus.hold(0, escaped, 5 * GIB)
-        assert [h.pid for h in settle(gpus, tree, 0.2, run_marker="5eed").leaked] == [escaped]
-        other = settle(gpus, tree, 0.2, run_marker="0ther")
+        assert [h.pid for h in settle(gpus, clock, tree, 0.2, run_marker="5eed").leaked] == [
+            escaped
+        ]
+        other = settle(gpus, clock, tree, 0.2, run_marker="0ther")
         assert other.leaked == () and [h.pid for h in other.unknown] == [escaped]
-        assert settle(gpus, tree, 0.2).leaked == ()
+        assert settle(gpus, clock, tree, 0.2).leaked == ()
     finally:
         os.kill(escaped, signal.SIGKILL)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 from loadwatch.daemon.config import ConfigError, parse_config
 from loadwatch.daemon.sources.log.journal import JournalPump, JournalSource, render
 from tests.e2e.realdaemon import DaemonProc, write_config
+from tests.helpers import wait_for
 from tests.logformats.journal import append, export, vllm_lines
 from tests.logformats.test_container_logs import FIXTURES, _log_events, _status, events_of
 from tests.ops.common import require
@@ -28,10 +28,19 @@ def _journal(tmp_path: Path, lines: list[bytes]) -> Path:
 
 
 def _spooled(pump: JournalPump, want: int, timeout_s: float = 30) -> None:
-    end = time.monotonic() + timeout_s
-    while pump.entries < want and time.monotonic() < end:
-        time.sleep(0.05)
-    assert pump.entries >= want, pump.entries
+    wait_for(lambda: pump.entries >= want, f"{want} entries spooled", timeout_s)
+
+
+def _units_docs(journal: Path) -> list[dict[str, Any]]:
+    """The journal's vllm.service entries, as journalctl's JSON gives them."""
+    out = subprocess.run(
+        [require("journalctl"), "--file", str(journal), "-o", "json", "--all"],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    docs = [json.loads(x) for x in out.splitlines()]
+    return [d for d in docs if d.get("_SYSTEMD_UNIT") == "vllm.service"]
 
 
 def test_the_spool_holds_each_entry_once_after_a_kill_between_append_and_record(
@@ -50,16 +59,7 @@ def test_the_spool_holds_each_entry_once_after_a_kill_between_append_and_record(
     assert pump.spool_path.read_bytes() == full  # the other unit's entry is not there
     # The record as it stood 40 entries before the end: a kill after the append and before
     # the record leaves the spool longer than the record says.
-    docs = [
-        json.loads(x)
-        for x in subprocess.run(
-            [require("journalctl"), "--file", str(journal), "-o", "json", "--all"],
-            capture_output=True,
-            check=True,
-            timeout=60,
-        ).stdout.splitlines()
-    ]
-    docs = [d for d in docs if d.get("_SYSTEMD_UNIT") == "vllm.service"]
+    docs = _units_docs(journal)
     k = len(docs) - 40
     size = sum(len(render(d) or b"") for d in docs[:k])
     state = tmp_path / "state" / "journal" / "journal.json"
@@ -68,11 +68,14 @@ def test_the_spool_holds_each_entry_once_after_a_kill_between_append_and_record(
     again.start()
     try:
         _spooled(again, 40)
-        time.sleep(0.5)  # nothing more may come
+        # One entry more (the run's last line again): journalctl gives entries in order, so a
+        # repeat of any of the 40 comes before it.
+        append(journal, export(lines[-1:], "vllm.service", first=len(lines) + 1))
+        _spooled(again, 41)
     finally:
         again.stop()
-    assert again.spool_path.read_bytes() == full
-    assert json.loads(state.read_text())["cursor"] == docs[-1]["__CURSOR"]
+    assert again.spool_path.read_bytes() == full + lines[-1] + b"\n"
+    assert json.loads(state.read_text())["cursor"] == _units_docs(journal)[-1]["__CURSOR"]
 
 
 def test_the_daemon_reads_the_units_journal_killed_half_way_each_event_once(

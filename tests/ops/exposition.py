@@ -337,7 +337,7 @@ def _startup(t: _Text, scene: Scene) -> None:
 
 
 def _memory_plan(t: _Text, scene: Scene) -> None:
-    """Kimi-K2.5 with a bf16 KV cache on GPUs of this size (the README's plan, scaled)."""
+    """Kimi-K2.5 with a bf16 KV cache on GPUs of this size (docs/preflight.md's plan, scaled)."""
     t.family("loadwatch_memory_plan_verdict", "gauge", "The memory plan's verdict.")
     for verdict in ("fits", "tight", "will_fail", "unknown"):
         t.sample(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.helpers import wait_for
 
 from .common import ALERTS, PROMETHEUS, require
 from .promserver import free_port
@@ -50,19 +51,20 @@ def alertmanager(tmp_path: Path) -> Iterator[str]:
         stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            pytest.fail(f"alertmanager did not start: {err[-2000:]}")
-        time.sleep(0.1)
+
+    def ready_or_ended() -> bool:
+        if proc.poll() is not None:
+            return True  # (said below)
+        with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+            return r.status == 200
+
+    try:
+        wait_for(ready_or_ended, "alertmanager ready", 30, every_s=0.1)
+        assert proc.poll() is None
+    except AssertionError:
+        proc.kill()
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        pytest.fail(f"alertmanager did not start: {err[-2000:]}")
     try:
         yield url
     finally:
@@ -116,10 +118,14 @@ def test_an_oom_crash_loop_pages_once(alertmanager: str) -> None:
         ("LoadwatchVllmFatal", "node3:9321"): "active",
         ("LoadwatchVllmCrashLooping", "node3:9321"): "suppressed",
     }
-    deadline = time.monotonic() + 15  # inhibition is evaluated as the alerts arrive
-    while (got := states(alertmanager)) != want and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert got == want
+
+    def as_wanted() -> bool:
+        assert states(alertmanager) == want
+        return True
+
+    # inhibition is evaluated as the alerts arrive
+    wait_for(as_wanted, "the alerts' states as wanted", 15, every_s=0.2)
+    got = states(alertmanager)
     paging = [k for k, v in got.items() if v == "active" and k[1] == "node1:9321"]
     assert paging == [("LoadwatchGpuOutOfMemory", "node1:9321")]
 
@@ -197,7 +203,10 @@ def test_a_failing_start_pages_once(alertmanager: str) -> None:
         return out
 
     want = {name: {alert} for name, alert in PAGED_BY.items()}
-    deadline = time.monotonic() + 15  # the inhibitor learns the posted alerts as they arrive
-    while (got := pages()) != want and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert got == want
+
+    def as_wanted() -> bool:
+        assert pages() == want
+        return True
+
+    # the inhibitor learns the posted alerts as they arrive
+    wait_for(as_wanted, "one page per cause", 15, every_s=0.2)

@@ -107,6 +107,8 @@ def test_the_dist_holds_an_sdist_a_platform_wheel_and_a_pure_one(host: dict[str,
     for rel in ("LICENSE", "systemd/loadwatch.service", "systemd/loadwatch@.service",
                 "prometheus/alerts.yml", "grafana/loadwatch.json", "docs/runbook.md"):  # fmt: skip
         assert f"loadwatch-{VERSION}/{rel}" in listing, rel
+    for page in (ROOT / "docs").glob("*.md"):
+        assert f"loadwatch-{VERSION}/docs/{page.name}" in listing, page.name
 
 
 def _scanner(python: Path, cwd: Path) -> dict[str, object]:
@@ -132,6 +134,16 @@ def test_the_readme_install_runs_from_its_venv_alone(host: dict[str, Path]) -> N
     assert doc["native"] is False  # the pure wheel, as the README installs it
     assert (host["opt"] / "share" / "systemd" / "loadwatch.service").is_file()
     assert (host["opt"] / "share" / "prometheus" / "alerts.yml").is_file()
+    for page in (ROOT / "docs").glob("*.md"):  # every page the README's Documentation lists
+        assert (host["opt"] / "share" / "docs" / page.name).is_file(), page.name
+    # the units' Documentation= names files this install wrote (`systemctl status` shows them)
+    for unit in (host["opt"] / "share" / "systemd").glob("*.service"):
+        docs = [uri for line in unit.read_text().splitlines() if line.startswith("Documentation=")
+                for uri in line.removeprefix("Documentation=").split()]  # fmt: skip
+        assert docs, unit.name
+        for uri in docs:
+            assert uri.startswith(f"file:{OPT}/share/"), uri
+            assert Path(uri.removeprefix("file:").replace(OPT, str(host["opt"]))).is_file(), uri
 
 
 @pytest.mark.parametrize("compiler", [True, False], ids=["with-cc", "without-cc"])

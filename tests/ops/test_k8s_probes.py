@@ -31,6 +31,7 @@ import yaml
 
 from loadwatch.daemon.tools.demo import free_port, make_model_dir
 from tests.e2e.realdaemon import DaemonProc, write_config
+from tests.helpers import wait_for
 
 from .common import ROOT
 
@@ -122,10 +123,13 @@ class Kubelet:
                 self.killed_at, self.killed_why = now, body
 
     def run(self, until: Callable[[Kubelet], bool], timeout_s: float) -> None:
-        end = time.monotonic() + timeout_s
-        while self.killed_at is None and not until(self) and time.monotonic() < end:
+        """Probe on schedule until the container is killed or `until` holds."""
+
+        def done() -> bool:
             self.step(time.time())
-            time.sleep(0.02)
+            return self.killed_at is not None or until(self)
+
+        wait_for(done, "a kill (or the test's condition)", timeout_s)
 
 
 def _start(tmp_path: Path, scenario: str) -> tuple[DaemonProc, Kubelet, dict[str, Any]]:

@@ -13,9 +13,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from tests.helpers import offline_events, wait_for
 from tests.views.helpers import FIXTURES
 
 from .common import SYSTEMD, require
@@ -29,13 +29,11 @@ def _events(path: Path) -> list[dict[str, object]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def _wait(check: object, what: str, timeout_s: float = 30) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out: {what}")
+def _log_events(path: Path) -> list[tuple[object, object]]:
+    """The log's events in an events file: (event, offset), in order."""
+    return [
+        (e["event"], e.get("offset")) for e in _events(path) if str(e["event"]).startswith("log.")
+    ]
 
 
 def test_rotation_by_the_shipped_snippet_loses_and_repeats_nothing(tmp_path: Path) -> None:
@@ -44,6 +42,8 @@ def test_rotation_by_the_shipped_snippet_loses_and_repeats_nothing(tmp_path: Pat
     lines = (FIXTURES / "real-v0.32-llama.log").read_bytes().splitlines(keepends=True)
     half = len(lines) // 2
     log.write_bytes(b"".join(lines[:half]))
+    want = offline_events(FIXTURES / "real-v0.32-llama.log")  # (what the log holds at the end)
+    first_half = [w for w in want if w[1] < log.stat().st_size]
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadwatch.daemon.cli", "run", "--log", str(log),
          "--events-file", str(events), "--gpu", "none", "--listen", "127.0.0.1:0",
@@ -51,8 +51,7 @@ def test_rotation_by_the_shipped_snippet_loses_and_repeats_nothing(tmp_path: Pat
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        _wait(lambda: any(e["event"] == "log.milestone" for e in _events(events)), "events")
-        time.sleep(0.5)  # the first half's events all out
+        wait_for(lambda: _log_events(events) == first_half, "the first half's events all out", 30)
         before = [e for e in _events(events) if str(e["event"]).startswith("log.")]
         # The snippet as shipped, for this test's file, user and daemon.
         text = SNIPPET.read_text()
@@ -76,20 +75,15 @@ def test_rotation_by_the_shipped_snippet_loses_and_repeats_nothing(tmp_path: Pat
         assert rotated.exists()
         with log.open("ab") as f:
             f.write(b"".join(lines[half:]))
-        _wait(lambda: any(e["event"] == "log.milestone" for e in _events(events)), "new file")
-        time.sleep(1.0)
+        wait_for(
+            lambda: _log_events(rotated) + _log_events(events) == want,
+            "the second half's events",
+            30,
+        )
         old = [e for e in _events(rotated) if str(e["event"]).startswith("log.")]
         new = [e for e in _events(events) if str(e["event"]).startswith("log.")]
         assert old == before and new  # the reopened file gets what came after, nothing before
         # Every record's events once: what `loadwatch events` reads from the whole log.
-        whole = subprocess.run(
-            [sys.executable, "-m", "loadwatch.daemon.cli", "events", str(log)],
-            capture_output=True, text=True, check=True, timeout=60,
-        )  # fmt: skip
-        want = [
-            (f"log.{e['type']}", e["offset"])
-            for e in map(json.loads, whole.stdout.split("\n")[:-1])
-        ]
         assert [(e["event"], e.get("offset")) for e in old + new] == want
         assert oct(events.stat().st_mode & 0o777) == "0o640"
     finally:

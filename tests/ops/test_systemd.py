@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.config import load_config
+from loadwatch.daemon.tools.install_files import ops_files
 
 from .common import ROOT, SYSTEMD, require
 
@@ -91,6 +92,22 @@ def test_verify_clean(unit_path: Path, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == "" and result.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("unit_path", [WATCH, SUPERVISE, TEMPLATE], ids=lambda p: p.name)
+def test_documentation_names_files_the_install_writes(unit_path: Path) -> None:
+    """`systemctl help` opens what Documentation= names: files the README's install writes
+    (`loadwatch install-files /opt/loadwatch/share`), never a web page that may not exist."""
+    share = "file:/opt/loadwatch/share/"
+    docs = [
+        uri for value in parse_unit(unit_path)["Unit"]["Documentation"] for uri in value.split()
+    ]
+    assert docs, "no Documentation="
+    installed = ops_files()
+    for uri in docs:
+        assert uri.startswith(share), uri
+        assert uri.removeprefix(share) in installed, f"{uri}: install-files does not write it"
+    assert f"{share}docs/runbook.md" in docs
 
 
 def test_verify_catches_a_broken_unit(tmp_path: Path) -> None:

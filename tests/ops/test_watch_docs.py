@@ -30,7 +30,7 @@ def test_the_watch_docs_say_how_to_keep_the_probes_out_of_vllms_log() -> None:
     # the figure the example gives is its own interval's: one access line a probe
     assert f"{round(3600 / interval)} lines an hour at {interval} s" in example
     assert data["forecast"]["quiet_stall_s"] == parse_config({}).forecast.quiet_stall_s
-    assert "vLLM's log in watch mode" in (SYSTEMD.parent / "README.md").read_text()
+    assert "vLLM's log in watch mode" in (SYSTEMD.parent / "docs" / "usage.md").read_text()
     # supervise mode captures the same lines: its example starts vLLM with the flag
     supervise = tomllib.loads((SYSTEMD / "loadwatch-supervise.toml.example").read_text())
     assert FLAG in supervise["vllm"]["argv"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_for
 from tests.realvllm.vllmproc import (
     ServerSpec,
     VllmServer,
@@ -24,7 +25,7 @@ from tests.realvllm.vllmproc import (
 )
 
 STANDIN = r"""
-import http.server, json, os, signal, subprocess, sys, time
+import http.server, json, os, signal, subprocess, sys
 
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
@@ -37,10 +38,10 @@ if mode == "fail":
     sys.stderr.write("RuntimeError: Engine core initialization failed.\n")
     sys.exit(3)
 if mode == "silent":
-    time.sleep(600)
+    signal.pause()  # never serves
 child = subprocess.Popen([sys.executable, "-c",
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    "print('child up', flush=True); time.sleep(600)"])
+    "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('child up', flush=True); signal.pause()"])
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -68,7 +69,7 @@ def term(signum, frame):
 
 
 signal.signal(signal.SIGTERM, term)
-time.sleep(0.3)  # the port refuses connections for a while, as during a load
+# (the port refused connections until here, as during a load)
 http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
@@ -145,9 +146,7 @@ def test_serves_answers_and_stops_the_whole_group(tmp_path: Path, standin: Path)
         assert server.complete("hi", max_tokens=3)["choices"] == [{"text": " ok 3"}]
         pgid = server.pid
         assert pgid is not None
-        deadline = time.monotonic() + 10
-        while len(group_members(pgid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: len(group_members(pgid)) >= 2, "the child in the group", 10)
         assert len(group_members(pgid)) == 2  # the server and its SIGTERM-proof child
         t0 = time.monotonic()
         code = server.stop(grace_s=1.0)

@@ -10,23 +10,35 @@ stderr: no traceback for the journal.
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import socket
 import subprocess
 import sys
-import time
+import urllib.parse
 
 import pytest
 
 from loadwatch.daemon.config import HttpConfig
 from loadwatch.exporters.http.board import frame, read_frame
-from tests.reliability.proc import REPO
+from tests.reliability.proc import REPO, wait_for
 
 
 def _config() -> bytes:
     cfg = dataclasses.replace(HttpConfig(), port=0)
     body = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     return frame(json.dumps(body).encode())
+
+
+def _answers(url: str) -> bool:
+    """An HTTP answer, whatever its status."""
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=2)
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status > 0
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize("when", ["before the config", "after the config", "after the reply"])
@@ -44,8 +56,9 @@ def test_server_process_ends_quietly_when_the_daemon_is_gone(when: str) -> None:
         ours.sendall(_config())
     if when == "after the reply":
         ours.settimeout(20)
-        assert (read_frame(ours) or b"").startswith(b"ok ")
-        time.sleep(0.2)
+        reply = (read_frame(ours) or b"").decode()
+        assert reply.startswith("ok ")
+        wait_for(lambda: _answers(reply.split()[1]), "the server serving", 10)
     ours.close()  # as the kernel closes it for a daemon killed with SIGKILL
     try:
         code = proc.wait(20)

@@ -65,7 +65,7 @@ def test_kills_while_catching_up_leave_every_event_once_and_none_marked(tmp_path
         d = DaemonProc(args, tmp_path / f"out-{i}.jsonl", prewarm=True)
         d.go()
         d.wait_listening()
-        time.sleep(rng.uniform(0.0, 0.2))  # within the backlog's reading, mostly
+        time.sleep(rng.uniform(0.0, 0.2))  # (real) within the backlog's reading, mostly
         d.kill()
         if mark.exists() and (m := json.loads(mark.read_bytes()))["pending"] > m["done"]:
             cut_runs += 1

@@ -177,9 +177,10 @@ class Writer(threading.Thread):
                     if len(data) > 8 and self.rng.random() < 0.1:  # half a line, then the rest
                         cut = self.rng.randrange(1, len(data) - 1)
                         f.write(data[:cut])
-                        time.sleep(self.rng.uniform(0, pace))
+                        time.sleep(self.rng.uniform(0, pace))  # (real: as vLLM writes)
                         data = data[cut:]
                     f.write(data)
+                    # (real: vLLM's pace while the daemon is killed and started again)
                     time.sleep(self.rng.expovariate(1 / pace))
         except BaseException as exc:
             self.error = exc
@@ -233,7 +234,7 @@ def test_fifty_sigkills_leave_the_state_and_the_event_log_exact(tmp_path: Path) 
         if i == 0:
             writer.start()
         nxt = spawn()
-        time.sleep(_kill_delay(i, rng))
+        time.sleep(_kill_delay(i, rng))  # (real: the kill lands amid the daemon's real work)
         cur.kill()
         if cp.exists():
             checkpoints.add(cp.read_bytes())

@@ -88,11 +88,11 @@ def test_kills_and_rotations_leave_the_event_log_exact(
             )
             d.go()
             d.wait_listening()
-            time.sleep(rng.uniform(0.0, 0.5))
+            time.sleep(rng.uniform(0.0, 0.5))  # (real: a kill or rotation amid real reading)
             if rotations < ROTATIONS and rng.random() < 0.25:  # while it reads
                 _rotate(log, how)
                 rotations, when["reading"] = rotations + 1, when["reading"] + 1
-                time.sleep(rng.uniform(0.0, 0.3))
+                time.sleep(rng.uniform(0.0, 0.3))  # (real, as above)
             if end == "kill":
                 d.kill()
             else:

@@ -50,7 +50,7 @@ def _check_down(d: DaemonProc, log: Path, why: str) -> None:
     wait_for(lambda: d.get("/healthz")[0] == 503, "/healthz saying so", 5)
     body = d.get("/healthz")[1]
     assert b"log source is down" in body and why.encode() in body, body
-    time.sleep(2.0)
+    time.sleep(2.0)  # (real: the daemon's CPU over wall time is what is measured)
     assert _cpu_s(d.pid) - t0 < 0.2  # a retry a second, no spinning core
     problems = [e["error"] for e in d.events() if e.get("event") == "daemon.problem"]
     assert len(problems) == 1 and why in problems[0], problems

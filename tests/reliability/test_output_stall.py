@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.reliability.proc import REPO, DaemonProc, wait_for
@@ -80,16 +79,16 @@ def test_stdout_pipe_nobody_reads(tmp_path: Path) -> None:
     )
     try:
         client = DaemonProc.__new__(DaemonProc)  # only its HTTP client: the url from the file
-        url = ""
-        end = time.monotonic() + 20
-        while not url and time.monotonic() < end:
+
+        def listening() -> str | None:
             for line in events.read_text().splitlines() if events.exists() else []:
                 doc = json.loads(line)
                 if doc.get("event") == "daemon.listening":
-                    url = doc["url"]
-            time.sleep(0.05)
-        assert url, "no daemon.listening line in the events file"
-        client.url = url
+                    return str(doc["url"])
+            return None
+
+        wait_for(listening, "a daemon.listening line in the events file", 20)
+        client.url = str(listening())
         size = log.stat().st_size
         wait_for(lambda: _read_bytes(client.get("/metrics")[1]) == size, "the whole log read", 15)
         wait_for(lambda: client.status()["sessions_total"] == COPIES, "every start seen", 5)

@@ -29,7 +29,7 @@ HF = "hf_ABBREVIATED0token0zyxwvut98765"
 SHORT = "k3y"
 
 CHILD = """
-import sys, time
+import signal, sys
 p = "(APIServer pid=1) "
 out = sys.stdout
 out.write(p + "INFO 11-30 10:00:00 [api_server.py:1] vLLM API server version 0.6.3\\n")
@@ -37,7 +37,7 @@ out.write(p + "INFO 11-30 10:00:00 [utils.py:1] non-default args: {'api_key': ['
           "'hf_token': '%s'}\\n" % (sys.argv[2], sys.argv[3], sys.argv[4].split("=", 1)[1]))
 out.write(p + "WARNING 11-30 10:00:01 [hub.py:1] token %s refused\\n" % sys.argv[4].split("=", 1)[1])
 out.flush()
-time.sleep(60)
+signal.pause()  # (until stopped)
 """
 
 
@@ -159,14 +159,14 @@ def test_url_passwords_in_argv_are_masked_keeping_user_and_host(arg: str, shown:
 
 
 URL_CHILD = """
-import sys, time
+import signal, sys
 p = "(APIServer pid=1) "
 out = sys.stdout
 out.write(p + "INFO 11-30 10:00:00 [api_server.py:1] vLLM API server version 0.6.3\\n")
 out.write(p + "INFO 11-30 10:00:00 [utils.py:1] non-default args: "
           "{'otlp_traces_endpoint': '%s'}\\n" % sys.argv[2])
 out.flush()
-time.sleep(60)
+signal.pause()  # (until stopped)
 """
 
 

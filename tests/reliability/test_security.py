@@ -190,7 +190,7 @@ SECRETS = {
 
 # The "vLLM": prints what vLLM may print about its secrets, then fails to start.
 CHILD = """
-import os, sys, time
+import os, sys
 argv = sys.argv[1:]
 key = argv[argv.index("--api-key") + 1]
 hf = next(a.split("=", 1)[1] for a in argv if a.startswith("--hf-token="))
@@ -206,7 +206,6 @@ out.write(p + 'ERROR 11-30 10:00:02 [core.py:1]   File "db.py", line 1, in conne
 out.write(p + "ERROR 11-30 10:00:02 [core.py:1] PermissionError: login with %s failed\\n" % pw)
 out.write(p + "RuntimeError: Engine core initialization failed. api_key=%s\\n" % key)
 out.flush()
-time.sleep(0.3)
 sys.exit(1)
 """
 

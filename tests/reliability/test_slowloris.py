@@ -38,7 +38,6 @@ def _success(host: str, port: int) -> float:
     ok = 0
     for _ in range(SCRAPES):
         ok += _scrape_ok(host, port)
-        time.sleep(0.01)
     return ok / SCRAPES
 
 
@@ -59,7 +58,7 @@ def test_scrapes_get_through_500_slow_connections(tmp_path: Path) -> None:
             s = socket.create_connection((host, int(port)), timeout=2)
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
             slow.append(s)
-        time.sleep(0.5)  # the server has taken them all in
+        # (each is connected: the server takes them in, in order, before any scrape after them)
         attacked = _success(host, int(port))
         took = time.monotonic() - t0
         print(f"\nscrapes answered: quiet {quiet:.0%}, with {SLOW} slow connections {attacked:.0%}")

@@ -107,7 +107,7 @@ def test_start_crash_cycles_leak_nothing(tmp_path: Path) -> None:
         while (now := time.monotonic() - t0) < SOAK_S:
             samples.append((now, _sample(d.pid)))
             assert d.get("/healthz")[0] == 200
-            time.sleep(0.5)
+            time.sleep(0.5)  # (real: a soak samples the daemon over wall time)
         m = d.metrics()
         events = d.events()
     finally:

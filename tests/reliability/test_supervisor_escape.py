@@ -1,6 +1,7 @@
 """No vLLM process outlives its supervisor, however the supervisor or the process ends.
 
-Real daemons supervising a stand-in vLLM (a Python child that notes its pid and sleeps):
+Real daemons supervising a stand-in vLLM (a Python child that notes its pid and waits for a
+signal):
 - the daemon killed with SIGKILL (a manual run, a container entrypoint): vLLM gets its parent-
   death signal and ends;
 - a vLLM that ignores SIGTERM survives that: the daemon started again on the same state directory
@@ -17,34 +18,34 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 from tests.reliability.proc import DaemonProc, wait_for
 
 PLAIN = """
-import os, sys, time
+import os, signal, sys
 open(os.path.join(sys.argv[1], "vllm-%d" % os.getpid()), "w").close()
-time.sleep(120)
+signal.pause()
 """
 
 DEAF = """
-import os, signal, sys, time
+import os, signal, sys
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 open(os.path.join(sys.argv[1], "vllm-%d" % os.getpid()), "w").close()
-time.sleep(120)
+signal.pause()
 """
 
 ESCAPING = """
-import os, sys, time
+import os, signal, sys
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
         open(os.path.join(sys.argv[1], "escapee-%d" % os.getpid()), "w").close()
-        time.sleep(120)
+        signal.pause()
     os._exit(0)
 open(os.path.join(sys.argv[1], "vllm-%d" % os.getpid()), "w").close()
-time.sleep(120)
+signal.pause()
 """
 
 
@@ -57,7 +58,7 @@ def _daemon(tmp_path: Path, script: str, name: str) -> DaemonProc:
         f"state_dir = '{tmp_path / 'st'}'\n[log]\npoll_interval_s = 0.05\n"
         "[http]\nlisten = '127.0.0.1:0'\n[gpu]\nsource = 'none'\n"
         f"[vllm]\nargv = {json.dumps(argv)}\nrestart = 'never'\npreflight = 'off'\n"
-        "stop_grace_s = 1.0\n"
+        "stop_grace_s = 0.3\n"
     )
     d = DaemonProc(["--config", str(cfg)], tmp_path / f"{name}.jsonl")
     d.wait_listening()
@@ -66,6 +67,12 @@ def _daemon(tmp_path: Path, script: str, name: str) -> DaemonProc:
 
 def _pids(tmp_path: Path, kind: str) -> list[int]:
     return sorted(int(p.name.split("-")[1]) for p in (tmp_path / "pids").glob(f"{kind}-*"))
+
+
+def _pid_file(tmp_path: Path) -> dict[str, Any]:
+    """The tree the supervisor has noted, from its pid file."""
+    doc: dict[str, Any] = json.loads((tmp_path / "st" / "vllm.pid").read_text())
+    return doc
 
 
 def _alive(pid: int) -> bool:
@@ -99,9 +106,8 @@ def test_restarted_supervisor_stops_the_tree_it_finds(tmp_path: Path) -> None:
         first = _daemon(tmp_path, DEAF, "first")
         wait_for(lambda: len(_pids(tmp_path, "vllm")) == 1, "vLLM started")
         [old] = _pids(tmp_path, "vllm")
-        time.sleep(0.3)  # a scan of the tree has noted it
-        first.kill()
-        time.sleep(0.3)
+        wait_for(lambda: str(old) in _pid_file(tmp_path)["members"], "vLLM in the pid file")
+        first.kill()  # (it waits for the daemon's exit: the parent-death SIGTERM is sent)
         assert _alive(old)  # it ignores the parent-death SIGTERM
         second = _daemon(tmp_path, DEAF, "second")
         try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -36,6 +35,16 @@ def _point(link: Path, target: Path) -> None:
     tmp = link.with_name(link.name + ".new")
     tmp.symlink_to(target.name)
     os.replace(tmp, link)  # atomically, as a deploy flips it
+
+
+def _written(events: Path) -> Counter[tuple[str, int]]:
+    """(type, offset) of each log event the daemon wrote, a folded line as its records."""
+    written = records([json.loads(x) for x in events.read_text().splitlines()])
+    return Counter(
+        (e["event"].removeprefix("log."), e["offset"])
+        for e in written
+        if e["event"].startswith("log.")
+    )
 
 
 def _keys(log: Path) -> Counter[tuple[str, int]]:
@@ -70,18 +79,18 @@ def test_flip_back_resumes_where_it_was(tmp_path: Path) -> None:
             f.write(blue_all[cut:])
         _point(link, blue)
         total = len(blue_all) + len(green_data)
-        wait_for(lambda: _read_bytes(d) >= total, "the rest of blue.log read")
-        time.sleep(1.0)  # a re-read of blue.log from 0 would show by now
+        # Reading is in order: once the event of blue.log's last record is out, a re-read from
+        # 0 would have read (and counted) the bytes before it again.
+        last = max(_keys(blue), key=lambda k: k[1])
+
+        def blue_read_to_its_end() -> bool:
+            return last in _written(events) and _read_bytes(d) >= total
+
+        wait_for(blue_read_to_its_end, "the rest of blue.log read")
         assert _read_bytes(d) == total  # every byte once
     finally:
         assert d.stop() == 0
-    lines = [json.loads(x) for x in events.read_text().splitlines()]
-    written = records(lines)
-    got = Counter(
-        (e["event"].removeprefix("log."), e["offset"])
-        for e in written
-        if e["event"].startswith("log.")
-    )
+    got = _written(events)
     # each record's event once: a (type, offset) twice only where both files have one there
     both = _keys(blue) + _keys(green)
     assert {k: n for k, n in got.items() if n > both[k]} == {}

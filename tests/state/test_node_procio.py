@@ -17,13 +17,13 @@ from loadwatch.parsers.events import NodeLaunch
 MIB = 1 << 20
 SIZE = 48 * MIB
 
+# Reads the file 4 MiB each time it is told, says how much, and stays until its stdin closes:
+# the test samples after each read, so the progress is seen on its way, read by read.
 READER = """
-import sys, time
+import sys
 with open(sys.argv[1], "rb", buffering=0) as f:
-    sys.stdin.readline()                      # start when told
-    while f.read(4 << 20):
-        time.sleep(0.05)                      # about 80 MiB/s: several samples on the way
-sys.stdin.readline()                          # stay until told, so the last sample sees it
+    for _ in sys.stdin:
+        print(len(f.read(4 << 20)), flush=True)
 """
 
 
@@ -37,9 +37,12 @@ def test_a_real_reader_drives_the_node_progress(tmp_path: Path) -> None:
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # from storage where it can
     os.close(fd)
     proc = subprocess.Popen(
-        [sys.executable, "-c", READER, str(ckpt)], stdin=subprocess.PIPE, text=True
+        [sys.executable, "-c", READER, str(ckpt)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    assert proc.stdin is not None
+    assert proc.stdin is not None and proc.stdout is not None
     try:
         reader = ProcIoReader()
         st = LoadState().apply(
@@ -49,12 +52,11 @@ def test_a_real_reader_drives_the_node_progress(tmp_path: Path) -> None:
         first = reader.read_many((proc.pid,))
         assert first.read_bytes is not None and first.rchar is not None
         st = st.apply(first, first.ts)
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
         ratios: list[float] = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
+        for _ in range(SIZE // (4 * MIB) + 1):
+            proc.stdin.write("read\n")
+            proc.stdin.flush()
+            proc.stdout.readline()  # it has read
             sample = reader.read_many((proc.pid,))
             assert sample.rchar is not None
             st = st.apply(sample, sample.ts)
@@ -69,6 +71,5 @@ def test_a_real_reader_drives_the_node_progress(tmp_path: Path) -> None:
         assert p.read_bytes is not None and p.read_bytes >= SIZE
         assert p.expected_bytes == SIZE  # a headless TP/PP node with nothing else known: all
     finally:
-        proc.stdin.write("done\n")
         proc.stdin.close()
         proc.wait(timeout=10)

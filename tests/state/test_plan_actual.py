@@ -10,6 +10,8 @@ from pathlib import Path
 from loadwatch.daemon.sources.inputs import ModelInfo, ProcessEvent, ShardInfo
 from loadwatch.daemon.sources.model.geometry import read_geometry
 from loadwatch.daemon.state.loadstate import Input, LoadState, run
+from loadwatch.daemon.state.memplan_inputs import layout_from_argv
+from loadwatch.daemon.tools.preflight import preflight
 from loadwatch.parsers import EventStream, split_records
 from tests.realvllm.tinymodel import BuildOptions, plan
 
@@ -103,3 +105,33 @@ def test_the_plan_takes_the_launch_arguments_vllm_logged() -> None:
     assert "as vLLM logged them at start" in p.explain
     llama = _watched("real-v0.32-llama.log", info).snapshot(0.0).memory_plan
     assert llama is not None and llama.max_model_len == 512  # `'max_model_len': 512`
+
+
+def test_preflight_and_the_live_view_plan_one_start_alike() -> None:
+    """One planner: for the start that real vLLM 0.32 could not fit (`--kv-cache-memory-bytes
+    1000000`, tests/fixtures/real-v0.32-kv-too-small.log), the plan supervise mode's preflight
+    makes before the start and the plan the live view shows during it are the same plan (they
+    once said `fits` 77,664 tokens and `will fail` 64 tokens of the same start)."""
+    info = _model("deepseek")  # (the start's model: tests/realvllm/capture.py)
+    for extra in (("--kv-cache-memory-bytes", "1000000"), ("--max-model-len", "256")):
+        argv = (*ARGV, *extra)
+        live = _fold("real-v0.32-kv-too-small.log", info, argv).snapshot(0.0).memory_plan
+        before = preflight(info, "auto", None, layout=layout_from_argv(argv)).memory
+        assert live is not None and before is not None
+        assert live.verdict == before.verdict
+        assert live.max_model_len == before.max_model_len
+        assert live.kv_bytes_per_token == (before.kv.bytes if before.kv else None)
+        assert (live.budget_low_bytes, live.budget_high_bytes) == (
+            before.available_low,
+            before.available_high,
+        )
+        assert (live.planned_tokens_low, live.planned_tokens_high) == (
+            before.low.tokens if before.low else None,
+            before.high.tokens if before.high else None,
+        )
+    assert live.verdict == "unknown"  # no flag, no GPU: no budget, said so by both
+    flagged = _fold(
+        "real-v0.32-kv-too-small.log", info, (*ARGV, "--kv-cache-memory-bytes", "1000000")
+    )
+    p = flagged.snapshot(0.0).memory_plan
+    assert p is not None and p.verdict == "will_fail"

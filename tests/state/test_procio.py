@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from loadwatch.daemon.sources.proc.io_counters import ProcIoReader, io_read_bytes, stat_fields
+from tests.helpers import wait_for
 
 
 def _proc(
@@ -99,8 +99,8 @@ def test_parsers_of_the_proc_files() -> None:
 def test_real_process_tree(tmp_path: Path) -> None:
     # A real parent that starts a real child; both stay up until told to stop.
     code = (
-        "import subprocess, sys, time\n"
-        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "import subprocess, sys\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'])\n"
         "print(c.pid, flush=True)\n"
         "sys.stdin.readline()\n"
         "c.kill(); c.wait()\n"
@@ -112,9 +112,7 @@ def test_real_process_tree(tmp_path: Path) -> None:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
         r = ProcIoReader()
-        deadline = time.monotonic() + 10
-        while child not in r.tree(parent.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: child in r.tree(parent.pid), "the child in the tree", 10)
         assert set(r.tree(parent.pid)) >= {parent.pid, child}
         assert os.getpid() not in r.tree(parent.pid)
         s = r.read(parent.pid)

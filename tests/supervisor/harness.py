@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 from loadwatch.daemon.sources.inputs import ProcessEvent
 from loadwatch.daemon.sources.proc.tree import read_process_table
 from loadwatch.daemon.supervise.supervisor import Supervisor, SupervisorConfig
+from tests.helpers import wait_for_async
 
 FAKE = Path(__file__).resolve().parent.parent / "fakevllm" / "fake_vllm.py"
 T = TypeVar("T")
@@ -54,11 +54,7 @@ class Recorder:
 
 
 async def wait_until(pred: Callable[[], bool], timeout_s: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or pred}")
-        await asyncio.sleep(0.01)
+    await wait_for_async(pred, what or str(pred), timeout_s)
 
 
 def run_async(coro: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:

@@ -4,7 +4,6 @@ import asyncio
 import http.server
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -22,11 +21,12 @@ from loadwatch.daemon.sources.health import (
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     status = 200
-    delay_s = 0.0
+    answer: threading.Event | None = None  # set: answer now (None: at once)
     location = ""
 
     def do_GET(self) -> None:
-        time.sleep(self.delay_s)
+        if self.answer is not None:
+            self.answer.wait(10)
         code = self.status if self.path == "/health" else 404
         self.send_response(code)
         if self.location:
@@ -42,13 +42,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def server() -> Iterator[http.server.ThreadingHTTPServer]:
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.daemon_threads = True
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, args=(0.02,), daemon=True)  # (a quick shutdown)
     t.start()
     yield srv
+    if _Handler.answer is not None:
+        _Handler.answer.set()  # (a handler still waiting ends)
     srv.shutdown()
     srv.server_close()
     _Handler.status = 200
-    _Handler.delay_s = 0.0
+    _Handler.answer = None
     _Handler.location = ""
 
 
@@ -76,32 +78,24 @@ def test_refused_while_loading() -> None:
 
 
 def test_slow_answer_times_out(server: http.server.ThreadingHTTPServer) -> None:
-    _Handler.delay_s = 1.0
+    _Handler.answer = threading.Event()  # not before the probe gave up
     r = probe_health(_url(server), timeout_s=0.2)
     assert not r.ok and r.error == "timed out"
     assert r.elapsed_s is not None and r.elapsed_s < 0.9
 
 
 def test_prober_runs_off_the_loop(server: http.server.ThreadingHTTPServer) -> None:
-    _Handler.delay_s = 0.3
+    """The server answers only once the loop has run a callback while the probe waits: a probe
+    that held the loop would time out."""
+    answer = _Handler.answer = threading.Event()
     prober = HealthProber(_url(server), timeout_s=2.0)
 
-    async def scenario() -> int:
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
-
-        t = asyncio.create_task(ticker())
+    async def scenario() -> None:
+        asyncio.get_running_loop().call_later(0.05, answer.set)
         result = await prober.probe()
-        t.cancel()
-        assert result.ok
-        return ticks
+        assert result.ok, result.error
 
-    assert asyncio.run(scenario()) >= 10  # the loop kept running during the 0.3 s probe
+    asyncio.run(scenario())
     assert prober.ready and prober.probes_total == 1 and prober.failures_total == 0
 
 
@@ -177,7 +171,7 @@ def test_a_long_refused_url_is_shown_cut() -> None:
 
 def test_a_redirect_is_not_followed(server: http.server.ThreadingHTTPServer) -> None:
     target = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=target.serve_forever, daemon=True).start()
+    threading.Thread(target=target.serve_forever, args=(0.02,), daemon=True).start()
     asked: list[object] = []
     target.process_request = lambda req, addr: asked.append(addr)  # type: ignore[method-assign]
     _Handler.status = 302

@@ -3,12 +3,12 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import time
 from pathlib import Path
 
 import pytest
 
 from loadwatch.daemon.supervise.logsink import OutputPump, RotatingLog
+from tests.helpers import wait_for
 
 
 def _files(path: Path) -> list[Path]:
@@ -105,9 +105,7 @@ def test_pump_copies_partial_records_immediately(tmp_path: Path) -> None:
     pump = OutputPump(r, got.append)
     pump.start()
     os.write(w, b"\rLoading:  50%|#####     | 1/2")
-    deadline = time.monotonic() + 5
-    while not got and time.monotonic() < deadline:
-        time.sleep(0.001)
+    wait_for(lambda: got, "the partial record copied", 5)
     assert got == [b"\rLoading:  50%|#####     | 1/2"]  # no newline needed
     os.write(w, b"\n")
     os.close(w)

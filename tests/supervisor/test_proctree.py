@@ -3,10 +3,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from loadwatch.daemon.sources.proc.tree import ProcessTree, ProcInfo, parse_stat, read_process_table
+from tests.helpers import wait_for
 
 
 def test_parse_stat_with_hostile_command_name() -> None:
@@ -73,17 +73,18 @@ def test_tree_of_a_real_process_group() -> None:
         [
             sys.executable,
             "-c",
-            "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(30)']); time.sleep(30)",
+            "import signal,subprocess,sys; subprocess.Popen([sys.executable,'-c','import signal; signal.pause()']); signal.pause()",
         ],
         start_new_session=True,
     )
     try:
         tree = ProcessTree(child.pid)
-        for _ in range(200):
+
+        def both_seen() -> bool:
             tree.scan(read_process_table())
-            if len(tree.pids) == 2:
-                break
-            time.sleep(0.02)
+            return len(tree.pids) == 2
+
+        wait_for(both_seen, "the child and its child in the tree", 5)
         assert len(tree.pids) == 2 and child.pid in tree.pids
         assert tree.group_alive(read_process_table())
     finally:

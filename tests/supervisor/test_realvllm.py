@@ -126,7 +126,7 @@ def test_engine_death_with_exit_code_zero_is_restarted(fp8_model: Path, tmp_path
                 seen["ready"] = True
                 sup.note_ready()
                 seen["request_status"] = await asyncio.to_thread(_complete, spec)
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # (real: the daemon's pace of reading and probing)
 
     async def scenario() -> None:
         side = asyncio.create_task(daemon_side())

@@ -21,7 +21,7 @@ from loadwatch.daemon.supervise.supervisor import (
     SupervisorConfigError,
     supervisor_config,
 )
-from tests.supervisor.harness import Recorder
+from tests.supervisor.harness import Recorder, wait_until
 
 
 class _Child:
@@ -34,10 +34,12 @@ class _Child:
 
 
 class VirtualOps:
-    """Children exit at once with the next scripted code; time moves only when slept."""
+    """Children exit at once with the next scripted code; time moves only when slept. A sleep
+    of `endless_from_s` or more never ends by itself (only a stop can end it)."""
 
-    def __init__(self, codes: list[int]) -> None:
+    def __init__(self, codes: list[int], endless_from_s: float = float("inf")) -> None:
         self.codes = list(codes)
+        self.endless_from_s = endless_from_s
         self.now = 1000.0
         self.spawned: list[tuple[Sequence[str], dict[str, str], str | None]] = []
         self.signals: list[tuple[int, int]] = []
@@ -65,7 +67,11 @@ class VirtualOps:
         return self.now
 
     async def sleep(self, seconds: float) -> None:
+        if seconds >= self.endless_from_s:
+            await asyncio.Event().wait()
         self.now += seconds
+        # (a real millisecond: the thread that waits for a child reports its exit meanwhile,
+        # rather than virtual time racing ahead while the loop spins)
         await asyncio.sleep(0.001)
 
     def become_subreaper(self) -> bool:
@@ -198,20 +204,13 @@ def test_stop_before_run_and_during_backoff(tmp_path: Path) -> None:
     result = asyncio.run(sup.stop())
     assert result.state == "exited" and result.tree_pids == ()
 
-    class _LongBackoffOps(VirtualOps):
-        async def sleep(self, seconds: float) -> None:
-            if seconds >= 10_000:
-                await asyncio.Event().wait()  # a real long wait: only stop() can end it
-            await super().sleep(seconds)
-
     rec = Recorder()
     cfg = _cfg(tmp_path, backoff_initial_s=10_000.0, backoff_max_s=10_000.0)
-    sup2 = Supervisor(cfg, on_event=rec, ops=_LongBackoffOps([1] * 100))
+    sup2 = Supervisor(cfg, on_event=rec, ops=VirtualOps([1] * 100, endless_from_s=10_000))
 
     async def scenario() -> str:
         task = asyncio.create_task(sup2.run())
-        while "backoff" not in rec.kinds:
-            await asyncio.sleep(0.001)
+        await wait_until(lambda: "backoff" in rec.kinds, what="the long backoff")
         await sup2.stop()
         return await task
 

@@ -172,7 +172,7 @@ def test_exit_zero_after_engine_death_restarts_on_the_log_verdict(tmp_path: Path
                         kinds.append(event.kind)
                         sup.note_fatal_failure(event.kind)
                 offset += end
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # (real: the tail's poll interval, as a follower's)
 
     async def scenario() -> str:
         tail = asyncio.create_task(tail_and_judge())
@@ -233,6 +233,8 @@ def test_stall_alert_policy_only_reports(tmp_path: Path) -> None:
         task = await start(sup)
         await wait_until(lambda: b"| 1/4 [" in log_bytes(tmp_path))
         assert sup.note_stall(10_000.0) is False
+        # (real: a restart wrongly decided would show within a few tree scans; a stop at once
+        # would hide it, as a stop request wins over a restart)
         await asyncio.sleep(0.2)
         assert rec.kinds == ["started"]
         await sup.stop()

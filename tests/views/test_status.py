@@ -251,18 +251,18 @@ def test_watch_redraws_until_interrupted(
     srv, _ = daemon
     naps: list[float] = []
 
-    def sleep(s: float) -> None:  # the third nap is Ctrl-C
+    def nap(s: float) -> None:  # the injected sleep; the third nap is Ctrl-C
         naps.append(s)
         if len(naps) == 3:
             raise KeyboardInterrupt
 
-    code, out, err = run(srv.url, capsys, watch=True, interval_s=0.5, sleep=sleep)
+    code, out, err = run(srv.url, capsys, watch=True, interval_s=0.5, sleep=nap)
     assert (code, err) == (0, "") and naps == [0.5, 0.5, 0.5]
     assert srv.stats.requests[("/status", 200)] == 3
     assert "60/119 shards" in out  # the last frame stays on screen
 
     naps.clear()
-    code, out, _ = run(srv.url, capsys, watch=True, as_json=True, interval_s=0.5, sleep=sleep)
+    code, out, _ = run(srv.url, capsys, watch=True, as_json=True, interval_s=0.5, sleep=nap)
     lines = out.splitlines()
     assert code == 0 and len(lines) == 3
     assert all(json.loads(x)["session"]["progress"]["shards_done"] == 60 for x in lines)

@@ -9,6 +9,7 @@ import pty
 import select
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from loadwatch.daemon.state.published import Published
 from loadwatch.exporters.http.server import HttpServer
 from loadwatch.exporters.terminal.fmt import duration
 from loadwatch.exporters.terminal.watch import status_text
+from tests.helpers import wait_for
 
 from .helpers import routes
 from .test_status import mid_load, published
@@ -44,12 +46,25 @@ def test_watch_on_a_pipe_writes_a_plain_frame_per_interval(server: HttpServer) -
         stderr=subprocess.PIPE,
         env={**os.environ, "COLUMNS": "100"},
     )
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        time.sleep(1.5)
+        wait_for(lambda: b"".join(chunks).count(b"LOADING WEIGHTS") >= 3, "three frames", 20)
     finally:
         proc.terminate()
-        out, err = proc.communicate(timeout=10)
-    text = out.decode()
+        proc.wait(10)
+        reader.join(10)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    proc.stderr.close()
+    text = b"".join(chunks).decode()
     frames = text.count("LOADING WEIGHTS")
     assert frames >= 3, text
     assert "\x1b[" not in text and "Traceback" not in err.decode()

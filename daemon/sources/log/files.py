@@ -214,14 +214,6 @@ class OpenFile:
             pass
 
 
-_DIGITS = "0123456789"
-
-
-def _date_suffix(rest: str) -> bool:
-    """`rest` reads as a logrotate dateformat's output: a digit first, then digits and `-_.`."""
-    return rest != "" and rest[0] in _DIGITS and all(c in _DIGITS or c in "-_." for c in rest)
-
-
 def stat_file(path: str) -> os.stat_result | None:
     """The path's stat when it is a regular file, else None."""
     try:

@@ -14,12 +14,18 @@ from loadwatch.daemon.sources.log.files import (
     FileIdentity,
     Found,
     OpenFile,
-    _date_suffix,
     fingerprint,
     open_file,
     stat_file,
 )
-from loadwatch.daemon.sources.log.gzipped import GZ, _gz_head, _gz_reaches, inflate, open_rotated
+from loadwatch.daemon.sources.log.gzipped import GZ, gz_head, gz_reaches, inflate, open_rotated
+
+_DIGITS = "0123456789"
+
+
+def _date_suffix(rest: str) -> bool:
+    """`rest` reads as a logrotate dateformat's output: a digit first, then digits and `-_.`."""
+    return rest != "" and rest[0] in _DIGITS and all(c in _DIGITS or c in "-_." for c in rest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,11 +222,11 @@ class Generations:
             gz = names[i] + GZ
             if stat_file(gz) is None:
                 continue
-            head = _gz_head(gz, ident.fp_len)
+            head = gz_head(gz, ident.fp_len)
             if head is None or len(head) != ident.fp_len or fingerprint(head) != ident.fp:
                 continue
             if not opened:
-                if _gz_reaches(gz, offset):
+                if gz_reaches(gz, offset):
                     return i, None
                 continue
             f = inflate(gz, offset)

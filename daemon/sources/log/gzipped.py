@@ -65,7 +65,7 @@ def inflate_into(path: str, dst: IO[bytes], keep_from: int = 0, head: int = 0) -
     return why
 
 
-def _gz_head(path: str, size: int) -> bytes | None:
+def gz_head(path: str, size: int) -> bytes | None:
     """The first `size` bytes of a gzip file's content; None when it is not one (or unreadable)."""
     try:
         with gzip.open(path, "rb") as z:
@@ -74,7 +74,7 @@ def _gz_head(path: str, size: int) -> bytes | None:
         return None
 
 
-def _gz_reaches(path: str, offset: int) -> bool:
+def gz_reaches(path: str, offset: int) -> bool:
     """Whether a gzip file's content is at least `offset` bytes long (inflated, not kept)."""
     try:
         with gzip.open(path, "rb") as z:

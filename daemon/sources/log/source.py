@@ -110,6 +110,8 @@ class LogSource:
             self._error_told = error
         self._pending.extend(self.resume.notices)
         self.resume.notices.clear()
+        self._kept: dict[str, Any] = {}  # what others keep in the checkpoint (`keep`)
+        self._kept_unsaved = False
         saved = cp.extra.get("stamp_offset_s") if cp is not None else None
         self._offset: float | None = float(saved) if isinstance(saved, int | float) else None
         self._offset_at = clock()
@@ -168,8 +170,9 @@ class LogSource:
             chunks = []
         if not self._start_told and follower.start != "pending":
             self._start_told = True  # (before the events the line explains)
-            line = self._start_line()
+            line = start_line(follower)
             if line is not None:
+                self._rewrites_told = follower.rewrites_total  # (said by that line, not again)
                 out.append(_problem(line))
         now = self._clock()
         self.scanner.stream.set_reference(now)
@@ -237,7 +240,9 @@ class LogSource:
     def settle(self) -> list[Notice]:
         """After the loop applied what `read` gave: the checkpoint (when due, and something was
         read), then a line when reading or saving failed, or works again."""
-        if self._read_any and self.follower.checkpoint_due():  # (a clock check, per read)
+        if self._kept_unsaved:  # (no read may come while vLLM is stalled: saved now)
+            self._kept_unsaved = not self.follower.checkpoint(self._extra())
+        elif self._read_any and self.follower.checkpoint_due():  # (a clock check, per read)
             self.follower.maybe_checkpoint(self._extra())
         follower = self.follower
         out: list[Notice] = []
@@ -288,36 +293,6 @@ class LogSource:
             )
         return out
 
-    def _start_line(self) -> str | None:
-        """One line when a restart could not resume where the last daemon stopped reading."""
-        follower = self.follower
-        cp, start = follower.loaded_checkpoint, follower.start
-        if cp is None or start not in ("gone", "changed"):
-            return None
-        path, keep = follower.path, follower.rotated_keep
-        if start == "gone":
-            names = (
-                f"{path}"
-                if keep == 0
-                else f"{path} nor at {path}.1 ... {path}.{keep} nor at a dated {path}-<date>"
-            )
-            why = f"is no longer at {names} (deleted, rotated further, or unreadable)"
-        else:
-            why = "was cut back below that byte while the daemon was down"
-            if follower.rewrites_total:
-                why = "was rewritten in place while the daemon was down (the same first bytes, "
-                why += "other bytes before that one)"
-        self._rewrites_told = follower.rewrites_total  # (said here, not again)
-        if follower.recovered:  # rotated away after the checkpoint: newer than its file
-            files = ", ".join((*follower.recovered, str(path)))
-            reading = f"{files} from their start (rotated files written after the checkpoint)"
-        else:
-            reading = f"{path} from its start"
-        return (
-            f"log {path}: the file the checkpoint names (at byte {cp.offset}) {why}: reading "
-            f"{reading}; what that file held after byte {cp.offset}, if anything, is not read"
-        )
-
     # -- writing a run's effects ------------------------------------------------------------
 
     def begin(self, run: Run, events_at: tuple[str, int] | None) -> None:
@@ -338,10 +313,23 @@ class LogSource:
 
     # -- checkpoints and shutdown -----------------------------------------------------------
 
+    def kept(self, name: str) -> Any:
+        """What the loaded checkpoint holds under `name` (`keep`), or None."""
+        cp = self.follower.loaded_checkpoint
+        return cp.extra.get(name) if cp is not None else None
+
+    def keep(self, name: str, value: Any) -> None:
+        """A value for the checkpoint (the live judgements in force: judgements.py), saved at
+        the next `settle` when it changed: between runs, as every checkpoint is."""
+        if self._kept.get(name, self.kept(name)) != value:
+            self._kept[name] = value
+            self._kept_unsaved = True
+
     def _extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         if self.resume.session_start:
             extra["session_start"] = self.resume.session_start
+        extra.update(self._kept)
         if self._offset is not None:
             extra["stamp_offset_s"] = round(self._offset, 3)
         return extra
@@ -378,6 +366,35 @@ def peek_offset(
         data = decode_bytes(data, fmt)
     stamps = [ev.ts for ev in scanner().feed(data, at) if ev.ts is not None]
     return mtime - max(stamps) if stamps else None
+
+
+def start_line(follower: LogFollower) -> str | None:
+    """One line when a restart could not resume where the last daemon stopped reading."""
+    cp, start = follower.loaded_checkpoint, follower.start
+    if cp is None or start not in ("gone", "changed"):
+        return None
+    path, keep = follower.path, follower.rotated_keep
+    if start == "gone":
+        names = (
+            f"{path}"
+            if keep == 0
+            else f"{path} nor at {path}.1 ... {path}.{keep} nor at a dated {path}-<date>"
+        )
+        why = f"is no longer at {names} (deleted, rotated further, or unreadable)"
+    else:
+        why = "was cut back below that byte while the daemon was down"
+        if follower.rewrites_total:
+            why = "was rewritten in place while the daemon was down (the same first bytes, "
+            why += "other bytes before that one)"
+    if follower.recovered:  # rotated away after the checkpoint: newer than its file
+        files = ", ".join((*follower.recovered, str(path)))
+        reading = f"{files} from their start (rotated files written after the checkpoint)"
+    else:
+        reading = f"{path} from its start"
+    return (
+        f"log {path}: the file the checkpoint names (at byte {cp.offset}) {why}: reading "
+        f"{reading}; what that file held after byte {cp.offset}, if anything, is not read"
+    )
 
 
 def _problem(line: str) -> Notice:

@@ -16,7 +16,7 @@ of those events gives, each once (k/v warnings, which the event log folds, each 
 time and their sums by layer). (Anchor: Vector's lib/file-source model tests.)
 
 The rotations stay within what the follower keeps (`DEFAULT_ROTATED_KEEP` names): a file rotated
-further away is gone, and what it held unread is lost by design (the README says so).
+further away is gone, and what it held unread is lost by design (docs/internals.md says so).
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ class LogSourceModel(RuleBasedStateMachine):
     def _checkpointed(self) -> bool:
         """The daemon saved a checkpoint that names a file by bytes it read of it. Killed
         before that, a restart does not know the file the killed daemon read (it starts at the
-        path from 0): not covered (see the README's restart section)."""
+        path from 0): not covered (see docs/internals.md, "The event log across restarts")."""
         try:
             cp = json.loads((self.tmp / "state" / checkpoint_name(self.log)).read_text())
         except (OSError, ValueError):
