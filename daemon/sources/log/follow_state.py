@@ -1,9 +1,8 @@
-"""What the parts of `LogFollower` share: its files, its place, its counters, and its health.
+"""What the follower's parts share: its errors, its health record, and how a file is known.
 
-The follower is one object made of parts, each in its own module: reading (follower.py), noticing
-rotations and truncations (follow_changes.py), finding a remembered file again (follow_place.py),
-checkpoints (follow_save.py) and waking (follow_wait.py). Each part is a base class of
-`LogFollower` over this state; `FollowerState.__init__` is the one place every attribute is set.
+`LogFollower` (follower.py) composes parts that each own their state (see its docstring); what
+they have in common lives here: `FollowerError`, `FollowerHealth`, `StartKind`, `TAIL_BYTES`,
+`Errors` (the errors, given to each part that can fail), `longer` and `one_line`.
 
 Files and identity. A file is known by device + inode and a fingerprint of its first bytes (up to
 `FINGERPRINT_BYTES`), written ``"dev:ino:len:hash"`` (`FileIdentity`) and carried by every chunk.
@@ -18,21 +17,14 @@ different runs compare as strings.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
-from loadwatch.daemon.sources.log.checkpoint import Checkpoint
-from loadwatch.daemon.sources.log.files import FileIdentity, OpenFile, Position
-from loadwatch.daemon.sources.log.generations import Generations, Since
-from loadwatch.daemon.sources.log.wake import ActiveMode, Mode, Wake, Waker
+from loadwatch.daemon.sources.log.files import FileIdentity
+from loadwatch.daemon.sources.log.wake import ActiveMode
 
-LF, CR = 10, 13
 StartKind = Literal["fresh", "pending", "exact", "rotated", "changed", "gone"]
 TAIL_BYTES = 256  # the bytes before a place that must still be there to resume at it
-LEFT_KEPT = 16  # files left that are remembered, for one that comes back
 
 
 class FollowerError(Exception):
@@ -65,12 +57,6 @@ class FollowerHealth:
     error_in_state: bool = False  # last_error is the state directory's (a save), not the log's
 
 
-def first_terminator(buf: bytes) -> int:
-    lf = buf.find(b"\n")
-    cr = buf.find(b"\r", 0, lf if lf >= 0 else len(buf))
-    return cr if cr >= 0 else lf
-
-
 def longer(file_id: str, head: str | None) -> FileIdentity | None:
     """The identity `file_id` with the first bytes `head` ("N:FP") names, when they are more
     than its own; None otherwise (or when either does not parse)."""
@@ -93,141 +79,26 @@ def one_line(e: BaseException | str) -> str:
     return " ".join(text.split())[:300]
 
 
-class FollowerState:
-    """The follower's state (see the module docstring); its parts read and change it."""
+class Errors:
+    """The follower's errors: how many, the last one (one line), and whether that one is the
+    state directory's (a save) rather than the log's. Each part that can fail is given it."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        cap_bytes: int,
-        poll_interval_s: float,
-        mode: Mode,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-        max_read_bytes: int,
-        rotated_keep: int,
-        mountinfo: str,
-        split_cr: bool,
-        coalesce_s: float = 0.0,
-    ) -> None:
-        self.path = Path(os.path.abspath(os.fspath(path)))
-        self._path = str(self.path)
-        self._cap = cap_bytes
-        self._max_read = max_read_bytes
-        self._poll = poll_interval_s
-        self._coalesce = coalesce_s  # after an event, let the writes of this long gather
-        self._mode: Mode = mode
-        self._mountinfo = mountinfo
-        # A container runtime's log (container.py) ends its lines with \n only; a \r is content.
-        self._split_cr = split_cr
-        self._clock = clock
-        self._wall = wall_clock
-        self._gens = Generations(self._path, rotated_keep)
+    def __init__(self) -> None:
+        self.total = 0
+        self.last: str | None = None  # None again once reading (a save, for a save's) works
+        self.in_state = False  # the last error is the state directory's: a save clears it
 
-        self._sources: list[OpenFile] = []
-        self._pending: tuple[FileIdentity, int] | None = None  # a start position to look up
-        self._known: list[FileIdentity] = []  # identities given before: see `know`
-        self._last_end: Position | None = None  # after the last record delivered
-        self._start: StartKind = "fresh"
-        # after what the files that came after the checkpoint's were written (see `written_after`)
-        self._since: Since | None = None
-        # the checkpoint's file by its first bytes at the save, when they are more than its
-        # identity holds (`Checkpoint.head`): what looking for that file looks for
-        self._heads: dict[str, FileIdentity] = {}
-        self._born: dict[str, int] = {}  # and its birth time at the save (`Checkpoint`)
-        self._recovered: tuple[str, ...] = ()  # see `recovered`
-        self._rewritten: set[str] = set()  # identities whose file was rewritten in place
-        self.rewrites_total = 0  # files found rewritten in place (same first bytes, longer)
-        # files left (drained after a rotation), by inode: (identity, first bytes, where we
-        # were, ended in "\r", the bytes before that place), for one that comes back
-        self._left: dict[tuple[int, int], tuple[str, bytes, int, bool, bytes]] = {}
-        self._exists = False
-        self._at_path = False
-        self._backlog = False
-        self._waker: Waker | None = None
-        self._woke: Wake = None
-        self._found = False  # the last read found data (a stream: the next read on the tick)
-        self._closed = False
+    def fail(self, e: BaseException | str, *, state: bool = False) -> None:
+        self.total += 1
+        self.last = one_line(e)
+        self.in_state = state
 
-        self._records = 0
-        self._bytes = 0
-        self._cuts = 0
-        self._unterminated = 0
-        self._rotations = 0
-        self._truncations = 0
-        self._errors = 0
-        self._checkpoints = 0
-        self._last_error: str | None = None
-        self._error_in_state = False  # the last error is the state directory's: a save clears it
-        self._last_read_ts: float | None = None
-        self._last_check_ts: float | None = None
-        self.loaded_checkpoint: Checkpoint | None = None  # (follow_save.py loads it)
+    def read_works(self) -> None:
+        """A read finished without error: a read's error is over (a save's is not)."""
+        if not self.in_state:
+            self.last = None
 
-    def position(self) -> Position | None:
-        """Where the next undelivered record starts; None when no file was seen yet."""
-        if self._pending is not None:
-            ident, offset = self._pending
-            return Position(str(ident), offset)
-        if not self._sources:
-            return None
-        src = self._sources[0]
-        if src.ident is not None:
-            return Position(src.ident, src.rs)
-        if self._last_end is not None:
-            # Nothing delivered from this file yet (new at the path, or cut back in place): after
-            # the last record delivered, which names its file by its first bytes. This file may
-            # be empty, and an identity of no bytes would name whatever its inode holds later.
-            return self._last_end
-        try:
-            return Position(src.provisional_identity(self._known, src.name != self._path), src.rs)
-        except OSError:
-            return None
-
-    def _fix_identity(self, src: OpenFile) -> str:
-        return src.fix_identity(self._known, copy=src.name != self._path)
-
-    def _fail(self, e: BaseException | str, *, state: bool = False) -> None:
-        self._errors += 1
-        self._last_error = one_line(e)
-        self._error_in_state = state
-
-    def _close_sources(self) -> None:
-        for src in self._sources:
-            src.close()
-        self._sources = []
-
-    @property
-    def last_error(self) -> str | None:
-        """`health().last_error`, without making the rest (asked after every read)."""
-        return self._last_error
-
-    @property
-    def file_exists(self) -> bool:
-        return self._exists
-
-    def health(self) -> FollowerHealth:
-        src = self._sources[0] if self._sources else None
-        waker = self._waker
-        return FollowerHealth(
-            path=self._path,
-            mode=waker.mode if waker is not None else None,
-            mode_reason=waker.reason if waker is not None else None,
-            file_exists=self._exists,
-            records_total=self._records,
-            bytes_total=self._bytes,
-            cuts_total=self._cuts,
-            unterminated_total=self._unterminated,
-            rotations_total=self._rotations,
-            truncations_total=self._truncations,
-            checkpoints_total=self._checkpoints,
-            errors_total=self._errors,
-            last_error=self._last_error,
-            last_read_ts=self._last_read_ts,
-            last_check_ts=self._last_check_ts,
-            file_id=src.ident if src is not None else None,
-            offset=src.rs if src is not None else None,
-            backlog=self._backlog,
-            start=self._start,
-            error_in_state=self._error_in_state,
-        )
+    def save_works(self) -> None:
+        """A save worked: a save's error is over."""
+        if self.in_state:
+            self.last, self.in_state = None, False

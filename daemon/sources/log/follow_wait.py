@@ -1,34 +1,76 @@
-"""Waking the follower: `wait(timeout_s)` blocks until a file-system event (inotify on the
-directory) or the poll interval (with inotify, a one-second safety net); `wait_async` does the
-same in an asyncio loop, and after an event lets the follower's `coalesce_s` pass, so the
-appends of that tick are read at once. ``mode="auto"`` chooses polling on network file systems and falls back to it when
-events do not arrive. `follow()` and `follow_async()` wrap read + wait into iterators of chunk
-lists. Identity and open-file state live in files.py, the rotated-name lookup in generations.py,
-compressed rotated files in gzipped.py.
+"""Waking the follower: `Waiting` owns the path's `Waker` (made at the first wait) and what a read
+tells it.
+
+`wait(timeout_s)` blocks until a file-system event (inotify on the directory) or the poll
+interval (with inotify, a one-second safety net); `wait_async` does the same in an asyncio loop,
+and after an event lets the follower's `coalesce_s` pass, so the appends of that tick are read at
+once; `arm` is `wait_async` as a callback. ``mode="auto"`` chooses polling on network file
+systems and falls back to it when events do not arrive: each read tells the waker how the wait
+before it ended and whether it found data (`begin_read`, `end_read`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
-from loadwatch.daemon.sources.log.follow_state import FollowerError, FollowerState, one_line
-from loadwatch.daemon.sources.log.wake import WakeError, Waker
+from loadwatch.daemon.sources.log.follow_state import Errors, FollowerError, one_line
+from loadwatch.daemon.sources.log.wake import Mode, Wake, WakeError, Waker
+
+ReadMark = tuple[Wake, int]  # how the wait before a read ended, and the waker's events then
 
 
-class FollowerWaiting(FollowerState):
-    """`wait` and `wait_async`, over the path's `Waker`."""
+class Waiting:
+    """`wait`, `wait_async` and `arm` over the path's `Waker`; see the module docstring."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        mode: Mode,
+        mountinfo: str,
+        poll_interval_s: float,
+        coalesce_s: float,
+        errors: Errors,
+    ) -> None:
+        self._path = path
+        self._mode: Mode = mode
+        self._mountinfo = mountinfo
+        self._poll = poll_interval_s
+        self._coalesce = coalesce_s  # after an event, let the writes of this long gather
+        self._errors = errors
+        self._waker: Waker | None = None
+        self._woke: Wake = None  # how the last wait ended, until a read takes it
+        self._found = False  # the last read found data (a stream: the next read on the tick)
+
+    @property
+    def waker(self) -> Waker | None:
+        """The waker, once waiting began (a bare read() loop has none)."""
+        return self._waker
 
     def _ensure_waker(self) -> Waker:
         if self._waker is None:
             try:
-                self._waker = Waker(self.path, mode=self._mode, mountinfo=self._mountinfo)
+                self._waker = Waker(self._path, mode=self._mode, mountinfo=self._mountinfo)
             except WakeError as e:
                 raise FollowerError(str(e)) from None
             except OSError as e:  # the path cannot be looked at (EACCES, ENAMETOOLONG, ...)
-                self._fail(e)
+                self._errors.fail(e)
                 raise FollowerError(one_line(e)) from None
         return self._waker
+
+    def begin_read(self) -> ReadMark:
+        """A read begins: it takes how the last wait ended (once)."""
+        woke, self._woke = self._woke, None
+        return woke, self._waker.events_total if self._waker is not None else 0
+
+    def end_read(self, mark: ReadMark, *, found: bool, found_at_path: bool) -> None:
+        """The read begun at `mark` ended, having found data (at the path's file) or not."""
+        self._found = found
+        if self._waker is not None:
+            woke, events_before = mark
+            self._waker.note_read(woke=woke, events_before=events_before, found_data=found_at_path)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the file may have changed or the poll interval passed; True on an event.
@@ -75,3 +117,7 @@ class FollowerWaiting(FollowerState):
         fired = await waker.wait_async(timeout, self._coalesce)
         self._woke = "event" if fired else "timer"
         return fired
+
+    def close(self) -> None:
+        if self._waker is not None:
+            self._waker.close()

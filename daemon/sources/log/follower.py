@@ -2,8 +2,8 @@
 
 The synchronous core, `LogFollower`, needs no threads: `read()` returns what the file holds now as
 `Chunk`s (runs of whole records, bounded per call) and keeps its place. Call it again later, or
-after `wait()` / `await wait_async()` says the file may have changed (see follow_wait.py). The
-daemon loop::
+after `wait()` / `await wait_async()` says the file may have changed; `follow()` and
+`follow_async()` wrap read + wait into iterators of chunk lists. The daemon loop::
 
     follower = LogFollower(path, state_dir=state)        # resumes from its checkpoint, if any
     while running:
@@ -14,45 +14,57 @@ daemon loop::
             await follower.wait_async()
     follower.close()                                     # writes the final checkpoint
 
-How the file is read. A path, not a handle, is followed. Each `read()` stats the path, compares it
-with the newest open file, then reads with `pread` in reads of at most ``cap_bytes`` from the start
-of the first undelivered record, handing over everything up to the last terminator (``\n`` or
-``\r``, found with `rfind`; no per-record work). A partial record at end of file stays in the file
-and is read again next time. A read of ``cap_bytes`` with no terminator is a record longer than
-the cap: its first ``cap_bytes`` are kept, the rest is skipped read by read without buffering, and
-once its terminator arrives it is delivered alone as ``head + b"\n"`` with ``cut=True``.
+A path, not a handle, is followed. `LogFollower` composes parts that each own their state, in
+their own modules:
 
-The follower's parts: follow_state.py (what they share, and how a file is known),
-follow_changes.py (rotations, truncations), follow_place.py (finding a file again at a restart),
-follow_save.py (checkpoints), follow_wait.py (waking). Identity and open-file state live in
-files.py, the rotated-name lookup in generations.py, compressed rotated files in gzipped.py.
+- `FileSet` (follow_files.py): the open files, oldest first, and what happened to them: each
+  `read()` begins with its `refresh`, which stats the path and notices rotations and
+  truncations; it also keeps the files left and the identities given before (`know`).
+- `RecordReader` (follow_read.py): reads the first open file with `pread`, in reads of at most
+  ``cap_bytes``, into chunks of whole records (records longer than the cap are cut), up to
+  ``max_read_bytes`` per `read()` (then `backlog`); it counts what was read.
+- `Placer` (follow_place.py): where reading starts (`start_at`, else the checkpoint's place) and
+  where a remembered position's file is now (`seek`, `where`).
+- `Checkpointer` (follow_save.py): loads the checkpoint at start, and decides when and what to
+  save (`checkpoint`, `maybe_checkpoint`).
+- `Waiting` (follow_wait.py): the path's `Waker` (wake.py), for `wait`, `wait_async`, `arm`.
+- `Errors` (follow_state.py, with the health record and the other shared names): the errors,
+  given to each part that can fail.
+
+The parts get what they need passed in (the `FileSet`, the `Errors`, the clocks; the
+checkpointer, `position`), never the follower; it keeps the public surface and its own few things: the read budget and `backlog`,
+when reads last found data and finished, and whether it is closed.
+
+Identity and open-file state live in files.py, the rotated-name lookup in generations.py,
+compressed rotated files in gzipped.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
-import stat
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
 from loadwatch.daemon.sources.inputs import Chunk
-from loadwatch.daemon.sources.log.files import FileIdentity, OpenFile, Position, open_file
-from loadwatch.daemon.sources.log.follow_changes import FollowerChanges
-from loadwatch.daemon.sources.log.follow_place import FollowerPlacing
-from loadwatch.daemon.sources.log.follow_save import FollowerSaving
+from loadwatch.daemon.sources.log.checkpoint import Checkpoint
+from loadwatch.daemon.sources.log.files import FileIdentity, Position
+from loadwatch.daemon.sources.log.follow_files import FileSet
+from loadwatch.daemon.sources.log.follow_place import Placer
+from loadwatch.daemon.sources.log.follow_read import RecordReader
+from loadwatch.daemon.sources.log.follow_save import Checkpointer
 from loadwatch.daemon.sources.log.follow_state import (
-    CR,
-    LF,
+    Errors,
     FollowerError,
     FollowerHealth,
     StartKind,
-    first_terminator,
 )
-from loadwatch.daemon.sources.log.follow_wait import FollowerWaiting
+from loadwatch.daemon.sources.log.follow_wait import Waiting
 from loadwatch.daemon.sources.log.wake import Mode
-from loadwatch.parsers.scan import count_records
 
 __all__ = [
     "FileIdentity",
@@ -68,7 +80,7 @@ DEFAULT_POLL_INTERVAL_S = 0.25
 DEFAULT_ROTATED_KEEP = 5
 
 
-class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWaiting):
+class LogFollower:
     """Reads one log path as chunks of whole records; see the module docstring."""
 
     def __init__(
@@ -97,214 +109,207 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
             raise FollowerError("need poll_interval_s > 0, rotated_keep >= 0, coalesce_s >= 0")
         if mode not in ("auto", "inotify", "poll"):
             raise FollowerError(f"unknown follow mode {mode!r} (auto, inotify or poll)")
-        super().__init__(
-            path,
-            cap_bytes=cap_bytes,
-            poll_interval_s=poll_interval_s,
-            mode=mode,
+        self.path = Path(os.path.abspath(os.fspath(path)))
+        self._max_read = max_read_bytes
+        self._wall = wall_clock
+        self._errors = Errors()
+        self._files = FileSet(str(self.path), rotated_keep)
+        self._reader = RecordReader(self._files, cap_bytes=cap_bytes, split_cr=split_cr)
+        self._saver = Checkpointer(
+            state_dir,
+            self.path,
+            files=self._files,
+            position=self.position,
+            errors=self._errors,
+            every_records=checkpoint_every_records,
+            every_s=checkpoint_every_s,
+            min_interval_s=checkpoint_min_interval_s,
             clock=clock,
             wall_clock=wall_clock,
-            max_read_bytes=max_read_bytes,
-            rotated_keep=rotated_keep,
+        )
+        self._placer = Placer(self._files, self._errors, self._saver.loaded, start_at)
+        self._waiting = Waiting(
+            self.path,
+            mode=mode,
             mountinfo=mountinfo,
-            split_cr=split_cr,
+            poll_interval_s=poll_interval_s,
             coalesce_s=coalesce_s,
+            errors=self._errors,
         )
-        self._init_saving(
-            state_dir, checkpoint_every_records, checkpoint_every_s, checkpoint_min_interval_s
-        )
-        self._init_start(start_at)
+        self._backlog = False
+        self._closed = False
+        self._last_read_ts: float | None = None  # wall clock, the last read that found data
+        self._last_check_ts: float | None = None  # ... the last read that finished well
+
+    @property
+    def loaded_checkpoint(self) -> Checkpoint | None:
+        """The checkpoint found at start, if any."""
+        return self._saver.loaded
 
     @property
     def start(self) -> StartKind:
         """How this follower began (`FollowerHealth.start`); "pending" until the first read."""
-        return self._start
+        return self._placer.start
 
     @property
     def recovered(self) -> tuple[str, ...]:
         """When the checkpoint's file was gone: the rotated files written after the checkpoint
         was saved, read from their start before the path (oldest first)."""
-        return self._recovered
+        return self._placer.recovered
+
+    @property
+    def rewrites_total(self) -> int:
+        """Files found rewritten in place (same first bytes, other bytes before our place)."""
+        return self._files.rewrites + self._placer.rewrites
+
+    @property
+    def rotated_keep(self) -> int:
+        """How many rotated names (PATH.1 ..., and as many dated ones) are searched for a file
+        of ours."""
+        return self._files.gens.keep
 
     @property
     def backlog(self) -> bool:
         """The last `read()` stopped at ``max_read_bytes``: more is there now."""
         return self._backlog
 
+    @property
+    def last_error(self) -> str | None:
+        """`health().last_error`, without making the rest (asked after every read)."""
+        return self._errors.last
+
+    @property
+    def file_exists(self) -> bool:
+        return self._files.exists
+
     def read(self) -> list[Chunk]:
         """Everything readable now, up to ``max_read_bytes``, as chunks of whole records."""
         out: list[Chunk] = []
         if self._closed:
             return out
-        woke, self._woke = self._woke, None
-        waker = self._waker
-        events_before = waker.events_total if waker is not None else 0
-        bytes_before = self._bytes
+        files, reader = self._files, self._reader
+        mark = self._waiting.begin_read()
+        bytes_before = reader.bytes
         budget = self._max_read
         self._backlog = False
         try:
-            self._refresh()
-            while self._sources:
-                src = self._sources[0]
-                budget = self._drain(src, out, budget)
+            self._placer.apply_pending()
+            files.refresh()
+            while files.sources:
+                src = files.sources[0]
+                budget, self._backlog = reader.drain(src, out, budget)
                 if self._backlog:
                     break
-                if self._sources[0] is not src:
+                if files.sources[0] is not src:
                     continue  # it was truncated and a copy of it goes first
-                if len(self._sources) == 1:
+                if len(files.sources) == 1:
                     break
-                if self._leave(src, out):
-                    self._sources.pop(0)
+                rs = reader.finish(src, out)  # (None: it grew since the drain: drain again)
+                if rs is not None:
+                    files.leave(src, rs)
             self._last_check_ts = self._wall()
-            if not self._error_in_state:
-                self._last_error = None  # reading works again
+            self._errors.read_works()
         except OSError as e:
-            self._fail(e)
+            self._errors.fail(e)
             if e.errno == errno.ESTALE:  # the NFS handle is gone: find our place again by path
-                self._reopen_at_position()
+                pos = self.position()
+                files.close()
+                self._placer.look_again(pos)
         if out:
-            self._last_end = Position(out[-1].file_id, out[-1].next_offset)
-        found = self._found = self._bytes != bytes_before
+            files.delivered(Position(out[-1].file_id, out[-1].next_offset))
+        found = reader.bytes != bytes_before
         if found:
             self._last_read_ts = self._wall()
-        if waker is not None:
-            waker.note_read(
-                woke=woke, events_before=events_before, found_data=found and self._at_path
-            )
+        self._waiting.end_read(mark, found=found, found_at_path=found and files.at_path)
         return out
 
-    def _drain(self, src: OpenFile, out: list[Chunk], budget: int) -> int:
-        """Read `src` to its end, or until another read could pass `budget` (then backlog)."""
-        fd, cap, pread = src.fd, self._cap, os.pread
-        while True:
-            if budget < cap:
-                self._backlog = True
-                return budget
-            if src.skipping:
-                buf = pread(fd, cap, src.skip_pos)
-                if not buf:
-                    return budget
-                if src.prefix and pread(fd, len(src.prefix), 0) != src.prefix:
-                    if self._replaced_while_reading(src):
-                        return budget
-                    continue
-                t = first_terminator(buf) if self._split_cr else buf.find(b"\n")
-                if t < 0:
-                    src.skip_pos += len(buf)
-                    self._bytes += len(buf)
-                    budget -= len(buf)
-                    if len(buf) < cap:
-                        return budget
-                    continue
-                end = src.skip_pos + t + 1
-                self._bytes += t + 1
-                budget -= t + 1
-                ident = src.ident or self._fix_identity(src)
-                out.append(Chunk(src.head + b"\n", src.rs, ident, end, True))
-                self._cuts += 1
-                self._records += 1
-                src.cr_end = buf[t] == CR
-                src.rs, src.skipping, src.head = end, False, b""
-                src.forget()  # a cut record is not the file's bytes
-                continue
-            rs = src.rs
-            buf = pread(fd, cap, rs)
-            n = len(buf)
-            if n == 0:
-                return budget
-            if src.prefix and pread(fd, len(src.prefix), 0) != src.prefix:
-                if self._replaced_while_reading(src):
-                    return budget
-                continue
-            last = buf.rfind(b"\n")
-            cr = buf.rfind(b"\r", last + 1) if self._split_cr else -1
-            if cr > last:
-                last = cr
-            if last < 0:
-                if n < cap:  # a partial record at the end: it stays in the file until whole
-                    return budget
-                src.skipping, src.head, src.skip_pos = True, buf, rs + n
-                self._bytes += n
-                budget -= n
-                continue
-            size = last + 1
-            data = buf if size == n else buf[:size]
-            out.append(Chunk(data, rs, src.ident or self._fix_identity(src), rs + size, False))
-            src.remember(rs, data)
-            src.rs = rs + size
-            self._bytes += size
-            budget -= size
-            records = count_records(data)
-            if src.cr_end and data[0] == LF:
-                records -= 1
-            src.cr_end = data[-1] == CR
-            self._records += records
-            if n < cap:
-                return budget
+    def position(self) -> Position | None:
+        """Where the next undelivered record starts; None when no file was seen yet."""
+        pending = self._placer.pending()
+        return pending if pending is not None else self._files.position()
 
-    def _replaced_while_reading(self, src: OpenFile) -> bool:
-        """The file was truncated (and grew again) under a read: that read is not ours.
+    def know(self, file_id: str) -> None:
+        """A file identity given before (a checkpoint's, a position noted elsewhere): a file it
+        names gets exactly it when read, so identities compare as strings (`OpenFile.known_as`)."""
+        try:
+            self._files.know(FileIdentity.parse(file_id))
+        except ValueError:
+            return
 
-        Checked after every read, not only once per `read()`, because a copytruncate can happen
-        and the file regrow past our place while a large backlog is being read. True when a copy
-        of it now goes first (stop reading `src`).
+    def where(self, position: Position) -> int | None:
+        """Which name holds the position's file and reaches its offset (see `Placer.where`):
+        0 the path, i PATH.i; None when none does."""
+        return self._placer.where(position)
+
+    def seek(self, position: Position) -> bool:
+        """Re-read from a remembered position if its file is still here (the path or PATH.N).
+
+        Returns False, and keeps the current place, when that file is gone.
         """
-        size = os.fstat(src.fd).st_size
-        src.last_size = size
-        self._truncated(src, size)
-        return self._sources[0] is not src
-
-    def _leave(self, src: OpenFile, out: list[Chunk]) -> bool:
-        """Done with a file we moved past: deliver an unterminated last record, close it."""
-        start = src.skip_pos if src.skipping else src.rs
-        tail = os.pread(src.fd, self._cap, start)
-        if first_terminator(tail) >= 0 or len(tail) == self._cap:
-            return False  # it grew since the drain: drain again
-        rs = src.rs
-        if src.skipping or tail:
-            ident = src.ident or self._fix_identity(src)
-            end = start + len(tail)
-            data = src.head if src.skipping else tail
-            out.append(Chunk(data + b"\n", src.rs, ident, end, True))
-            self._bytes += len(tail)
-            self._records += 1
-            if src.skipping:
-                self._cuts += 1
-            else:
-                self._unterminated += 1
-            rs = end
-        self._remember(src, rs)
-        src.close()
+        if not self._placer.seek(position):
+            return False
+        self._backlog = False
         return True
 
-    def _refresh(self) -> None:
-        if self._pending is not None:
-            ident, offset = self._pending
-            self._apply_start(ident, offset)
-        try:
-            st: os.stat_result | None = os.stat(self._path)
-        except (FileNotFoundError, NotADirectoryError):
-            st = None
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", self._path)
-        self._exists = st is not None
-        self._at_path = False
-        if not self._sources:
-            src = open_file(self._path) if st is not None else None
-            if src is not None:
-                self._sources.append(src)
-                self._at_path = True
-            return
-        newest = self._sources[-1]
-        if st is not None and (st.st_dev, st.st_ino) == newest.key:
-            self._at_path = True
-            self._check_truncation(newest, st.st_size)
-        elif st is not None and st.st_size > 0:
-            # The file we read may have been cut (copytruncate) before it was renamed away:
-            # that is seen at its own size, not at the path's.
-            self._check_truncation(newest, os.fstat(newest.fd).st_size)
-            self._rotate(newest)
-            self._at_path = True
+    def checkpoint(self, extra: Mapping[str, Any] | None = None) -> bool:
+        """Save `position()` and `extra` (kept for later saves when None) now; False on failure."""
+        return self._saver.checkpoint(self._reader.records, extra)
+
+    def checkpoint_due(self) -> bool:
+        """`maybe_checkpoint` would save now (when something changed): a caller may skip
+        making its `extra` until then."""
+        return self._saver.due(self._reader.records)
+
+    def maybe_checkpoint(self, extra: Mapping[str, Any] | None = None) -> bool:
+        """`checkpoint` once enough records or seconds have passed and something changed, and
+        the first time it is called when there was none to load (see follow_save.py)."""
+        return self._saver.maybe_checkpoint(self._reader.records, extra)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the file may have changed or the poll interval passed; True on an event
+        (see `Waiting.wait`)."""
+        return self._waiting.wait(timeout_s)
+
+    def arm(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fire: Callable[[bool], None],
+        timeout_s: float | None = None,
+    ) -> Callable[[], None]:
+        """`wait_async` as a callback: `loop` calls `fire(True)` after an event (and the
+        coalescing tick), `fire(False)` after the timeout; once. Returns what disarms it."""
+        return self._waiting.arm(loop, fire, timeout_s)
+
+    async def wait_async(self, timeout_s: float | None = None) -> bool:
+        """`wait` for an asyncio loop (see `Waiting.wait_async`)."""
+        return await self._waiting.wait_async(timeout_s)
+
+    def health(self) -> FollowerHealth:
+        files, reader, placer = self._files, self._reader, self._placer
+        src = files.sources[0] if files.sources else None
+        waker = self._waiting.waker
+        return FollowerHealth(
+            path=files.path,
+            mode=waker.mode if waker is not None else None,
+            mode_reason=waker.reason if waker is not None else None,
+            file_exists=files.exists,
+            records_total=reader.records,
+            bytes_total=reader.bytes,
+            cuts_total=reader.cuts,
+            unterminated_total=reader.unterminated,
+            rotations_total=files.rotations,
+            truncations_total=files.truncations + placer.truncations,
+            checkpoints_total=self._saver.saves,
+            errors_total=self._errors.total,
+            last_error=self._errors.last,
+            last_read_ts=self._last_read_ts,
+            last_check_ts=self._last_check_ts,
+            file_id=src.ident if src is not None else None,
+            offset=src.rs if src is not None else None,
+            backlog=self._backlog,
+            start=placer.start,
+            error_in_state=self._errors.in_state,
+        )
 
     def follow(self, stop: threading.Event | None = None) -> Iterator[list[Chunk]]:
         """Chunk lists as they come, until `stop` is set."""
@@ -332,9 +337,8 @@ class LogFollower(FollowerChanges, FollowerPlacing, FollowerSaving, FollowerWait
         if checkpoint:
             self.checkpoint()
         self._closed = True
-        if self._waker is not None:
-            self._waker.close()
-        self._close_sources()
+        self._waiting.close()
+        self._files.close()
 
     def __enter__(self) -> LogFollower:
         return self
