@@ -3,16 +3,15 @@ written each time the loop changes (a first failure, a remedy applied or reverte
 when a start reaches ready, so a restart of the daemon keeps the root cause and the ladder's
 place.
 
-Written whole or not at all (daemon/tools/patch_files.py's `atomic_write`). A file that cannot
-be read as a crash loop is set aside as `<name>.corrupt` with one `daemon.problem` line, and the
-daemon goes on with none. The argv in it is redacted before it is written.
+Written and read as every state file is (statefile.py: whole or not at all; one that cannot be
+read as a crash loop is set aside with one `daemon.problem` line, and the daemon goes on with
+none). The argv in it is redacted before it is written.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -30,14 +29,14 @@ from loadwatch.daemon.state.crashloop import (
     RemedyStep,
     diff_lines,
 )
-from loadwatch.daemon.tools.patch_files import atomic_write
+from loadwatch.daemon.statefile import BadDocument, StateFile, bounded_list, document
 
 FILE_NAME = "crash_loop.json"
 FORMAT = 1
 MAX_BYTES = 256 * 1024
 
 
-class BadCrashLoop(ValueError):
+class BadCrashLoop(BadDocument):
     pass
 
 
@@ -102,15 +101,8 @@ def _step(d: Any) -> RemedyStep:
 
 
 def from_json(data: bytes) -> CrashLoop:
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise BadCrashLoop(f"not JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise BadCrashLoop(f"not a crash loop of format {FORMAT}")
-    steps = doc.get("remedies")
-    if not isinstance(steps, list) or len(steps) > MAX_STEPS:
-        raise BadCrashLoop(f"its remedies are not a list of at most {MAX_STEPS}")
+    doc = document(data, FORMAT, "a crash loop")
+    steps = bounded_list(doc, "remedies", MAX_STEPS)
     exhausted = doc.get("exhausted", False)
     if not isinstance(exhausted, bool):
         raise BadCrashLoop("exhausted is not true or false")
@@ -118,45 +110,31 @@ def from_json(data: bytes) -> CrashLoop:
 
 
 class CrashLoopFile:
-    """The crash-loop file of one state directory; `problem` says one line of what went wrong."""
+    """The crash-loop file of one state directory (statefile.py); `problem` says one line of
+    what went wrong."""
 
     def __init__(self, state_dir: Path, problem: Callable[[str], None]) -> None:
-        self.path = state_dir / FILE_NAME
-        self.problem = problem
+        self.file = StateFile(
+            state_dir,
+            FILE_NAME,
+            what="crash loop",
+            max_bytes=MAX_BYTES,
+            parse=from_json,
+            none=CrashLoop(),
+            problem=problem,
+        )
+        self.path = self.file.path
 
     def load(self) -> CrashLoop:
         """The loop kept; none when there is no file, or one set aside as corrupt."""
-        try:
-            with self.path.open("rb") as f:
-                data = f.read(MAX_BYTES + 1)
-        except FileNotFoundError:
-            return CrashLoop()
-        except OSError as e:
-            self.problem(f"crash loop {self.path}: cannot read it: {e.strerror}")
-            return CrashLoop()
-        try:
-            if len(data) > MAX_BYTES:
-                raise BadCrashLoop(f"larger than {MAX_BYTES} bytes")
-            return from_json(data)
-        except BadCrashLoop as e:
-            aside = self.path.with_name(self.path.name + ".corrupt")
-            try:
-                os.replace(self.path, aside)
-                self.problem(f"crash loop {self.path}: {e}; set aside as {aside.name}")
-            except OSError as oe:
-                self.problem(f"crash loop {self.path}: {e}; cannot set it aside: {oe.strerror}")
-            return CrashLoop()
+        return self.file.load()
 
     def save(self, loop: CrashLoop) -> None:
         """Write `loop`; remove the file when there is no loop under way."""
-        try:
-            if loop.first_failure is None:
-                self.path.unlink(missing_ok=True)
-                return
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            atomic_write(self.path, to_json(loop), 0o600)
-        except OSError as e:
-            self.problem(f"crash loop {self.path}: cannot write it: {e.strerror}")
+        if loop.first_failure is None:
+            self.file.remove()
+        else:
+            self.file.save(to_json(loop))
 
 
 __all__ = ["FILE_NAME", "BadCrashLoop", "CrashLoopFile", "from_json", "to_json"]

@@ -2,10 +2,9 @@
 it starts and writes each time a start gets ready (daemon/state/learned.py says what is kept
 and what it is for).
 
-The file is written whole or not at all (a temporary file, fsync, rename, fsync of the
-directory). One that cannot be read as a history (not JSON, a wrong shape, a value out of
-range, larger than `MAX_BYTES`) is set aside as `<name>.corrupt` with one `daemon.problem`
-line, and the daemon goes on with none. To clear the history, delete the file while the daemon
+The file is written and read as every state file is (statefile.py: whole or not at all; one
+that cannot be read as a history is set aside with one `daemon.problem` line, and the daemon
+goes on with none). To clear the history, delete the file while the daemon
 is stopped (a running daemon keeps what it read and writes it back at the next ready).
 """
 
@@ -13,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +20,7 @@ from typing import Any
 from loadwatch.daemon.state.learned import PER_KEY, TOTAL, PastStart, StartKey, entry_of, remember
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.snapshot import STARTUP_PHASES, Transition
-from loadwatch.daemon.tools.patch_files import atomic_write
+from loadwatch.daemon.statefile import BadDocument, StateFile, bounded_list, document
 
 FILE_NAME = "starts.json"
 FORMAT = 1
@@ -30,7 +28,7 @@ MAX_BYTES = 1024 * 1024  # 200 starts take well under a quarter of this
 _KEY_TEXT = ("model", "version", "layout", "gpu", "kv_dtype")
 
 
-class BadHistory(ValueError):
+class BadHistory(BadDocument):
     pass
 
 
@@ -87,15 +85,7 @@ def _entry(d: Any) -> PastStart:
 
 
 def from_json(data: bytes) -> tuple[PastStart, ...]:
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise BadHistory(f"not JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise BadHistory(f"not a history of format {FORMAT}")
-    starts = doc.get("starts")
-    if not isinstance(starts, list) or len(starts) > TOTAL:
-        raise BadHistory(f"its starts are not a list of at most {TOTAL}")
+    starts = bounded_list(document(data, FORMAT, "a history"), "starts", TOTAL)
     history: tuple[PastStart, ...] = ()
     for d in starts:
         history = remember(history, _entry(d))  # (bounded per key as it is read)
@@ -103,44 +93,27 @@ def from_json(data: bytes) -> tuple[PastStart, ...]:
 
 
 class StartHistory:
-    """The history file of one state directory; `problem` says one line of what went wrong."""
+    """The history file of one state directory (statefile.py); `problem` says one line of what
+    went wrong."""
 
     def __init__(self, state_dir: Path, problem: Callable[[str], None]) -> None:
-        self.path = state_dir / FILE_NAME
-        self.problem = problem
+        self.file: StateFile[tuple[PastStart, ...]] = StateFile(
+            state_dir,
+            FILE_NAME,
+            what="start history",
+            max_bytes=MAX_BYTES,
+            parse=from_json,
+            none=(),
+            problem=problem,
+        )
+        self.path = self.file.path
 
     def load(self) -> tuple[PastStart, ...]:
         """The history; none when there is no file, or one set aside as corrupt."""
-        try:
-            with self.path.open("rb") as f:
-                data = f.read(MAX_BYTES + 1)
-        except FileNotFoundError:
-            return ()
-        except OSError as e:
-            self.problem(f"start history {self.path}: cannot read it: {e.strerror}")
-            return ()
-        try:
-            if len(data) > MAX_BYTES:
-                raise BadHistory(f"larger than {MAX_BYTES} bytes")
-            return from_json(data)
-        except BadHistory as e:
-            self._set_aside(str(e))
-            return ()
-
-    def _set_aside(self, why: str) -> None:
-        aside = self.path.with_name(self.path.name + ".corrupt")
-        try:
-            os.replace(self.path, aside)
-            self.problem(f"start history {self.path}: {why}; set aside as {aside.name}")
-        except OSError as e:
-            self.problem(f"start history {self.path}: {why}; cannot set it aside: {e.strerror}")
+        return self.file.load()
 
     def save(self, history: tuple[PastStart, ...]) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            atomic_write(self.path, to_json(history), 0o600)
-        except OSError as e:
-            self.problem(f"start history {self.path}: cannot write it: {e.strerror}")
+        self.file.save(to_json(history))
 
     def learn(self, state: LoadState, t: Transition) -> LoadState:
         """`state` with the start that transition `t` made ready added to its history, which is

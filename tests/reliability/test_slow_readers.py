@@ -16,8 +16,7 @@ import socket
 import time
 from pathlib import Path
 
-from tests.reliability.proc import DaemonProc
-from tests.reliability.test_slowloris import _success
+from tests.reliability.scrapes import answered, idle_daemon
 
 READERS = 600
 PIPELINED = 100
@@ -38,24 +37,17 @@ def _slow_reader(host: str, port: int) -> socket.socket:
 
 
 def test_scrapes_get_through_600_connections_that_never_read(tmp_path: Path) -> None:
-    log = tmp_path / "vllm.log"
-    log.write_text("")
-    d = DaemonProc(
-        ["--log", str(log), "--state-dir", str(tmp_path / "st"), "--gpu", "none",
-         "--listen", "127.0.0.1:0"],
-        tmp_path / "out.jsonl",
-    )  # fmt: skip
-    host, port = d.wait_listening().removeprefix("http://").rsplit(":", 1)
+    d, host, port = idle_daemon(tmp_path)
     readers: list[socket.socket] = []
     try:
-        quiet = _success(host, int(port))
+        quiet = answered(host, port)
         t0 = time.monotonic()
         for _ in range(READERS):
             try:
-                readers.append(_slow_reader(host, int(port)))
+                readers.append(_slow_reader(host, port))
             except OSError:
                 pass  # refused or reset: the server's choice, not the test's concern
-        attacked = _success(host, int(port))
+        attacked = answered(host, port)
         took = time.monotonic() - t0
         print(
             f"\nscrapes answered: quiet {quiet:.0%}, with {len(readers)} connections that never"
