@@ -98,6 +98,7 @@ def test_a_hostile_checkpoint_the_log_names_is_one_problem_and_every_task_goes_o
     with running(cfg) as d:
         d.wait(lambda: any(words in p for p in _problems(d.events())), "the problem")
         gpu_ok = 'loadwatch_source_last_success_timestamp_seconds{source="gpu"}'
+        d.wait(lambda: gpu_ok in d.metrics(), "a GPU poll published")
         polled = d.metrics()[gpu_ok]
         d.wait(lambda: d.metrics()[gpu_ok] > polled, "GPUs still polled")
         append(cfg.log.path, rest)  # type: ignore[arg-type]
