@@ -22,6 +22,7 @@ from loadwatch.daemon.sources.health import UrlRefused, endpoint_from_config
 from loadwatch.daemon.supervise.remedies import REMEDY_NAMES
 from loadwatch.exporters.http.settings import DEFAULT_PORT as DEFAULT_PORT
 from loadwatch.exporters.http.settings import HttpConfig as HttpConfig
+from loadwatch.parsers.grammar import available as grammars
 from loadwatch.parsers.vllm.argv import option
 
 EX_CONFIG = 78
@@ -39,6 +40,7 @@ class LogConfig:
     # How the file wraps vLLM's output: as written, or a container runtime's log lines (the
     # kubelet's CRI format, docker's json-file); auto: by the path, else by the first line.
     format: Literal["auto", "plain", "cri", "docker"] = "auto"
+    grammar: str = "vllm"  # the log grammar: a folder under parsers/ (parsers/grammar.py)
     # Or the journal: vLLM as a systemd unit (daemon/sources/log/journal.py), read through
     # journalctl; journal_file / journal_directory for a journal that is not this host's own.
     journal_unit: str | None = None
@@ -226,6 +228,7 @@ def _log_fields(t: _Table) -> dict[str, Any]:
             "max_record_bytes", d.max_record_bytes, minimum=1024, maximum=1 << 26
         ),
         "format": t.choice("format", d.format, ("auto", "plain", "cri", "docker")),
+        "grammar": t.choice("grammar", d.grammar, grammars()),
         **_journal_fields(t),
     }
 

@@ -45,6 +45,8 @@ DOCS: dict[str, str] = {
     "[log] poll_interval_s": "how often the file is checked when polling",
     "[log] coalesce_ms": "with inotify, how long after a change the file is read, so the "
     "appends of that time cost one read (0: at once)",
+    "[log] grammar": "the grammar the log is read with: a folder under `parsers/` (vLLM's is "
+    "the one there is)",
     "[log] max_record_bytes": "a longer record (line) is cut to this many bytes and counted",
     "[log] format": "what the file holds: vLLM's own output, the kubelet's CRI log "
     "(`/var/log/pods`), or docker's json-file; `auto` decides by the path and first line",

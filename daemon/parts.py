@@ -18,7 +18,7 @@ def open_log_source(cfg: Config, clock: Callable[[], float]) -> LogSource | None
     path = cfg.log.path
     if path is None:
         return None
-    grammar = load_grammar()  # the log grammar (parsers/grammar.py): vLLM's
+    grammar = load_grammar(cfg.log.grammar)  # (parsers/grammar.py)
     fmt = "plain" if cfg.supervise else resolve_format(cfg.log.format, path)
     return LogSource(
         path,

@@ -4,12 +4,14 @@ A grammar is a folder under parsers/ (parsers/vllm/ is the one there is) whose `
 holds `GRAMMAR`, a `Grammar`: the scan plans the scanner searches a chunk with, per mode, the
 quiet-record test, what a record holding only a process prefix looks like, and how to start the
 event stream that parses the records the scanner hands it. Adding a grammar is adding a folder;
-`load(name)` finds it, and nothing in the scanner, the loop or analyze names one.
+`load(name)` finds it (`[log] grammar` names it), and nothing in the scanner, the loop or analyze names one.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -69,6 +71,19 @@ class Grammar:
             for mode, groups in self.plans.items()
         }
         object.__setattr__(self, "native_plans", native)
+
+
+def available() -> tuple[str, ...]:
+    """The grammars there are: each folder under parsers/ with a `grammar` module."""
+    import loadwatch.parsers as here
+
+    return tuple(
+        sorted(
+            m.name
+            for m in pkgutil.iter_modules(here.__path__)
+            if m.ispkg and importlib.util.find_spec(f"loadwatch.parsers.{m.name}.grammar")
+        )
+    )
 
 
 def load(name: str = DEFAULT) -> Grammar:

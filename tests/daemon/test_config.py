@@ -16,6 +16,7 @@ from loadwatch.daemon.config import (
 )
 from loadwatch.daemon.parts import state_config
 from loadwatch.daemon.state.session import StateConfig
+from loadwatch.parsers.grammar import available, load
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -105,6 +106,7 @@ dir = "/models/k"
         ('[model]\nallowed_roots = ["/m\\u0000x"]\n', "[model] allowed_roots", "NUL byte"),
         ("[forecast]\nquiet_stall_s = 30\n", "[forecast] quiet_stall_s", "between 60 and"),
         ("[forecast]\nquiet_stall_s = '1h'\n", "[forecast] quiet_stall_s", "expected a number"),
+        ("[log]\ngrammar = 'sglang'\n", "[log] grammar", "vllm"),  # (the grammars there are)
         # a setting that went (the event log always folds k/v warnings): said, not "unknown"
         ("[events]\nfold = false\n", "[events] fold", "no longer a setting"),
     ],
@@ -231,3 +233,9 @@ def test_a_bad_quiet_stall_floor_exits_78(tmp_path: Path) -> None:
     assert out.stderr.strip().splitlines() == [
         "loadwatch: config error: [forecast] quiet_stall_s: must be between 60 and 86400, got -5"
     ]
+
+
+def test_the_log_grammar_is_a_grammar_folder(tmp_path: Path) -> None:
+    assert available() == ("vllm",)  # parsers/vllm/grammar.py
+    cfg = load_config(write(tmp_path, "[log]\ngrammar = 'vllm'\n"))
+    assert cfg.log.grammar == "vllm" and load(cfg.log.grammar).name == "vllm"
