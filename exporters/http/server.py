@@ -41,7 +41,9 @@ class Response:
 Handler = Callable[[Mapping[str, str]], Response]  # query parameters -> response
 
 
-SEND_BUFFER_BYTES = 16 * 1024  # the kernel doubles it: a reader that takes its answer never waits long
+SEND_BUFFER_BYTES = (
+    16 * 1024
+)  # the kernel doubles it: a reader that takes its answer never waits long
 
 
 class ServerError(Exception):
