@@ -105,11 +105,14 @@ class Ladder:
         first = self.loop.first_failure
         if first is not None and first.argv != self._redacted(self._base):
             # The operator changed the command since (a fix, say): its failures and remedies
-            # are not this command's.
+            # are not this command's; a patch of the model that loop applied and never judged
+            # is put back, as it would have been had its start failed.
+            tried = self.loop.in_effect
             self._say(
                 "vllm.crash_loop_dropped",
                 reason="the configured command differs from the one the kept crash loop began "
                 "with: a new command starts a new loop",
+                reverted=list(undo(tried)) if tried is not None and tried.patched else None,
             )
             self.loop = CrashLoop()
             store.save(self.loop)

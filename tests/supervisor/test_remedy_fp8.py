@@ -182,6 +182,20 @@ def test_a_patch_in_effect_is_reverted_by_the_next_daemon(tmp_path: Path) -> Non
     assert files(m) == original
 
 
+def test_a_patch_of_a_dropped_loop_is_put_back(tmp_path: Path) -> None:
+    m = model(tmp_path)
+    original = files(m)
+    script = Script(FP8)
+    fp8_ladder(tmp_path, script, argv_for(m), "patch").failed(restarting=True)
+    assert files(m) != original
+    # the operator changed the command and restarted the daemon: that loop is not this one's
+    fixed = fp8_ladder(tmp_path, script, argv_for(m, "--kv-cache-dtype", "bfloat16"), "patch")
+    assert fixed.loop.first_failure is None and files(m) == original
+    dropped = script.lines[-1]
+    assert dropped["event"] == "vllm.crash_loop_dropped"
+    assert any("restored from" in line for line in dropped["reverted"])  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("mode", ["flag", "patch"])
 def test_not_applied_when_the_plan_says_the_bf16_cache_does_not_fit(
     tmp_path: Path, mode: str
