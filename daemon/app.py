@@ -325,12 +325,22 @@ async def _main(
                 loop.remove_signal_handler(sig)
 
 
+def gpu_capacity(daemon: Daemon) -> tuple[int, str] | None:
+    """The memory plan's capacity: the first GPU's total memory as NVML reports it."""
+    totals = [g.memory_total_bytes for g in daemon.snapshot().gpus]
+    total = next((t for t in totals if t), None)
+    return (total, "NVML: the first GPU's total memory") if total else None
+
+
 def ladder_for(daemon: Daemon, vllm: VllmConfig) -> Any:
     """The crash loop's keeper and ladder of remedies (supervise/ladder.py) of a supervising
     daemon: its loop in the state directory, on /status through the daemon's state."""
     from loadwatch.daemon.crashloop_file import CrashLoopFile
+    from loadwatch.daemon.supervise.fp8_kv import kv_cost
     from loadwatch.daemon.supervise.ladder import Ladder, seen_in
     from loadwatch.daemon.supervise.remedies import Settings
+
+    env = {**os.environ, **vllm.env} if vllm.inherit_env else dict(vllm.env)
 
     def changed(loop: Any, counts: Any) -> None:
         daemon.state = replace(daemon.state, crash_loop=loop, remedy_counts=counts)
@@ -340,7 +350,12 @@ def ladder_for(daemon: Daemon, vllm: VllmConfig) -> Any:
     return Ladder(
         vllm.argv,
         vllm.remedies,
-        Settings(vllm.remedy_min_model_len, vllm.remedy_gpu_memory_step),
+        Settings(
+            vllm.remedy_min_model_len,
+            vllm.remedy_gpu_memory_step,
+            vllm.remedy_fp8,
+            lambda argv: kv_cost(argv, env, gpu_capacity(daemon)),
+        ),
         CrashLoopFile(daemon.cfg.state_dir, daemon.feed.problem),
         seen=lambda: seen_in(daemon.state.session),
         redact=daemon.redactor.argv,
@@ -367,9 +382,7 @@ def _supervisor_factory(cfg: Config) -> Callable[[Daemon], Any]:
             daemon.feed.line("preflight", verdict=report.verdict, report=report.to_dict())
 
         def capacity() -> tuple[int, str] | None:
-            totals = [g.memory_total_bytes for g in daemon.snapshot().gpus]
-            total = next((t for t in totals if t), None)
-            return (total, "NVML: the first GPU's total memory") if total else None
+            return gpu_capacity(daemon)
 
         ladder = ladder_for(daemon, vllm)
         hook = None

@@ -10,7 +10,7 @@
               [--gpu-memory-gib G | --gpu-model NAME] [--tensor-parallel-size N ...]
     loadwatch patch-model MODEL_DIR (--drop-fp8-kv-cache | --revert [--force]) [--dry-run]
     loadwatch alerts --runbook-base-url URL [--rules FILE] [--output FILE]
-    loadwatch demo [--scenario S] [--speed X] [--real] [--keep]
+    loadwatch demo [--scenario S] [--speed X] [--real] [--keep] [--remedy-fp8 patch|flag]
 
 Expected problems end in one line on stderr and a non-zero exit code, never a traceback:
 64 usage (argparse's errors too), 65 bad input data, 66 input missing, 69 a service is down,
@@ -360,6 +360,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="where the demo's daemon serves /metrics and /status",
     )
+    fp8 = "fp8-kv-on-sm120: patch the checkpoint (put back at the end) or --kv-cache-dtype bfloat16"
+    demo.add_argument("--remedy-fp8", choices=("patch", "flag"), default="patch", help=fp8)
     demo.add_argument("--no-screen", action="store_true", help="no live screen (logs only)")
     demo.add_argument(
         "--keep", action="store_true", help="keep the demo's directory (log, events, model)"

@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 from loadwatch.daemon.config_table import ConfigError as ConfigError
 from loadwatch.daemon.config_table import Table as _Table
 from loadwatch.daemon.sources.health import UrlRefused, endpoint_from_config
-from loadwatch.daemon.supervise.remedies import REMEDY_NAMES
+from loadwatch.daemon.supervise.remedies import FP8_MODES, REMEDY_NAMES
 from loadwatch.exporters.http.settings import DEFAULT_PORT as DEFAULT_PORT
 from loadwatch.exporters.http.settings import HttpConfig as HttpConfig
 from loadwatch.parsers.grammar import available as grammars
@@ -91,6 +91,7 @@ class VllmConfig:
     remedies: tuple[str, ...] = ()
     remedy_min_model_len: int = 2048  # the `max_model_len` remedy never goes below this
     remedy_gpu_memory_step: float = 0.05  # the `gpu_memory_utilization` remedy's step down
+    remedy_fp8: str = "flag"  # the `fp8_kv_unsupported` remedy: `--kv-cache-dtype` or a patch
     log_max_bytes: int = 256 * 1024 * 1024
     log_keep: int = 3
     output: Literal["file", "file+stdout"] = "file"  # where vLLM's output goes besides the log
@@ -334,6 +335,7 @@ def _vllm_fields(t: _Table) -> dict[str, Any]:
         "remedy_gpu_memory_step": t.number(
             "remedy_gpu_memory_step", d.remedy_gpu_memory_step, minimum=0.01, maximum=0.4
         ),
+        "remedy_fp8": t.choice("remedy_fp8", d.remedy_fp8, FP8_MODES),
         "log_max_bytes": t.integer("log_max_bytes", d.log_max_bytes, minimum=4096, maximum=1 << 40),
         "log_keep": t.integer("log_keep", d.log_keep, minimum=1, maximum=100),
         "output": t.choice("output", d.output, ("file", "file+stdout")),

@@ -121,7 +121,10 @@ DOCS: dict[str, str] = {
     "said would fit, after `kv_cache_too_small` or `max_model_len`; `gpu_memory_utilization` "
     "with `--gpu-memory-utilization` lower by `remedy_gpu_memory_step` (from 0.9 when not given, "
     "at or below vLLM's default; never below 0.5), after `cuda_oom` in the KV-cache profiling or the CUDA-graph capture "
-    "(an OOM while loading weights has no remedy). Each is applied at most once "
+    "(an OOM while loading weights has no remedy); `fp8_kv_unsupported` keeps the KV cache in "
+    "the model dtype after the attention backend refused the FP8 one (`remedy_fp8` says how), "
+    "unless the memory plan says `--max-model-len` does not fit it (twice the bytes per token "
+    "of FP8); its line shows the KV tokens per GPU with each. Each is applied at most once "
     "per crash loop, announced by a `vllm.remedy` line with the change as a diff of the command, "
     "and reverted when the next start fails again; the crash-loop rule applies as ever. With "
     '`preflight = "refuse"` a start the preflight refuses is judged the same way before vLLM '
@@ -131,6 +134,12 @@ DOCS: dict[str, str] = {
     "`--max-model-len` below this (a shorter context is rarely worth serving; default 2048)",
     "[vllm] remedy_gpu_memory_step": "how much the `gpu_memory_utilization` remedy lowers "
     "`--gpu-memory-utilization`",
+    "[vllm] remedy_fp8": "how the `fp8_kv_unsupported` remedy keeps the KV cache in the model "
+    "dtype: `flag` starts vLLM with `--kv-cache-dtype bfloat16` (no file changes; vLLM's `auto` "
+    "takes the checkpoint's FP8 declaration since 2025-12); `patch` drops the checkpoint's FP8 KV "
+    "declaration from its config files as `loadwatch patch-model --drop-fp8-kv-cache` does "
+    "(originals kept beside them; put back byte for byte when the start fails again, or by "
+    "`patch-model --revert`)",
     "[vllm] log_max_bytes": "the captured log is rotated at this size",
     "[vllm] log_keep": "rotated logs kept",
     "[vllm] output": "where vLLM's output goes: `file` (the log, `[log] path`) or `file+stdout` "

@@ -19,6 +19,7 @@ from typing import Any
 
 from loadwatch.daemon.state.crashloop import (
     MAX_ARGV,
+    MAX_DIFF_LINES,
     MAX_EXCERPT_LINES,
     MAX_LINE_CHARS,
     MAX_MESSAGE_CHARS,
@@ -42,7 +43,11 @@ class BadCrashLoop(BadDocument):
 
 def to_json(loop: CrashLoop) -> bytes:
     first = asdict(loop.first_failure) if loop.first_failure is not None else None
-    steps = [{k: v for k, v in asdict(s).items() if k != "diff"} for s in loop.remedies]
+    # (a change of the command gives its diff again; a patch's diff, of files, is kept)
+    steps = [
+        {k: v for k, v in asdict(s).items() if k != "diff" or s.option is None}
+        for s in loop.remedies
+    ]
     doc = {"format": FORMAT, "first_failure": first, "remedies": steps, "exhausted": loop.exhausted}
     return json.dumps(doc, indent=1).encode() + b"\n"
 
@@ -88,6 +93,9 @@ def _step(d: Any) -> RemedyStep:
     option = _text(d.get("option"), "option", 80, True)
     before = _text(d.get("before"), "before", 4096, True)
     after = _text(d.get("after"), "after", 4096, True)
+    diff = diff_lines(option, before, after)
+    if option is None and d.get("diff") is not None:
+        diff = _texts(d.get("diff"), "diff", MAX_DIFF_LINES, MAX_LINE_CHARS * 4)
     return RemedyStep(
         remedy=_text(d.get("remedy"), "remedy", 80),
         outcome=d["outcome"],
@@ -96,7 +104,8 @@ def _step(d: Any) -> RemedyStep:
         before=before,
         after=after,
         at=_time(d.get("at")),
-        diff=diff_lines(option, before, after),
+        diff=diff,
+        patched=_text(d.get("patched"), "patched", 4096, True),
     )
 
 

@@ -13,8 +13,10 @@ on SIGTERM logs its shutdown, ends its workers and exits 0. Scenarios:
 - oom: a CUDA out-of-memory traceback at 75% of the load, exit 1;
 - crash-loop: an NCCL error right at start, exit 1, every time;
 - fp8-kv-on-sm120: fails like vLLM on an SM120 GPU with an FP8 KV-cache checkpoint (no MLA
-  backend takes it), exit 1 -- as long as the model directory still declares an FP8 KV cache;
-  once `loadwatch patch-model --drop-fp8-kv-cache` removed it, the load succeeds.
+  backend takes it), exit 1 -- as long as the start's KV cache is FP8: the model directory
+  declares one and `--kv-cache-dtype` is `auto` (or an FP8 one); once `loadwatch patch-model
+  --drop-fp8-kv-cache` removed the declaration, or with `--kv-cache-dtype bfloat16`, the load
+  succeeds, as vLLM's does.
 """
 
 from __future__ import annotations

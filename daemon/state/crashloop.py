@@ -17,6 +17,7 @@ MAX_EXCERPT_LINES = 12
 MAX_LINE_CHARS = 400
 MAX_MESSAGE_CHARS = 2000
 MAX_ARGV = 256  # arguments kept of the command
+MAX_DIFF_LINES = 40  # of a change of files (a patch's report)
 MAX_STEPS = 32  # remedies of one loop (each is applied at most once: there are few)
 
 # What became of a remedy: applied before a start; that start reached ready (helped) or failed
@@ -48,6 +49,7 @@ class RemedyStep:
     after: str | None = None
     at: float = 0.0
     diff: tuple[str, ...] = ()  # the change as diff lines of the command (`diff_lines`)
+    patched: str | None = None  # the model directory whose config the remedy patched
 
 
 def diff_lines(option: str | None, before: str | None, after: str | None) -> tuple[str, ...]:
@@ -105,6 +107,7 @@ def excerpt_of(root: FailureTally) -> tuple[str, ...]:
 
 __all__ = [
     "MAX_ARGV",
+    "MAX_DIFF_LINES",
     "MAX_EXCERPT_LINES",
     "MAX_LINE_CHARS",
     "MAX_MESSAGE_CHARS",

@@ -38,13 +38,21 @@ from loadwatch.daemon.state.crashloop import (
     FirstFailure,
     RemedyCounts,
     RemedyStep,
-    diff_lines,
     excerpt_of,
 )
 from loadwatch.daemon.state.failures import root_cause
 from loadwatch.daemon.state.session import Session
 from loadwatch.daemon.state.timeline import UNKNOWN
-from loadwatch.daemon.supervise.remedies import Change, Failed, Settings, no_remedy, propose
+from loadwatch.daemon.supervise.remedies import (
+    Change,
+    Failed,
+    Settings,
+    carry_out,
+    no_remedy,
+    propose,
+    step_diff,
+    undo,
+)
 from loadwatch.parsers.vllm.argv import with_option
 from loadwatch.parsers.vllm.catalog import classify
 
@@ -97,11 +105,14 @@ class Ladder:
         first = self.loop.first_failure
         if first is not None and first.argv != self._redacted(self._base):
             # The operator changed the command since (a fix, say): its failures and remedies
-            # are not this command's.
+            # are not this command's; a patch of the model that loop applied and never judged
+            # is put back, as it would have been had its start failed.
+            tried = self.loop.in_effect
             self._say(
                 "vllm.crash_loop_dropped",
                 reason="the configured command differs from the one the kept crash loop began "
                 "with: a new command starts a new loop",
+                reverted=list(undo(tried)) if tried is not None and tried.patched else None,
             )
             self.loop = CrashLoop()
             store.save(self.loop)
@@ -148,7 +159,8 @@ class Ladder:
             undone = replace(tried, outcome="reverted", at=self._clock())
             loop = replace(loop, remedies=(*loop.remedies[:-1], undone))
             again = "was refused" if failed.phase == PREFLIGHT else "failed again"
-            self._step(undone, f"the start with it {again} ({failed.kind}); reverted", failed)
+            why = f"the start with it {again} ({failed.kind}); reverted"
+            self._step(undone, why, failed, undo(tried))
         if self._remedies and (restarting or loop.remedies):
             loop = self._next(loop, failed, restarting)
         self.loop = loop
@@ -168,6 +180,10 @@ class Ladder:
             if isinstance(change, Change) and len(loop.remedies) < MAX_STEPS:
                 if not apply:
                     return loop  # (one is left, for the next start: after a daemon restart)
+                change = carry_out(change)  # (the patch of the model's config, if it is one)
+                if isinstance(change, str):
+                    reasons.append(f"{name}: {change}")
+                    continue
                 step = RemedyStep(
                     name,
                     "applied",
@@ -176,9 +192,10 @@ class Ladder:
                     change.before,
                     change.after,
                     self._clock(),
-                    diff_lines(change.option, change.before, change.after),
+                    step_diff(change),
+                    change.patch_dir,
                 )
-                self._step(step, change.reason, failed)
+                self._step(step, change.reason, failed, step.diff)
                 return replace(loop, remedies=(*loop.remedies, step), exhausted=False)
             if isinstance(change, str):
                 reasons.append(f"{name}: {change}")
@@ -211,18 +228,17 @@ class Ladder:
             helped = replace(step, outcome="helped", at=self._clock())
             loop = replace(loop, remedies=(*loop.remedies[:-1], helped))
             self._kept = (*self._kept, helped)
-            self._step(helped, "the start with it reached ready", None)
+            self._step(helped, "the start with it reached ready", None, helped.diff)
         if loop.first_failure is None and step is None:
             return
         self.loop = replace(loop, first_failure=None, exhausted=False)
         self._store.save(self.loop)  # (removes the file: no loop under way)
         self._publish()
 
-    def _step(self, step: RemedyStep, reason: str, failed: Failed | None) -> None:
+    def _step(
+        self, step: RemedyStep, reason: str, failed: Failed | None, diff: Sequence[str]
+    ) -> None:
         self.counts = self.counts.add(step.remedy, step.outcome)
-        diff = step.diff
-        if step.outcome == "reverted":  # (the change back)
-            diff = diff_lines(step.option, step.after, step.before)
         self._say(
             "vllm.remedy",
             remedy=step.remedy,

@@ -10,6 +10,12 @@ announces and reverts them is ladder.py.
   lower by `[vllm] remedy_gpu_memory_step` (from 0.9 when not given: vLLM's default, 0.92 in
   0.32), never below
   `MIN_GPU_MEMORY_UTILIZATION`.
+- `fp8_kv_unsupported`: after `fp8_kv_unsupported` (the attention backend refused the FP8 KV
+  cache: TRITON_MLA on SM120), start with the model-dtype KV cache, as `[vllm] remedy_fp8` says:
+  `flag` starts with `--kv-cache-dtype bfloat16` (no file changes), `patch` drops the checkpoint's
+  FP8 KV declaration from its config files (`patch-model --drop-fp8-kv-cache`, reverted byte for
+  byte when it did not help). Not applied when the memory plan says `--max-model-len` does not
+  fit the model-dtype cache (twice the bytes per token): fp8_kv.py.
 
 Some failures have no remedy, and the ladder says so instead of trying one: `cuda_oom` while the
 weights load (the memory the weights need is not there; no setting of vLLM makes it so).
@@ -18,12 +24,20 @@ weights load (the memory the weights need is not there; no setting of vLLM makes
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from loadwatch.parsers.vllm.argv import option
+from loadwatch.daemon.state.crashloop import RemedyStep, diff_lines
+from loadwatch.daemon.supervise.fp8_kv import (
+    MODEL_DTYPE_FLAG,
+    KvCostOf,
+    apply_patch,
+    revert_patch,
+)
+from loadwatch.parsers.vllm.argv import kv_cache_dtype, model_path, option
 from loadwatch.parsers.vllm.catalog import fitting_model_len
 
-REMEDY_NAMES = ("max_model_len", "gpu_memory_utilization")
+REMEDY_NAMES = ("max_model_len", "gpu_memory_utilization", "fp8_kv_unsupported")
+FP8_MODES = ("flag", "patch")  # `[vllm] remedy_fp8`
 MAX_MODEL_LEN_KINDS = frozenset({"kv_cache_too_small", "max_model_len"})
 # The start-up steps whose allocations come beside vLLM's memory budget (timeline.py's phases)
 OOM_OUTSIDE_BUDGET_PHASES = frozenset({"kv_cache", "graph_capture"})
@@ -45,18 +59,24 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One argument of the command set to a new value (`before` None: it was not given)."""
+    """One argument of the command set to a new value (`before` None: it was not given), or
+    (`option` None) the model directory's config patched: `patch_dir`, and once applied
+    (`carry_out`) the files changed as diff lines."""
 
-    option: str
+    option: str | None
     before: str | None
-    after: str
+    after: str | None
     reason: str
+    patch_dir: str | None = None
+    files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     min_model_len: int = 2048
     gpu_memory_step: float = 0.05
+    fp8_mode: str = "flag"  # FP8_MODES
+    kv_cost: KvCostOf | None = None  # the memory plan with the model-dtype KV cache
 
 
 def _max_model_len(failed: Failed, argv: Sequence[str], settings: Settings) -> Change | str | None:
@@ -101,7 +121,41 @@ def _gpu_memory_utilization(
     return Change("--gpu-memory-utilization", current, f"{lower:g}", why)
 
 
-_RULES = {"max_model_len": _max_model_len, "gpu_memory_utilization": _gpu_memory_utilization}
+def _fp8_kv_unsupported(
+    failed: Failed, argv: Sequence[str], settings: Settings
+) -> Change | str | None:
+    if failed.kind != "fp8_kv_unsupported":
+        return None
+    cost = settings.kv_cost(argv) if settings.kv_cost is not None else None
+    if cost is not None and not cost.fits:
+        return f"the model-dtype KV cache would not fit: {cost.line}"
+    why = (
+        "fp8_kv_unsupported: the attention backend refused the FP8 KV cache; the next start "
+        "keeps it in the model dtype"
+    )
+    cost_line = f"; {cost.line}" if cost is not None else ""
+    flag = kv_cache_dtype(argv)
+    if settings.fp8_mode == "flag":
+        if flag == MODEL_DTYPE_FLAG:
+            return f"--kv-cache-dtype is {flag} already"
+        reason = f"{why} (--kv-cache-dtype {MODEL_DTYPE_FLAG}){cost_line}"
+        return Change(
+            "--kv-cache-dtype", option(argv, "--kv-cache-dtype"), MODEL_DTYPE_FLAG, reason
+        )
+    if flag is not None and flag.lower() != "auto":
+        return f"--kv-cache-dtype {flag} is given: a patch of the checkpoint does not change it"
+    model = model_path(argv)
+    if model is None:
+        return "the command names no model directory to patch"
+    reason = f"{why} (its config's FP8 KV declaration dropped, originals kept){cost_line}"
+    return Change(None, None, None, reason, patch_dir=model)
+
+
+_RULES = {
+    "max_model_len": _max_model_len,
+    "gpu_memory_utilization": _gpu_memory_utilization,
+    "fp8_kv_unsupported": _fp8_kv_unsupported,
+}
 
 
 def propose(
@@ -110,6 +164,29 @@ def propose(
     """What remedy `name` would change for `failed`: a `Change`; a reason it cannot, for a
     failure it is about; None for a failure it is not about."""
     return _RULES[name](failed, argv, settings)
+
+
+def carry_out(change: Change) -> Change | str:
+    """Do what a change needs beyond the command (the patch of the model's config): the change
+    with the files changed, or why it could not be done (nothing was changed then)."""
+    if change.patch_dir is None:
+        return change
+    changed, lines = apply_patch(change.patch_dir)
+    if not changed:
+        return "; ".join(lines) or "the patch changed nothing"
+    return replace(change, files=lines)
+
+
+def step_diff(change: Change) -> tuple[str, ...]:
+    """A change as diff lines: of the command, or the files the patch changed."""
+    return change.files or diff_lines(change.option, change.before, change.after)
+
+
+def undo(step: RemedyStep) -> tuple[str, ...]:
+    """Revert a remedy that did not help: the diff back (its files restored byte for byte)."""
+    if step.patched is not None:
+        return revert_patch(step.patched)
+    return diff_lines(step.option, step.after, step.before)
 
 
 def no_remedy(failed: Failed) -> str | None:
@@ -123,6 +200,7 @@ def no_remedy(failed: Failed) -> str | None:
 
 
 __all__ = [
+    "FP8_MODES",
     "MAX_MODEL_LEN_KINDS",
     "MIN_GPU_MEMORY_UTILIZATION",
     "OOM_OUTSIDE_BUDGET_PHASES",
@@ -130,6 +208,9 @@ __all__ = [
     "Change",
     "Failed",
     "Settings",
+    "carry_out",
     "no_remedy",
     "propose",
+    "step_diff",
+    "undo",
 ]

@@ -9,9 +9,12 @@ update); /metrics and /status are served on localhost meanwhile. At the end it p
 Scenarios: success (two starts of the model: the first is learned, then the demo has the
 supervisor start vLLM again, and the second start shows from its first line the ETA to ready the
 first one taught; demo_starts.py), stall, oom, crash-loop, fp8-kv-on-sm120 (preflight flags the
-FP8 KV cache, the start fails as vLLM does on SM120, the demo applies `patch-model
---drop-fp8-kv-cache`, and the restart loads). `--real` supervises real vLLM on the CPU with a
-tiny model instead.
+FP8 KV cache, the start fails as vLLM does on SM120, the supervisor's `fp8_kv_unsupported` remedy
+keeps the KV cache in the model dtype, showing what that costs in KV tokens, and the restart
+loads; with `--remedy-fp8 patch`, the default, it drops the checkpoint's FP8 KV declaration and
+the demo puts the files back afterwards with `patch-model --revert`, byte for byte; `flag` starts
+with `--kv-cache-dtype bfloat16` instead). `--real` supervises real vLLM on the CPU with a tiny
+model instead.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from loadwatch.daemon.config import (
     parse_listen,
 )
 from loadwatch.daemon.config import HttpConfig as _Http
+from loadwatch.daemon.tools.demo_fp8 import config_files, revert_patch, show_remedies
 from loadwatch.daemon.tools.demo_starts import TwoStarts
 
 GIB = 1 << 30
@@ -46,6 +50,7 @@ EX_SOFTWARE = 70  # the demo itself went wrong, not the load it plays
 KIMI_SHARDS = 119
 KIMI_TOTAL_BYTES = 540 * 10**9
 SIM_GPU_BYTES = 96 * GIB
+FP8_SCENARIO = "fp8-kv-on-sm120"
 
 KIMI_CONFIG: dict[str, Any] = {
     "architectures": ["DeepseekV3ForCausalLM"],
@@ -118,7 +123,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def demo_config(root: Path, model: Path, scenario: str, speed: float, listen: str) -> Config:
+def demo_config(
+    root: Path, model: Path, scenario: str, speed: float, listen: str, remedy_fp8: str = "patch"
+) -> Config:
     host, port = parse_listen(listen)
     vllm_port = free_port()
     argv = (
@@ -153,6 +160,8 @@ def demo_config(root: Path, model: Path, scenario: str, speed: float, listen: st
             stop_grace_s=5.0,
             preflight="warn",
             health_url=f"http://127.0.0.1:{vllm_port}/health",
+            remedies=("fp8_kv_unsupported",) if scenario == FP8_SCENARIO else (),
+            remedy_fp8=remedy_fp8,
         ),
         state_dir=root / "state",
         events_file=root / "events.jsonl",
@@ -165,8 +174,9 @@ def demo_command(args: argparse.Namespace) -> int:
     root = Path(tempfile.mkdtemp(prefix="loadwatch-demo-"))
     keep = bool(getattr(args, "keep", False))
     try:
-        model = make_model_dir(root, fp8_kv=args.scenario == "fp8-kv-on-sm120")
-        cfg = demo_config(root, model, args.scenario, args.speed, args.listen)
+        model = make_model_dir(root, fp8_kv=args.scenario == FP8_SCENARIO)
+        remedy_fp8 = str(getattr(args, "remedy_fp8", None) or "patch")
+        cfg = demo_config(root, model, args.scenario, args.speed, args.listen, remedy_fp8)
         return run_demo(cfg, model, args.scenario, screen=not args.no_screen, keep=keep)
     finally:
         _leave(root, keep)
@@ -197,6 +207,7 @@ def run_demo(
 
     # whatever the log or the daemon says is shown on the terminal, never obeyed
     console = CleanConsole()
+    originals = config_files(model) if scenario == FP8_SCENARIO else {}
     final = int(SIM_GPU_BYTES * (1.12 if scenario == "oom" else 0.86))
     end = _Ending(scenario)
     result: dict[str, Any] = {}
@@ -235,6 +246,8 @@ def run_demo(
     )
     gone = "kept with --keep" if keep else "removed with the demo directory; --keep keeps it"
     console.print(f"\nevent log: {cfg.events_file}  ({gone})")
+    if scenario == FP8_SCENARIO and cfg.vllm is not None and cfg.vllm.remedy_fp8 == "patch":
+        end.outcome_ok &= revert_patch(model, originals, console)
     if not end.outcome_ok:
         console.print(f"the {scenario} scenario did not play out as it should", style="bold red")
         return EX_SOFTWARE
@@ -276,7 +289,7 @@ class _Ending:
     def __init__(self, scenario: str) -> None:
         self.scenario = scenario
         self.since: float | None = None
-        self.patched = False
+        self.remedies_shown = 0
         self.outcome_ok = False
         # success plays two starts of the model: the second's ETA to ready is learned
         self.starts = TwoStarts() if scenario == "success" else None
@@ -287,7 +300,7 @@ class _Ending:
         hit = False
         if self.starts is not None:
             hit = self.starts.done
-        elif self.scenario == "fp8-kv-on-sm120":
+        elif self.scenario == FP8_SCENARIO:
             hit = phase == "ready"
         elif self.scenario == "stall":
             hit = phase == "stalled"
@@ -342,21 +355,7 @@ def _watch(daemon: Any, server: Any, model: Path, end: _Ending, console: Any, sc
             state = str(sup.state) if sup is not None else ""
             if end.starts is not None and sup is not None:
                 end.starts.see(snap, partial(_start_again, daemon, sup))
-            s = snap.session
-            if (
-                end.scenario == "fp8-kv-on-sm120"
-                and not end.patched
-                and s is not None
-                and s.phase == "failed"
-            ):
-                from loadwatch.daemon.tools.patch import patch_model_cli
-
-                text, _ = patch_model_cli(str(model), drop_fp8=True)
-                end.patched = True
-                console.log(
-                    "vLLM cannot run an FP8 KV cache on SM120: loadwatch patch-model "
-                    "--drop-fp8-kv-cache\n" + text
-                )
+            end.remedies_shown = show_remedies(snap, end.remedies_shown, console)
             if end.done(snap, state):
                 break
     daemon.loop_call(daemon.stop_event.set)

@@ -8,10 +8,10 @@ from loadwatch.daemon.sources.inputs import ModelInfo
 from loadwatch.daemon.state.memplan import Layout, MemoryPlan
 from loadwatch.daemon.state.memplan_inputs import NO_CAPACITY, plan_start
 
-_SAID = {"fits": "fits", "tight": "tight", "will_fail": "will not fit", "unknown": "unknown"}
+SAID = {"fits": "fits", "tight": "tight", "will_fail": "will not fit", "unknown": "unknown"}
 
 
-def _tokens(p: MemoryPlan) -> str:
+def tokens_text(p: MemoryPlan) -> str:
     lo, hi = p.low, p.high
     if lo is None and hi is None:
         return "unknown (give --gpu-memory-gib or --gpu-model)"
@@ -38,11 +38,11 @@ def patch_effect_lines(
         f"  KV bytes/token   fp8_e4m3 {before.kv.bytes:,.0f} -> model dtype "
         f"{after.kv.bytes:,.0f} ({after.kv.bytes / before.kv.bytes:.1f}x)"
     )
-    out.append(f"  KV tokens        with FP8 {_tokens(before)}; with bf16 {_tokens(after)}")
+    out.append(f"  KV tokens        with FP8 {tokens_text(before)}; with bf16 {tokens_text(after)}")
     if after.max_model_len:
         out.append(
             f"  --max-model-len  {after.max_model_len:,} ({after.max_model_len_source}): "
-            f"{_SAID[before.verdict]} with FP8, {_SAID[after.verdict]} with bf16"
+            f"{SAID[before.verdict]} with FP8, {SAID[after.verdict]} with bf16"
         )
     if after.predicted_error:
         out.append(f"  expect           {after.predicted_error}")

@@ -28,6 +28,47 @@ EXPECT = {
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("remedy", ["patch", "flag"])
+def test_fp8_kv_on_sm120_is_remedied_by_the_supervisor(
+    remedy: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The remedy, not the demo, fixes the start: announced with the KV tokens it costs, the
+    restart reaches ready; the patch is put back byte for byte by `patch-model --revert`."""
+    args = argparse.Namespace(
+        scenario="fp8-kv-on-sm120",
+        speed=150.0,
+        real=False,
+        listen=f"127.0.0.1:{free_port()}",
+        no_screen=True,
+        keep=False,
+        remedy_fp8=remedy,
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = demo_command(args)
+    text = out.getvalue() + capsys.readouterr().out
+    assert code == 0 and "Verdict: ready" in text, text
+    # the event line, and the demo's own line of the remedy, with the KV capacity it costs
+    assert "vllm.remedy remedy=fp8_kv_unsupported outcome=applied" in text, text
+    assert "vllm.remedy remedy=fp8_kv_unsupported outcome=helped" in text, text
+    # (the plan may give a range, low-high: its first number is compared)
+    cost = re.search(
+        r"KV tokens per GPU: with FP8 ([\d,]+)\S*, with the model dtype ([\d,]+)", text
+    )
+    assert cost is not None, text
+    fp8, bf16 = (int(n.replace(",", "")) for n in cost.groups())
+    assert 0 < bf16 < fp8, text  # the model-dtype cache holds fewer tokens
+    assert re.search(r"^remedy fp8_kv_unsupported (applied|helped): ", text, re.M), text
+    if remedy == "patch":
+        assert "hf_quant_config.json" in text and "kv_cache_quant_algo" in text, text
+        assert "restored from hf_quant_config.json.loadwatch-orig" in text, text
+        assert "the checkpoint's files are byte for byte as before the patch" in text, text
+    else:
+        assert "+ --kv-cache-dtype bfloat16" in text, text
+        assert "patch-model --revert" not in text, text
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", sorted(EXPECT))
 def test_demo_scenario(scenario: str, capsys: pytest.CaptureFixture[str]) -> None:
     args = argparse.Namespace(
