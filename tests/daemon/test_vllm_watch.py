@@ -40,7 +40,7 @@ from loadwatch.daemon.config import (
     ModelConfig,
     VllmConfig,
 )
-from loadwatch.daemon.loop import Daemon
+from loadwatch.daemon.loop import Daemon, vllm_watch
 from loadwatch.daemon.sources.gpu.guard import NullGpuSource
 from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
@@ -183,7 +183,7 @@ class Rounds:
     """The watch alone, on the real daemon's log source and state; its pause is an injected
     sleep that ends `run` after the rounds asked for."""
 
-    def __init__(self, cfg: Config, watch: Callable[[Daemon], VllmWatch] = VllmWatch) -> None:
+    def __init__(self, cfg: Config, watch: Callable[[Daemon], VllmWatch] = vllm_watch) -> None:
         self.out = io.StringIO()
         self.left = 0
         self.daemon = Daemon(
@@ -393,16 +393,8 @@ class RaisingRounds(VllmWatch):
     the loop must say it and go on."""
 
     def __init__(self, d: Daemon, failing: int) -> None:
-        super().__init__(
-            d.cfg,
-            state=lambda: d.state,
-            apply=d.apply,
-            feed=d.feed,
-            publisher=d.publisher,
-            clock=d.clock,
-            sleep=d.sleep,
-            stop_event=d.stop_event,
-        )
+        made = vllm_watch(d)  # the daemon's wiring, then this class's rounds over it
+        self.__dict__.update(made.__dict__)
         self.rounds = 0
         self.failing = failing
 

@@ -38,7 +38,7 @@ def test_short_copy_differs_only_in_for(tmp_path: Path) -> None:
         assert rule["type"] == short_rule["type"] == "alerting"
         for key in ("query", "labels", "annotations"):
             assert rule[key] == short_rule[key], (name, key)
-        assert rule["labels"]["severity"] in ("critical", "warning"), name
+        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
         assert short_rule["duration"] == min(rule["duration"], WINDOW_S), name
     assert any(rule["duration"] > WINDOW_S for rule in original.values())

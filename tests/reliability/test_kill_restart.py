@@ -92,7 +92,7 @@ def _clock_derived(path: str) -> bool:
         key.endswith(("_at", "_since"))
         or key in {"at", "since", "ts", "duration_s", "rate_per_s", "longest_gap_s"}
         or key in {"time_to_ready_s", "weights_load_s", "elapsed_s", "threshold_s", "expected_s"}
-        or key in {"remaining_s", "low_s", "high_s"}
+        or key in {"remaining_s", "low_s", "high_s", "silent_s"}
     )
 
 
