@@ -396,9 +396,9 @@ def sample_io(d: Daemon, pids_of: Callable[[], Sequence[int]]) -> Coroutine[Any,
     )
 
 
-def vllm_watch(d: Daemon, proc_root: str = "/proc") -> VllmWatch:
-    """The /health prober and process watch."""
-    return VllmWatch(
+def vllm_watch(d: Daemon, proc_root: str = "/proc", kind: type[VllmWatch] = VllmWatch) -> VllmWatch:
+    """The /health prober and process watch (`kind`: the class, or a subclass of it)."""
+    return kind(
         d.cfg,
         state=lambda: d.state,
         apply=d.apply,

@@ -392,11 +392,8 @@ class RaisingRounds(VllmWatch):
     """The watch with rounds that raise, as a fault no log line should be able to cause would:
     the loop must say it and go on."""
 
-    def __init__(self, d: Daemon, failing: int) -> None:
-        made = vllm_watch(d)  # the daemon's wiring, then this class's rounds over it
-        self.__dict__.update(made.__dict__)
-        self.rounds = 0
-        self.failing = failing
+    rounds = 0
+    failing = 0
 
     async def _round(self) -> None:
         self.rounds += 1
@@ -405,7 +402,12 @@ class RaisingRounds(VllmWatch):
 
 
 def test_a_round_that_raises_is_said_once_and_the_rounds_go_on(tmp_path: Path) -> None:
-    w = Rounds(watch_config(tmp_path, ""), lambda d: RaisingRounds(d, failing=3))
+    def three_failing(d: Daemon) -> VllmWatch:
+        watch = vllm_watch(d, kind=RaisingRounds)
+        watch.failing = 3  # type: ignore[attr-defined]
+        return watch
+
+    w = Rounds(watch_config(tmp_path, ""), three_failing)
     w.run(5)
     assert isinstance(w.watch, RaisingRounds) and w.watch.rounds == 5
     said = w.events()
