@@ -2,6 +2,10 @@
 PYTHON ?= python3
 BIN := .venv/bin
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist; tests/conftest.py hands each a whole module, the real-vLLM files
+# to one of them first). Most tests wait on processes, sockets and clocks more than they compute,
+# so two share two cores well; TEST_WORKERS=0 runs them in this process, one after another.
+TEST_WORKERS ?= 2
 
 .PHONY: venv tools vllm lint test test-fast demo bench fuzz soak clean
 
@@ -21,11 +25,11 @@ lint: venv
 
 # Everything: lint, unit and property tests, real Prometheus/promtool/mtail, real vLLM on the CPU.
 test: venv tools vllm lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The quick loop: no real vLLM, no real Prometheus, no soak.
 test-fast: venv lint
-	$(BIN)/pytest -m "not slow and not realvllm and not prometheus" $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) -m "not slow and not realvllm and not prometheus" $(PYTEST_ARGS)
 
 # The long runs of what `make test` runs bounded: the fuzzers for FUZZ_S seconds (atheris, when
 # installed) and their hypothesis examples; the vLLM start/crash soak for SOAK_S seconds.

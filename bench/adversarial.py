@@ -114,6 +114,8 @@ OTHER: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
         for (pattern, kind), text in zip(
             catalog._CLASSIFY,
             (
+                # (tests/fixtures/real-v0.32-zmq-ipc-path-too-long.log)
+                "zmq.error.ZMQError: ipc path \"/tmp/r2real/sweeps/llama-tiny-max_model_len-512-max_num_seqs-4/run-0001/scratch/44c821ad-8d5e-4ae9-94b4-17aec908eeae\" is longer than 107 characters (sizeof(sockaddr_un.sun_path)). zmq.IPC_PATH_MAX_LEN constant can be used to check addr length (if it is defined). (addr='ipc:///tmp/r2real/sweeps/llama-tiny-max_model_len-512-max_num_seqs-4/run-0001/scratch/44c821ad-8d5e-4ae9-94b4-17aec908eeae')",
                 "ValueError: No valid attention backend found for cuda with AttentionSelectorConfig(head_size=576, kv_cache_dtype=fp8, use_mla=True). Reasons: {TRITON_MLA: [kv_cache_dtype not supported]}.",
                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
                 "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`.",

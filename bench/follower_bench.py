@@ -1,4 +1,5 @@
-"""Benchmark of the log follower: latency, throughput against `wc -l`, CPU while idle.
+"""Benchmark of the log follower (the plain-file log input): latency, throughput against `wc -l`,
+CPU while idle.
 
 Run: ``.venv/bin/python bench/follower_bench.py [--quick]``. Figures are measured side by side
 in one run and printed; nothing is asserted. The last line is ``key=value`` pairs:
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from loadwatch.daemon.sources.log.follower import LogFollower
+from loadwatch.daemon.sources.log.inputs import FileInput  # the plain-file log input
 from loadwatch.daemon.sources.log.wake import Mode
 from loadwatch.parsers import ChunkScanner
 
@@ -54,7 +55,7 @@ def pct(values: list[float], q: float) -> float:
 def latency(tmp: Path, mode: Mode, appends: int) -> tuple[list[float], str | None]:
     path = tmp / f"latency-{mode}.log"
     path.write_bytes(b"")
-    f = LogFollower(path, mode=mode, poll_interval_s=0.25)
+    f = FileInput(path, mode=mode, poll_interval_s=0.25)
     f.read()
     f.wait(0.001)  # start the watcher before the writer begins
     active = f.health().mode
@@ -122,7 +123,7 @@ def best_of(runs: int, fn: Callable[[], int]) -> tuple[float, int]:
 
 
 def read_through(path: Path, with_parser: bool) -> int:
-    f = LogFollower(path)
+    f = FileInput(path)
     scanner = ChunkScanner()
     records = 0
     while True:
@@ -144,7 +145,7 @@ def wc_lines(path: Path) -> int:
 def idle_cpu(tmp: Path, mode: Mode, seconds: float) -> tuple[float, str | None]:
     path = tmp / f"idle-{mode}.log"
     path.write_bytes(b"INFO quiet\n")
-    f = LogFollower(path, mode=mode)
+    f = FileInput(path, mode=mode)
     stop = threading.Event()
 
     def loop() -> None:

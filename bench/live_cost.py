@@ -1,11 +1,13 @@
 """What loadwatch costs while it follows a serving vLLM's log for days, beside mtail, same run.
 
     .venv/bin/python bench/live_cost.py [--quick] [--repeat N] [--rates 10,300,3000]
+        [--scrape-every 15]
 
 A serving vLLM run with `--enable-log-requests` writes a few lines per request. Here a writer
 process appends lines of that shape (`Received request ...: params: SamplingParams(...)`,
 `Added request ...`, uvicorn's access line, the engine's `Avg prompt throughput` statistics
-every 10 s, and a WARNING every half second so events flow; the shapes are vLLM 0.32's, from
+every 10 s, and a WARNING every half second on average, at random times, so events flow and
+the latency an append sees is not locked to the reader's tick; the shapes are vLLM 0.32's, from
 tests/fixtures/real-v0.32-*.log) at a steady rate, one `write` per line as vLLM's logging does,
 to two files: one followed by `loadwatch run --log FILE --gpu none`, one by `mtail --progs
 bench/vllm_load.mtail --logs FILE`. Both start on the same backlog: a real vLLM 0.32 start-up up
@@ -15,7 +17,9 @@ a real server.
 
 For each rate (lines/s) and each repeat, with both tools freshly started:
 - cost: CPU over the writing window (utime + stime from /proc/PID/stat, summed over the process
-  tree: loadwatch's HTTP server process included), as % of one core; nothing is scraped;
+  tree: loadwatch's HTTP server process included), as % of one core, while a Prometheus-like
+  scraper reads both tools' /metrics every `--scrape-every` seconds (15; 0: never), as a
+  deployment does: both render what they export when scraped;
 - latency, from the append of a line (the writer's clock) to (a) its event in loadwatch's event
   log (`--events-file`, tailed every 2 ms: the WARNING lines) and (b) /metrics showing it
   (`loadwatch_log_read_bytes_total` past the line's end; scraped 20 times a second in a second
@@ -58,7 +62,7 @@ MTAIL_PROGRAM = HERE / "vllm_load.mtail"
 STARTUP = ROOT / "tests" / "fixtures" / "real-v0.32-llama.log"
 STARTUP_PID, STARTUP_PORT = "21820", "8321"  # the fixture's API server pid and port
 READ_BYTES = re.compile(rb"^loadwatch_log_read_bytes_total (\S+)$", re.M)
-WARN_EVERY_S = 0.5
+WARN_EVERY_S = 0.5  # on average: the gaps are random (exponential), as requests come
 STATS_EVERY_S = 10.0  # vLLM's default VLLM_LOG_STATS_INTERVAL
 
 
@@ -126,7 +130,7 @@ def write_child(
     )
     lines = serving_lines(rng, pid)
     begin = time.monotonic()
-    next_warn, next_stats = begin + WARN_EVERY_S, begin
+    next_warn, next_stats = begin + rng.expovariate(1 / WARN_EVERY_S), begin
     i = 0
     while True:
         now = time.monotonic()
@@ -136,7 +140,8 @@ def write_child(
         while i < due:
             warn = now >= next_warn
             if warn:
-                line, next_warn = warning_line(pid), next_warn + WARN_EVERY_S
+                line = warning_line(pid)
+                next_warn += rng.expovariate(1 / WARN_EVERY_S)
             elif now >= next_stats:
                 line, next_stats = stats_line(rng, pid), next_stats + STATS_EVERY_S
             else:
@@ -351,6 +356,24 @@ class EventTail(threading.Thread):
                     self.seen.setdefault(doc["offset"], now)
 
 
+class Prometheus(threading.Thread):
+    """Scrapes every URL's /metrics every `every_s` seconds (the first after 1 s)."""
+
+    def __init__(self, urls: list[str], every_s: float) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.every_s = urls, every_s
+        self.stop = threading.Event()
+        self.scrapes = 0
+
+    def run(self) -> None:
+        wait = 1.0
+        while self.every_s > 0 and not self.stop.wait(wait):
+            for url in self.urls:
+                scrape(url)
+            self.scrapes += 1
+            wait = self.every_s
+
+
 class Scraper(threading.Thread):
     """(time of the answer, loadwatch_log_read_bytes_total) 20 times a second."""
 
@@ -401,7 +424,9 @@ class Trial:
     warnings_logged: int = 0
 
 
-def trial(rate: float, seconds: float, latency_s: float, seed: int, extra: str = "") -> Trial:
+def trial(
+    rate: float, seconds: float, latency_s: float, seed: int, extra: str = "", scrape_s: float = 15
+) -> Trial:
     out = Trial(rate)
     health = ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=health.serve_forever, daemon=True).start()
@@ -420,6 +445,8 @@ def trial(rate: float, seconds: float, latency_s: float, seed: int, extra: str =
             tail.start()
             time.sleep(2.0)  # both settle (loadwatch's first /health probe, mtail's first poll)
             c0, m0, t0 = lw.cpu(), mt.cpu(), time.monotonic()
+            prometheus = Prometheus([lw.url, mt.url], scrape_s)
+            prometheus.start()
             if rate == 0:
                 time.sleep(seconds)
                 app = None
@@ -427,6 +454,8 @@ def trial(rate: float, seconds: float, latency_s: float, seed: int, extra: str =
                 app = write([lw_log, mt_log], rate, seconds, os.getpid(), seed, tmp)
                 time.sleep(0.3)  # what came last is read
             wall = time.monotonic() - t0
+            prometheus.stop.set()
+            prometheus.join()
             out.lw_pct = 100 * (lw.cpu() - c0) / wall
             out.mt_pct = 100 * (mt.cpu() - m0) / wall
             if app is not None:
@@ -468,6 +497,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=None, help="cost window per trial")
     ap.add_argument("--no-idle", action="store_true", help="skip the idle case")
     ap.add_argument(
+        "--scrape-every", type=float, default=15.0, help="seconds between scrapes (0: none)"
+    )
+    ap.add_argument(
         "--set",
         default="",
         help='loadwatch config lines, ";"-separated: "[log] coalesce_ms = 50; [http] ..."',
@@ -489,7 +521,14 @@ def main() -> None:
     results: dict[float, list[Trial]] = {c: [] for c in cases}
     for rep in range(args.repeat):
         for c in cases:
-            t = trial(c, idle_s if c == 0 else seconds, latency_s, 1000 * rep + int(c), args.set)
+            t = trial(
+                c,
+                idle_s if c == 0 else seconds,
+                latency_s,
+                1000 * rep + int(c),
+                args.set,
+                args.scrape_every,
+            )
             results[c].append(t)
             print(f"  trial {rep + 1}/{args.repeat} {label(c)}: loadwatch {t.lw_pct:.2f}% "
                   f"mtail {t.mt_pct:.2f}%", file=sys.stderr, flush=True)  # fmt: skip
@@ -509,7 +548,8 @@ def spread(values: list[float]) -> str:
 
 def report(results: dict[float, list[Trial]], args: argparse.Namespace) -> None:
     print(f"\nlive cost, {os.cpu_count()} cores, repeats {args.repeat} (median (min-max)); "
-          "CPU = utime+stime of each process tree over the window, % of one core")  # fmt: skip
+          "CPU = utime+stime of each process tree over the window, % of one core; "
+          f"both scraped every {args.scrape_every:g} s")  # fmt: skip
     head = f"{'case':<22}{'loadwatch %':>20}{'mtail %':>20}{'event log p50/p99 ms':>24}"
     print(head + f"{'/metrics p50/p99 ms':>24}{'B/line':>8}{'warn logged':>12}")
     kv: dict[str, str] = {}

@@ -24,9 +24,11 @@ from pathlib import Path
 
 from loadwatch.daemon.config import Config
 from loadwatch.daemon.eventfeed import EventFeed
-from loadwatch.daemon.sources.inputs import GpuReading, ModelInfo, OrphanCheck
+from loadwatch.daemon.sources.inputs import GpuReading, ModelInfo, OrphanCheck, PageCache
 from loadwatch.daemon.sources.model.model_info import read_model_dir, under_roots
 from loadwatch.daemon.sources.model.modelfiles import ModelFileError, shown
+from loadwatch.daemon.sources.model.page_cache import cache_state, resident_fraction
+from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.session import Session
 from loadwatch.daemon.supervise.orphans import ORPHAN_GRACE_S, settle_orphans
 
@@ -72,11 +74,14 @@ class ModelDirs:
     """Reads a model directory's facts and hands them to `apply` (the daemon's fold); says
     what it cannot read through `feed`."""
 
-    def __init__(self, cfg: Config, feed: EventFeed, apply: Callable[[ModelInfo], None]) -> None:
+    def __init__(
+        self, cfg: Config, feed: EventFeed, apply: Callable[[ModelInfo | PageCache], None]
+    ) -> None:
         self._cfg = cfg
         self._feed = feed
         self._apply = apply
         self._tried: str | None = None  # the model path of the log last looked for here
+        self._cache_for: int | None = None  # the session whose page cache was looked at
         self._said: list[str] = []  # problems said, each once
 
     def load(self, argv: Iterable[str] = ()) -> None:
@@ -135,6 +140,36 @@ class ModelDirs:
         if not os.path.isdir(path):
             return None
         return self._read(Path(path))[0]
+
+    def after_fold(self, state: LoadState, now: float, *, live: bool, begun: bool) -> None:
+        """After the daemon folded log records into `state` (`live`: as they were written;
+        `begun`: one was a start's first line): the model directory the log names, and its page
+        cache, applied."""
+        info = self.read_logged(state.session)
+        if info is not None:
+            state = state.apply(info, now)  # (what `apply` makes of it)
+            self._apply(info)
+        cache = self.page_cache(state, now, begun=begun) if live else None
+        if cache is not None:
+            self._apply(cache)
+
+    def page_cache(self, state: LoadState, now: float, *, begun: bool) -> PageCache | None:
+        """Once a session, before it loads (`begun`: its first line was just read, or it has
+        not begun to load): how much of the model directory it will load (read here, so
+        allowed) is in the page cache (sources/model/page_cache.py)."""
+        s, model = state.session, state.model
+        if s is None or s.id == self._cache_for or s.page_cache is not None:
+            return None
+        if not begun and s.phase != "starting":
+            return None  # (the load itself has filled the cache since)
+        if model is None or not model.shards or model.errors:
+            return None
+        self._cache_for = s.id
+        fraction = resident_fraction([Path(model.path) / shard.name for shard in model.shards])
+        cache = cache_state(fraction)
+        if fraction is None or cache is None:
+            return None
+        return PageCache(now, s.id, model.path, cache, fraction)
 
     def _read(self, model_dir: Path) -> tuple[ModelInfo, bool]:
         """The directory's facts, and whether the bounds refused it (then the facts say it is

@@ -33,11 +33,12 @@ from loadwatch.daemon.config import (
     with_api_key,
 )
 from loadwatch.daemon.loop import Daemon
+from loadwatch.daemon.parts import make_log_input
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.gpu.scope import ScopedGpuSource, devices_from_env
 from loadwatch.daemon.sources.inputs import IoReader
-from loadwatch.daemon.sources.log.journal import JournalError, JournalPump, JournalSource
+from loadwatch.daemon.sources.log.inputs import InputError, LogInput
 from loadwatch.daemon.statelock import StateDirBusy, lock_state_dir
 from loadwatch.daemon.supervise.config import SupervisorConfigError
 from loadwatch.exporters.eventlog import EventLog
@@ -100,8 +101,8 @@ def make_gpu_source(cfg: Config, progress: Callable[[], float]) -> GuardedGpuSou
 def load_progress(daemon: Daemon) -> float:
     """How far the load is, for simulated GPUs whose memory follows it: by the daemon's live
     state, as a real GPU's memory follows the load itself. Not the published board: its
-    counters wait up to `[http] publish_interval_s`, and memory that lags the fraction the OOM
-    forecast fits it against reads as a load that fits. (Called on the GPU poll's thread: the
+    counters wait for a reader to ask for them (daemon/publish.py), and memory that lags the
+    fraction the OOM forecast fits it against reads as a load that fits. (Called on the GPU poll's thread: the
     state is immutable, each fold makes a new one.)"""
     session = daemon.state.snapshot(daemon.clock()).session
     return (session.progress.ratio or 0.0) if session is not None else 0.0
@@ -159,30 +160,7 @@ def run_daemon(
     problem = prepare_state_dir(cfg.state_dir)
     if problem:
         return fail(problem, EX_CANTCREAT)
-    journal = None
-    if cfg.log.journal_unit is not None:
-        journal, cfg = _journal(cfg)
-        try:
-            journal.start()
-        except (JournalError, OSError) as exc:
-            return fail(f"[log] journal_unit: {exc}", EX_UNAVAILABLE)
-    try:
-        return _run_daemon(cfg, supervisor_factory, on_started, stdout, gpu_factory, io_reader)
-    finally:
-        if journal is not None:
-            journal.stop()
-
-
-def _journal(cfg: Config) -> tuple[JournalPump, Config]:
-    """The pump that copies the unit's journal into a spool, and a config that follows it."""
-    assert cfg.log.journal_unit is not None
-    source = JournalSource(cfg.log.journal_unit, cfg.log.journal_file, cfg.log.journal_directory)
-    pump = JournalPump(
-        source,
-        cfg.state_dir,
-        on_problem=lambda line: print(f"loadwatch: journal: {line}", file=sys.stderr),
-    )
-    return pump, replace(cfg, log=replace(cfg.log, path=pump.spool_path, format="plain"))
+    return _run_daemon(cfg, supervisor_factory, on_started, stdout, gpu_factory, io_reader)
 
 
 def _run_daemon(
@@ -203,9 +181,22 @@ def _run_daemon(
                 f"cannot lock the state directory {cfg.state_dir}: {exc.strerror}", EX_CANTCREAT
             )
         try:
-            return _run_locked(
-                cfg, supervisor_factory, on_started, stdout, gpu_factory, io_reader, early
-            )
+            # The log input (parts.py, inputs.py), opened once the state directory is ours: its
+            # checkpoint and the journal's spool are this daemon's.
+            log_input = make_log_input(cfg)
+            try:
+                if log_input is not None:
+                    log_input.open()
+            except InputError as exc:
+                return fail(str(exc), EX_UNAVAILABLE)
+            try:
+                return _run_locked(
+                    cfg, supervisor_factory, on_started, stdout, gpu_factory, io_reader, early,
+                    log_input,
+                )  # fmt: skip
+            finally:
+                if log_input is not None:
+                    log_input.close(checkpoint=False)  # (the source closed it, if it ran)
         finally:
             os.close(lock)
 
@@ -238,6 +229,7 @@ def _run_locked(
     gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None,
     io_reader: IoReader | None,
     early: list[int],
+    log_input: LogInput | None = None,
 ) -> int:
     redactor = Redactor()
     if cfg.vllm is not None:
@@ -269,13 +261,17 @@ def _run_locked(
         redactor=redactor,
         supervisor_factory=supervisor_factory,
         io_reader=io_reader,
+        log_input=log_input,
     )
     holder["daemon"] = daemon
     server = HttpProcess(
-        cfg.http, on_problem=lambda line: daemon.feed.line("daemon.problem", error=line)
+        cfg.http,
+        on_problem=lambda line: daemon.feed.line("daemon.problem", error=line),
+        on_want=lambda: daemon.loop_call(daemon.publisher.want),
     )
     boards = BoardMaker(time.time, redactor)
     daemon.on_publish.append(lambda pub: server.send(boards.make(pub)))
+    daemon.publisher.stale_hooks.append(server.stale)
     daemon.publisher.heartbeats.append(server.alive)
     try:
         server.start()
@@ -336,6 +332,7 @@ def ladder_for(daemon: Daemon, vllm: VllmConfig) -> Any:
     """The crash loop's keeper and ladder of remedies (supervise/ladder.py) of a supervising
     daemon: its loop in the state directory, on /status through the daemon's state."""
     from loadwatch.daemon.crashloop_file import CrashLoopFile
+    from loadwatch.daemon.state.memplan_inputs import fitting_len, plan_argv
     from loadwatch.daemon.supervise.fp8_kv import kv_cost
     from loadwatch.daemon.supervise.ladder import Ladder, seen_in
     from loadwatch.daemon.supervise.remedies import Settings
@@ -355,6 +352,7 @@ def ladder_for(daemon: Daemon, vllm: VllmConfig) -> Any:
             vllm.remedy_gpu_memory_step,
             vllm.remedy_fp8,
             lambda argv: kv_cost(argv, env, gpu_capacity(daemon)),
+            lambda argv: fitting_len(plan_argv(argv, env, gpu_capacity(daemon))),
         ),
         CrashLoopFile(daemon.cfg.state_dir, daemon.feed.problem),
         seen=lambda: seen_in(daemon.state.session),

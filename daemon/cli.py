@@ -6,8 +6,8 @@
     loadwatch status [--url U] [--watch] [--json]
     loadwatch analyze LOG [--model-dir DIR] [--json]
     loadwatch events LOG                         the parsed events, one JSON object per line
-    loadwatch preflight MODEL_DIR [--kv-cache-dtype X] [--gpu-cc 12.0] [--json]
-              [--gpu-memory-gib G | --gpu-model NAME] [--tensor-parallel-size N ...]
+    loadwatch preflight (MODEL_DIR [--tensor-parallel-size N ...] | -- vllm serve ...) [--json]
+              [--kv-cache-dtype X] [--gpu-cc 12.0] [--gpu-memory-gib G | --gpu-model NAME]
     loadwatch patch-model MODEL_DIR (--drop-fp8-kv-cache | --revert [--force]) [--dry-run]
     loadwatch alerts --runbook-base-url URL [--rules FILE] [--output FILE]
     loadwatch demo [--scenario S] [--speed X] [--real] [--keep] [--remedy-fp8 patch|flag]
@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 from loadwatch.daemon.sources.model.modelfiles import ModelFileError
 from loadwatch.daemon.tools.plan_args import (
     add_plan_flags,
-    gpu_model_cc,
+    gpu_cc_of,
     needs_nvml,
     nvml_gpu,
     plan_capacity,
@@ -255,12 +255,14 @@ def _parser() -> argparse.ArgumentParser:
     pf = command(
         "preflight",
         "check a model directory before starting vLLM",
-        "example:\n  loadwatch preflight /models/Kimi-K2.5-NVFP4 --gpu-cc 12.0\n\n"
+        "examples:\n  loadwatch preflight /models/Kimi-K2.5-NVFP4 --gpu-cc 12.0\n"
+        "  loadwatch preflight --gpu-model H100 -- vllm serve /models/M --max-model-len 131072\n"
+        "With a command it prints the command it would run: supervise mode's remedies.\n\n"
         "exit codes: 0 ok, 1 will fail, 2 warnings, 64 usage, 65 a file of the directory that\n"
         "loadwatch will not read (not a regular file, over its size cap, nested too deep, a\n"
         "number out of range, a link out of the directory), 66 no such directory",
     )
-    pf.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="the checkpoint directory")
+    pf.add_argument("target", nargs="+", metavar="MODEL_DIR | -- COMMAND", help="what to check")
     pf.add_argument(
         "--kv-cache-dtype",
         type=_kv_dtype,
@@ -439,25 +441,20 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _preflight(args: argparse.Namespace) -> int:
     import json
 
-    from loadwatch.daemon.tools.preflight import parse_gpu_cc, preflight_cli
+    from loadwatch.daemon.tools import preflight_remedy as pr
     from loadwatch.exporters.terminal.clean import clean_text
 
-    if not args.model_dir.is_dir():
-        what = "not a directory" if args.model_dir.exists() else "no such directory"
-        return fail(f"preflight: model directory {args.model_dir}: {what}", EX_NOINPUT)
-    cc: tuple[int, int] | None = None
-    if args.gpu_cc:
-        try:
-            cc = parse_gpu_cc(args.gpu_cc)
-        except ValueError as exc:
-            raise UsageError(f"--gpu-cc: {exc}") from None
-    elif args.gpu_model:
-        cc = gpu_model_cc(args.gpu_model)  # an unknown model is said by the capacity below
+    try:
+        model_dir, command = pr.target(args)
+        cc = gpu_cc_of(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not model_dir.is_dir():
+        what = "not a directory" if model_dir.exists() else "no such directory"
+        return fail(f"preflight: model directory {model_dir}: {what}", EX_NOINPUT)
     nvml_cc, nvml_total = nvml_gpu() if needs_nvml(args, for_cc=True) else (None, None)
     layout, capacity = _plan_inputs(args, nvml_total)
-    text, doc, code = preflight_cli(
-        args.model_dir, args.kv_cache_dtype, cc or nvml_cc, layout=layout, capacity=capacity
-    )
+    text, doc, code = pr.report(args, model_dir, command, cc or nvml_cc, layout, capacity)
     print(json.dumps(doc, indent=2) if args.json else clean_text(text))
     return code
 

@@ -33,13 +33,13 @@ class LogConfig:
     path: Path | None = None
     mode: Literal["auto", "inotify", "poll"] = "auto"
     poll_interval_s: float = 0.25
-    # After a change event, the appends of this long are read together: a serving vLLM's many
-    # small writes cost one read, not one each.
-    coalesce_ms: float = 100.0
+    # After a change event, the appends of this long are read in one wake-up, which costs more
+    # than the read (bench/wake_cost.py). Longer loses rotations that outrun it (tiny files).
+    coalesce_ms: float = 200.0
     max_record_bytes: int = 65536
-    # How the file wraps vLLM's output: as written, or a container runtime's log lines (the
-    # kubelet's CRI format, docker's json-file); auto: by the path, else by the first line.
-    format: Literal["auto", "plain", "cri", "docker"] = "auto"
+    # Where vLLM's lines come from (daemon/sources/log/inputs.py); `format`, the older key, is
+    # read into it. auto: the journal when a unit is given, else by the path or first line.
+    input: Literal["auto", "file", "cri", "docker", "journal"] = "auto"
     grammar: str = "vllm"  # the log grammar: a folder under parsers/ (parsers/grammar.py)
     # Or the journal: vLLM as a systemd unit (daemon/sources/log/journal.py), read through
     # journalctl; journal_file / journal_directory for a journal that is not this host's own.
@@ -228,27 +228,37 @@ def _log_fields(t: _Table) -> dict[str, Any]:
         "max_record_bytes": t.integer(
             "max_record_bytes", d.max_record_bytes, minimum=1024, maximum=1 << 26
         ),
-        "format": t.choice("format", d.format, ("auto", "plain", "cri", "docker")),
         "grammar": t.choice("grammar", d.grammar, grammars()),
-        **_journal_fields(t),
+        **_input_fields(t),
     }
 
 
-def _journal_fields(t: _Table) -> dict[str, Any]:
+def _input_fields(t: _Table) -> dict[str, Any]:
+    """`input`, with `format` (its older name for a file's kind) and the journal's keys."""
+    kind = t.choice("input", "auto", ("auto", "file", "cri", "docker", "journal"))
+    fmt = t.choice("format", "auto", ("auto", "plain", "cri", "docker"))
+    said = {"auto": kind, "plain": "file"}.get(fmt, fmt)  # (the input either key names)
+    if kind not in ("auto", said):
+        raise ConfigError(t.key("format"), f"says {fmt}, input says {kind}: give input alone")
+    unit = t.string("journal_unit", None)
     values = {
-        "journal_unit": t.string("journal_unit", None),
+        "journal_unit": unit,
         "journal_file": t.path("journal_file", None),
         "journal_directory": t.path("journal_directory", None),
     }
-    if values["journal_unit"] is None:
+    if unit is None:
+        if said == "journal":
+            raise ConfigError(t.key("input"), "journal needs journal_unit, the unit to read")
         for key in ("journal_file", "journal_directory"):
             if values[key] is not None:
                 raise ConfigError(t.key(key), "goes with journal_unit, the unit to read")
     elif t.data.get("path") is not None:
         raise ConfigError(t.key("journal_unit"), "choose a log path or a journal unit, not both")
+    elif said not in ("auto", "journal"):
+        raise ConfigError(t.key("journal_unit"), f"is read by input journal, not {said}")
     if values["journal_file"] is not None and values["journal_directory"] is not None:
         raise ConfigError(t.key("journal_file"), "choose journal_file or journal_directory")
-    return values
+    return {"input": "journal" if unit is not None else said, **values}
 
 
 def _http_fields(t: _Table) -> dict[str, Any]:

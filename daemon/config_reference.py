@@ -44,12 +44,16 @@ DOCS: dict[str, str] = {
     "inotify with polling as fallback",
     "[log] poll_interval_s": "how often the file is checked when polling",
     "[log] coalesce_ms": "with inotify, how long after a change the file is read, so the "
-    "appends of that time cost one read (0: at once)",
+    "appends of that time cost one read (0: at once); while reads keep finding data, the next "
+    "is this long after the last, and a rotation or a new file is read at once",
     "[log] grammar": "the grammar the log is read with: a folder under `parsers/` (vLLM's is "
     "the one there is)",
     "[log] max_record_bytes": "a longer record (line) is cut to this many bytes and counted",
-    "[log] format": "what the file holds: vLLM's own output, the kubelet's CRI log "
-    "(`/var/log/pods`), or docker's json-file; `auto` decides by the path and first line",
+    "[log] input": "where vLLM's lines come from: a plain `file`, the kubelet's CRI log "
+    "(`cri`, `/var/log/pods`), docker's json-file (`docker`), a unit's `journal`; `auto`: the "
+    "journal when `journal_unit` is set, else by the path and first line",
+    "[log] format": "the older name for a file's kind, still read: `plain` is input `file`, "
+    "`cri` and `docker` the same; it must agree with `input` when both are given",
     "[log] journal_unit": "read this systemd unit's journal instead of a file (`vllm.service`), "
     "through `journalctl -o json --follow`, each entry once across restarts (by cursor); "
     "not with `path`",
@@ -65,8 +69,8 @@ DOCS: dict[str, str] = {
     "[http] basic_auth_user": "basic-auth user (goes with `basic_auth_password_file`)",
     "[http] basic_auth_password_file": "a file holding the basic-auth password",
     "[http] publish_interval_s": "counters that only grow (lines read, GPU readings) are "
-    "published at most this often (seconds); a transition, failure, stall or change of "
-    "readiness at once; a scrape never sees older data",
+    "rendered when a scrape asks for them, at most this often (seconds); a transition, "
+    "failure, stall or change of readiness at once; a scrape never sees older data",
     "[http] max_connections": "connections served at once; more are closed at once",
     "[http] request_timeout_s": "a client that has not sent its request in this time is dropped",
     "[gpu] source": "`nvml` (real GPUs), `simulated` (tests, the demo) or `none`",
@@ -118,13 +122,17 @@ DOCS: dict[str, str] = {
     "to start, or skip",
     "[vllm] remedies": "remedies tried, in this order, when a start fails for a known reason "
     "(none by default): `max_model_len` starts again with the largest `--max-model-len` vLLM "
-    "said would fit, after `kv_cache_too_small` or `max_model_len`; `gpu_memory_utilization` "
+    "said would fit (when its error names none, the largest the memory plan says fits), after "
+    "`kv_cache_too_small` or `max_model_len`; `gpu_memory_utilization` "
     "with `--gpu-memory-utilization` lower by `remedy_gpu_memory_step` (from 0.9 when not given, "
     "at or below vLLM's default; never below 0.5), after `cuda_oom` in the KV-cache profiling or the CUDA-graph capture "
     "(an OOM while loading weights has no remedy); `fp8_kv_unsupported` keeps the KV cache in "
     "the model dtype after the attention backend refused the FP8 one (`remedy_fp8` says how), "
     "unless the memory plan says `--max-model-len` does not fit it (twice the bytes per token "
-    "of FP8); its line shows the KV tokens per GPU with each. Each is applied at most once "
+    "of FP8); its line shows the KV tokens per GPU with each; `enforce_eager` (only when listed) "
+    "ends a start stalled in `torch_compile` or `graph_capture` (the daemon's stall detection, "
+    "whatever `stall_policy` says) and starts again with `--enforce-eager`. Each is applied at "
+    "most once "
     "per crash loop, announced by a `vllm.remedy` line with the change as a diff of the command, "
     "and reverted when the next start fails again; the crash-loop rule applies as ever. With "
     '`preflight = "refuse"` a start the preflight refuses is judged the same way before vLLM '

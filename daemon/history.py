@@ -63,6 +63,8 @@ def _entry(d: Any) -> PastStart:
     for name in _KEY_TEXT:
         if k.get(name) is not None and (not isinstance(k[name], str) or len(k[name]) > 4096):
             raise BadHistory(f"a start's {name} is not text")
+    if k.get("cache") not in (None, "warm", "cold"):
+        raise BadHistory("a start's cache is not warm or cold")
     size = k.get("model_bytes")
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
         raise BadHistory("a start's model_bytes is not a size")

@@ -38,6 +38,7 @@ from loadwatch.daemon.publish import VERSION, Publisher, bundle, status_line, su
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource, NullGpuSource
 from loadwatch.daemon.sources.inputs import IoReader, ProcessEvent
+from loadwatch.daemon.sources.log.inputs import LogInput
 from loadwatch.daemon.sources.log.source import LogSource, Notice, Run
 from loadwatch.daemon.state.failures import session_kind
 from loadwatch.daemon.state.loadstate import LoadState
@@ -66,8 +67,10 @@ class Daemon:
         redactor: Redactor | None = None,
         supervisor_factory: Callable[[Daemon], Any] | None = None,
         io_reader: IoReader | None = None,
+        log_input: LogInput | None = None,
     ) -> None:
         self.cfg = cfg
+        self._log_input = log_input  # opened (app.py); None: the config's, opened by open_log
         self.io_reader = io_reader
         self.clock = clock
         self._sleep_fn = sleep
@@ -79,7 +82,7 @@ class Daemon:
         self.started_at = clock()
         self.starts = StartHistory(cfg.state_dir, self.feed.problem)  # what earlier starts took
         self.state = LoadState(config=replace(state_config(cfg), history=self.starts.load()))
-        self.publisher = Publisher(self.bundle, self.feed.problem, cfg.http.publish_interval_s)
+        self.publisher = Publisher(self.bundle, self.feed.problem)
         self.on_publish = self.publisher.hooks
         self.stop_event = asyncio.Event()
         self.pace = Pace(lambda: self.busy, sleep, self.stop_event.is_set)
@@ -192,9 +195,8 @@ class Daemon:
         while i < n:  # judged after the part's last record (a stall, a cleared forecast)
             self._effect(source, out, run, transitions[i], part[-1].offset)
             i += 1
-        info = self.models.read_logged(self.state.session)
-        if info is not None:
-            self.apply(info)
+        begun = any(t.kind == "session_started" for t in transitions)
+        self.models.after_fold(self.state, self.clock(), live=not run.replay, begun=begun)
 
     def _effect(self, source: LogSource, out: RunEffects, run: Run, t: Transition, at: int) -> None:
         if t.kind == "session_started":
@@ -238,7 +240,7 @@ class Daemon:
             self.log.keep("judged", self.judgements.keys())
 
     def open_log(self) -> LogSource | None:
-        self.log = open_log_source(self.cfg, self.clock)
+        self.log = open_log_source(self.cfg, self.clock, self._log_input)
         if self.log is not None:
             self.judgements = Judgements(self.log.kept("judged"))
         return self.log
@@ -254,8 +256,11 @@ class Daemon:
         return s is not None and (s.phase in phases or s.failing is not None)
 
     def snapshot(self) -> Snapshot:
+        """The state now: the published bundle's when nothing changed since, else made anew."""
         pub = self.published
-        return pub.snapshot(self.clock()) if pub is not None else self.state.snapshot(self.clock())
+        if pub is None or self.publisher.behind:
+            return self.state.snapshot(self.clock())
+        return pub.snapshot(self.clock())
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -267,7 +272,6 @@ class Daemon:
     async def run(self) -> int:
         """Run until `stop_event` is set; returns the process exit code."""
         self._loop = asyncio.get_running_loop()
-        self.publisher.bind(self._loop)
         self.models.load()
         source = self.open_log()
         self.publish()
@@ -281,7 +285,7 @@ class Daemon:
         sup_task: asyncio.Task[Any] | None = None
         if self._supervisor_factory is not None:
             # Know the GPUs before vLLM starts: the preflight needs their compute capability.
-            await self._wait_first_gpu_poll()
+            await first_gpu_poll(self)
             self.supervisor = self._supervisor_factory(self)
             sup_task = asyncio.create_task(self.supervisor.run(), name="supervisor")
             made.append(asyncio.create_task(sample_io(self, self._supervised_pids), name="io"))
@@ -296,7 +300,7 @@ class Daemon:
             "daemon.started",
             version=VERSION,
             pid=os.getpid(),
-            log=str(self.cfg.log.path) if self.cfg.log.path else None,
+            log=str(self.cfg.log.path or self.log.path) if self.log is not None else None,
             supervise=self.cfg.supervise,
             scanner="c" if NATIVE else "python",  # the log's candidate search (parsers/_scan.c)
         )
@@ -321,15 +325,6 @@ class Daemon:
     def _supervised_pids(self) -> tuple[int, ...]:
         pid = self.supervisor.pid if self.supervisor is not None else None
         return (pid,) if pid is not None else ()
-
-    async def _wait_first_gpu_poll(self, timeout_s: float = 5.0) -> None:
-        end = self.clock() + timeout_s
-        while (
-            self.state.gpu_source_up is None  # (no reading folded yet)
-            and self.clock() < end
-            and not self.stop_event.is_set()
-        ):
-            await asyncio.sleep(0.02)
 
     async def _shutdown(self, pending: set[asyncio.Task[Any]]) -> int:
         if self.supervisor is not None:
@@ -361,7 +356,9 @@ def tick(d: Daemon) -> Coroutine[Any, Any, None]:
     def on_stall(stalled_s: float) -> None:
         """While the load is stalled, the supervisor hears how long for (its policy decides)."""
         if d.supervisor is not None:
-            d.supervisor.note_stall(stalled_s)
+            s = d.state.session
+            steps = s.timeline.steps if s is not None else ()
+            d.supervisor.note_stall(stalled_s, steps[-1].phase if steps else None)
 
     return tasks.tick(
         apply=d.apply,
@@ -475,3 +472,10 @@ def bulk_parts(events: Sequence[Event]) -> list[list[Event]]:
             bulk = None
             parts.append([ev])
     return parts
+
+
+async def first_gpu_poll(d: Daemon, timeout_s: float = 5.0) -> None:
+    """Until the first GPU reading is folded (or `timeout_s`, or a stop)."""
+    end = d.clock() + timeout_s
+    while d.state.gpu_source_up is None and d.clock() < end and not d.stop_event.is_set():
+        await asyncio.sleep(0.02)

@@ -3,17 +3,19 @@
 `bundle` builds it from the state (which keeps every count) and the sources' health;
 `Publisher` says when, and runs the hooks that render it ahead (/metrics, /status).
 
-When. Each bundle is rendered and sent to the HTTP process, which costs more than reading a
-second of a busy serving log, so a change is published by what it is: a transition, a failure,
-a stall or a change of readiness (`urgent`) at once; counters that only move on (lines read, GPU
-readings, probe times) at most every `[http] publish_interval_s`, so a scrape never sees them
-older than that. With nothing changed nothing is rendered: `alive` tells the HTTP process the
-loop still runs.
+When. Building and rendering a bundle costs more than reading a second of a busy serving log,
+and a serving daemon lives for days between scrapes, so a change is published by what it is: a
+transition, a failure, a stall or a change of readiness (`urgent`) at once, so that /readyz and
+/healthz (which read the last board, never ask for a new one) answer it at once; a change of
+counters only (lines read, GPU readings, probe times) marks what was published behind (the
+`stale` hooks hear it once) and goes out when a reader asks for it (`want`): the HTTP process
+asks when a scrape finds its board behind and older than `[http] publish_interval_s`. So
+counters cost nothing while nobody reads them, and a scrape never sees them older than the
+interval. With nothing to publish, `alive` tells the HTTP process the loop still runs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
@@ -34,25 +36,24 @@ class Publisher:
         self,
         make: Callable[[], Published],
         problem: Callable[[str], None],
-        interval_s: float = 1.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._make = make
         self._problem = problem
-        self.interval_s = interval_s
         self._mono = monotonic
         self.published: Published | None = None
         self.hooks: list[Callable[[Published], None]] = []  # e.g. render /metrics ahead
+        self.stale_hooks: list[Callable[[], None]] = []  # "what was published is behind"
         self.heartbeats: list[Callable[[], None]] = []  # "the loop runs", with nothing new
         self._hook_error: str | None = None  # the last failure of a hook, said once
         self._urgent = False  # since the last bundle: a change that goes out at once
-        self._dirty = False  # since the last bundle: a change that may wait
-        self._timer: asyncio.TimerHandle | None = None
+        self._behind = False  # since the last bundle: a change that waits to be asked for
         self._last = float("-inf")  # monotonic time of the last bundle (or heartbeat)
-        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    @property
+    def behind(self) -> bool:
+        """Something changed since the last bundle (`published` is not the state now)."""
+        return self._behind or self._urgent or self.published is None
 
     def urgent(self) -> None:
         """What changed is a transition, a failure, a stall or readiness: `changed` publishes
@@ -60,48 +61,31 @@ class Publisher:
         self._urgent = True
 
     def changed(self) -> None:
-        """Something changed: published at once when urgent, else by `soon`."""
+        """Something changed: published at once when urgent, else when a reader wants it."""
         if self._urgent:
             self.now()
+        elif not self._behind:
+            self._behind = True
+            self._call(self.stale_hooks)
+
+    def want(self) -> None:
+        """A reader asks for the state now: a bundle when something changed, else a heartbeat
+        (which tells the reader there is nothing newer)."""
+        if self.behind:
+            self.now()
         else:
-            self.soon()
-
-    def soon(self) -> None:
-        """Publish once `interval_s` has passed since the last bundle: now, when it has or
-        nearly has (a fifth of it, at most 0.2 s, early: a change that comes with a read of a
-        busy log goes out with that wake-up instead of waking the loop again)."""
-        self._dirty = True
-        wait = self.interval_s - (self._mono() - self._last)
-        if wait <= min(0.2 * self.interval_s, 0.2):
-            self.now()
-        elif self._timer is None and self._loop is not None:
-            self._timer = self._loop.call_later(wait, self._deferred)
-
-    def _deferred(self) -> None:
-        self._timer = None
-        if self._dirty:
-            self.now()
+            self._beat()
 
     def alive(self, every_s: float) -> None:
-        """Nothing published for `every_s`: tell the hooks' readers the loop runs (a pending
+        """Nothing published for `every_s`: tell the hooks' readers the loop runs (an urgent
         change goes out as a bundle instead)."""
-        if self._dirty or self._urgent:
+        if self._urgent:
             self.now()
-            return
-        if self._mono() - self._last < every_s:
-            return
-        self._last = self._mono()
-        for beat in self.heartbeats:
-            try:
-                beat()
-            except Exception:  # (a hook's failure is said when it next publishes)
-                pass
+        elif self._mono() - self._last >= every_s:
+            self._beat()
 
     def now(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._urgent = self._dirty = False
+        self._urgent = self._behind = False
         self._last = self._mono()
         self.published = self._make()
         failed: str | None = None
@@ -113,6 +97,18 @@ class Publisher:
         if failed is not None and failed != self._hook_error:
             self._problem(failed)
         self._hook_error = failed
+
+    def _beat(self) -> None:
+        self._last = self._mono()
+        self._call(self.heartbeats)
+
+    @staticmethod
+    def _call(hooks: list[Callable[[], None]]) -> None:
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # (a hook's failure is said when it next publishes)
+                pass
 
 
 def bundle(
@@ -142,14 +138,13 @@ def bundle(
 
 
 def log_health(source: LogSource) -> LogHealth:
-    h = source.follower.health()
+    h = source.input.health()
     return LogHealth(
         up=h.file_exists and h.last_error is None,
         file_exists=h.file_exists,
         lines_total=h.records_total,
         bytes_total=h.bytes_total,
-        # (and records joined from a container runtime's pieces past the cap)
-        cuts_total=h.cuts_total + (source.decoder.cuts if source.decoder else 0),
+        cuts_total=h.cuts_total,
         rotations_total=h.rotations_total,
         truncations_total=h.truncations_total,
         errors_total=h.errors_total,

@@ -152,10 +152,14 @@ class VllmWatch:
 
     async def _pause(self) -> None:
         """The interval, or less once a session read back ready waits for a live answer (once
-        per session: then the interval again, whatever the answer)."""
+        per session: then the interval again, whatever the answer). The interval in one sleep
+        while the session was seen live: only a session read back can be ready unseen, and a
+        wake-up costs more than the check (beside a serving vLLM, for days)."""
         waited = 0.0
         while waited < self.interval_s and not self._stop.is_set():
-            step = min(QUICK_S, self.interval_s - waited)
+            s = self._state().session
+            left = self.interval_s - waited
+            step = left if s is not None and s.seen_live else min(QUICK_S, left)
             await self._sleep(step)
             waited += step
             s = self._state().session

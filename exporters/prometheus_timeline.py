@@ -85,6 +85,15 @@ def timeline_metrics(snap: Snapshot) -> Iterator[GaugeMetricFamily]:
             "Seconds this start-up has run past the slowest comparable earlier start (0: not).",
             value=eta.overdue_s,
         )
+    if eta.phase_overdue_s is not None:
+        step = GaugeMetricFamily(
+            "loadwatch_startup_phase_overdue_seconds",
+            "Seconds the step under way has run past the slowest comparable earlier start's time"
+            " in its phase (0: not).",
+            labels=["phase"],
+        )
+        step.add_metric([eta.step], eta.phase_overdue_s)
+        yield step
 
 
 __all__ = ["PHASE_LABELS", "last_finished", "phase_seconds", "timeline_metrics"]

@@ -159,6 +159,26 @@ FailureKind = Literal[
 ]
 
 
+# Kinds that say something failed without saying why: a worker or engine died, start-up failed.
+CONSEQUENCE_KINDS: frozenset[str] = frozenset({"worker_died", "engine_init_failed"})
+
+# When several failures describe one crash, the most telling one names it (lowest first). Every
+# grammar emits this vocabulary, so its order is stated here, once, beside it.
+FAILURE_RANK: dict[str, int] = {
+    "fp8_kv_unsupported": 0,
+    "cuda_oom": 1,
+    "kv_cache_too_small": 2,
+    "max_model_len": 3,
+    "nccl": 4,
+    "startup_timeout": 5,
+    "worker_died": 6,
+    "engine_init_failed": 7,
+    "completion_failed": 8,  # not from the log: loadwatch's servable check (daemon/watch.py)
+    "other": 9,
+    "vanished": 10,  # not from the log: the process gone without a word (daemon/vllm_watch.py)
+}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Failure(Event):
     """A fatal or likely-fatal error: one ERROR line, or a whole traceback folded into one."""
@@ -174,6 +194,13 @@ class Failure(Event):
     # death), not an error it reported: once vLLM serves, only such a failure (or the process's
     # exit, or /health failing) fails the session; any other error may be a request's.
     engine_fatal: bool = False
+    # The grammar's word that the record says something failed elsewhere, not what (a dead
+    # worker, a failed start, a traceback cut before its exception line): the state folds it
+    # into the root cause it echoes.
+    consequence: bool = False
+    # The message a re-raising wrapper carries (`Worker failed with error '<cause>', please
+    # check ...`), when the record is one: the root cause's own message.
+    cause: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -313,7 +340,9 @@ def event_from_dict(data: dict[str, Any]) -> Event:
 
 
 __all__ = [
+    "CONSEQUENCE_KINDS",
     "EVENT_TYPES",
+    "FAILURE_RANK",
     "ClientText",
     "ClientTextKind",
     "EpWeightFilter",

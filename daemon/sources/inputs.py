@@ -287,5 +287,17 @@ class CompletionProbe:
 
 
 @dataclass(frozen=True, slots=True)
+class PageCache:
+    """How much of the model directory `model` was in the page cache when a start began
+    (daemon/sources/model/page_cache.py): "warm" or "cold"."""
+
+    ts: float
+    session: int  # the start's (the session's id)
+    model: str
+    state: str
+    resident: float  # the fraction of the sampled pages cached
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed with no other input: lets the state notice silence (stalls)."""

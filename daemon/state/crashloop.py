@@ -56,11 +56,11 @@ def diff_lines(option: str | None, before: str | None, after: str | None) -> tup
     """A change of the command as diff lines: `- --max-model-len 4096`, `+ --max-model-len 2048`."""
     if option is None:
         return ()
-    lines = []
+    lines = []  # (a value "" is a flag given without one: `+ --enforce-eager`)
     if before is not None:
-        lines.append(f"- {option} {before}")
+        lines.append(f"- {option} {before}".rstrip())
     if after is not None:
-        lines.append(f"+ {option} {after}")
+        lines.append(f"+ {option} {after}".rstrip())
     return tuple(lines)
 
 

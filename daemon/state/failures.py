@@ -6,17 +6,18 @@ memory`), then its echoes: the worker's `WorkerProc failed to start.`, the engin
 `RuntimeError: Engine core initialization failed. See root cause above.` (and even the quoted
 source line `raise RuntimeError("Engine core initialization failed. "`), a re-raised copy of the
 same traceback (`Process EngineCore_0:`), an `EngineDeadError` in every waiting request. These
-rules, the only home of that judgement, fold them into one entry per root cause:
+rules, the only home of that judgement, fold them into one entry per root cause. Which record
+is a consequence and what a wrapper carries are the grammar's to say (`Failure.consequence`,
+`Failure.cause`: the wordings are vLLM's); what is made of them is said here:
 
-- a *consequence* (kind `worker_died` or `engine_init_failed`, or a message such as a traceback
-  cut before its exception line or `Error executing method ...`: a record that says that
-  something failed, not why) folds into the session's most telling fatal root cause when there is one (a
-  request's error while serving explains no later crash); when there
-  is none yet it stands as a provisional root, and a root cause that comes later (its traceback
-  closes after the echoes were logged) takes it over;
-- a record with the message of a root already kept (the same kind and message once a wrapper such
-  as `Worker failed with error '...'` is taken off) is an echo of it: a re-raise, a copy printed
-  raw and then logged, another worker with the same error;
+- a *consequence* (a record that says that something failed, not why: a dead worker, a failed
+  start, a traceback cut before its exception line, `Error executing method ...`) folds into the
+  session's most telling fatal root cause when there is one (a request's error while serving
+  explains no later crash); when there is none yet it stands as a provisional root, and a root
+  cause that comes later (its traceback closes after the echoes were logged) takes it over;
+- a record with the message of a root already kept (the same kind and message, or the cause a
+  re-raising wrapper such as `Worker failed with error '...'` carries) is an echo of it: a
+  re-raise, a copy printed raw and then logged, another worker with the same error;
 - anything else is a new root cause.
 
 Every echo is kept as evidence on its root: the count, the processes, a bounded list of the
@@ -32,19 +33,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from loadwatch.parsers.events import Failure
-from loadwatch.parsers.vllm.catalog import CONSEQUENCE_MESSAGES, KIND_RANK
+from loadwatch.parsers.events import FAILURE_RANK, Failure
 
-# Kinds that say something failed without saying why: a worker or engine died, start-up failed.
-CONSEQUENCE_KINDS = frozenset({"worker_died", "engine_init_failed"})
 MAX_EVIDENCE = 16  # records kept per root cause (the count keeps going)
 KEY_CHARS = 300
-_WRAPPERS = (
-    # EngineCore re-raising a worker's exception: `Worker failed with error 'X', please check the
-    # stack trace above for the root cause`
-    ("Worker failed with error '", "', please check"),
-    ('Worker failed with error "', '", please check'),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,27 +71,21 @@ class FailureTally:
 Key = tuple[str, str]
 
 
-def root_message(message: str) -> str:
-    """The message a record is about, with a re-raising wrapper taken off."""
-    text = " ".join(message.split())
-    for head, tail in _WRAPPERS:
-        if text.startswith(head):
-            end = text.find(tail, len(head))
-            if end > 0:
-                return text[len(head) : end]
-    return text
+def root_message(ev: Failure) -> str:
+    """The message a record is about: the cause a re-raising wrapper carries (the grammar
+    says), else its own; its white space made single."""
+    return " ".join((ev.cause or ev.message).split())
 
 
 def key_of(ev: Failure) -> Key:
-    return (ev.kind, root_message(ev.message)[:KEY_CHARS])
+    return (ev.kind, root_message(ev)[:KEY_CHARS])
 
 
 def is_consequence(ev: Failure) -> bool:
-    """A record that says that something failed, not why: a dead worker or engine, a failed
-    start, a traceback cut before its exception line, a worker method's error wrapper."""
-    if ev.kind in CONSEQUENCE_KINDS:
-        return True
-    return ev.kind == "other" and ev.message.startswith(CONSEQUENCE_MESSAGES)
+    """A record that says that something failed, not why (the grammar says: a dead worker or
+    engine, a failed start, a traceback cut before its exception line, a worker method's error
+    wrapper)."""
+    return ev.consequence
 
 
 def shutdown_noise(ev: Failure, stop_requested: bool) -> bool:
@@ -156,7 +142,9 @@ def _best_root(failures: Mapping[Key, FailureTally]) -> Key | None:
     for key, tally in failures.items():
         if tally.provisional or not tally.fatal:
             continue  # a request's error while serving explains no later crash
-        if best is None or KIND_RANK.get(tally.kind, 99) < KIND_RANK.get(failures[best].kind, 99):
+        if best is None or FAILURE_RANK.get(tally.kind, 99) < FAILURE_RANK.get(
+            failures[best].kind, 99
+        ):
             best = key
     return best
 
@@ -247,7 +235,6 @@ def stop_consequences(failures: Mapping[Key, FailureTally]) -> dict[Key, Failure
 
 
 __all__ = [
-    "CONSEQUENCE_KINDS",
     "Evidence",
     "FailureTally",
     "Folded",

@@ -13,6 +13,7 @@ from loadwatch.daemon.sources.inputs import (
     LoggedProcessSeen,
     ModelInfo,
     OrphanCheck,
+    PageCache,
     ProcessEvent,
     Tick,
 )
@@ -259,6 +260,18 @@ def _on_gpu(f: Fold, ev: GpuReading) -> None:
     f.changes["gpus"] = gpus
 
 
+def _on_page_cache(f: Fold, ev: PageCache) -> None:
+    """The model's page cache as the start began (looked at before it loads: aftercare.py),
+    kept once."""
+    s = f.sess
+    model = f.get("model")
+    if s is None or s.id != ev.session or s.page_cache is not None:
+        return
+    if model is None or model.path != ev.model:
+        return
+    f.upd(page_cache=ev.state)
+
+
 def _on_orphans(f: Fold, ev: OrphanCheck) -> None:
     f.changes["orphans"] = ev.leaked
 
@@ -277,4 +290,5 @@ WORLD_HANDLERS: dict[type, Any] = {
     GpuReading: _on_gpu,
     Tick: _on_tick,
     OrphanCheck: _on_orphans,
+    PageCache: _on_page_cache,
 }

@@ -6,7 +6,8 @@ with the state's configuration (`StateConfig.history`): the daemon reads and wri
 (daemon/history.py); here there is no I/O.
 
 Two starts compare when they load the same model directory (path and size) with the same vLLM
-version, parallel layout, GPU model and KV-cache dtype. What the current start does not know
+version, parallel layout, GPU model and KV-cache dtype, from a page cache in the same state
+(cold or warm as the start began: daemon/sources/model/page_cache.py). What the current start does not know
 yet (its first line names no layout), or an entry did not know, is no difference: at the first
 line of a repeat start every start of that vLLM version compares, and the set narrows as the
 log says more.
@@ -47,6 +48,7 @@ class StartKey:
     layout: str | None = None  # "tp8 pp1 dp1"
     gpu: str | None = None  # the NVML name of the first GPU
     kv_dtype: str | None = None
+    cache: str | None = None  # the model's page cache as the start began: "warm", "cold"
 
     def agrees(self, other: StartKey) -> bool:
         """No field known on both sides differs."""
@@ -95,6 +97,7 @@ def start_key(model: ModelInfo | None, gpus: Mapping[int, Any], s: Session) -> S
         layout=layout,
         gpu=gpu,
         kv_dtype=kv.dtype if kv.source != "unknown" else None,
+        cache=s.page_cache,
     )
 
 
@@ -198,7 +201,13 @@ def startup_eta(
     overdue = None
     if not first.before_log:
         overdue = max(now - first.started_at - max(e.ready_s for e in past), 0.0)
+    took = [e.seconds()[phase] for e in past if phase in e.seconds()]
+    phase_overdue = None
+    if took and phase != STARTUP_UNKNOWN and not s.timeline.steps[-1].before_log:
+        phase_overdue = max(elapsed - max(took), 0.0)
     basis = f"the median of {len(past)} earlier start{'s' if len(past) > 1 else ''}"
+    if s.page_cache is not None:
+        basis += f" on a {s.page_cache} page cache"
     if by_bar:
         basis = "the weights bar's ETA and " + basis
     return (
@@ -211,6 +220,7 @@ def startup_eta(
             past_starts=len(past),
             overdue_s=overdue,
             basis=basis,
+            phase_overdue_s=phase_overdue,
         ),
         None,
     )

@@ -31,7 +31,7 @@ kind), or when the process ends first; a
 failure after the supervisor asked the process to stop is kept but not fatal (a clean SIGTERM
 still logs `EngineDeadError`), and once the server was ready a failure of kind "other" (a
 request's traceback) is not fatal. Failures that describe one crash are kept as one entry per
-(kind, message) with a count; the session's failure kind is the most telling (`KIND_RANK`).
+(kind, message) with a count; the session's failure kind is the most telling (`FAILURE_RANK`).
 
 Counts. The state keeps every count /metrics exports (`StateData`: log events by type, Xid
 errors, vLLM's exits, the sessions' warnings, failures and stalls in `lifetime`), one home each.

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from loadwatch.daemon.sources.inputs import ModelInfo
+from loadwatch.daemon.sources.model.model_info import read_model_dir
+from loadwatch.daemon.sources.model.modelfiles import ModelFileError
 from loadwatch.daemon.state.memplan import GIB, Layout, MemoryPlan, plan
 from loadwatch.parsers.vllm import argv as vllm_argv
 
@@ -192,3 +194,30 @@ def plan_start(
         capacity_bytes=capacity_bytes,
         capacity_source=capacity_source,
     )
+
+
+def plan_argv(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    capacity: tuple[int | None, str] | None,
+    kv_dtype: str | None = None,
+) -> MemoryPlan | None:
+    """The memory plan of a vLLM command: its model directory read (shard sizes included), its
+    layout, and its `--kv-cache-dtype` unless `kv_dtype` is given; None when it cannot be
+    planned (no model directory, no attention shapes)."""
+    model = vllm_argv.model_path(argv)
+    if model is None:
+        return None
+    try:
+        info = read_model_dir(model, tensor_bytes=True)
+    except (ModelFileError, OSError):
+        return None
+    dtype = kv_dtype or vllm_argv.kv_cache_dtype(argv) or "auto"
+    return plan_start(info, dtype, layout_from_argv(argv, dict(env)), *(capacity or NO_CAPACITY))
+
+
+def fitting_len(plan: MemoryPlan | None) -> int | None:
+    """The longest `--max-model-len` a plan says fits: by its pessimistic budget where it has
+    one (a remedy that fits only the optimistic one may fail the same way again)."""
+    cap = None if plan is None else (plan.low or plan.high)
+    return cap.max_len_fits if cap is not None and cap.max_len_fits > 0 else None

@@ -21,6 +21,7 @@ from loadwatch.daemon.sources.inputs import (
     LoggedProcessSeen,
     ModelInfo,
     OrphanCheck,
+    PageCache,
     ProcessEvent,
     Tick,
 )
@@ -34,8 +35,7 @@ from loadwatch.daemon.state.node import NodeFacts
 from loadwatch.daemon.state.nodeprogress import NodeLoad
 from loadwatch.daemon.state.snapshot import SessionSummary, Transition
 from loadwatch.daemon.state.timeline import Timeline, timeline_view
-from loadwatch.parsers.events import Event
-from loadwatch.parsers.vllm.catalog import KIND_RANK
+from loadwatch.parsers.events import FAILURE_RANK, Event
 
 Phase = Literal["starting", "loading_weights", "post_load", "ready", "failed", "stalled", "stopped"]
 Input = (
@@ -48,6 +48,7 @@ Input = (
     | CompletionProbe
     | LoggedProcessSeen
     | OrphanCheck
+    | PageCache
     | Tick
 )
 
@@ -243,6 +244,9 @@ class Session:
     # here. A session read back ready (a restart, the log of a vLLM since killed) is not ready
     # until one says so (snapshot_builder.py `readiness`).
     seen_live: bool = False
+    # The model's page cache when the start began ("warm", "cold"; None: not looked at): the
+    # start history compares starts by it (learned.py).
+    page_cache: str | None = None
     stop_requested: bool = False
     ended_at: float | None = None
     exit_code: int | None = None
@@ -375,7 +379,7 @@ def retire(life: Lifetime, s: Session) -> Lifetime:
 def failure_rank(kind: str | None) -> int:
     if kind is None:
         return EXITED_RANK + 1
-    return KIND_RANK.get(kind, EXITED_RANK)
+    return FAILURE_RANK.get(kind, EXITED_RANK)
 
 
 # -- reading the state --------------------------------------------------------------------------

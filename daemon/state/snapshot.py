@@ -132,6 +132,9 @@ class StartupEtaView:
     past_starts: int  # how many earlier starts it rests on
     overdue_s: float | None  # how far past the slowest of them this start has run (None: not known)
     basis: str  # one line: what the figures come from
+    # How far the step under way has run past the slowest of them in its phase (None: no past
+    # start has the phase, or the log has not named the step yet)
+    phase_overdue_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

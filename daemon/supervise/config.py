@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loadwatch.daemon.config import VllmConfig
+from loadwatch.daemon.supervise.remedies import EAGER_PHASES
 
 RestartPolicy = Literal["on-failure", "always", "never"]
 StallPolicy = Literal["alert", "restart"]
@@ -34,6 +35,9 @@ class SupervisorConfig:
     kill_wait_s: float = 10.0  # after SIGKILL, how long to wait for the tree to vanish
     stall_policy: StallPolicy = "alert"
     stall_restart_after_s: float = 900.0
+    # Start-up phases in which a stall ends the start at once, as a failure of kind `stall` the
+    # ladder remedies: those of the `enforce_eager` remedy, when `[vllm] remedies` lists it.
+    stall_end_phases: frozenset[str] = frozenset()
     exit_verdict_wait_s: float = 2.0  # after exit code 0: time for the log to report a failure
     tree_scan_interval_s: float = 2.0
     log_max_bytes: int = 256 * 2**20
@@ -114,6 +118,7 @@ def supervisor_config(
         stop_grace_s=vllm.stop_grace_s,
         stall_policy=vllm.stall_policy,
         stall_restart_after_s=vllm.stall_restart_after_s,
+        stall_end_phases=EAGER_PHASES if "enforce_eager" in vllm.remedies else frozenset(),
         log_max_bytes=vllm.log_max_bytes,
         log_keep=vllm.log_keep,
         preflight=preflight,

@@ -16,13 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from loadwatch.daemon.sources.model.model_info import read_model_dir
-from loadwatch.daemon.sources.model.modelfiles import ModelFileError
 from loadwatch.daemon.state.crashloop import MAX_DIFF_LINES
-from loadwatch.daemon.state.memplan_inputs import NO_CAPACITY, layout_from_argv, plan_start
+from loadwatch.daemon.state.memplan_inputs import plan_argv
 from loadwatch.daemon.tools.patch import EXIT_OK, drop_fp8_kv_cache, revert_model
 from loadwatch.daemon.tools.patch_plan import SAID, tokens_text
-from loadwatch.parsers.vllm.argv import model_path
 
 # The flag's value: vLLM's `auto` takes the checkpoint's FP8 declaration since 2025-12
 # (tools/preflight.py's AUTO_TAKES_CHECKPOINT_SINCE), so the model dtype is named outright, as
@@ -47,17 +44,8 @@ def kv_cost(
 ) -> KvCost | None:
     """The memory plan of `argv` with the FP8 and with the model-dtype KV cache; None when it
     cannot be planned (no model directory, no attention shapes)."""
-    model = model_path(argv)
-    if model is None:
-        return None
-    try:
-        info = read_model_dir(model, tensor_bytes=True)
-    except (ModelFileError, OSError):
-        return None
-    layout = layout_from_argv(argv, dict(env))
-    cap = capacity or NO_CAPACITY
-    before = plan_start(info, "fp8_e4m3", layout, *cap)
-    after = plan_start(info, "auto", layout, *cap)
+    before = plan_argv(argv, env, capacity, "fp8_e4m3")
+    after = plan_argv(argv, env, capacity, "auto")
     if before is None or after is None or after.kv is None:
         return None
     line = (

@@ -44,20 +44,21 @@ from loadwatch.daemon.state.failures import root_cause
 from loadwatch.daemon.state.session import Session
 from loadwatch.daemon.state.timeline import UNKNOWN
 from loadwatch.daemon.supervise.remedies import (
+    PREFLIGHT,
+    STALL,
     Change,
     Failed,
     Settings,
     carry_out,
     no_remedy,
+    predicted,
     propose,
     step_diff,
     undo,
+    with_change,
 )
-from loadwatch.parsers.vllm.argv import with_option
-from loadwatch.parsers.vllm.catalog import classify
 
 Seen = tuple[Failed, tuple[str, ...]]  # a failure and its excerpt
-PREFLIGHT = "preflight"  # the phase of a start the preflight refused
 
 
 def seen_in(session: Session | None) -> Seen | None:
@@ -128,12 +129,18 @@ class Ladder:
         now = self.loop.in_effect
         for step in (*self._kept, *((now,) if now is not None else ())):
             if step.option is not None:
-                argv = with_option(argv, step.option, step.after)
+                argv = with_change(argv, step.option, step.after)
         return argv
 
-    def failed(self, restarting: bool) -> None:
+    def failed(self, restarting: bool, stalled_in: str | None = None) -> None:
         """A start failed; `restarting`: another follows (else no remedy is applied: the first
-        failure is kept, the remedy it ran with reverted, the ladder judged exhausted or not)."""
+        failure is kept, the remedy it ran with reverted, the ladder judged exhausted or not).
+        `stalled_in`: the supervisor ended it for a stall in that start-up phase (a failure of
+        kind `stall`, whatever the log says)."""
+        if stalled_in is not None:
+            why = f"the start stalled in {stalled_in} and was ended"
+            self._judge((Failed(STALL, stalled_in, why), (why,)), restarting)
+            return
         self._judge(self._seen() or (Failed("other", UNKNOWN, ""), ()), restarting)
 
     def refused(self, reason: str) -> None:
@@ -141,9 +148,8 @@ class Ladder:
         own words where the memory plan gives them, is judged as a failure in phase `preflight`
         (its start never ran), so the same remedies apply before vLLM runs at all."""
         if self._remedies:
-            text = reason[:MAX_MESSAGE_CHARS]
-            failed = Failed(classify(None, text), PREFLIGHT, text)
-            self._judge((failed, (text[:MAX_LINE_CHARS],)), True)
+            failed = predicted(reason)
+            self._judge((failed, (failed.message[:MAX_LINE_CHARS],)), True)
 
     def _judge(self, seen: Seen, restarting: bool) -> None:
         failed, excerpt = seen

@@ -4,7 +4,9 @@ announces and reverts them is ladder.py.
 
 - `max_model_len`: after `kv_cache_too_small` or `max_model_len`, start with the largest
   `--max-model-len` vLLM said would fit (its ValueError prints the estimate:
-  parsers/vllm/catalog.py's `fitting_model_len`), never below `[vllm] remedy_min_model_len`.
+  parsers/vllm/catalog.py's `fitting_model_len`); when it says none, the largest the memory
+  plan says fits (state/memplan_inputs.py's `plan_argv`, the plan the preflight shows); never
+  below `[vllm] remedy_min_model_len`.
 - `gpu_memory_utilization`: after `cuda_oom` in the KV-cache profiling or the CUDA-graph capture
   (what vLLM allocates beside its memory budget ran out), start with `--gpu-memory-utilization`
   lower by `[vllm] remedy_gpu_memory_step` (from 0.9 when not given: vLLM's default, 0.92 in
@@ -16,27 +18,37 @@ announces and reverts them is ladder.py.
   FP8 KV declaration from its config files (`patch-model --drop-fp8-kv-cache`, reverted byte for
   byte when it did not help). Not applied when the memory plan says `--max-model-len` does not
   fit the model-dtype cache (twice the bytes per token): fp8_kv.py.
+- `enforce_eager` (opt-in: only when listed): after a start stalled in `torch_compile` or
+  `graph_capture` (the daemon's stall detection; the supervisor ends such a start as a failure
+  of kind `stall` when this remedy is configured), start with `--enforce-eager`.
 
 Some failures have no remedy, and the ladder says so instead of trying one: `cuda_oom` while the
-weights load (the memory the weights need is not there; no setting of vLLM makes it so).
+weights load (the memory the weights need is not there; no setting of vLLM makes it so), and a
+ZMQ IPC socket path too long for the OS (a shorter TMPDIR is the fix, not the command).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from loadwatch.daemon.state.crashloop import RemedyStep, diff_lines
+from loadwatch.daemon.state.crashloop import MAX_MESSAGE_CHARS, RemedyStep, diff_lines
 from loadwatch.daemon.supervise.fp8_kv import (
     MODEL_DTYPE_FLAG,
     KvCostOf,
     apply_patch,
     revert_patch,
 )
-from loadwatch.parsers.vllm.argv import kv_cache_dtype, model_path, option
-from loadwatch.parsers.vllm.catalog import fitting_model_len
+from loadwatch.parsers.vllm.argv import (
+    kv_cache_dtype,
+    model_path,
+    option,
+    with_flag,
+    with_option,
+)
+from loadwatch.parsers.vllm.catalog import classify, fitting_model_len, ipc_path_too_long
 
-REMEDY_NAMES = ("max_model_len", "gpu_memory_utilization", "fp8_kv_unsupported")
+REMEDY_NAMES = ("max_model_len", "gpu_memory_utilization", "fp8_kv_unsupported", "enforce_eager")
 FP8_MODES = ("flag", "patch")  # `[vllm] remedy_fp8`
 MAX_MODEL_LEN_KINDS = frozenset({"kv_cache_too_small", "max_model_len"})
 # The start-up steps whose allocations come beside vLLM's memory budget (timeline.py's phases)
@@ -45,6 +57,12 @@ OOM_OUTSIDE_BUDGET_PHASES = frozenset({"kv_cache", "graph_capture"})
 # 0.92 in 0.32, 0.9 before; the lower, so that a step down from it is below either.
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 MIN_GPU_MEMORY_UTILIZATION = 0.5  # below this, the KV cache left is rarely worth serving
+# A start the supervisor ended because it stalled (supervisor.py `note_stall`): the kind of its
+# failure, and the start-up steps (timeline.py's phases) the `enforce_eager` remedy is for.
+STALL = "stall"
+EAGER_PHASES = frozenset({"torch_compile", "graph_capture"})
+FLAG = ""  # the value of a change that gives a flag without one (`--enforce-eager`)
+PREFLIGHT = "preflight"  # the phase of a failure the preflight predicts (its start never ran)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,26 +95,33 @@ class Settings:
     gpu_memory_step: float = 0.05
     fp8_mode: str = "flag"  # FP8_MODES
     kv_cost: KvCostOf | None = None  # the memory plan with the model-dtype KV cache
+    # The largest --max-model-len the memory plan says fits a command (None: it cannot say)
+    planned_len: Callable[[Sequence[str]], int | None] | None = None
 
 
 def _max_model_len(failed: Failed, argv: Sequence[str], settings: Settings) -> Change | str | None:
     if failed.kind not in MAX_MODEL_LEN_KINDS:
         return None
     fits = fitting_model_len(failed.message)
+    said = "vLLM's estimate"
+    if fits is None and settings.planned_len is not None:
+        fits, said = settings.planned_len(argv), "the memory plan's"
     if fits is None:
-        return "vLLM did not say which --max-model-len would fit"
+        return "neither vLLM nor the memory plan said which --max-model-len would fit"
     current = option(argv, "--max-model-len")
     if current is not None and current.isdigit() and fits >= int(current):
-        return f"vLLM's estimate ({fits}) is not below --max-model-len {current}"
+        return f"{said} ({fits}) is not below --max-model-len {current}"
     if fits < settings.min_model_len:
         return (
-            f"vLLM's estimate ({fits}) is below the floor "
-            f"(remedy_min_model_len = {settings.min_model_len})"
+            f"{said} ({fits}) is below the floor (remedy_min_model_len = {settings.min_model_len})"
         )
-    why = (
-        f"{failed.kind}: vLLM estimated that a maximum model length of {fits} fits "
-        "the KV cache memory it found"
-    )
+    if said == "vLLM's estimate":
+        how = "vLLM estimated that a maximum model length of"
+        where = "the KV cache memory it found"
+    else:  # (vLLM gave no estimate: No available memory for the cache blocks, say)
+        how = "vLLM gave no estimate; the memory plan says a maximum model length of"
+        where = "the KV cache budget it expects"
+    why = f"{failed.kind}: {how} {fits} fits {where}"
     return Change("--max-model-len", current, str(fits), why)
 
 
@@ -151,11 +176,38 @@ def _fp8_kv_unsupported(
     return Change(None, None, None, reason, patch_dir=model)
 
 
+def _enforce_eager(failed: Failed, argv: Sequence[str], settings: Settings) -> Change | str | None:
+    if failed.kind != STALL or failed.phase not in EAGER_PHASES:
+        return None
+    if "--enforce-eager" in argv:
+        return "--enforce-eager is given already"
+    why = (
+        f"stall in {failed.phase}: the next start runs eagerly (--enforce-eager: no "
+        "torch.compile, no CUDA graphs), slower per token but without the step that hung"
+    )
+    return Change("--enforce-eager", None, FLAG, why)
+
+
 _RULES = {
     "max_model_len": _max_model_len,
     "gpu_memory_utilization": _gpu_memory_utilization,
     "fp8_kv_unsupported": _fp8_kv_unsupported,
+    "enforce_eager": _enforce_eager,
 }
+
+
+def predicted(reason: str) -> Failed:
+    """The failure the preflight predicts, in vLLM's own words where its memory plan gives them
+    (estimate included), as the remedies judge it: in phase `preflight`."""
+    text = reason[:MAX_MESSAGE_CHARS]
+    return Failed(classify(None, text), PREFLIGHT, text)
+
+
+def with_change(argv: Sequence[str], option: str, after: str | None) -> tuple[str, ...]:
+    """The command with one remedy's change of an argument: `after` FLAG gives a flag."""
+    if after == FLAG:
+        return with_flag(argv, option)
+    return with_option(argv, option, after)
 
 
 def propose(
@@ -196,21 +248,33 @@ def no_remedy(failed: Failed) -> str | None:
             "CUDA out of memory while loading weights: the memory the weights need is not there, "
             "no setting of vLLM frees it; no remedy"
         )
+    if ipc_path_too_long(failed.message):
+        return (
+            "vLLM's ZMQ IPC socket path is longer than the OS allows (sockaddr_un.sun_path): a "
+            "shorter TMPDIR (or VLLM_RPC_BASE_PATH) fixes it, no option of the command does; "
+            "no remedy"
+        )
     return None
 
 
 __all__ = [
+    "EAGER_PHASES",
+    "FLAG",
     "FP8_MODES",
     "MAX_MODEL_LEN_KINDS",
     "MIN_GPU_MEMORY_UTILIZATION",
     "OOM_OUTSIDE_BUDGET_PHASES",
+    "PREFLIGHT",
     "REMEDY_NAMES",
+    "STALL",
     "Change",
     "Failed",
     "Settings",
     "carry_out",
     "no_remedy",
+    "predicted",
     "propose",
     "step_diff",
     "undo",
+    "with_change",
 ]

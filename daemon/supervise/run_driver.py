@@ -96,6 +96,7 @@ class RunOutcome:
             failed=failed,
             tree_pids=run.tree.pids,
             remaining_pids=self.remaining,
+            stalled_in=run.stalled_in,
         )
 
 

@@ -27,6 +27,7 @@ class RunRecord:
     failed: bool
     tree_pids: tuple[int, ...]
     remaining_pids: tuple[int, ...]  # tree members still alive after SIGKILL (should be empty)
+    stalled_in: str | None = None  # ended for a stall in this start-up phase (`note_stall`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ class StartPlanner(Protocol):
 
     def argv(self) -> tuple[str, ...]: ...
 
-    def failed(self, restarting: bool) -> None: ...
+    def failed(self, restarting: bool, stalled_in: str | None = None) -> None: ...
 
     def refused(self, reason: str) -> None: ...
 
@@ -85,7 +86,10 @@ class PlannerCalls:
         """After a run: a failed one is the planner's to keep, and to remedy when `restarting`."""
         if run.failed and self.planner is not None:
             try:
-                self.planner.failed(restarting)
+                if run.stalled_in is not None:
+                    self.planner.failed(restarting, run.stalled_in)
+                else:
+                    self.planner.failed(restarting)
             except Exception:
                 self._report.errors_total += 1
 

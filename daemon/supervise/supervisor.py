@@ -7,7 +7,7 @@ How the daemon drives it (one asyncio loop, everything called from that loop's t
     ...
     sup.note_ready()                 # /health answered 200: the start succeeded
     sup.note_fatal_failure("engine_init_failed")  # the log shows a fatal Failure this session
-    sup.note_stall(stalled_for_s)    # loading made no progress for that long
+    sup.note_stall(stalled_for_s, phase)  # loading made no progress for that long
     result = await sup.stop()        # SIGTERM the tree, grace, SIGKILL; pids for the GPU check
     await task
 
@@ -69,7 +69,7 @@ from loadwatch.daemon.supervise.runs import (
     describe_exit,
 )
 from loadwatch.daemon.supervise.tree_run import Run, TreeControl
-from loadwatch.parsers.vllm.catalog import KIND_RANK
+from loadwatch.parsers.events import FAILURE_RANK
 
 __all__ = [
     "ChildProcess",
@@ -170,15 +170,16 @@ class Supervisor:
         self._requests.poke()
         return True
 
-    def note_stall(self, stalled_for_s: float) -> bool:
-        """Loading has made no progress for ``stalled_for_s``. With stall policy ``restart`` and
-        past the threshold, restart vLLM; True if that was decided. Ignored once serving."""
-        cfg = self.config
-        if cfg.stall_policy != "restart" or self._state != "running" or self._serving:
-            return False
-        if stalled_for_s < cfg.stall_restart_after_s:
-            return False
-        return self.request_restart(f"stalled for {stalled_for_s:.0f} s while loading")
+    def note_stall(self, stalled_for_s: float, phase: str | None = None) -> bool:
+        """No progress for ``stalled_for_s`` (in start-up ``phase``): in ``stall_end_phases`` end
+        the start as failed (a remedy waits), else by stall policy; True if decided."""
+        if self._state != "running" or self._serving or (run := self._run) is None:
+            return False  # (once serving, stalls are not about loading)
+        if phase in (cfg := self.config).stall_end_phases and cfg.restart != "never":
+            run.stalled_in = phase  # (the run is ended: its failure is this stall)
+            return self.request_restart(f"stalled for {stalled_for_s:.0f} s in {phase}")
+        too_long = cfg.stall_policy == "restart" and stalled_for_s >= cfg.stall_restart_after_s
+        return too_long and self.request_restart(f"stalled for {stalled_for_s:.0f} s while loading")
 
     def request_restart(self, reason: str) -> bool:
         """End the current run and start again (as after a failure, with backoff)."""
@@ -390,4 +391,4 @@ class Supervisor:
 
 
 def _rank(kind: str) -> int:
-    return KIND_RANK.get(kind, len(KIND_RANK))
+    return FAILURE_RANK.get(kind, len(FAILURE_RANK))

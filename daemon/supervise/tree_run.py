@@ -30,6 +30,7 @@ class Run:
     started_mono: float
     fatal_kind: str | None = None
     stop_reason: str | None = None  # why we ended it (stop, stall), None if it exited by itself
+    stalled_in: str | None = None  # the start-up phase of the stall it was ended for
     signalled: set[int] = field(default_factory=set)
 
 

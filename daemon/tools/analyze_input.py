@@ -26,12 +26,13 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from loadwatch.daemon.sources.inputs import joined
-from loadwatch.daemon.sources.log.container import spool, spool_if_container
+from loadwatch.daemon.sources.log.container import spool_if_container
 from loadwatch.daemon.sources.log.follower import DEFAULT_MAX_READ_BYTES, FollowerError, LogFollower
 from loadwatch.daemon.sources.log.gzipped import GZIP_MAGIC, inflate_into
+from loadwatch.daemon.sources.log.inputs import StdinInput
 from loadwatch.exporters.eventlog import is_event_line
 from loadwatch.exporters.report import LogFacts
 from loadwatch.parsers import ChunkScanner, Event
@@ -182,9 +183,12 @@ class LogReader:
         self.cap = max_record_bytes
         self._inflated: IO[bytes] | None = None  # stdin, an inflated gzip file, or a decoded
         self._decoded: IO[bytes] | None = None  # container log: a temporary file read instead
-        if str(path) == "-":  # stdin (`kubectl logs POD | loadwatch analyze -`)
-            self._inflated = spool(WithoutEventLines(sys.stdin.buffer), path)
-            path = Path(self._inflated.name)
+        self._stdin: StdinInput | None = None
+        if str(path) == "-":  # stdin (`kubectl logs POD | loadwatch analyze -`): the log input
+            self._stdin = StdinInput(
+                WithoutEventLines(sys.stdin.buffer), path, **self._follow()
+            )  # (inputs.py: spooled, decoded, into a temporary file read once)
+            path = self._stdin.path
         self.opened = check_input(path)
         self.source = path  # what is read: the path, or the file a gzip file is inflated into
         early: str | None = None
@@ -221,19 +225,31 @@ class LogReader:
             if tmp is not None:
                 tmp.close()
         self._inflated = self._decoded = None
+        if self._stdin is not None:
+            self._stdin.close()
+            self._stdin = None
+
+    def _follow(self) -> dict[str, Any]:
+        """The follower's settings for a read once: records cut at the cap, bounded reads."""
+        return {
+            "mode": "poll",
+            "cap_bytes": self.cap,
+            "max_read_bytes": max(DEFAULT_MAX_READ_BYTES, self.cap),
+        }
+
+    def _reader(self) -> LogFollower:
+        """What reads `source`: stdin's input when it is its spool, else a follower of its own."""
+        stdin = self._stdin
+        if stdin is not None and Path(stdin.path) == Path(os.path.abspath(self.source)):
+            return stdin
+        return LogFollower(self.source, state_dir=None, **self._follow())
 
     def events(self) -> Iterator[Event]:
         grammar = load_grammar()
         scanner = ChunkScanner(grammar.new_stream(self.opened.mtime), grammar=grammar)
         names = self.processes
         try:
-            follower = LogFollower(
-                self.source,
-                state_dir=None,
-                mode="poll",
-                cap_bytes=self.cap,
-                max_read_bytes=max(DEFAULT_MAX_READ_BYTES, self.cap),
-            )
+            follower = self._reader()
         except FollowerError as exc:
             raise InputError(f"{self.path}: {exc}", EX_USAGE) from None
         try:
@@ -256,7 +272,8 @@ class LogReader:
                 raise InputError(f"{self.path}: read error: {h.last_error}", EX_IOERR)
             tail = self._tail(h.offset)
         finally:
-            follower.close(checkpoint=False)
+            if follower is not self._stdin:  # (stdin's spool is read again: `close` ends it)
+                follower.close(checkpoint=False)
         if tail is not None:
             data, offset = tail
             names.feed(data)

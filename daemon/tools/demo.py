@@ -336,6 +336,7 @@ def _watch(daemon: Any, server: Any, model: Path, end: _Ending, console: Any, sc
         if not screen or plain:
             live.stop()
         while time.monotonic() < deadline:
+            daemon.loop_call(daemon.publisher.want)  # (counters are published when read)
             time.sleep(0.25)
             pub = daemon.published
             if pub is None:

@@ -122,6 +122,18 @@ def gpu_model_cc(name: str) -> tuple[int, int] | None:
     return GPU_MODELS_CC.get(fragment) if fragment is not None else None
 
 
+def gpu_cc_of(args: argparse.Namespace) -> tuple[int, int] | None:
+    """--gpu-cc, else --gpu-model's (an unknown model is said by the capacity); ValueError."""
+    from loadwatch.daemon.tools.preflight import parse_gpu_cc
+
+    if args.gpu_cc:
+        try:
+            return parse_gpu_cc(args.gpu_cc)
+        except ValueError as exc:
+            raise ValueError(f"--gpu-cc: {exc}") from None
+    return gpu_model_cc(args.gpu_model) if args.gpu_model else None
+
+
 def needs_nvml(args: argparse.Namespace, for_cc: bool) -> bool:
     elsewhere = args.gpu_memory_gib is not None or bool(args.gpu_model)
     cc_elsewhere = bool(getattr(args, "gpu_cc", None)) or bool(args.gpu_model)

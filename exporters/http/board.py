@@ -121,10 +121,16 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
 
 
 def board_routes(
-    board: Callable[[], Board], alive: Callable[[], bool], http: HttpStats | None = None
+    board: Callable[[], Board],
+    alive: Callable[[], bool],
+    http: HttpStats | None = None,
+    fresh: Callable[[], Board] | None = None,
 ) -> dict[str, Handler]:
     """Handlers that only write what the current board holds. With `http`, /metrics also carries
-    the server's own request counts (when it runs apart from the collector)."""
+    the server's own request counts (when it runs apart from the collector). With `fresh`,
+    /metrics and /status serve what it gives (a board asked for anew when the one held is
+    behind: exporters/http/process.py); the probes answer the board held."""
+    read = fresh or board
 
     registry: CollectorRegistry | None = None
     if http is not None:
@@ -137,13 +143,13 @@ def board_routes(
         ProcessCollector(pid=lambda: str(os.getppid()), registry=registry)
 
     def metrics(q: Mapping[str, str]) -> Response:
-        body = board().metrics
+        body = read().metrics
         if registry is not None:
             body += generate_latest(registry)
         return Response(HTTPStatus.OK, body, CONTENT_TYPE)
 
     def status(q: Mapping[str, str]) -> Response:
-        body = board().status
+        body = read().status
         if body is None:
             return Response(HTTPStatus.SERVICE_UNAVAILABLE, b'{"error": "starting"}\n', JSON)
         if q.get("pretty"):

@@ -12,15 +12,24 @@ came for `ALIVE_S` (the loop sends one at least every idle tick), and ends when 
 never outlives the daemon, even one that was killed. A server process that died is started
 again on the same address (at most every `RESTART_S`), and `on_problem` hears of it in one line.
 
-    server = HttpProcess(config, on_problem=print)
+Counters are rendered when read (daemon/publish.py): the loop tells the server that its board is
+behind (`stale`, a frame of one byte) instead of rendering one; a scrape of /metrics or /status
+that finds the board behind and older than `[http] publish_interval_s` asks the daemon for a new
+one (a byte up the same socket: `on_want` hears it on a thread of its own) and waits for it at
+most `WANT_WAIT_S`, else serves the board it has. /readyz, /livez and /healthz never ask: what
+they answer is published at once.
+
+    server = HttpProcess(config, on_problem=print, on_want=daemon.want)
     url = server.start()          # ServerError: one line (port in use, bad certificate, ...)
     server.send(board)            # after each publish
+    server.stale()                # something changed, not rendered yet
     server.alive()                # the loop runs, nothing changed
     server.stop()
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -52,7 +61,10 @@ START_TIMEOUT_S = 30.0
 RESTART_S = 5.0  # a server process that died is started again after this
 SEND_TIMEOUT_S = 10.0  # a server that takes this long to read a board is stuck
 END_WAIT_S = 5.0  # for a server process to end once its socket closed, before it is killed
-ALIVE = frame(b"")  # a heartbeat: no board; the last one still holds
+WANT_WAIT_S = 2.0  # a scrape waits this long for the board it asked for, then serves the last
+ALIVE = frame(b"")  # a heartbeat: no board; the last one still holds (or nothing newer)
+STALE = frame(b"s")  # the board is behind the daemon's state (a board is never one byte)
+WANT = b"w"  # (server to daemon) a scrape asks for the state now
 
 
 class HttpProcess:
@@ -61,6 +73,7 @@ class HttpProcess:
         config: HttpConfig,
         on_problem: Callable[[str], None] | None = None,
         *,
+        on_want: Callable[[], None] | None = None,
         send_timeout_s: float = SEND_TIMEOUT_S,
         end_wait_s: float = END_WAIT_S,
     ) -> None:
@@ -71,11 +84,14 @@ class HttpProcess:
         self.probe_url: str | None = None  # the probe listener's, when [http] probe_listen is set
         self.restarts = 0
         self._on_problem = on_problem or (lambda line: None)
+        self._on_want = on_want or (lambda: None)
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._cond = threading.Condition()
         self._pending: Board | None = None
         self._beat = False  # a heartbeat is due (a pending board says as much)
+        self._stale = False  # the board is behind; sent after a pending board
+        self._behind = False  # the last thing said was `stale` (a restarted server hears it)
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -92,12 +108,20 @@ class HttpProcess:
         self._thread = threading.Thread(target=self._send_loop, name="loadwatch-http-send")
         self._thread.daemon = True
         self._thread.start()
+        self._listen()
         return self.url
 
     def send(self, board: Board) -> None:
         """Hand over the newest board; never blocks on the server."""
         with self._cond:
             self._pending = board
+            self._stale = self._behind = False  # (the board is newer than what was behind)
+            self._cond.notify()
+
+    def stale(self) -> None:
+        """Tell the server its board is behind; never blocks on the server."""
+        with self._cond:
+            self._stale = self._behind = True
             self._cond.notify()
 
     def alive(self) -> None:
@@ -132,7 +156,7 @@ class HttpProcess:
                         if left <= 0:
                             break
                         self._cond.wait(left)
-                    elif self._pending is not None or self._beat:
+                    elif self._pending is not None or self._beat or self._stale:
                         break
                     else:
                         self._cond.wait()
@@ -140,6 +164,7 @@ class HttpProcess:
                     return
                 board, self._pending = self._pending, None
                 beat, self._beat = self._beat, False
+                stale, self._stale = self._stale, False
             if down_since is not None:
                 if not self._restart():
                     down_since = time.monotonic()
@@ -147,11 +172,12 @@ class HttpProcess:
                     continue
                 down_since = None
                 board = board or last
-            if board is None and not beat:
+            if board is None and not beat and not stale:
                 continue
             try:
                 assert self._sock is not None
-                self._sock.sendall(encode(board) if board is not None else ALIVE)
+                out = encode(board) if board is not None else ALIVE if beat else b""
+                self._sock.sendall(out + STALE if stale else out)
                 last = board or last
             except (OSError, AssertionError):
                 code = self._proc.poll() if self._proc is not None else None
@@ -179,12 +205,39 @@ class HttpProcess:
             self._on_problem(f"the HTTP server cannot start again: {exc}")
             return False
         self.restarts += 1
+        self._listen()
+        with self._cond:
+            self._stale = self._behind  # (after the last board, which it is sent first)
         return True
+
+    def _listen(self) -> None:
+        """A thread that hears the server's requests for a board, for the life of its socket."""
+        sock = self._sock
+        if sock is None:
+            return
+
+        def listen() -> None:
+            while True:
+                try:
+                    got = sock.recv(64)
+                except TimeoutError:
+                    continue  # (the socket's timeout is the sender's)
+                except OSError:
+                    return
+                if not got:
+                    return
+                self._on_want()
+
+        threading.Thread(target=listen, name="loadwatch-http-wants", daemon=True).start()
 
     def _close(self) -> None:
         sock, self._sock = self._sock, None
         if sock is not None:
-            sock.close()  # the server sees the socket close and stops
+            # the server sees the socket close and stops (shut down first: a close alone waits
+            # for the thread that listens on it to leave its recv)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
         proc, self._proc = self._proc, None
         if proc is not None:
             _end(proc, self._end_wait_s)
@@ -260,15 +313,9 @@ def serve(sock: socket.socket) -> None:
     if first is None:
         return
     config = _config_from(first)
-    state: dict[str, Any] = {"board": EMPTY, "at": time.monotonic()}
+    boards = Boards(sock, config.publish_interval_s)
     server = HttpServer(config, {})
-    server.routes.update(
-        board_routes(
-            lambda: state["board"],
-            lambda: time.monotonic() - state["at"] < ALIVE_S,
-            server.stats,
-        )
-    )
+    server.routes.update(board_routes(boards.last, boards.alive, server.stats, boards.fresh))
     probes = _probe_server(config, server.routes)
     try:
         server.start()
@@ -282,15 +329,62 @@ def serve(sock: socket.socket) -> None:
     try:
         sock.sendall(frame(f"ok {urls}".encode()))
         while (body := read_frame(sock)) is not None:
-            if body:  # (empty: a heartbeat, the board holds)
-                state["board"] = decode(body)
-            state["at"] = time.monotonic()
+            boards.take(body)
     except (OSError, ValueError):
         pass  # a broken stream: the daemon is gone or confused; stop serving stale boards
     finally:
         server.stop()
         if probes is not None:
             probes.stop()
+
+
+class Boards:
+    """The server process's board: the last the daemon sent, and a fresh one when asked for."""
+
+    def __init__(self, sock: socket.socket, fresh_s: float) -> None:
+        self._sock = sock
+        self._fresh_s = fresh_s
+        self._cond = threading.Condition()
+        self._board = EMPTY
+        self._at = time.monotonic()  # of the last frame: the loop runs
+        self._board_at = float("-inf")  # of the last board
+        self._stale = True  # the daemon's state moved on since the board
+        self._frames = 0  # frames read: a waiting scrape sees one come
+        self._asked = False  # a request is out, not answered yet
+
+    def take(self, body: bytes) -> None:
+        """A frame's body from the daemon: a board, a heartbeat (empty) or `stale`."""
+        with self._cond:
+            now = time.monotonic()
+            if body == STALE[4:]:
+                self._stale = True
+            elif body:
+                self._board, self._board_at, self._stale = decode(body), now, False
+            self._at = now
+            self._frames += 1
+            self._asked = False
+            self._cond.notify_all()
+
+    def last(self) -> Board:
+        return self._board
+
+    def alive(self) -> bool:
+        return time.monotonic() - self._at < ALIVE_S
+
+    def fresh(self) -> Board:
+        """The board, asked for anew when the state moved on and it is older than `fresh_s`."""
+        with self._cond:
+            if not self._stale or time.monotonic() - self._board_at < self._fresh_s:
+                return self._board
+            frames = self._frames
+            if not self._asked:
+                self._asked = True
+                try:
+                    self._sock.sendall(WANT)
+                except OSError:
+                    return self._board
+            self._cond.wait_for(lambda: self._frames != frames, WANT_WAIT_S)
+            return self._board
 
 
 def _probe_server(config: HttpConfig, routes: Mapping[str, Handler]) -> HttpServer | None:

@@ -22,9 +22,9 @@ class HttpConfig:
     basic_auth_password_file: Path | None = None
     max_connections: int = 256
     request_timeout_s: float = 10.0
-    # Counters that only grow (lines read, GPU readings) are published at most this often; a
-    # transition, a failure, a stall or a change of readiness at once. A scrape sees nothing
-    # older than this.
+    # Counters that only grow (lines read, GPU readings) are rendered when a scrape asks for
+    # them, at most this often; a transition, a failure, a stall or a change of readiness at
+    # once. A scrape sees nothing older than this.
     publish_interval_s: float = 1.0
     # A second listener for /healthz, /readyz and /livez only, without TLS or credentials: the
     # kubelet's probes carry none. None: the probes are served on the main listener only.

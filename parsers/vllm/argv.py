@@ -56,6 +56,15 @@ KV_CACHE_DTYPES = (
 )
 
 
+def with_flag(argv: Sequence[str], name: str) -> tuple[str, ...]:
+    """``argv`` with the flag ``name`` (``--enforce-eager``) given once, at the end: every
+    ``name``, ``name=X`` and its negation (``--no-enforce-eager``, argparse's
+    BooleanOptionalAction) taken out first."""
+    negation = "--no-" + name.removeprefix("--")
+    kept = [a for a in argv if a not in (name, negation) and not a.startswith(name + "=")]
+    return (*kept, name)
+
+
 def with_option(argv: Sequence[str], name: str, value: str | None) -> tuple[str, ...]:
     """``argv`` with every ``name X`` / ``name=X`` taken out and, unless ``value`` is None,
     ``name value`` appended (argparse takes the last one; one is clearer)."""

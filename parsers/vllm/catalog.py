@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from loadwatch.parsers.events import ClientTextKind, Event, Failure, FailureKind
+from loadwatch.parsers.events import CONSEQUENCE_KINDS, ClientTextKind, Event, Failure, FailureKind
 from loadwatch.parsers.vllm.builders import ANY_LOGGER, SEC, rx, stall
 from loadwatch.parsers.vllm.builders import BARE as BARE
 from loadwatch.parsers.vllm.builders import FAILURE as FAILURE
@@ -37,7 +37,7 @@ def _failure(kind: FailureKind | None, engine_fatal: bool = False) -> Builder:
         exc = EXCEPTION_LINE.match(message)
         exc_type = exc["exc"] if exc else None
         text = exc["msg"] if exc and exc["msg"] is not None else message
-        return Failure(
+        return failure(
             kind=kind or classify(exc_type, text),
             message=text[:2000],
             exc_type=exc_type,
@@ -263,8 +263,16 @@ EXCEPTION_LINE_LOOSE = re.compile(
     r"^(?P<exc>(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Z][A-Za-z0-9_]{0,80}+)(?:: (?P<msg>.*+))?$"
 )
 
+# pyzmq's bind of an IPC socket whose path is longer than sockaddr_un.sun_path allows
+# (zmq/backend/cython/_zmq.py `Socket.bind`): vLLM puts its sockets under TMPDIR
+# (vllm/utils/network_utils.py `get_open_zmq_ipc_path`), so a long TMPDIR fails every start.
+# The path is the operator's text and may name anything (`.../max_model_len-512/...`): it is
+# read for no other kind.
+_IPC_PATH_TOO_LONG = rx(r"ipc path \"[^\"\r\n]{0,4000}+\" is longer than \d{1,9}+ characters")
+
 # Ordered: the first that matches names the kind. More specific kinds come first.
 _CLASSIFY: tuple[tuple[re.Pattern[str], FailureKind], ...] = (
+    (_IPC_PATH_TOO_LONG, "other"),
     (
         rx(
             r"FP8 Triton MLA|TritonMLA(?: V1)? with FP8 KV cache not yet supported"
@@ -307,21 +315,33 @@ CONSEQUENCE_MESSAGES: tuple[str, ...] = (
     "got fatal signal from worker processes",
     "Got fatal signal from worker processes",
 )
+# EngineCore re-raising a worker's exception: `Worker failed with error 'X', please check the
+# stack trace above for the root cause`; X is the root cause's message.
+_WRAPPERS = (
+    ("Worker failed with error '", "', please check"),
+    ('Worker failed with error "', '", please check'),
+)
 
-# When several failures describe one crash, the most telling one names it.
-KIND_RANK: dict[str, int] = {
-    "fp8_kv_unsupported": 0,
-    "cuda_oom": 1,
-    "kv_cache_too_small": 2,
-    "max_model_len": 3,
-    "nccl": 4,
-    "startup_timeout": 5,
-    "worker_died": 6,
-    "engine_init_failed": 7,
-    "completion_failed": 8,  # not from the log: loadwatch's servable check (daemon/watch.py)
-    "other": 9,
-    "vanished": 10,  # not from the log: the process gone without a word (daemon/vllm_watch.py)
-}
+
+def wrapped_cause(message: str) -> str | None:
+    """The message a re-raising wrapper carries, if `message` is one."""
+    text = " ".join(message.split())
+    for head, tail in _WRAPPERS:
+        if text.startswith(head):
+            end = text.find(tail, len(head))
+            if end > 0:
+                return text[len(head) : end]
+    return None
+
+
+def failure(**fields: Any) -> Failure:
+    """A failure as the vLLM grammar states it: whether it is a consequence of another, and
+    the cause a wrapper carries. Every failure the grammar emits is made here."""
+    kind, message = fields["kind"], fields["message"]
+    consequence = kind in CONSEQUENCE_KINDS or (
+        kind == "other" and message.startswith(CONSEQUENCE_MESSAGES)
+    )
+    return Failure(consequence=consequence, cause=wrapped_cause(message), **fields)
 
 
 def classify(exc_type: str | None, message: str) -> FailureKind:
@@ -331,6 +351,11 @@ def classify(exc_type: str | None, message: str) -> FailureKind:
         if pattern.search(text):
             return kind
     return "other"
+
+
+def ipc_path_too_long(message: str) -> bool:
+    """Whether a failure's message is pyzmq's refusal of a too-long IPC socket path."""
+    return _IPC_PATH_TOO_LONG.search(message[:8000]) is not None
 
 
 NEEDLES: tuple[str, ...] = tuple(sorted({n for e in CATALOG for n in e.needles}))

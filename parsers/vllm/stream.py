@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from loadwatch.parsers.events import (
+    FAILURE_RANK,
     Event,
     Failure,
     FailureKind,
@@ -24,8 +25,8 @@ from loadwatch.parsers.vllm.catalog import (
     CUT_TRACEBACK,
     EXCEPTION_LINE,
     EXCEPTION_LINE_LOOSE,
-    KIND_RANK,
     classify,
+    failure,
 )
 from loadwatch.parsers.vllm.lines import (
     Head,
@@ -102,7 +103,7 @@ class _Traceback:
         exc_type = m["exc"]
         message = (m["msg"] or "").strip()[:MAX_MESSAGE_CHARS]
         kind = classify(exc_type, message)
-        if self.kind is None or KIND_RANK[kind] < KIND_RANK[self.kind]:
+        if self.kind is None or FAILURE_RANK[kind] < FAILURE_RANK[self.kind]:
             self.kind = kind
         self.exc_type, self.message = exc_type, message
         return True
@@ -115,7 +116,7 @@ class _Traceback:
         kind = self.kind or "other"
         if self.joined:  # a wrapped message joined: its whole text decides
             joined = classify(self.exc_type, self.message)
-            if KIND_RANK[joined] < KIND_RANK[kind]:
+            if FAILURE_RANK[joined] < FAILURE_RANK[kind]:
                 kind = joined
         if kind == "other" and self.first_line:
             # `Exception in worker ... while processing method init_device: NCCL error: ...,
@@ -124,7 +125,7 @@ class _Traceback:
         message = self.message
         if not message:
             message = self.first_line if kind != "other" else CUT_TRACEBACK
-        return Failure(
+        return failure(
             kind=kind,
             message=message,
             exc_type=self.exc_type,

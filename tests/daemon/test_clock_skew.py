@@ -101,7 +101,7 @@ class Run:
         assert d is not None and d.log is not None
         self._collect()
         if kill:  # no last checkpoint: the next daemon resumes from the last one saved
-            d.log.follower.close(checkpoint=False)
+            d.log.input.close(checkpoint=False)
             d.log.marks.close()
         else:
             d.log.close()

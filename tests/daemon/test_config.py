@@ -223,12 +223,16 @@ def test_the_quiet_stall_floor_is_a_forecast_key(tmp_path: Path) -> None:
     assert cfg.forecast.quiet_stall_s == 5400.0 and state_config(cfg).quiet_stall_s == 5400.0
 
 
-def test_a_bad_quiet_stall_floor_exits_78(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "loadwatch.daemon.cli", "run", "--config",
-         str(write(tmp_path, "[forecast]\nquiet_stall_s = -5\n"))],
+def run_with(tmp_path: Path, toml: str) -> subprocess.CompletedProcess[str]:
+    """`loadwatch run --config` a file holding `toml`, to its exit."""
+    return subprocess.run(
+        [sys.executable, "-m", "loadwatch.daemon.cli", "run", "--config", str(write(tmp_path, toml))],
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
+
+
+def test_a_bad_quiet_stall_floor_exits_78(tmp_path: Path) -> None:
+    out = run_with(tmp_path, "[forecast]\nquiet_stall_s = -5\n")
     assert out.returncode == 78
     assert out.stderr.strip().splitlines() == [
         "loadwatch: config error: [forecast] quiet_stall_s: must be between 60 and 86400, got -5"
@@ -239,3 +243,45 @@ def test_the_log_grammar_is_a_grammar_folder(tmp_path: Path) -> None:
     assert available() == ("vllm",)  # parsers/vllm/grammar.py
     cfg = load_config(write(tmp_path, "[log]\ngrammar = 'vllm'\n"))
     assert cfg.log.grammar == "vllm" and load(cfg.log.grammar).name == "vllm"
+
+
+@pytest.mark.parametrize(
+    ("log", "want"),
+    [
+        ({}, "auto"),
+        ({"input": "cri"}, "cri"),
+        ({"input": "file"}, "file"),
+        ({"format": "plain"}, "file"),  # the older key, as documented: read into `input`
+        ({"format": "docker"}, "docker"),
+        ({"format": "docker", "input": "docker"}, "docker"),
+        ({"journal_unit": "vllm.service"}, "journal"),
+        ({"journal_unit": "vllm.service", "input": "journal"}, "journal"),
+    ],
+)
+def test_the_log_input_is_one_key(log: dict[str, str], want: str) -> None:
+    assert parse_config({"log": log}).log.input == want
+
+
+@pytest.mark.parametrize(
+    ("log", "key", "words"),
+    [
+        ({"input": "kubernetes"}, "[log] input", "must be one of auto, file, cri, docker, journal"),
+        ({"input": "journal"}, "[log] input", "needs journal_unit"),
+        ({"input": "cri", "format": "docker"}, "[log] format", "input says cri"),
+        ({"input": "file", "journal_unit": "v"}, "[log] journal_unit", "input journal"),
+    ],
+)
+def test_a_bad_log_input_names_its_key(log: dict[str, str], key: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"log": log})
+    assert info.value.key == key
+    assert words in info.value.problem
+
+
+def test_a_wrong_log_input_exits_78_in_one_line(tmp_path: Path) -> None:
+    out = run_with(tmp_path, "[log]\npath = '/x.log'\ninput = 'pod'\n")
+    assert out.returncode == 78
+    assert out.stderr.strip().splitlines() == [
+        "loadwatch: config error: [log] input: must be one of auto, file, cri, docker, journal; "
+        "got 'pod'"
+    ]

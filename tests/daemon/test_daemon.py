@@ -352,7 +352,9 @@ def test_no_traceback_on_unreadable_log(tmp_path: Path) -> None:
     cfg = Config(**{**cfg.__dict__, "log": LogConfig(path=log, poll_interval_s=0.05)})
     with running(cfg) as d:
         d.wait(lambda: any(e["event"] == "daemon.problem" for e in d.events()), "a problem line")
-        # The daemon runs on and answers, and /healthz says honestly that its log is unreadable.
+        # The daemon runs on and answers, and /healthz says honestly that its log is unreadable
+        # (the board with it goes to the HTTP process at once, but after the event-log line)
+        d.wait(lambda: d.get("/healthz")[0] == 503, "/healthz 503", 5)
         code, body = d.get("/healthz")
         assert code == 503 and b"log" in body and b"\n" not in body.rstrip(b"\n"), body
         assert d.get("/metrics")[0] == 200

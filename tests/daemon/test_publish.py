@@ -1,5 +1,6 @@
-"""Publishing by what changed: urgent changes at once, counters at most every interval, nothing
-rendered when nothing changed (a heartbeat instead). Time is the publisher's injected clock."""
+"""Publishing by what changed: urgent changes at once, counters when a reader asks for them (the
+HTTP process is told once that its board is behind), nothing rendered when nothing changed (a
+heartbeat instead). Time is the publisher's injected clock."""
 
 from __future__ import annotations
 
@@ -28,31 +29,33 @@ def _publisher(tmp_path: Path) -> tuple[Publisher, Clock, list[Published], list[
     cfg = Config(log=LogConfig(path=None), state_dir=tmp_path / "state")
     daemon = Daemon(cfg, eventlog=EventLog(io.StringIO(), None, console=False), gpu=NullGpuSource())
     clock = Clock()
-    pub = Publisher(daemon.bundle, daemon.feed.problem, interval_s=1.0, monotonic=clock)
+    pub = Publisher(daemon.bundle, daemon.feed.problem, monotonic=clock)
     boards: list[Published] = []
     beats: list[str] = []
     pub.hooks.append(boards.append)
     pub.heartbeats.append(lambda: beats.append("beat"))
+    pub.stale_hooks.append(lambda: beats.append("stale"))
     return pub, clock, boards, beats
 
 
-def test_counters_go_out_at_most_every_interval_and_urgent_changes_at_once(
-    tmp_path: Path,
-) -> None:
-    pub, clock, boards, _ = _publisher(tmp_path)
-    pub.soon()  # the first change: nothing was published yet
-    assert len(boards) == 1
-    for _ in range(50):  # a busy log: a change every 10 ms
+def test_counters_go_out_when_asked_for_and_urgent_changes_at_once(tmp_path: Path) -> None:
+    pub, clock, boards, said = _publisher(tmp_path)
+    pub.want()  # the first ask: nothing was published yet
+    assert len(boards) == 1 and not pub.behind
+    for _ in range(50):  # a busy log: a change every 10 ms, nobody reading
         clock.t += 0.01
         pub.changed()
-    assert len(boards) == 1  # held back (the loop's timer would publish them at the interval)
-    clock.t += 0.4  # (0.9 s since the last: a read now takes them along)
-    pub.changed()
-    assert len(boards) == 2
+    assert len(boards) == 1  # nothing rendered for them
+    assert said == ["stale"] and pub.behind  # the reader was told once that it is behind
+    pub.want()  # a scrape asks: what changed goes out
+    assert len(boards) == 2 and not pub.behind
+    assert boards[-1] is pub.published
+    pub.want()  # nothing changed since: a heartbeat says so, nothing is rendered
+    assert len(boards) == 2 and said == ["stale", "beat"]
     clock.t += 0.1
-    pub.urgent()  # a transition: at once, whatever the interval
+    pub.urgent()  # a transition: at once, nobody asking
     pub.changed()
-    assert len(boards) == 3
+    assert len(boards) == 3 and said == ["stale", "beat"]
 
 
 def test_nothing_changed_is_a_heartbeat_not_a_board(tmp_path: Path) -> None:
@@ -64,9 +67,13 @@ def test_nothing_changed_is_a_heartbeat_not_a_board(tmp_path: Path) -> None:
     pub.alive(5.0)
     assert (len(boards), beats) == (1, ["beat"])
     clock.t += 0.1
-    pub.soon()  # (within the interval of the heartbeat: held)
-    pub.alive(5.0)  # a pending change goes out as a board
-    assert (len(boards), beats) == (2, ["beat"])
+    pub.changed()  # a counter: waits to be asked for, whatever the heartbeats
+    clock.t += 5.0
+    pub.alive(5.0)
+    assert (len(boards), beats) == (1, ["beat", "stale", "beat"])
+    pub.urgent()  # an urgent change pending when the tick comes goes out as a board
+    pub.alive(5.0)
+    assert (len(boards), beats) == (2, ["beat", "stale", "beat"])
 
 
 def test_a_nap_ends_when_a_load_starts() -> None:

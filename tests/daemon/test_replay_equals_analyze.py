@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from loadwatch.daemon.config import Config, GpuConfig, HttpConfig, LogConfig, ModelConfig
+from loadwatch.daemon.config import (
+    Config,
+    ForecastConfig,
+    GpuConfig,
+    HttpConfig,
+    LogConfig,
+    ModelConfig,
+)
 from tests.conftest import FIXTURES
 from tests.daemon.harness import running
 
@@ -60,6 +67,9 @@ def test_live_daemon_ends_with_analyzes_verdicts(log: Path, tmp_path: Path) -> N
         http=HttpConfig(port=0),
         gpu=GpuConfig(source="none"),
         model=ModelConfig(dir=None),
+        # the whole log is read in well under a second, echoes and all: a fatal failure's hold
+        # for its echoes (5 s by default, tests/daemon/test_held_failure.py) need not be waited
+        forecast=ForecastConfig(failure_hold_s=1.0),
         state_dir=tmp_path / "state",
     )
     size = copy.stat().st_size
@@ -79,5 +89,6 @@ def test_live_daemon_ends_with_analyzes_verdicts(log: Path, tmp_path: Path) -> N
 
 
 def _read_all(d: Any, size: int) -> bool:
+    d.daemon.loop_call(d.daemon.publisher.want)  # (counters are published when asked for)
     log = d.daemon.published.log if d.daemon.published is not None else None
     return log is not None and log.bytes_total >= size

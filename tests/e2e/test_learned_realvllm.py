@@ -44,14 +44,15 @@ from tests.e2e.test_watch_readiness import build_model
 from tests.helpers import wait_for
 from tests.realvllm.vllmproc import ServerSpec, VllmServer, free_port, group_members
 
-pytestmark = [pytest.mark.realvllm, pytest.mark.slow, pytest.mark.timeout(900)]
+# alone: the starts are timed against each other, so the other test processes wait (conftest.py)
+pytestmark = [pytest.mark.realvllm, pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(900)]
 START_S = 300.0  # a vLLM start to /health 200 (about 45 s alone; more on a busy machine)
-# How far the ETA at the first line may be from the time the start took. On this shared 2-core
-# machine the other work running beside the starts moves them by far more than 15%: the same
-# start took 52 s to 110 s within minutes, and the ETA at the first line was off by -38% to +63%
-# of the real time. What holds reliably is a factor of two; that the ETA is the history's own
-# figure is checked exactly.
-ETA_FACTOR = 2.0
+# How far the ETA at the first line may be from the time the start took. Every start shares one
+# vLLM cache (tests/realvllm/vllmproc.py), so the second start does the same work as the first
+# (a start on a cold cache takes 9 s more: 34 s against 25 s), and the starts have the machine to
+# themselves (`alone`): with a second test process running beside them, what it ran moved a
+# start's configuration step by 2 s (17.9 s against 15.7 s, +16.3%).
+ETA_TOLERANCE = 0.15
 # The floor under a learned threshold: the steps after the weights take a second or two here,
 # so 1.5 times that (what one past start allows) would be under the default's 120 s floor.
 STALL_FLOOR_S = 15.0
@@ -199,6 +200,7 @@ def test_the_second_starts_eta_from_its_first_line_is_the_first_starts_time_to_r
     # taken at the first line: the first step (configuration) is under way, nothing ended yet
     assert eta["step"] == "config" and eta["past_starts"] == 1, eta
     assert [x["phase"] for x in second.first["timeline"]] == ["config"]
+    assert eta["phase_overdue_s"] == 0.0  # config, seconds old: within what it took before
     assert second.seen_at - second.first_line_at < 1.0
     predicted = eta["ready_at"] - second.first_line_at
     error = (predicted - second.took_s) / second.took_s
@@ -210,7 +212,7 @@ def test_the_second_starts_eta_from_its_first_line_is_the_first_starts_time_to_r
         f"({100 * error:+.1f}%); range {eta['remaining_low_s']:.1f}-{eta['remaining_high_s']:.1f} s"
         f" (the first start took {first.took_s:.1f} s)"
     )
-    assert 1 / ETA_FACTOR <= predicted / second.took_s <= ETA_FACTOR
+    assert abs(error) <= ETA_TOLERANCE, f"ETA {predicted:.1f} s, took {second.took_s:.1f} s"
     assert eta["remaining_low_s"] < eta["remaining_s"] < eta["remaining_high_s"]
 
 
@@ -242,6 +244,14 @@ def test_a_start_held_after_its_weights_is_stalled_at_the_learned_threshold(
     threshold = max(max(took) + STALL_K * spread, STALL_FLOOR_S)
     assert stall["threshold_s"] == pytest.approx(threshold), (stall, took)
     assert "the last 2 starts took" in stall["reason"], stall["reason"]
+    # the step is also past the slowest earlier start's time in it (the warning's figure), once
+    # the log has named it; a step not named yet is compared with nothing
+    eta = s["startup_eta"]
+    assert eta["step"] == s["timeline"][-1]["phase"], eta
+    if eta["step"] == "unknown":
+        assert eta["phase_overdue_s"] is None, eta
+    else:
+        assert eta["phase_overdue_s"] > 0, eta
     # raised once the silence passed the threshold, and not long after (the check runs often)
     silent = stall["raised_at"] - stall["since"]
     print(

@@ -567,7 +567,9 @@ def test_load_to_ready_and_a_real_completion(serving: Serving) -> None:
     assert m["loadwatch_vllm_starts_total"] == 1.0
     assert m['loadwatch_source_up{source="vllm"}'] == 1.0
     assert m['loadwatch_source_up{source="log"}'] == 1.0
-    assert m['loadwatch_events_total{type="shard_progress"}'] >= SHARDS + 1
+    # tqdm redraws at most every 0.1 s, so how many of the 12 shards got a record of their own
+    # depends on the machine's speed; its first (0/12) and last (12/12) records are always there
+    assert m['loadwatch_events_total{type="shard_progress"}'] >= 2
     assert "loadwatch_load_eta_seconds" not in m
     print(
         f"\nready after {serving.ready_s:.1f} s (vLLM's own count {s['time_to_ready_s']:.1f} s, "

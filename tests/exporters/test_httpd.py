@@ -194,3 +194,69 @@ def _running(pid: int) -> bool:
             pass
         return False
     return True
+
+
+def test_a_scrape_asks_for_a_board_that_is_behind_and_the_probes_never_do() -> None:
+    """Counters are rendered when read: a scrape of /metrics or /status that finds the board
+    behind (and older than the publishing interval) asks the daemon, which answers with a new
+    board; /readyz answers the board held; a board not behind, or one asked for too recently,
+    is served as it is."""
+    wants: list[float] = []
+    boards = iter(Board(b"m %d\n" % n, b'{"n": %d}\n' % n, True, "") for n in range(2, 100))
+    server: HttpProcess
+
+    def want() -> None:  # the daemon: a new board when asked for (its loop's thread does this)
+        wants.append(time.monotonic())
+        server.send(next(boards))
+
+    server = HttpProcess(HttpConfig(port=0, publish_interval_s=0.2), on_want=want)
+    url = server.start()
+    try:
+        server.send(Board(b"m 1\n", b'{"n": 1}\n', True, ""))
+        wait_for(lambda: get(url, "/readyz")[0] == 200, "the first board served", 5)
+        assert get(url, "/metrics")[1].startswith(b"m 1\n") and wants == []  # not behind
+        server.stale()
+        began = time.monotonic()
+        # probes, for longer than the interval, answer the board held and never ask
+        wait_for(
+            lambda: get(url, "/readyz") == (200, b"ready\n") and time.monotonic() - began > 0.3,
+            "probes past the interval",
+            5,
+        )
+        assert wants == []
+        assert get(url, "/metrics")[1].startswith(b"m 2\n")  # asked for, and waited for
+        assert len(wants) == 1
+        server.stale()  # behind again at once: the board is younger than the interval
+        assert get(url, "/status")[1] == b'{"n": 2}\n' and len(wants) == 1
+        wait_for(lambda: get(url, "/status")[1] == b'{"n": 3}\n', "asked past the interval", 5)
+        assert len(wants) == 2
+    finally:
+        server.stop()
+
+
+def test_a_restarted_server_hears_that_its_board_is_behind() -> None:
+    wants: list[int] = []
+    server = HttpProcess(
+        HttpConfig(port=0, publish_interval_s=0.05), on_want=lambda: wants.append(1)
+    )
+    url = server.start()
+    try:
+        server.send(Board(b"m 1\n", b"{}\n", True, ""))
+        server.stale()  # (the daemon's state moved on; nobody asked yet)
+        wait_for(lambda: get(url, "/readyz")[0] == 200, "first board served")
+        first = server.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+
+        def beat() -> bool:  # (the loop's heartbeats: a frame finds the server gone)
+            server.alive()
+            return server.pid not in (None, first)
+
+        wait_for(beat, "a new server process", 30)
+        wait_for(lambda: get(url, "/readyz")[0] == 200, "the last board served again", 30)
+        wants.clear()
+        # the restarted server knew its board was behind, and asks (nobody answers here: it
+        # serves the board it has)
+        wait_for(lambda: get(url, "/metrics")[1].startswith(b"m 1\n") and wants, "an ask", 10)
+    finally:
+        server.stop()

@@ -4,6 +4,8 @@ no history exports none; promtool has nothing to say."""
 
 from __future__ import annotations
 
+import pytest
+
 from loadwatch.daemon.sim.kimilog import SyntheticClock
 from loadwatch.daemon.state.loadstate import LoadState
 from tests.exporters.test_timeline_metrics import exposition, samples
@@ -12,6 +14,7 @@ from tests.state.test_learned import first_start, fold, timed_lines, with_histor
 
 ETA = "loadwatch_startup_eta_seconds"
 OVERDUE = "loadwatch_startup_overdue_seconds"
+PHASE_OVERDUE = "loadwatch_startup_phase_overdue_seconds"
 
 
 def repeat_start_at_first_line(history: bool) -> tuple[LoadState, float]:
@@ -35,6 +38,7 @@ def test_the_range_of_a_repeat_start_and_none_without_history() -> None:
     bare, at = repeat_start_at_first_line(history=False)
     text = exposition(bare, at)
     assert ETA not in text and OVERDUE not in text  # not known is no sample, never 0
+    assert PHASE_OVERDUE not in text
 
 
 def test_overdue_once_past_the_slowest_earlier_start() -> None:
@@ -42,6 +46,18 @@ def test_overdue_once_past_the_slowest_earlier_start() -> None:
     state, at = repeat_start_at_first_line(history=True)
     later = at + entry.ready_s + 100
     assert f"{OVERDUE} 100.0" in exposition(state, later)
+
+
+def test_the_step_under_way_past_the_slowest_earlier_starts_time_in_its_phase() -> None:
+    _, entry = first_start()
+    took = dict(entry.steps)["config"]  # the step a start's first line opens
+    state, at = repeat_start_at_first_line(history=True)
+    step = state.snapshot(at).session.timeline[-1]  # type: ignore[union-attr]
+    assert step.phase == "config"
+    within = exposition(state, step.started_at + took / 2)
+    assert samples(within, PHASE_OVERDUE) == {(("phase", "config"),): 0.0}
+    past = exposition(state, step.started_at + took + 42)
+    assert samples(past, PHASE_OVERDUE) == {(("phase", "config"),): pytest.approx(42.0)}
 
 
 def test_promtool_has_nothing_to_say() -> None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from loadwatch.daemon.sources.log.follower import LogFollower
+from loadwatch.daemon.sources.log.wake import Wake, Waker
 from tests.follower.helpers import expected, line
 
 
@@ -81,3 +82,77 @@ def test_arm_calls_back_once_without_a_task(tmp_path: Path) -> None:
     assert asyncio.run(main()) == [("quiet", False), ("write", True), ("later", False)]
     assert [c.data for c in f.read()] == [b"x\n"]
     f.close()
+
+
+def test_a_stream_is_read_on_the_tick_and_a_rotation_in_it_wakes_at_once(tmp_path: Path) -> None:
+    """While reads find data, the next is a tick later and the stream's writes raise no event
+    (one per line, each to be read and dropped); a rotation within the tick wakes the reader at
+    once, not a tick later."""
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    tick_s = 0.5
+    waker = Waker(log, mode="inotify")
+
+    async def main() -> tuple[list[Wake], float, float, int]:
+        loop = asyncio.get_running_loop()
+        wakes: list[Wake] = []
+        with open(log, "ab", buffering=0) as w:
+            woke: asyncio.Future[float] = loop.create_future()
+
+            def fire(wake: Wake) -> None:
+                wakes.append(wake)
+                woke.set_result(loop.time())
+
+            t0 = loop.time()
+            waker.arm(loop, fire, 5.0, tick_s, streaming=True)
+            before = waker.events_total
+            for i in range(30):  # the stream: a line per write
+                w.write(line("a", i))
+                await asyncio.sleep(0.002)
+            tick_after = await woke - t0
+            writes_seen = waker.events_total - before
+            woke = loop.create_future()
+            t1 = loop.time()
+            waker.arm(loop, fire, 5.0, tick_s, streaming=True)
+            w.write(line("a", 30))
+            os.rename(log, tmp_path / "vllm.log.1")
+            log.write_bytes(line("b", 0))
+            rotated_after = await woke - t1
+        return wakes, tick_after, rotated_after, writes_seen
+
+    wakes, tick_after, rotated_after, writes_seen = asyncio.run(main())
+    assert wakes == ["tick", "event"]
+    assert tick_s * 0.9 <= tick_after < tick_s + 0.3
+    assert writes_seen == 0  # 30 writes, and no event was read for them
+    assert rotated_after < tick_s / 2  # the rotation did not wait for the tick
+    waker.close()
+
+
+def test_writes_wake_again_once_a_stream_ends(tmp_path: Path) -> None:
+    """The writes are asked for again when a stream's tick fires, before its read: a line that
+    comes after a read that found nothing still wakes the reader, not the safety net."""
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    waker = Waker(log, mode="inotify")
+
+    async def main() -> tuple[list[Wake], float]:
+        loop = asyncio.get_running_loop()
+        wakes: list[Wake] = []
+        woke: asyncio.Future[float] = loop.create_future()
+
+        def fire(wake: Wake) -> None:
+            wakes.append(wake)
+            if wake == "tick":  # a line comes while the tick's read finds nothing
+                log.write_bytes(line("a", 0))
+            woke.set_result(loop.time())
+
+        waker.arm(loop, fire, 5.0, 0.05, streaming=True)
+        await woke  # the next wait is not a stream's: that line must have raised its event
+        woke = loop.create_future()
+        t0 = loop.time()
+        waker.arm(loop, fire, 5.0, 0.05)
+        return wakes, await woke - t0
+
+    wakes, after = asyncio.run(main())
+    assert wakes == ["tick", "event"] and after < 1.0  # (the safety net would be 5 s here)
+    waker.close()

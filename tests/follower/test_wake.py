@@ -1,4 +1,4 @@
-"""The waking side: real inotify through watchdog, polling, and the automatic fallback."""
+"""The waking side: real inotify, polling, and the automatic fallback."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.sources.log.follower import LogFollower
-from loadwatch.daemon.sources.log.wake import MISSES_TO_FALLBACK, SAFETY_POLL_S, fs_type
+from loadwatch.daemon.sources.log.fs_kind import fs_type
+from loadwatch.daemon.sources.log.inotify import IN_CREATE, IN_MODIFY, Inotify
+from loadwatch.daemon.sources.log.wake import MISSES_TO_FALLBACK, SAFETY_POLL_S
 from tests.follower.helpers import Collector, expected, line
 from tests.helpers import append
 
@@ -262,3 +264,26 @@ def test_default_wait_is_the_poll_interval_or_the_safety_net(log: Path) -> None:
     assert watching.wait() is False
     assert time.monotonic() - start >= SAFETY_POLL_S * 0.9
     watching.close()
+
+
+def test_a_read_gives_each_distinct_event_once(tmp_path: Path) -> None:
+    # two files written in turn, 200 times each: the kernel merges an event only with the one
+    # queued just before it, so 400 IN_MODIFY events wait; they say two things
+    inotify = Inotify()
+    try:
+        inotify.add(str(tmp_path), IN_MODIFY | IN_CREATE)
+        a, b = tmp_path / "vllm.log", tmp_path / "other.log"
+        with open(a, "ab", buffering=0) as fa, open(b, "ab", buffering=0) as fb:
+            for _ in range(200):
+                fa.write(b"x\n")
+                fb.write(b"y\n")
+        got = [(e.mask, e.name) for e in inotify.read()]
+        assert got == [
+            (IN_CREATE, "vllm.log"),
+            (IN_CREATE, "other.log"),
+            (IN_MODIFY, "vllm.log"),
+            (IN_MODIFY, "other.log"),
+        ]
+        assert inotify.read() == []  # nothing left queued
+    finally:
+        inotify.close()

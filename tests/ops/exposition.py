@@ -71,6 +71,7 @@ class Scene:
     last_startup_seconds: Mapping[str, float] = field(default_factory=dict)
     startup_eta_s: tuple[float, float, float] | None = None  # low, mid, high: from the history
     startup_overdue_s: float = 0.0
+    startup_phase_overdue_s: float = 0.0  # the step under way's (the last of startup_seconds)
     log_lines: int = 0
     scrapes: int = 0
     node_role: str = "head"
@@ -338,6 +339,15 @@ def _startup(t: _Text, scene: Scene) -> None:
             t.sample("loadwatch_startup_eta_seconds", value, {"bound": bound})
         t.family("loadwatch_startup_overdue_seconds", "gauge", "Seconds past the slowest start.")
         t.sample("loadwatch_startup_overdue_seconds", scene.startup_overdue_s)
+        if scene.startup_seconds:
+            t.family(
+                "loadwatch_startup_phase_overdue_seconds", "gauge", "Seconds past, this phase."
+            )
+            under_way = list(scene.startup_seconds)[-1]
+            labels = {"phase": under_way}
+            t.sample(
+                "loadwatch_startup_phase_overdue_seconds", scene.startup_phase_overdue_s, labels
+            )
 
 
 def _memory_plan(t: _Text, scene: Scene) -> None:

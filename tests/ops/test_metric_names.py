@@ -156,6 +156,7 @@ def test_dashboard_uses_documented_metrics_labels_and_values() -> None:
         # the learned ETA to ready and the alert's overdue time: /status and the alert show them
         "loadwatch_startup_eta_seconds",
         "loadwatch_startup_overdue_seconds",
+        "loadwatch_startup_phase_overdue_seconds",
         # the remedies' alerts'; /status and the vllm.remedy lines show each step
         "loadwatch_vllm_remedies_total",
         "loadwatch_vllm_remedy_ladder_exhausted",

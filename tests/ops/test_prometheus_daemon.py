@@ -55,7 +55,11 @@ def states(prom: PromServer, alert: str) -> list[str]:
     return [a.state for a in prom.alerts() if a.name == alert]
 
 
-LEARNED = {"loadwatch_startup_eta_seconds", "loadwatch_startup_overdue_seconds"}
+LEARNED = {
+    "loadwatch_startup_eta_seconds",
+    "loadwatch_startup_overdue_seconds",
+    "loadwatch_startup_phase_overdue_seconds",
+}
 # A counter by remedy and outcome: no series until a remedy was tried (this run's start does
 # not fail; tests/exporters/test_prometheus_collector.py, tests/supervisor/test_remedies_realvllm.py)
 REMEDIES = {"loadwatch_vllm_remedies_total"}

@@ -12,8 +12,10 @@ included.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +29,10 @@ from pathlib import Path
 from types import TracebackType
 
 DEFAULT_VENV = Path.home() / ".cache" / "loadwatch" / "vllm-0.32.0"
+# vLLM's own cache, shared by every start as an operator's ~/.cache/vllm is: what it keeps there
+# for an eager CPU start is the model classes' inspection (keyed by the module's hash), which a
+# cold cache redoes in a subprocess that imports torch again (about 9 s of a 34 s start here).
+SHARED_VLLM_CACHE = Path.home() / ".cache" / "loadwatch" / "vllm-cache"
 Clock = Callable[[], float]
 
 
@@ -65,7 +71,7 @@ class ServerSpec:
     """Everything that decides how the server is started."""
 
     model: Path
-    work_dir: Path  # VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR and TMPDIR live under it
+    work_dir: Path  # TORCHINDUCTOR_CACHE_DIR lives under it, and TMPDIR is named for it
     port: int
     host: str = "127.0.0.1"
     python: Path = field(default_factory=vllm_python)
@@ -75,6 +81,7 @@ class ServerSpec:
     kv_cache_space_gib: int | None = 1  # VLLM_CPU_KVCACHE_SPACE; None leaves it unset
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
+    vllm_cache: Path = SHARED_VLLM_CACHE  # VLLM_CACHE_ROOT
 
     @property
     def base_url(self) -> str:
@@ -107,17 +114,27 @@ def server_argv(spec: ServerSpec) -> list[str]:
     return argv
 
 
+def short_tmp(work_dir: Path) -> Path:
+    """The server's TMPDIR: one per work dir, short whatever the work dir's length. vLLM's ZMQ
+    IPC sockets live there under a 36-character name, and a socket path over 107 bytes fails the
+    start (`tests/fixtures/real-v0.32-zmq-ipc-path-too-long.log`): a work dir under pytest's
+    temporary directories, a worker's of `-n` most of all, is longer than that leaves."""
+    digest = hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:12]
+    return Path("/tmp") / f"lw-vllm-{digest}"
+
+
 def server_env(spec: ServerSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment: the caller's, minus any inherited vLLM/Hugging Face settings, plus an
-    offline hub, no usage reporting, and caches and temp files under ``work_dir``."""
+    offline hub, no usage reporting, vLLM's cache at ``vllm_cache`` and the other caches and temp
+    files under ``work_dir``."""
     src = os.environ if base is None else base
     env = {k: v for k, v in src.items() if not k.startswith(("VLLM_", "HF_", "TRANSFORMERS_"))}
     cache = spec.work_dir / "cache"
-    tmp = spec.work_dir / "tmp"
+    tmp = short_tmp(spec.work_dir)
     env |= {
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "VLLM_CACHE_ROOT": str(spec.vllm_cache),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "TMPDIR": str(tmp),
     }
@@ -345,6 +362,7 @@ class VllmServer:
         elif self._sampler is not None:
             self.rss_peak = self._sampler.close()
             self._sampler = None
+        shutil.rmtree(short_tmp(self.spec.work_dir), ignore_errors=True)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

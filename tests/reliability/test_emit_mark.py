@@ -266,7 +266,7 @@ def test_the_daemon_notes_the_event_log_position_with_each_run(tmp_path: Path) -
     name = checkpoint_name(tmp_path / "vllm.log").replace("follower-", "events-")
     doc = json.loads((tmp_path / "state" / "follower" / name).read_text())
     assert (doc["events_file"], doc["events_at"]) == (f"{st.st_dev}:{st.st_ino}", st.st_size)
-    source.follower.close(checkpoint=False)
+    source.input.close(checkpoint=False)
     eventlog.close()
 
 

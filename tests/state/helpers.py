@@ -15,6 +15,7 @@ from loadwatch.daemon.sources.inputs import (
 from loadwatch.daemon.state.loadstate import Input, LoadState, StateConfig, run
 from loadwatch.daemon.state.snapshot import Transition
 from loadwatch.parsers.events import Failure, Milestone, ShardProgress
+from loadwatch.parsers.vllm.catalog import failure
 
 T0 = 1_763_000_000.0
 GIB = 1024**3
@@ -48,7 +49,8 @@ def ms(kind: str, **kw: Any) -> Milestone:
 
 
 def fail(kind: str, message: str, process: str | None = "EngineCore_0", **kw: Any) -> Failure:
-    return Failure(kind=kind, message=message, process=process, **kw)  # type: ignore[arg-type]
+    """A failure as the grammar makes it (it says which are consequences, what wrappers carry)."""
+    return failure(kind=kind, message=message, process=process, **kw)
 
 
 def started(

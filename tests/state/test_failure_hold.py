@@ -18,6 +18,7 @@ from loadwatch.daemon.state.loadstate import Input, LoadState, StateConfig
 from loadwatch.daemon.state.snapshot import Transition
 from loadwatch.parsers import Event, EventStream, split_records
 from loadwatch.parsers.events import Failure
+from loadwatch.parsers.vllm.catalog import failure
 
 from .helpers import T0, ms, started
 
@@ -211,7 +212,7 @@ def ready_session(live: Live) -> None:
 
 
 def worker_died() -> Failure:
-    return Failure(kind="worker_died", message=WORKER_DIED, process="EngineCore", engine_fatal=True)
+    return failure(kind="worker_died", message=WORKER_DIED, process="EngineCore", engine_fatal=True)
 
 
 def test_a_requested_stop_writes_no_worker_died_failure() -> None:

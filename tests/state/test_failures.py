@@ -11,13 +11,15 @@ from loadwatch.daemon.state.failures import (
     shutdown_noise,
 )
 from loadwatch.parsers.events import Failure
+from loadwatch.parsers.vllm.catalog import failure
 
 OOM = "CUDA out of memory. Tried to allocate 2.00 GiB."
 Roots = dict[tuple[str, str], FailureTally]
 
 
 def f(kind: str, message: str, offset: int, process: str | None = "Worker_TP0") -> Failure:
-    return Failure(kind=kind, message=message, offset=offset, process=process)  # type: ignore[arg-type]
+    """A failure as the grammar makes it (it says which are consequences, what wrappers carry)."""
+    return failure(kind=kind, message=message, offset=offset, process=process)
 
 
 def fold_all(*events: Failure, fatal: bool = True) -> Roots:
@@ -31,8 +33,8 @@ def test_a_wrapper_names_its_inner_message() -> None:
     text = (
         f"Worker failed with error '{OOM}', please check the stack trace above for the root cause"
     )
-    assert root_message(text) == OOM
-    assert root_message("  spaced \n out ") == "spaced out"
+    assert root_message(f("cuda_oom", text, 1)) == OOM
+    assert root_message(f("other", "  spaced \n out ", 2)) == "spaced out"
 
 
 def test_echoes_before_and_after_the_root_fold_into_it() -> None:

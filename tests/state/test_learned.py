@@ -13,7 +13,7 @@ import pytest
 
 from loadwatch.daemon.history import StartHistory
 from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, startup
-from loadwatch.daemon.sources.inputs import Tick
+from loadwatch.daemon.sources.inputs import ModelInfo, PageCache, ShardInfo, Tick
 from loadwatch.daemon.state.learned import PastStart, entry_of
 from loadwatch.daemon.state.loadstate import Input, LoadState, StateConfig
 from loadwatch.daemon.state.snapshot import Transition
@@ -173,3 +173,74 @@ def test_a_start_of_another_layout_does_not_compare() -> None:
     view = two.snapshot(lines[1][0]).session
     assert view is not None and view.startup_eta is None
     assert view.startup_eta_reason is not None and "no earlier start" in view.startup_eta_reason
+
+
+def _looked_at(state: LoadState, at: float, cache: str) -> LoadState:
+    """The daemon's look at the model's page cache (aftercare.py), folded at `at`."""
+    state = state.apply(ModelInfo(path=SHAPE.model, shards=(ShardInfo("a.safetensors", 1),)), at)
+    assert state.session is not None
+    looked = PageCache(at, state.session.id, SHAPE.model, cache, 1.0 if cache == "warm" else 0.0)
+    return state.apply(looked, at)
+
+
+def test_a_warm_start_compares_only_with_warm_ones() -> None:
+    state, entry = first_start()
+    assert entry.key.cache is None  # (nothing looked at the page cache of that start)
+    cold = replace(entry, key=replace(entry.key, cache="cold"))
+    quarter = tuple((phase, took / 4) for phase, took in entry.steps)  # a warm start: faster
+    warm = replace(
+        entry, key=replace(entry.key, cache="warm"), steps=quarter, ready_s=entry.ready_s / 4
+    )
+    lines = list(timed_lines(2, SyntheticClock(1_795_003_600.0)))
+    at = lines[0][0]
+    begun, _, _ = fold(with_history(state, cold, warm), iter(lines[:1]))
+    # not looked at yet: every start compares
+    eta = begun.snapshot(at).session.startup_eta  # type: ignore[union-attr]
+    assert eta is not None and eta.past_starts == 2
+    looked = _looked_at(begun, at, "warm")
+    s = looked.session
+    assert s is not None and s.page_cache == "warm"
+    entry_now = entry_of(looked.model, looked.gpus, s)
+    assert entry_now is None  # (not ready: nothing to learn yet)
+    eta = looked.snapshot(at).session.startup_eta  # type: ignore[union-attr]
+    assert eta is not None and eta.past_starts == 1  # the warm one only
+    assert eta.basis == "the median of 1 earlier start on a warm page cache"
+    assert eta.remaining_s == pytest.approx(warm.ready_s, rel=0.05)
+    only_cold, _, _ = fold(with_history(state, cold), iter(lines[:1]))
+    view = _looked_at(only_cold, at, "warm").snapshot(at).session
+    assert view is not None and view.startup_eta is None
+    assert "no earlier start" in (view.startup_eta_reason or "")
+
+
+def test_the_page_cache_is_kept_once_for_its_own_start_and_model() -> None:
+    state, _ = first_start()
+    lines = list(timed_lines(2, SyntheticClock(1_795_003_600.0)))
+    begun, _, _ = fold(state, iter(lines[:1]))
+    at = lines[0][0]
+    s = begun.session
+    assert s is not None and s.page_cache is None
+    known = begun.apply(ModelInfo(path=SHAPE.model, shards=(ShardInfo("a.safetensors", 1),)), at)
+    other = known.apply(PageCache(at, s.id, "/models/other", "cold", 0.0), at)  # another model's
+    assert other.session is not None and other.session.page_cache is None
+    earlier = known.apply(PageCache(at, s.id - 1, SHAPE.model, "cold", 0.0), at)  # another start's
+    assert earlier.session is not None and earlier.session.page_cache is None
+    looked = _looked_at(begun, at, "cold")
+    assert looked.session is not None and looked.session.page_cache == "cold"
+    again = looked.apply(PageCache(at, s.id, SHAPE.model, "warm", 1.0), at)  # kept once
+    assert again.session is not None and again.session.page_cache == "cold"
+
+
+def test_the_page_cache_key_round_trips_and_a_bad_one_is_refused(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from loadwatch.daemon.history import BadHistory, from_json, to_json
+
+    _, entry = first_start()
+    warm = replace(entry, key=replace(entry.key, cache="warm"))
+    assert from_json(to_json((warm,))) == (warm,)
+    bad = to_json((warm,)).replace(b'"warm"', b'"tepid"')
+    with pytest.raises(BadHistory, match="cache"):
+        from_json(bad)
+    h = StartHistory(Path(str(tmp_path)), [].append)
+    h.save((warm,))
+    assert h.load() == (warm,)

@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +67,20 @@ class Script:
 
 
 def ladder(
-    tmp_path: Path, script: Script, remedies: tuple[str, ...] = ("max_model_len",)
+    tmp_path: Path,
+    script: Script,
+    remedies: tuple[str, ...] = ("max_model_len",),
+    *,
+    argv: Sequence[str] = ARGV,
+    settings: Settings | None = None,
 ) -> Ladder:
+    """The ladder of `remedies` for `argv`, told of failures by `script`."""
     red = Redactor()
-    red.learn(ARGV)
+    red.learn(argv)
     return Ladder(
-        ARGV,
+        argv,
         remedies,
-        Settings(min_model_len=1024),
+        settings or Settings(min_model_len=1024),
         CrashLoopFile(tmp_path / "state", script.problems.append),
         seen=script.seen,
         redact=red.argv,

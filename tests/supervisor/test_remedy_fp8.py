@@ -12,15 +12,14 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.config import ConfigError, load_config
-from loadwatch.daemon.crashloop_file import FILE_NAME, CrashLoopFile
+from loadwatch.daemon.crashloop_file import FILE_NAME
 from loadwatch.daemon.state.memplan_inputs import gpu_model_capacity
 from loadwatch.daemon.supervise.fp8_kv import KvCost, kv_cost
 from loadwatch.daemon.supervise.ladder import Ladder, Seen
 from loadwatch.daemon.supervise.remedies import Failed, Settings
 from loadwatch.daemon.tools.demo import make_model_dir
 from loadwatch.daemon.tools.patch import BACKUP_SUFFIX, revert_model
-from loadwatch.parsers.vllm.argv_secrets import Redactor
-from tests.supervisor.test_remedies import Script, kv_too_small, supervise, write
+from tests.supervisor.test_remedies import Script, kv_too_small, ladder, supervise, write
 
 # vLLM's TRITON_MLA backend on SM120 (vllm/v1/attention/backends/mla/triton_mla.py, raised in
 # `TritonMLAImpl.__init__`)
@@ -40,17 +39,8 @@ def cost_on_rtx_pro_6000(argv: Sequence[str]) -> KvCost | None:
 
 
 def fp8_ladder(tmp_path: Path, script: Script, argv: Sequence[str], mode: str) -> Ladder:
-    return Ladder(
-        argv,
-        ("fp8_kv_unsupported",),
-        Settings(fp8_mode=mode, kv_cost=cost_on_rtx_pro_6000),
-        CrashLoopFile(tmp_path / "state", script.problems.append),
-        seen=script.seen,
-        redact=Redactor().argv,
-        say=script.say,
-        changed=script.changed,
-        clock=lambda: 1234.0,
-    )
+    settings = Settings(fp8_mode=mode, kv_cost=cost_on_rtx_pro_6000)
+    return ladder(tmp_path, script, ("fp8_kv_unsupported",), argv=argv, settings=settings)
 
 
 def files(m: Path) -> dict[str, bytes]:

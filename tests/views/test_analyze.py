@@ -104,6 +104,7 @@ EXPECTED: dict[str, tuple[int, str, list[str]]] = {
         ["failed: kv_cache_too_small"],
     ),
     "real-v0.32-supervised-patched.log": (1, "ready", []),
+    "real-v0.32-zmq-ipc-path-too-long.log": (1, "failed: other", []),
     "tp1-enginecore.log": (1, "ready", []),
     "v0-bracket-header.log": (1, "failed: cuda_oom", []),
     "v0-old-header.log": (1, "ready", []),

@@ -92,15 +92,15 @@ class Waiting:
         """`wait_async` as a callback: `loop` calls `fire(True)` after an event (and the
         coalescing tick), `fire(False)` after the timeout; once. Returns what disarms it."""
 
-        def done(event: bool) -> None:
-            self._woke = "event" if event else "timer"
-            fire(event)
+        def done(wake: Wake) -> None:
+            self._woke = wake
+            fire(wake != "timer")
 
         try:
             waker = self._ensure_waker()
         except FollowerError:
             retry = max(self._poll, 1.0) if timeout_s is None else timeout_s
-            return loop.call_later(retry, done, False).cancel
+            return loop.call_later(retry, done, "timer").cancel
         timeout = waker.timeout_s(self._poll) if timeout_s is None else timeout_s
         return waker.arm(loop, done, timeout, self._coalesce, streaming=self._found)
 

@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 from loadwatch.daemon.sources.inputs import Chunk
 from loadwatch.daemon.sources.log.emitmark import EmitMark, Mark, Written, written
-from loadwatch.daemon.sources.log.follower import LogFollower, Position
+from loadwatch.daemon.sources.log.follower import Position
+from loadwatch.daemon.sources.log.inputs import LogInput
 
 # What the event log still needs of a run's effects: nothing (written before), those the event
 # log file lacks (a run a kill cut short), or all of them.
@@ -45,7 +46,7 @@ class Resume:
     """The replay decision of one start; see the module doc."""
 
     def __init__(
-        self, follower: LogFollower, marks: EmitMark, events_file: Path | None = None
+        self, follower: LogInput, marks: EmitMark, events_file: Path | None = None
     ) -> None:
         self.notices: list[Notice] = []
         self.session_start: dict[str, Any] | None = None  # where the current session began

@@ -1,7 +1,8 @@
 """The log source: vLLM's log as runs of events, each tagged with what a restart owes it.
 
-The one owner of resuming. It holds the follower (and its checkpoint), the emit mark and the
-replay decision (resume.py), and hands the loop `Run`s: the events of a run of records, tagged
+The one owner of resuming, for every input. It holds the input (inputs.py: how the bytes
+arrive, and its checkpoint), the emit mark and the replay decision (resume.py), and hands the
+loop `Run`s: the events of a run of records, tagged
 
 - `replay`: the records were written before this daemon could watch them (read back to rebuild
   the state, or a backlog caught up on): they happened at their own stamps, moved onto the
@@ -34,12 +35,12 @@ from typing import Any
 
 from loadwatch.daemon.sources.inputs import Chunk, joined
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
-from loadwatch.daemon.sources.log.container import ContainerLogDecoder, LogFormat, decode_bytes
 from loadwatch.daemon.sources.log.emitmark import EVERY_S, EmitMark, Written
 from loadwatch.daemon.sources.log.files import stat_file
-from loadwatch.daemon.sources.log.follower import FollowerError, LogFollower
+from loadwatch.daemon.sources.log.follower import FollowerError
+from loadwatch.daemon.sources.log.inputs import LogInput
 from loadwatch.daemon.sources.log.resume import Emit, Notice, Resume
-from loadwatch.daemon.sources.log.wake import Disarm, Fire, Mode
+from loadwatch.daemon.sources.log.wake import Disarm, Fire
 from loadwatch.parsers import ChunkScanner, Event
 
 __all__ = ["Emit", "LogSource", "Notice", "Run"]
@@ -71,41 +72,25 @@ class LogSource:
 
     def __init__(
         self,
-        path: Path,
+        log_input: LogInput,
         *,
         state_dir: Path,
         scanner: Callable[[], ChunkScanner],
         events_file: Path | None = None,
-        container: LogFormat = "plain",
-        cap_bytes: int = 64 * 1024,
-        poll_interval_s: float = 0.25,
-        mode: Mode = "auto",
         clock: Callable[[], float] = time.time,
-        coalesce_s: float = 0.0,
     ) -> None:
-        self.path = path
+        self.input = log_input  # how the bytes arrive (inputs.py); the rest is this class's
+        self.path = path = log_input.path
         self._clock = clock
         self._new_scanner = scanner
         self.scanner = scanner()
-        self.follower = LogFollower(
-            path,
-            state_dir=state_dir,
-            cap_bytes=cap_bytes,
-            poll_interval_s=poll_interval_s,
-            mode=mode,
-            split_cr=container == "plain",
-            coalesce_s=coalesce_s,
-        )
-        # a container runtime's lines (CRI, docker's json-file): their content, same offsets
-        self._format = container
-        self.decoder = ContainerLogDecoder(container, cap_bytes) if container != "plain" else None
         name = checkpoint_name(path).replace("follower-", "events-", 1)
         self.marks = EmitMark(state_dir / name, every_s=EVERY_S)
-        self.resume = Resume(self.follower, self.marks, events_file)
+        self.resume = Resume(log_input, self.marks, events_file)
         self._pending: list[Notice] = []
-        cp = self.follower.loaded_checkpoint
+        cp = self.input.loaded_checkpoint
         self._error_told: str | None = None
-        error = self.follower.health().last_error
+        error = self.input.health().last_error
         if cp is None and error is not None:  # said by `Resume`, with the emit mark's state
             self._error_told = error
         self._pending.extend(self.resume.notices)
@@ -125,7 +110,7 @@ class LogSource:
             self._backlog_key, self._backlog_size = (st.st_dev, st.st_ino), st.st_size
             if self._offset is None:
                 self._offset = peek_offset(
-                    path, st.st_size, st.st_mtime, container, self._new_scanner
+                    path, st.st_size, st.st_mtime, log_input.content, self._new_scanner
                 )
         # Live once caught up; at once when nothing is there to catch up on.
         self._live = self._backlog_key is None and not self.resume.replaying and cp is None
@@ -154,45 +139,42 @@ class LogSource:
 
     @property
     def backlog(self) -> bool:
-        return self.follower.backlog
+        return self.input.backlog
 
     def read(self) -> list[Run | Notice]:
         """Everything readable now, as runs of events and the notices between them."""
-        follower = self.follower
+        log_input = self.input
         out: list[Run | Notice] = self._take()
         try:
-            chunks = follower.read()
-            if self.decoder is not None:
-                chunks = self.decoder.decode(chunks)
-            chunks = joined(chunks)
+            chunks = joined(log_input.read())
         except FollowerError as exc:
-            out.append(_problem(f"log {follower.path}: {exc}"))
+            out.append(_problem(f"log {log_input.path}: {exc}"))
             chunks = []
-        if not self._start_told and follower.start != "pending":
+        if not self._start_told and log_input.start != "pending":
             self._start_told = True  # (before the events the line explains)
-            line = start_line(follower)
+            line = start_line(log_input)
             if line is not None:
-                self._rewrites_told = follower.rewrites_total  # (said by that line, not again)
+                self._rewrites_told = log_input.rewrites_total  # (said by that line, not again)
                 out.append(_problem(line))
         now = self._clock()
         self.scanner.stream.set_reference(now)
         for chunk in chunks:
             out.extend(self._runs(chunk, now))
         out.extend(self._take())
-        if follower.rewrites_total > self._rewrites_told:
-            self._rewrites_told = follower.rewrites_total
+        if log_input.rewrites_total > self._rewrites_told:
+            self._rewrites_told = log_input.rewrites_total
             warning = (
-                f"log {follower.path} was rewritten in place (the same first bytes, other bytes "
+                f"log {log_input.path} was rewritten in place (the same first bytes, other bytes "
                 "before where reading was): read again from where it differs"
             )
             out.append(Notice("daemon.warning", {"warning": warning}))
         self._read_any = bool(chunks)
         if chunks:
             self._last_chunk = (time.monotonic(), chunks[-1].file_id, chunks[-1].next_offset)
-        if not follower.backlog:
+        if not log_input.backlog:
             self._live = True
             self.resume.caught_up_with_backlog()
-            if not chunks and follower.file_exists:
+            if not chunks and log_input.file_exists:
                 self.resume.caught_up()
                 self.marks.quiet()  # (the note, exact again once nothing is being read)
                 out.extend(self._take())
@@ -205,7 +187,7 @@ class LogSource:
         word, so the exit is judged on the whole crash (its root cause is often the traceback's
         last line)."""
         out = self.read()
-        while self.follower.backlog:
+        while self.input.backlog:
             out.extend(self.read())
         out.extend(self._close_traceback(quiet=False))
         return out
@@ -223,7 +205,7 @@ class LogSource:
             return []
         _, file_id, end = last
         events = stream.flush()
-        cp = self.follower.loaded_checkpoint
+        cp = self.input.loaded_checkpoint
         limit = cp.offset if cp is not None and file_id == cp.file_id else -1
         old = [ev for ev in events if ev.offset < limit]
         new = [ev for ev in events if ev.offset >= limit]
@@ -241,14 +223,14 @@ class LogSource:
         """After the loop applied what `read` gave: the checkpoint (when due, and something was
         read), then a line when reading or saving failed, or works again."""
         if self._kept_unsaved:  # (no read may come while vLLM is stalled: saved now)
-            self._kept_unsaved = not self.follower.checkpoint(self._extra())
-        elif self._read_any and self.follower.checkpoint_due():  # (a clock check, per read)
-            self.follower.maybe_checkpoint(self._extra())
-        follower = self.follower
+            self._kept_unsaved = not self.input.checkpoint(self._extra())
+        elif self._read_any and self.input.checkpoint_due():  # (a clock check, per read)
+            self.input.maybe_checkpoint(self._extra())
+        log_input = self.input
         out: list[Notice] = []
-        error = follower.last_error
+        error = log_input.last_error
         if error and error != self._error_told:
-            where = "" if error.startswith(str(follower.path)) else f"{follower.path}: "
+            where = "" if error.startswith(str(log_input.path)) else f"{log_input.path}: "
             out.append(_problem(f"log {where}{error}"))
         elif error is None and self._error_told is not None:
             out.append(Notice("daemon.recovered", {"source": "log"}))
@@ -315,7 +297,7 @@ class LogSource:
 
     def kept(self, name: str) -> Any:
         """What the loaded checkpoint holds under `name` (`keep`), or None."""
-        cp = self.follower.loaded_checkpoint
+        cp = self.input.loaded_checkpoint
         return cp.extra.get(name) if cp is not None else None
 
     def keep(self, name: str, value: Any) -> None:
@@ -335,18 +317,22 @@ class LogSource:
         return extra
 
     def arm(self, loop: asyncio.AbstractEventLoop, fire: Fire, timeout_s: float) -> Disarm:
-        return self.follower.arm(loop, fire, timeout_s)  # (the wait, as the daemon's loop has it)
+        return self.input.arm(loop, fire, timeout_s)  # (the wait, as the daemon's loop has it)
 
     def close(self) -> None:
         """A clean stop: the final checkpoint and an exact emit mark, then the files closed."""
         self.marks.quiet()
-        self.follower.checkpoint(self._extra())
-        self.follower.close(checkpoint=False)
+        self.input.checkpoint(self._extra())
+        self.input.close(checkpoint=False)
         self.marks.close()
 
 
 def peek_offset(
-    path: Path, size: int, mtime: float, fmt: LogFormat, scanner: Callable[[], ChunkScanner]
+    path: Path,
+    size: int,
+    mtime: float,
+    content: Callable[[bytes], bytes],
+    scanner: Callable[[], ChunkScanner],
 ) -> float | None:
     """The file's modification time minus the last stamp in its last bytes: when its last line
     was written, on the daemon's clock, against when vLLM says it was (a first start's estimate
@@ -362,18 +348,17 @@ def peek_offset(
         nl = data.find(b"\n")
         data, at = data[nl + 1 :], at + nl + 1
     data = data[: max(data.rfind(b"\n"), data.rfind(b"\r")) + 1]
-    if fmt != "plain":
-        data = decode_bytes(data, fmt)
+    data = content(data)  # (the input's lines as vLLM wrote them)
     stamps = [ev.ts for ev in scanner().feed(data, at) if ev.ts is not None]
     return mtime - max(stamps) if stamps else None
 
 
-def start_line(follower: LogFollower) -> str | None:
+def start_line(log_input: LogInput) -> str | None:
     """One line when a restart could not resume where the last daemon stopped reading."""
-    cp, start = follower.loaded_checkpoint, follower.start
+    cp, start = log_input.loaded_checkpoint, log_input.start
     if cp is None or start not in ("gone", "changed"):
         return None
-    path, keep = follower.path, follower.rotated_keep
+    path, keep = log_input.path, log_input.rotated_keep
     if start == "gone":
         names = (
             f"{path}"
@@ -383,11 +368,11 @@ def start_line(follower: LogFollower) -> str | None:
         why = f"is no longer at {names} (deleted, rotated further, or unreadable)"
     else:
         why = "was cut back below that byte while the daemon was down"
-        if follower.rewrites_total:
+        if log_input.rewrites_total:
             why = "was rewritten in place while the daemon was down (the same first bytes, "
             why += "other bytes before that one)"
-    if follower.recovered:  # rotated away after the checkpoint: newer than its file
-        files = ", ".join((*follower.recovered, str(path)))
+    if log_input.recovered:  # rotated away after the checkpoint: newer than its file
+        files = ", ".join((*log_input.recovered, str(path)))
         reading = f"{files} from their start (rotated files written after the checkpoint)"
     else:
         reading = f"{path} from its start"

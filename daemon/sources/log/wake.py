@@ -6,8 +6,12 @@ existing ancestor while that directory does not exist yet; the reader waits on i
 most the poll interval, so a change that gives no event is still seen one interval later.
 
 Waking costs per wake-up, not per line: `wait_async(..., coalesce_s=)` lets the writes of a
-short tick after the first event gather, and reads the events they raised once, so a serving
-vLLM's many small appends between two reads make one read.
+short tick after the first event gather, so a serving vLLM's many small appends between two
+reads make one read; while reads keep finding data, the next read is simply a tick after the
+last. During a tick the writes raise no events (IN_MODIFY is asked for only while the reader
+waits idle: one event per line, each read and dropped, was most of a busy log's cost), and an
+event that is more than a write (a rotation, a new file, lost events) ends the tick at once, so
+a log rotated faster than the tick is still read before its files go.
 
 Shared and network file systems (NFS and the like) give no events for writes made on other hosts.
 ``mode="auto"`` starts in poll mode when the path lies on one of those, and otherwise switches to
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from loadwatch.daemon.sources.log.fs_kind import REMOTE_FS_TYPES, fs_type
 from loadwatch.daemon.sources.log.inotify import (
     IN_ATTRIB,
     IN_CREATE,
@@ -46,8 +51,11 @@ from loadwatch.daemon.sources.log.inotify import (
 
 Mode = Literal["auto", "inotify", "poll"]
 ActiveMode = Literal["inotify", "poll"]
-Wake = Literal["event", "timer"] | None  # what ended the last wait; None: read without waiting
-Fire = Callable[[bool], None]  # what `arm` calls: True after an event, False after the timeout
+# What ended the last wait: an event, the timeout, or the tick of a stream (the last read found
+# data, so the next one is due a tick later, announced or not); None: a read without waiting.
+Wake = Literal["event", "timer", "tick"] | None
+OnWake = Callable[[Wake], None]  # what `Waker.arm` calls, once
+Fire = Callable[[bool], None]  # what a log input's `arm` calls: True after an event or a tick
 Disarm = Callable[[], None]
 
 # Timer wakes in a row that found data with no event since the previous read: then events do not
@@ -57,80 +65,9 @@ MISSES_TO_FALLBACK = 4
 # place, events that stopped coming): it need not wake four times a second.
 SAFETY_POLL_S = 1.0
 
-# File systems where writes from other hosts raise no inotify event on this one.
-REMOTE_FS_TYPES = frozenset(
-    {
-        "nfs",
-        "nfs4",
-        "cifs",
-        "smb3",
-        "smbfs",
-        "ceph",
-        "lustre",
-        "gpfs",
-        "glusterfs",
-        "beegfs",
-        "afs",
-        "9p",
-        "fuse.glusterfs",
-        "fuse.sshfs",
-        "fuse.s3fs",
-        "fuse.gcsfuse",
-        "fuse.juicefs",
-        "fuse.ceph-fuse",
-        "fuse.lxcfs",
-    }
-)
-
 
 class WakeError(Exception):
     """inotify could not be set up and the mode demands it; the message is one line."""
-
-
-def _unescape_mount(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo
-    if "\\" not in field:
-        return field
-    out: list[str] = []
-    i = 0
-    while i < len(field):
-        c = field[i]
-        octal = field[i + 1 : i + 4]
-        if c == "\\" and len(octal) == 3 and all(d in "01234567" for d in octal):
-            out.append(chr(int(octal, 8)))
-            i += 4
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-def fs_type(path: str | os.PathLike[str], mountinfo: str = "/proc/self/mountinfo") -> str | None:
-    """The file-system type the path (or its nearest existing ancestor) lies on, if known."""
-    p = Path(os.path.abspath(os.fspath(path)))
-    while p != p.parent:
-        try:
-            os.stat(p)
-            break
-        except OSError:  # missing, or unreachable (EACCES, ENAMETOOLONG): its parent tells
-            p = p.parent
-    target = os.path.realpath(p)
-    try:
-        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    best: tuple[int, str] | None = None
-    for line in lines:
-        left, sep, right = line.partition(" - ")
-        fields = left.split()
-        if not sep or len(fields) < 5 or not right:
-            continue
-        mount = _unescape_mount(fields[4])
-        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-        if inside and (best is None or len(mount) >= best[0]):
-            best = (len(mount), right.split()[0])
-    return None if best is None else best[1]
 
 
 # What each watched directory is asked for: the followed file's entries, and the directory itself
@@ -165,8 +102,13 @@ class Waker:
         self._names: tuple[str, ...] = (self.path.name,)  # the link's name and its target's
         self._ancestors: frozenset[str] = frozenset()
         self._check_due = True  # look whether the watched directories changed, at the next wait
+        self._writes_watched = True  # IN_MODIFY asked for (not while a stream is read on a tick)
         self._misses = 0
-        self._reader: asyncio.AbstractEventLoop | None = None  # the loop the descriptor is in
+        # The descriptor is a reader of the loop that arms it, from the first `arm` on: the
+        # events go to the wait armed then, or are kept for the next one.
+        self._reader: asyncio.AbstractEventLoop | None = None
+        self._armed: _Armed | None = None
+        self._pending = (False, False)  # (relevant, urgent) events that came while unarmed
         if mode == "poll":
             return
         if mode == "auto":
@@ -228,8 +170,31 @@ class Waker:
         self._plan, self._names = plan, names
         self._ancestors = frozenset(d for d, (_, _, ancestor) in plan.items() if ancestor)
         for directory, (_, _, ancestor) in plan.items():
-            mask = _ALWAYS | (_DIR_EVENTS if ancestor else _FILE_EVENTS)
+            mask = _ALWAYS | (_DIR_EVENTS if ancestor else self._file_events())
             self._watches[inotify.add(directory, mask)] = directory
+
+    def _file_events(self) -> int:
+        return _FILE_EVENTS if self._writes_watched else _FILE_EVENTS & ~IN_MODIFY
+
+    def _watch_writes(self, on: bool) -> None:
+        """Ask for the followed file's writes (IN_MODIFY), or stop. While a stream is read on
+        a tick, its writes are read on the tick anyway: each one's event, one per line, would
+        only be queued, read and dropped, while a rotation or a new file must still wake the
+        reader at once. Asking again replaces a watch's mask and keeps its descriptor."""
+        inotify = self._inotify
+        if inotify is None or on == self._writes_watched:
+            return
+        self._writes_watched = on
+        mask = _ALWAYS | self._file_events()
+        for wd, directory in self._watches.items():
+            if directory in self._ancestors:
+                continue
+            try:
+                same = inotify.add(directory, mask) == wd
+            except OSError:
+                same = False
+            if not same:  # the directory is another one now: watched afresh at the next wait
+                self._check_due = True
 
     def _rearm_if_needed(self) -> None:
         if self._inotify is None:
@@ -241,14 +206,20 @@ class Waker:
 
     def _drain(self) -> bool:
         """Take the queued events; True when one may concern the followed path."""
+        return self._take()[0]
+
+    def _take(self) -> tuple[bool, bool]:
+        """Take the queued events: whether one may concern the followed path, and whether one
+        of those is more than a write to it (a rotation, a new file, a lost event)."""
         inotify = self._inotify
         if inotify is None:
-            return False
-        relevant = 0
+            return False, False
+        relevant = urgent = 0
         for ev in inotify.read():
             if ev.mask & IN_Q_OVERFLOW:  # events were lost: any of them may have been ours
                 self._check_due = True
                 relevant += 1
+                urgent += 1
                 continue
             directory = self._watches.get(ev.wd)
             if directory is None:
@@ -256,16 +227,19 @@ class Waker:
             if ev.mask & SELF or not ev.name:  # the watched directory itself went or moved
                 self._check_due = True
                 relevant += 1
+                urgent += 1
             elif directory in self._ancestors:
                 if ev.mask & IN_ISDIR:  # a directory on the way to the path appeared or went
                     self._check_due = True
                     relevant += 1
+                    urgent += 1
             elif any(ev.name == n or ev.name.startswith(n + ".") for n in self._names):
                 if ev.mask & _ENTRY_CHANGES:  # the path may name another file (a symlink's)
                     self._check_due = True
                 relevant += 1
+                urgent += ev.mask != IN_MODIFY
         self.events_total += relevant
-        return relevant > 0
+        return relevant > 0, urgent > 0
 
     def _to_poll(self, reason: str) -> None:
         self.reason = reason
@@ -280,6 +254,7 @@ class Waker:
         if self._reader is not None and not self._reader.is_closed():
             self._reader.remove_reader(inotify.fd)  # (a wait in progress times out)
         self._reader = None
+        self._pending = (False, False)
         inotify.close()
 
     # -- the reader's side --------------------------------------------------------------------
@@ -296,6 +271,7 @@ class Waker:
     def wait(self, timeout_s: float) -> bool:
         """Block until an event arrives or `timeout_s` passes; True when an event woke us."""
         self._before_wait()
+        self._watch_writes(True)
         inotify = self._inotify
         if inotify is None:
             time.sleep(timeout_s)
@@ -316,46 +292,65 @@ class Waker:
     def arm(
         self,
         loop: asyncio.AbstractEventLoop,
-        fire: Callable[[bool], None],
+        fire: OnWake,
         timeout_s: float,
         coalesce_s: float = 0.0,
         *,
         streaming: bool = False,
     ) -> Callable[[], None]:
-        """Have `loop` call `fire(True)` once a change event came and `coalesce_s` more passed
-        (the events that tick's writes raised taken with it: the read that follows covers
-        them), or `fire(False)` after `timeout_s` without one; once. No task and no future:
-        the descriptor is one of the loop's readers while armed. Returns what disarms it.
+        """Have `loop` call `fire("event")` once a change event came and `coalesce_s` more
+        passed (the events that tick's writes raised taken with it: the read that follows
+        covers them), or `fire("timer")` after `timeout_s` without one; once. No task and no
+        future: the descriptor is one of the loop's readers, from the first `arm` on, and hands
+        its events to the wait armed then. Returns what disarms it.
 
         `streaming` (the last read found data, so more is likely on its way): the next read is
-        simply one tick later, and the events of the tick say whether it was announced; a
-        wake-up saved per read while a serving vLLM writes on."""
+        simply one tick later (`fire("tick")`), and the writes of the tick raise no events; a
+        rotation, a new file or a lost event still fires at once."""
         self._before_wait()
         inotify = self._inotify
         if inotify is None:
-            return loop.call_later(timeout_s, self._fired, fire, False).cancel
-        if streaming and coalesce_s > 0:
-            return loop.call_later(coalesce_s, self._ticked, fire).cancel
-        return _Armed(self, inotify, loop, fire, timeout_s, coalesce_s).cancel
+            return loop.call_later(timeout_s, self._fired, fire, "timer").cancel
+        self._listen(loop, inotify)
+        streaming = streaming and coalesce_s > 0
+        self._watch_writes(not streaming)
+        # What the last read's own writes queued, taken now rather than as a wake-up of its own
+        # (twice a second beside a serving vLLM): a stream's tick reads them anyway.
+        self._readable()
+        return _Armed(self, loop, fire, timeout_s, coalesce_s, streaming).cancel
 
-    def _ticked(self, fire: Callable[[bool], None]) -> None:
-        fire(self._drain())  # (no event in the tick, and data: a miss, as a timer's)
+    def _listen(self, loop: asyncio.AbstractEventLoop, inotify: Inotify) -> None:
+        if self._reader is not loop:
+            if self._reader is not None and not self._reader.is_closed():
+                self._reader.remove_reader(inotify.fd)
+            loop.add_reader(inotify.fd, self._readable)
+            self._reader = loop
 
-    def _fired(self, fire: Callable[[bool], None], event: bool) -> None:
-        if event:
-            self._drain()  # (the coalescing tick's own events: this read covers them)
+    def _readable(self) -> None:
+        relevant, urgent = self._take()
+        if self._armed is not None:
+            self._armed.events(relevant, urgent)
         else:
+            was_relevant, was_urgent = self._pending
+            self._pending = (was_relevant or relevant, was_urgent or urgent)
+
+    def _fired(self, fire: OnWake, wake: Wake) -> None:
+        # the writes after this are the next read's to find, announced (the read may find none);
+        # what came before is that read's too
+        self._watch_writes(True)
+        self._pending = (False, False)
+        if wake == "timer":
             self._check_due = True
-        fire(event)
+        fire(wake)
 
     async def wait_async(self, timeout_s: float, coalesce_s: float = 0.0) -> bool:
         """`wait` for an asyncio loop (`arm`, awaited)."""
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[bool] = loop.create_future()
 
-        def fire(event: bool) -> None:
+        def fire(wake: Wake) -> None:
             if not woken.done():
-                woken.set_result(event)
+                woken.set_result(wake == "event")
 
         disarm = self.arm(loop, fire, timeout_s, coalesce_s)
         try:
@@ -365,7 +360,7 @@ class Waker:
 
     def note_read(self, *, woke: Wake, events_before: int, found_data: bool) -> None:
         """After a read: a timer wake that found data no event announced counts as a miss."""
-        if self.mode != "inotify" or self.requested != "auto" or woke is None:
+        if self.mode != "inotify" or self.requested != "auto" or woke in (None, "tick"):
             return
         if woke == "event" or self.events_total != events_before:
             self._misses = 0
@@ -380,58 +375,58 @@ class Waker:
 
 
 class _Armed:
-    """One `Waker.arm`: the descriptor read by the loop until an event, then the coalescing
-    tick; or the timeout."""
+    """One `Waker.arm`: the events the waker hands it, until the first one (then the
+    coalescing tick) or the timeout. Streaming: the tick, or at once an event more than a
+    write."""
 
     def __init__(
         self,
         waker: Waker,
-        inotify: Inotify,
         loop: asyncio.AbstractEventLoop,
-        fire: Callable[[bool], None],
+        fire: OnWake,
         timeout_s: float,
         coalesce_s: float,
+        streaming: bool = False,
     ) -> None:
-        self._waker, self._inotify, self._loop = waker, inotify, loop
+        self._waker, self._loop = waker, loop
         self._fire, self._coalesce_s = fire, coalesce_s
-        self._reading = False
-        self._timer: asyncio.Handle | None = None
-        # (events that came since the last read make the descriptor readable at once)
-        loop.add_reader(inotify.fd, self._readable)
-        self._reading = True
-        waker._reader = loop
-        self._timer = loop.call_later(timeout_s, self._timeout)
-
-    def _stop_reading(self) -> None:
-        if self._reading:
-            self._reading = False
-            if self._waker._inotify is self._inotify:  # (else closed, and taken out then)
-                self._loop.remove_reader(self._inotify.fd)
-                self._waker._reader = None
-
-    def _readable(self) -> None:
-        if self._waker._drain():
-            self._stop_reading()
-            if self._timer is not None:
-                self._timer.cancel()
-            self._event()
-
-    def _event(self) -> None:
-        if self._coalesce_s > 0:
-            self._timer = self._loop.call_later(self._coalesce_s, self._done, True)
+        self._gathering = streaming  # a tick is running: only more than a write ends it early
+        if streaming:
+            self._timer: asyncio.Handle | None = loop.call_later(coalesce_s, self._done, "tick")
         else:
-            self._timer = self._loop.call_soon(self._done, True)
+            self._timer = loop.call_later(timeout_s, self._done, "timer")
+        waker._armed = self
+        relevant, urgent = waker._pending  # (came since the last read)
+        waker._pending = (False, False)
+        self.events(relevant, urgent)
 
-    def _timeout(self) -> None:
-        self._stop_reading()
-        self._done(False)
+    def events(self, relevant: bool, urgent: bool) -> None:
+        if urgent or (relevant and not self._gathering):
+            self._event(at_once=urgent)
 
-    def _done(self, event: bool) -> None:
+    def _event(self, at_once: bool) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._coalesce_s > 0 and not at_once:
+            # the tick: the writes it gathers raise no events, a rotation in it ends it
+            self._gathering = True
+            self._waker._watch_writes(False)
+            self._timer = self._loop.call_later(self._coalesce_s, self._done, "event")
+        else:
+            self._let_go()
+            self._timer = self._loop.call_soon(self._done, "event")
+
+    def _let_go(self) -> None:
+        if self._waker._armed is self:
+            self._waker._armed = None
+
+    def _done(self, wake: Wake) -> None:
+        self._let_go()
         self._timer = None
-        self._waker._fired(self._fire, event)
+        self._waker._fired(self._fire, wake)
 
     def cancel(self) -> None:
-        self._stop_reading()
+        self._let_go()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -15,6 +15,11 @@ exactly the log events a scan of those lines gives, and exactly the state transi
 of those events gives, each once (k/v warnings, which the event log folds, each record by its
 time and their sums by layer). (Anchor: Vector's lib/file-source model tests.)
 
+The same model runs over every input that can resume (daemon/sources/log/inputs.py): a plain
+file, and a container runtime's log file (CRI, docker's json-file) whose lines wrap the same
+output; resuming and exactly-once are the source's, whatever the input. (The journal's input
+follows its spool as a plain file: the pump's own exactly-once is tests/logformats/test_journald.py.)
+
 The rotations stay within what the follower keeps (`DEFAULT_ROTATED_KEEP` names): a file rotated
 further away is gone, and what it held unread is lost by design (docs/internals.md says so).
 """
@@ -34,20 +39,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, Phase, assume, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from loadwatch.daemon.eventfeed import EventFeed
 from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, startup
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
 from loadwatch.daemon.sources.log.follower import DEFAULT_ROTATED_KEEP
+from loadwatch.daemon.sources.log.inputs import ContainerInput, FileInput, LogInput
 from loadwatch.daemon.sources.log.source import LogSource, Notice, Run
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.session import StateConfig
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner, EventStream, KvScaleWarning
 from tests.helpers import append, records
+from tests.logformats import runtimes
 
 SHAPE = Shape(model="/models/m", shards=4, workers=2, layers=2, shard_s=(1.0, 3.0))
 CONFIG = StateConfig(stall_floor_s=10**9)  # no stalls: the facts follow from the lines alone
@@ -99,20 +113,33 @@ def _fact(e: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(e.get(k) for k in keep)
 
 
+def _input(kind: str, path: Path, state_dir: Path) -> LogInput:
+    follow: dict[str, Any] = {"state_dir": state_dir, "poll_interval_s": 0.05, "mode": "poll"}
+    if kind == "file":
+        return FileInput(path, **follow)
+    return ContainerInput(path, "cri" if kind == "cri" else "docker", **follow)
+
+
+def _wrapped(kind: str, text: str) -> bytes:
+    """vLLM's output as the input's file holds it (tests/logformats/runtimes.py)."""
+    data = text.encode()
+    return (
+        data if kind == "file" else runtimes.cri(data) if kind == "cri" else runtimes.docker(data)
+    )
+
+
 class Daemon:
     """The loop's side of the log source: fold, and write each run's effects once."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, kind: str) -> None:
         self.eventlog = EventLog(io.StringIO(), tmp / "events.jsonl", console=False)
         self.feed = EventFeed(self.eventlog)
         self.state = LoadState(config=CONFIG)
         self.source = LogSource(
-            tmp / "vllm.log",
+            _input(kind, tmp / "vllm.log", tmp / "state"),
             state_dir=tmp / "state",
             scanner=lambda: ChunkScanner(EventStream()),
             events_file=tmp / "events.jsonl",
-            poll_interval_s=0.05,
-            mode="poll",
         )
 
     def take(self, items: list[Run | Notice], *, kill_in: int | None = None, kept: int = 0) -> bool:
@@ -151,7 +178,7 @@ class Daemon:
 
     def close(self, *, kill: bool) -> None:
         if kill:  # what a SIGKILL leaves: no last checkpoint
-            self.source.follower.close(checkpoint=False)
+            self.source.input.close(checkpoint=False)
             self.source.marks.close()
         else:
             self.source.close()
@@ -159,6 +186,8 @@ class Daemon:
 
 
 class LogSourceModel(RuleBasedStateMachine):
+    kind = "file"  # the input (`[log] input`): its file holds the lines as `_wrapped` writes them
+
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="lw-model-"))
@@ -189,7 +218,7 @@ class LogSourceModel(RuleBasedStateMachine):
         for _ in range(n):
             out.append(self.next_line[1])
             self.next_line = next(self.lines)
-        append(self.log, "".join(out))
+        append(self.log, _wrapped(self.kind, "".join(out)))
         self.appended.extend(out)
         self.caught_up = False
 
@@ -311,7 +340,7 @@ class LogSourceModel(RuleBasedStateMachine):
     @rule()
     def start(self) -> None:
         """As the daemon starts: the log source opened, and read at once."""
-        self.daemon = Daemon(self.tmp)
+        self.daemon = Daemon(self.tmp, self.kind)
         self.daemon.take(self.daemon.source.read())
         self.caught_up = False
 
@@ -387,7 +416,7 @@ class LogSourceModel(RuleBasedStateMachine):
 
 
 _SHRINK = bool(os.environ.get("LOADWATCH_MODEL_SHRINK"))  # a minimal failing sequence
-LogSourceModel.TestCase.settings = settings(
+SETTINGS = settings(
     max_examples=int(os.environ.get("LOADWATCH_MODEL_EXAMPLES", "150")),
     stateful_step_count=30,
     derandomize=True,  # the same examples in every `make test`; LOADWATCH_MODEL_EXAMPLES for more
@@ -395,4 +424,15 @@ LogSourceModel.TestCase.settings = settings(
     phases=list(Phase) if _SHRINK else [Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-test_log_source_against_its_model = LogSourceModel.TestCase
+
+
+def _over(kind: str) -> type[LogSourceModel]:
+    """The model over the input `kind`. Named as the model itself: hypothesis derives the
+    derandomized examples from the machine's name and source, so every input is put through
+    the same sequences of appends, rotations and kills, and a difference is the input's."""
+    return type("LogSourceModel", (LogSourceModel,), {"kind": kind})
+
+
+@pytest.mark.parametrize("kind", ["file", "cri", "docker"])
+def test_log_source_against_its_model(kind: str) -> None:
+    run_state_machine_as_test(_over(kind), settings=SETTINGS)
