@@ -534,6 +534,7 @@ def test_load_to_ready_and_a_real_completion(serving: Serving) -> None:
     ]
     at = _first_positions(kinds, order)
     assert -1 not in at and at == sorted(at), list(zip(order, at, strict=True))
+
     # /status lists them too. Its first read may come before the last: a /health 200 can make the
     # session ready while uvicorn's `Application startup complete.` is still on its way through
     # the follower's batch (two sources of one fact, either may be first), so read it again.
