@@ -342,10 +342,14 @@ def line_numbers(path: Path, offsets: set[int]) -> dict[int, int]:
                 if not block:
                     break
                 end = pos + len(block)
+                at = 0  # counted up to here in this block (each byte counted once)
                 while i < len(wanted) and wanted[i] < end:
-                    out[wanted[i]] = lines + block.count(b"\n", 0, max(wanted[i] - pos, 0))
+                    to = max(wanted[i] - pos, 0)
+                    lines += block.count(b"\n", at, to)
+                    at = to
+                    out[wanted[i]] = lines
                     i += 1
-                lines += block.count(b"\n")
+                lines += block.count(b"\n", at)
                 pos = end
     except OSError:
         return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import shutil
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.cli import main
+from loadwatch.daemon.tools import analyze_input
 from loadwatch.daemon.tools.analyze import analyze_log
+from loadwatch.daemon.tools.analyze_input import line_numbers
 from loadwatch.exporters.report import Report
 from loadwatch.exporters.terminal.report_text import report_text
 
@@ -567,3 +570,16 @@ def test_a_crash_loop_is_reported_by_its_first_failure(tmp_path: Path) -> None:
     assert "crash loop of 2 failed starts; the first (session 1, line " in text
     # one failed start is no loop
     assert analyze_log(fixture(tmp_path, "real-v0.32-kv-too-small.log")).crash_loop is None
+
+
+def test_line_numbers_of_many_offsets_across_blocks(tmp_path: Path) -> None:
+    """Offsets many to a block and spread over several: each one's line is the count of line
+    breaks before it, plus one (each byte is counted once, so the pass stays linear)."""
+    data = b"".join(b"x" * (i % 97) + b"\n" for i in range(60_000))
+    log = tmp_path / "vllm.log"
+    log.write_bytes(data)
+    offsets = set(range(0, len(data), 331)) | {len(data) - 1, 1, 2}
+    got = line_numbers(log, offsets)
+    breaks = [i for i, c in enumerate(data) if c == 10]
+    assert got == {o: bisect.bisect_left(breaks, o) + 1 for o in offsets}
+    assert len(data) > 2 * analyze_input._LINE_BLOCK  # (the offsets span several blocks)
