@@ -129,30 +129,75 @@ def test_a_stream_is_read_on_the_tick_and_a_rotation_in_it_wakes_at_once(tmp_pat
 
 
 def test_writes_wake_again_once_a_stream_ends(tmp_path: Path) -> None:
-    """The writes are asked for again when a stream's tick fires, before its read: a line that
-    comes after a read that found nothing still wakes the reader, not the safety net."""
+    """A stream's writes raise no events. When its read finds nothing, the next wait asks for
+    them again and reads once more a tick later: a line written between that read and the wait
+    is read then, not by the safety net; after that, a write wakes the reader on its own."""
     log = tmp_path / "vllm.log"
     log.write_bytes(b"")
     waker = Waker(log, mode="inotify")
 
-    async def main() -> tuple[list[Wake], float]:
+    async def main() -> tuple[list[Wake], float, float]:
         loop = asyncio.get_running_loop()
         wakes: list[Wake] = []
         woke: asyncio.Future[float] = loop.create_future()
 
         def fire(wake: Wake) -> None:
             wakes.append(wake)
-            if wake == "tick":  # a line comes while the tick's read finds nothing
+            if len(wakes) == 1:  # a line comes while the stream's last read finds nothing
                 log.write_bytes(line("a", 0))
             woke.set_result(loop.time())
 
         waker.arm(loop, fire, 5.0, 0.05, streaming=True)
-        await woke  # the next wait is not a stream's: that line must have raised its event
+        await woke
         woke = loop.create_future()
         t0 = loop.time()
-        waker.arm(loop, fire, 5.0, 0.05)
-        return wakes, await woke - t0
+        waker.arm(loop, fire, 5.0, 0.05)  # not a stream's wait: its read found nothing
+        unannounced = await woke - t0
+        woke = loop.create_future()
+        t1 = loop.time()
+        waker.arm(loop, fire, 5.0, 0.05)  # idle: the writes are watched again
+        with log.open("ab") as f:
+            f.write(line("a", 1))
+        return wakes, unannounced, await woke - t1
 
-    wakes, after = asyncio.run(main())
-    assert wakes == ["tick", "event"] and after < 1.0  # (the safety net would be 5 s here)
+    wakes, unannounced, announced = asyncio.run(main())
+    assert wakes == ["tick", "tick", "event"]
+    assert unannounced < 1.0 and announced < 1.0  # (the safety net would be 5 s here)
+    waker.close()
+
+
+def test_the_tick_after_a_stream_is_not_woken_by_each_write(tmp_path: Path) -> None:
+    """The tick that reads once more after a stream watches the writes again, for the wait that
+    may follow: its first write's event turns them off for the rest of it (the tick reads them
+    anyway), so a busy writer does not wake the loop at every line."""
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    waker = Waker(log, mode="inotify")
+    tick_s = 0.3
+
+    async def main() -> tuple[list[Wake], int]:
+        loop = asyncio.get_running_loop()
+        wakes: list[Wake] = []
+        woke: asyncio.Future[None] = loop.create_future()
+
+        def fire(wake: Wake) -> None:
+            wakes.append(wake)
+            woke.set_result(None)
+
+        waker.arm(loop, fire, 5.0, tick_s, streaming=True)
+        await woke
+        woke = loop.create_future()
+        waker.arm(loop, fire, 5.0, tick_s)  # the stream's last read found nothing
+        before = waker.events_total
+        with log.open("ab") as w:
+            for i in range(30):
+                w.write(line("a", i))
+                w.flush()
+                await asyncio.sleep(0.002)
+        await woke
+        return wakes, waker.events_total - before
+
+    wakes, events = asyncio.run(main())
+    assert wakes == ["tick", "tick"]
+    assert 1 <= events <= 2  # the first write's event (and one queued beside it), not 30
     waker.close()

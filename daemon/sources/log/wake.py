@@ -9,9 +9,11 @@ Waking costs per wake-up, not per line: `wait_async(..., coalesce_s=)` lets the 
 short tick after the first event gather, so a serving vLLM's many small appends between two
 reads make one read; while reads keep finding data, the next read is simply a tick after the
 last. During a tick the writes raise no events (IN_MODIFY is asked for only while the reader
-waits idle: one event per line, each read and dropped, was most of a busy log's cost), and an
-event that is more than a write (a rotation, a new file, lost events) ends the tick at once, so
-a log rotated faster than the tick is still read before its files go.
+waits idle: one event per line, each read and dropped, was most of a busy log's cost; a stream
+never toggles it), and an event that is more than a write (a rotation, a new file, lost events)
+ends the tick at once, so a log rotated faster than the tick is still read before its files go.
+When a stream ends (a read found nothing), the writes are asked for again and the log is read
+once more a tick later: a line written between that read and the wait raised no event.
 
 Shared and network file systems (NFS and the like) give no events for writes made on other hosts.
 ``mode="auto"`` starts in poll mode when the path lies on one of those, and otherwise switches to
@@ -78,6 +80,32 @@ _ALWAYS = IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW
 _ENTRY_CHANGES = IN_ISDIR | IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
 
 
+# A watched directory: its (device, inode), and whether it stands in for a missing one.
+Plan = dict[str, tuple[int, int, bool]]
+
+
+def watch_plan(path: Path) -> tuple[Plan, tuple[str, ...]]:
+    """The directories to watch for `path`: its own (or its nearest existing ancestor), and the
+    directory of its target when it is a symlink (writes raise events there); and the names
+    that are the followed file in them."""
+    plan: Plan = {}
+    directory = path.parent
+    while not directory.is_dir() and directory != directory.parent:
+        directory = directory.parent
+    st = os.stat(directory)
+    plan[str(directory)] = (st.st_dev, st.st_ino, directory != path.parent)
+    names = [path.name]
+    real = Path(os.path.realpath(path))
+    if real != path:
+        names.append(real.name)
+        try:
+            st = os.stat(real.parent)
+            plan.setdefault(str(real.parent), (st.st_dev, st.st_ino, False))
+        except OSError:
+            pass
+    return plan, tuple(names)
+
+
 class Waker:
     """Wakes a reader when the followed path may have changed. Owns the inotify descriptor."""
 
@@ -96,13 +124,13 @@ class Waker:
         self.reason: str | None = None  # one line: why poll mode is active when not asked for
         self.events_total = 0
         self._inotify: Inotify | None = None
-        # what is watched: directory -> (dev, inode, whether it stands in for a missing one)
-        self._plan: dict[str, tuple[int, int, bool]] = {}
+        self._plan: Plan = {}  # what is watched
         self._watches: dict[int, str] = {}  # watch descriptor -> directory
         self._names: tuple[str, ...] = (self.path.name,)  # the link's name and its target's
         self._ancestors: frozenset[str] = frozenset()
         self._check_due = True  # look whether the watched directories changed, at the next wait
         self._writes_watched = True  # IN_MODIFY asked for (not while a stream is read on a tick)
+        self._writes_queued = True  # IN_MODIFY was asked for during the last read: events queued
         self._misses = 0
         # The descriptor is a reader of the loop that arms it, from the first `arm` on: the
         # events go to the wait armed then, or are kept for the next one.
@@ -137,31 +165,11 @@ class Waker:
             raise
         self.mode = "inotify"
 
-    def _wanted(self) -> tuple[dict[str, tuple[int, int, bool]], tuple[str, ...]]:
-        """The directories to watch: the path's (or its nearest existing ancestor), and the
-        directory of its target when the path is a symlink (writes raise events there)."""
-        plan: dict[str, tuple[int, int, bool]] = {}
-        directory = self.path.parent
-        while not directory.is_dir() and directory != directory.parent:
-            directory = directory.parent
-        st = os.stat(directory)
-        plan[str(directory)] = (st.st_dev, st.st_ino, directory != self.path.parent)
-        names = [self.path.name]
-        real = Path(os.path.realpath(self.path))
-        if real != self.path:
-            names.append(real.name)
-            try:
-                st = os.stat(real.parent)
-                plan.setdefault(str(real.parent), (st.st_dev, st.st_ino, False))
-            except OSError:
-                pass
-        return plan, tuple(names)
-
     def _arm(self) -> None:
         inotify = self._inotify
         if inotify is None:
             return
-        plan, names = self._wanted()
+        plan, names = watch_plan(self.path)
         if plan == self._plan and names == self._names:
             return
         for wd in self._watches:
@@ -313,10 +321,18 @@ class Waker:
             return loop.call_later(timeout_s, self._fired, fire, "timer").cancel
         self._listen(loop, inotify)
         streaming = streaming and coalesce_s > 0
-        self._watch_writes(not streaming)
-        # What the last read's own writes queued, taken now rather than as a wake-up of its own
-        # (twice a second beside a serving vLLM): a stream's tick reads them anyway.
-        self._readable()
+        if not streaming and not self._writes_watched:
+            # A stream ended (its last read found nothing), and its writes raised no events: one
+            # written since that read would go unannounced. Watched again from now on, and read
+            # once more a tick later; a stream that goes on never asks twice per tick.
+            self._watch_writes(True)
+            streaming = coalesce_s > 0
+        elif streaming:
+            self._watch_writes(False)
+        if self._writes_queued:
+            # What the last read's own writes queued, taken now rather than as a wake-up of its
+            # own (twice a second beside a serving vLLM): the read covered them.
+            self._readable()
         return _Armed(self, loop, fire, timeout_s, coalesce_s, streaming).cancel
 
     def _listen(self, loop: asyncio.AbstractEventLoop, inotify: Inotify) -> None:
@@ -335,9 +351,10 @@ class Waker:
             self._pending = (was_relevant or relevant, was_urgent or urgent)
 
     def _fired(self, fire: OnWake, wake: Wake) -> None:
-        # the writes after this are the next read's to find, announced (the read may find none);
-        # what came before is that read's too
-        self._watch_writes(True)
+        # What came before is the read's. The writes stay unwatched when a tick silenced them:
+        # a read that finds data goes on streaming (the next `arm`), one that finds none turns
+        # them on again.
+        self._writes_queued = self._writes_watched
         self._pending = (False, False)
         if wake == "timer":
             self._check_due = True
@@ -403,6 +420,8 @@ class _Armed:
     def events(self, relevant: bool, urgent: bool) -> None:
         if urgent or (relevant and not self._gathering):
             self._event(at_once=urgent)
+        elif relevant:  # a write in the tick after a stream (the tick reads it): no more of them
+            self._waker._watch_writes(False)
 
     def _event(self, at_once: bool) -> None:
         if self._timer is not None:
