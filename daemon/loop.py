@@ -44,7 +44,7 @@ from loadwatch.daemon.state.failures import session_kind
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import Published
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
-from loadwatch.daemon.tasks import Pace, StopEvent
+from loadwatch.daemon.tasks import Pace
 from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import Event, KvScaleWarning, ShardProgress
@@ -84,7 +84,7 @@ class Daemon:
         self.state = LoadState(config=replace(state_config(cfg), history=self.starts.load()))
         self.publisher = Publisher(self.bundle, self.feed.problem)
         self.on_publish = self.publisher.hooks
-        self.stop_event = StopEvent()
+        self.stop_event = asyncio.Event()
         self.pace = Pace(lambda: self.busy, sleep, self.stop_event.is_set)
         self.supervisor: Any = None
         self._supervisor_factory = supervisor_factory
@@ -122,14 +122,8 @@ class Daemon:
         if self._sleep_fn is not None:
             await self._sleep_fn(seconds)
             return
-        await self.stop_event.sleep(seconds)
-
-    async def periodic_sleep(self, seconds: float) -> None:
-        """`sleep` until the next multiple of `seconds` (tasks.on_grid): a periodic task's."""
-        if self._sleep_fn is not None:
-            await self._sleep_fn(seconds)
-            return
-        await self.stop_event.sleep(seconds, periodic=True)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.stop_event.wait(), timeout=seconds)
 
     # -- applying inputs --------------------------------------------------------------------
 
@@ -395,7 +389,7 @@ def sample_io(d: Daemon, pids_of: Callable[[], Sequence[int]]) -> Coroutine[Any,
 
     reader = d.io_reader or ProcIoReader(clock=d.clock)
     return tasks.sample_io(
-        reader, pids_of, state=lambda: d.state, apply=d.apply, pace=d.pace, sleep=d.periodic_sleep
+        reader, pids_of, state=lambda: d.state, apply=d.apply, pace=d.pace, sleep=d.sleep
     )
 
 
@@ -408,7 +402,7 @@ def vllm_watch(d: Daemon, proc_root: str = "/proc", kind: type[VllmWatch] = Vllm
         feed=d.feed,
         publisher=d.publisher,
         clock=d.clock,
-        sleep=d.periodic_sleep,
+        sleep=d.sleep,
         stop_event=d.stop_event,
         proc_root=proc_root,
     )

@@ -8,7 +8,6 @@ and waits with `Pace.nap` or the daemon's `sleep` (injectable, as the clock is).
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -52,7 +51,7 @@ class Pace:
             return
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[None] = loop.create_future()
-        timer = loop.call_at(on_grid(loop.time(), seconds), _wake, woken)
+        timer = loop.call_later(seconds, _wake, woken)
         self._naps.add(woken)
         try:
             await woken
@@ -67,45 +66,6 @@ class Pace:
             self._was_busy = busy
             for woken in self._naps:
                 _wake(woken)
-
-
-class StopEvent(asyncio.Event):
-    """The daemon's stop, and the tasks' sleeps that it cuts short (`sleep`). A sleep is one
-    timer and one future: `wait_for(event.wait(), timeout)` makes a task per sleep, and beside
-    a serving vLLM those sleeps come every few seconds for days."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._sleepers: set[asyncio.Future[None]] = set()
-
-    def set(self) -> None:
-        super().set()
-        for woken in self._sleepers:
-            _wake(woken)
-
-    async def sleep(self, seconds: float, periodic: bool = False) -> None:
-        """Sleep `seconds`, or until set; `periodic`: until the next multiple of `seconds`
-        (`on_grid`), for a task that does its work every `seconds`."""
-        if self.is_set():
-            return
-        loop = asyncio.get_running_loop()
-        woken: asyncio.Future[None] = loop.create_future()
-        now = loop.time()
-        at = on_grid(now, seconds) if periodic else now + seconds
-        timer = loop.call_at(at, _wake, woken)
-        self._sleepers.add(woken)
-        try:
-            await woken
-        finally:
-            timer.cancel()
-            self._sleepers.discard(woken)
-
-
-def on_grid(now: float, period_s: float) -> float:
-    """When a periodic wait ends: the next multiple of its period on the loop's clock. The idle
-    tasks (tick, GPU poll, I/O sample, vLLM's /health) with one period then wake together, one
-    wake-up instead of one each: beside a serving vLLM a wake-up costs more than their work."""
-    return (math.floor(now / period_s) + 1) * period_s
 
 
 def _wake(woken: asyncio.Future[None]) -> None:
