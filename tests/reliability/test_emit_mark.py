@@ -489,3 +489,35 @@ def test_a_mark_in_a_newer_file_holds_in_its_copy(tmp_path: Path) -> None:
     got = [o for o, _ in _logged(events)]
     rest = [ev.offset for ev in ChunkScanner().feed("".join(second).encode()) if ev.offset >= dd]
     assert got == rest + want, "the copy's events from D on, then the cut-back file's, once"
+
+
+def test_a_checkpoint_of_the_empty_file_and_a_mark_of_its_first_bytes_name_one_file(
+    tmp_path: Path,
+) -> None:
+    """The first daemon found vllm.log empty and checkpointed it so (an identity of no bytes,
+    which names whatever the inode holds), then read the first D bytes, wrote their events
+    under the file's identity of its first bytes, and was killed before its next checkpoint.
+    Both notes name the same file: the restart writes nothing before D again. (Seen in the
+    50-kill run: the restart took the file by the checkpoint's name, the mark by the other, and
+    wrote the session's first events twice.)"""
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"")
+    cfg = _config(tmp_path, "state")
+    with running(cfg) as d:
+        d.wait(lambda: "phase" in d.status(), "the daemon to follow the empty log")
+    state = tmp_path / "state" / "follower"
+    cp = json.loads((state / checkpoint_name(log)).read_text())
+    assert cp["offset"] == 0 and cp["file_id"].split(":")[2] == "0", cp  # the empty file's
+    lines = _lines()
+    log.write_text("".join(lines))
+    dd = _offsets(lines)[len(lines) // 2]
+    mark = state / checkpoint_name(log).replace("follower-", "events-")
+    mark.write_text(json.dumps({"file_id": _ident(log), "done": dd, "pending": dd}))
+    with running(cfg) as d:
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+        events = records(d.events())
+    got = _logged(events)
+    assert got and all(o >= dd for o, _ in got), "nothing before D written again"
+    assert not [
+        e for e in events if e["event"] == "transition.session_started" and not e.get("replay")
+    ]

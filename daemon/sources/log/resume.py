@@ -20,7 +20,7 @@ or "new"). What it has to say about the start (a replay, a cut run, a lost file)
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -153,6 +153,11 @@ class Resume:
         base = follower.where(Position(cp.file_id, 0))
         if base is not None and at > base:
             return None  # in a file older than the checkpoint's: all of it is behind
+        if at == base:
+            # One name holds both: one file, named twice (a checkpoint taken while it was
+            # empty names its inode by no bytes, the mark by its first bytes). Reading names
+            # it as the checkpoint does, and runs are matched to the mark by that name.
+            return replace(mark, file_id=cp.file_id)
         self._mark_ahead = base is not None and at < base
         return mark
 
