@@ -32,8 +32,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from loadwatch.parsers import ChunkScanner, EventStream
+from loadwatch.parsers.entries import (
+    BARE,
+    FAILURE,
+    MESSAGE,
+    WARNING,
+    Entry,
+)
 from loadwatch.parsers.vllm import builders, catalog, lines
-from loadwatch.parsers.vllm.catalog import BARE, CATALOG, FAILURE, MESSAGE, WARNING, Entry
+from loadwatch.parsers.vllm.catalog import (
+    CATALOG,
+)
 
 MB = 1 << 20
 REF_TS = 1796083200.0

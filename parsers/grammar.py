@@ -5,6 +5,9 @@ holds `GRAMMAR`, a `Grammar`: the scan plans the scanner searches a chunk with, 
 quiet-record test, what a record holding only a process prefix looks like, and how to start the
 event stream that parses the records the scanner hands it. Adding a grammar is adding a folder;
 `load(name)` finds it (`[log] grammar` names it), and nothing in the scanner, the loop or analyze names one.
+Its messages are data: `Entry`s (entries.py) with their builders, run over each record by a
+`Dispatch` (dispatch.py); what any grammar needs besides lives beside this module, so a grammar
+folder holds its catalog, its builders and what is its engine's own.
 """
 
 from __future__ import annotations

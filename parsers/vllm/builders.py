@@ -1,14 +1,22 @@
-"""How a catalog entry turns a match into an event: the entry type, the record levels each kind
-of message is read at, and the builders and number helpers the catalog's entries name."""
+"""How the vLLM catalog's entries turn a match into an event: the builders they name (the entry
+type, the record levels and the number helpers are any grammar's: parsers/entries.py)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from itertools import repeat
 from typing import Any
 
+from loadwatch.parsers.entries import (
+    Builder,
+    Head,
+    hms_seconds,
+    integer,
+    number,
+    scaled,
+    tqdm_rate,
+)
 from loadwatch.parsers.events import (
     EpWeightFilter,
     Event,
@@ -17,94 +25,9 @@ from loadwatch.parsers.events import (
     NodeLaunch,
     ParallelInit,
     ScaleFactorWarning,
-    Severity,
     ShardProgress,
     StallHint,
 )
-from loadwatch.parsers.vllm.lines import Head
-
-Builder = Callable[["re.Match[str]", Head, dict[str, Any]], Event | None]
-
-
-Level = str | None  # "DEBUG" .. "CRITICAL", or None for a record without a logging header
-MESSAGE: frozenset[Level] = frozenset({"INFO", "DEBUG"})
-# Failures fire only on ERROR/CRITICAL records or records without a header (tracebacks, stderr),
-# so a user prompt echoed at INFO that says "CUDA out of memory" is not a failure.
-FAILURE: frozenset[Level] = frozenset({"ERROR", "CRITICAL", None})
-WARNING: frozenset[Level] = frozenset({"WARNING", "INFO", "DEBUG", None})
-BARE: frozenset[Level] = frozenset({None})
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    id: str
-    needles: tuple[str, ...]
-    pattern: re.Pattern[str]
-    build: Builder
-    severity: Severity
-    levels: frozenset[Level] = MESSAGE  # the record levels this message is printed at
-    serving: bool = False  # still looked for once the server is up (restart markers, stalls)
-    more: bool = False  # the same record may hold a second message: keep looking after a match
-    # Who says it: the source files (`[file.py:123]` in vLLM's header) that print this message
-    # in the vLLM versions the grammar knows, `*name.py` for any file whose name ends so
-    # (`*model_runner.py`: gpu_, cpu_, tpu_model_runner.py). A record with a header from any
-    # other file is not this message, whatever it says: vLLM repeats a message's header on
-    # each of its lines, so the lines of a request id holding line breaks carry the request
-    # logger's header. ANY_LOGGER: whoever logs it (an exception is logged where it is caught;
-    # failures are held as warnings while vLLM serves). Records without a header (uvicorn's own
-    # format, bare stderr) are read by their shape alone.
-    loggers: tuple[str, ...] = ()
-
-    def spoken_by(self, source: str) -> bool:
-        """Whether the header's `file.py:123` (or a DEBUG path `dir/.../file.py:123`) is one of
-        this message's loggers."""
-        if not self.loggers:
-            return True
-        name = source.partition(":")[0].rpartition("/")[2]
-        for logger in self.loggers:
-            if name == logger or (logger[:1] == "*" and name.endswith(logger[1:])):
-                return True
-        return False
-
-
-ANY_LOGGER: tuple[str, ...] = ()
-
-
-def _num(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return None
-
-
-def _int(text: str | None) -> int | None:
-    value = _num(text)
-    return None if value is None else int(value)
-
-
-def hms_seconds(text: str | None) -> float | None:
-    """tqdm's `MM:SS` / `H:MM:SS` (or `?`) to seconds."""
-    if not text or "?" in text:
-        return None
-    total = 0
-    for part in text.split(":"):
-        if not part.isdigit():
-            return None
-        total = total * 60 + int(part)
-    return float(total)
-
-
-def _rate(text: str | None) -> float | None:
-    if not text or "?" in text:
-        return None
-    if text.endswith("s/it"):
-        per = _num(text[:-4])
-        return None if not per else 1.0 / per
-    if text.endswith("it/s"):
-        return _num(text[:-4])
-    return None
 
 
 def bar_kind(desc: str) -> str:
@@ -124,18 +47,6 @@ def bar_unit(desc: str, kind: str) -> str:
     if "instanttensor" in d or "runai" in d or "run:ai" in d or "model streamer" in d:
         return "tensors"
     return "files" if kind in ("weights", "prefetch") else "items"
-
-
-# tqdm's unit-scaled numbers (`unit_scale=True`, divisor 1000): `0.00`, `13.3G`, `155G`, `1.20T`
-_SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
-
-
-def scaled(text: str | None) -> float | None:
-    if not text:
-        return None
-    suffix = text[-1] if text[-1] in _SCALE else ""
-    value = _num(text[: len(text) - len(suffix)])
-    return None if value is None else value * _SCALE[suffix]
 
 
 _PROGRESS_FIELDS = (
@@ -167,7 +78,7 @@ def progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
         int(m["total"]),
         hms_seconds(m["el"]),
         hms_seconds(m["rem"]),
-        _rate(m["rate"]),
+        tqdm_rate(m["rate"]),
         bar_unit(desc, kind),
         ctx["offset"],
         ctx["ts"],
@@ -191,9 +102,9 @@ def unit_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     if rate_text.startswith("?"):
         rate = None
     elif unit == "s":  # `33.51profile/s`
-        rate = _num(per.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+        rate = number(per.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
     else:  # `1.52s/profile`
-        secs = _num(per[:-1])
+        secs = number(per[:-1])
         rate = 1.0 / secs if secs else None
     return ShardProgress(
         desc=desc,
@@ -290,9 +201,9 @@ def milestone(kind: str, detail: str | None = None, **groups: str) -> Builder:
         for fld, grp in groups.items():
             text = m[grp]
             if fld in ("seconds", "gib"):
-                values[fld] = _num(text)
+                values[fld] = number(text)
             elif fld in ("tokens", "blocks", "count"):
-                values[fld] = _int(text)
+                values[fld] = integer(text)
             else:
                 values[fld] = text
         return Milestone(kind=kind, detail=detail, **values, **ctx)  # type: ignore[arg-type]
@@ -381,19 +292,11 @@ def parallel_init(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
 
 def headless(mode: str) -> Builder:
     def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
-        engines = _int(m["n"]) if "n" in m.re.groupindex else None
+        engines = integer(m["n"]) if "n" in m.re.groupindex else None
         return NodeLaunch(mode=mode, head_address=m["addr"], engines=engines, **ctx)  # type: ignore[arg-type]
 
     return build
 
 
 def stall(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
-    return StallHint(seconds=_num(m["sec"]), **ctx)
-
-
-def rx(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
-
-
-SEC = r"(?P<sec>\d{1,9}+(?:\.\d{1,9}+)?)"
-GIB = r"(?P<gib>\d{1,9}+(?:\.\d{1,9}+)?)"
+    return StallHint(seconds=number(m["sec"]), **ctx)

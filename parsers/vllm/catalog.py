@@ -15,20 +15,26 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from loadwatch.parsers.entries import (
+    ANY_LOGGER,
+    BARE,
+    FAILURE,
+    MESSAGE,
+    SEC,
+    WARNING,
+    Builder,
+    Entry,
+    Head,
+    Level,
+    rx,
+)
 from loadwatch.parsers.events import CONSEQUENCE_KINDS, ClientTextKind, Event, Failure, FailureKind
-from loadwatch.parsers.vllm.builders import ANY_LOGGER, SEC, rx, stall
-from loadwatch.parsers.vllm.builders import BARE as BARE
-from loadwatch.parsers.vllm.builders import FAILURE as FAILURE
-from loadwatch.parsers.vllm.builders import MESSAGE as MESSAGE
-from loadwatch.parsers.vllm.builders import WARNING as WARNING
-from loadwatch.parsers.vllm.builders import Builder as Builder
-from loadwatch.parsers.vllm.builders import Entry as Entry
-from loadwatch.parsers.vllm.builders import Level as Level
 from loadwatch.parsers.vllm.builders import bar_unit as bar_unit
-from loadwatch.parsers.vllm.builders import scaled as scaled
+from loadwatch.parsers.vllm.builders import (
+    stall,
+)
 from loadwatch.parsers.vllm.catalog_load import LOAD
 from loadwatch.parsers.vllm.catalog_serve import SERVE
-from loadwatch.parsers.vllm.lines import Head
 
 
 def _failure(kind: FailureKind | None, engine_fatal: bool = False) -> Builder:

@@ -23,12 +23,14 @@ Sources of the wordings (vLLM's own source, and real excerpts of public issues):
 
 from __future__ import annotations
 
-from loadwatch.parsers.vllm.builders import (
+from loadwatch.parsers.entries import (
     BARE,
     SEC,
     Entry,
-    milestone,
     rx,
+)
+from loadwatch.parsers.vllm.builders import (
+    milestone,
     unit_progress,
 )
 

@@ -3,12 +3,15 @@ milestones in load order, and where this node stands in a multi-node deployment.
 
 from __future__ import annotations
 
-from loadwatch.parsers.vllm.builders import (
+from loadwatch.parsers.entries import (
     BARE,
     GIB,
     SEC,
     WARNING,
     Entry,
+    rx,
+)
+from loadwatch.parsers.vllm.builders import (
     backend,
     byte_progress,
     deprecated_kv,
@@ -21,7 +24,6 @@ from loadwatch.parsers.vllm.builders import (
     parallel_init,
     prefetch,
     progress,
-    rx,
     scale_factor,
 )
 from loadwatch.parsers.vllm.catalog_compile import COMPILE, WARMUP

@@ -3,7 +3,14 @@ lines) and going down (vLLM's `[shutdown]` lines, uvicorn's)."""
 
 from __future__ import annotations
 
-from loadwatch.parsers.vllm.builders import Entry, milestone, rx, shutdown
+from loadwatch.parsers.entries import (
+    Entry,
+    rx,
+)
+from loadwatch.parsers.vllm.builders import (
+    milestone,
+    shutdown,
+)
 
 # the API server's files: openai/api_server.py, entry.py (0.32), api_utils.py, launcher.py
 API_SERVER = ("api_server.py", "entry.py", "api_utils.py", "launcher.py")

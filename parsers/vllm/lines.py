@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 import time
 from datetime import datetime
-from typing import Literal, NamedTuple
+from typing import Literal
+
+from loadwatch.parsers.entries import Head
 
 # ESC [ ... m, and the same with the ESC byte lost in a copy (`[1;36m`).
 _ANSI = re.compile(r"\x1b\[[0-9;]{0,16}+[A-Za-z]|\[[0-9]{1,3}+(?:;[0-9]{1,3}+){0,7}+m")
@@ -146,18 +148,6 @@ _BRACKET_HEADER = re.compile(
 )
 _LEVEL_WORDS = ("DEBUG", "INFO", "WARN", "ERROR", "CRITICAL")  # what any header starts with
 _HEAD_CACHE_MAX = 4096
-
-
-class Head(NamedTuple):
-    """What stands before the message of one record."""
-
-    process: str | None
-    pid: int | None
-    level: str | None  # None: no recognised header (bare stderr, tracebacks, bars)
-    ts: float | None
-    source: str | None
-    body: str
-    prefix_only: bool = False
 
 
 def strip_ansi(text: str) -> str:

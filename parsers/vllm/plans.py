@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import re
 
+from loadwatch.parsers.dispatch import (
+    LEVEL_NEEDLES,
+    Mode,
+)
 from loadwatch.parsers.grammar import Group
-from loadwatch.parsers.vllm.segment import LEVEL_NEEDLES, PREFILTER, Mode
+from loadwatch.parsers.vllm.segment import (
+    PREFILTER,
+)
 
 # Substrings that stand for several needles each, per mode, tried in this order; a needle that
 # contains none of them is searched for itself. Chosen by measurement (bench/scan_anchors.py):

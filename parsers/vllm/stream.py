@@ -12,6 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from loadwatch.parsers.dispatch import (
+    MAX_MESSAGE_CHARS,
+    Mode,
+)
+from loadwatch.parsers.entries import (
+    Head,
+)
 from loadwatch.parsers.events import (
     FAILURE_RANK,
     Event,
@@ -21,6 +28,12 @@ from loadwatch.parsers.events import (
     Record,
     ShardProgress,
 )
+from loadwatch.parsers.recipes import (
+    Recipe,
+    cook,
+    recipe_of,
+    set_fields,
+)
 from loadwatch.parsers.vllm.catalog import (
     CUT_TRACEBACK,
     EXCEPTION_LINE,
@@ -29,7 +42,6 @@ from loadwatch.parsers.vllm.catalog import (
     failure,
 )
 from loadwatch.parsers.vllm.lines import (
-    Head,
     StandardHeads,
     YearResolver,
     parse_head,
@@ -38,7 +50,6 @@ from loadwatch.parsers.vllm.lines import (
 )
 from loadwatch.parsers.vllm.segment import (
     CHAIN_MARKERS,
-    MAX_MESSAGE_CHARS,
     MAX_PARSE_CHARS,
     MAX_TRACEBACK_RECORDS,
     PARSE_CACHE_MAX,
@@ -46,13 +57,8 @@ from loadwatch.parsers.vllm.segment import (
     TRACEBACK_LEVELS,
     TRACEBACK_START,
     ClientLines,
-    Mode,
-    Recipe,
-    cook,
     has_needle,
     parse_segment,
-    recipe_of,
-    set_fields,
 )
 from loadwatch.parsers.vllm.wrapped import is_piece, may_continue
 

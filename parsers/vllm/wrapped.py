@@ -10,7 +10,9 @@ only bare pieces that cannot be anything else.
 
 from __future__ import annotations
 
-from loadwatch.parsers.vllm.lines import Head
+from loadwatch.parsers.entries import (
+    Head,
+)
 
 WRAP_MIN_CHARS = 60  # a piece shorter than this did not reach a terminal's edge
 _ENDS = ".)]}'\"!?:;>"  # a message that ends like a sentence or a value was not cut

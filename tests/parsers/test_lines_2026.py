@@ -13,8 +13,13 @@ from pathlib import Path
 import pytest
 
 from loadwatch.parsers import EventStream, split_records
+from loadwatch.parsers.entries import (
+    scaled,
+)
 from loadwatch.parsers.events import EpWeightFilter, Event, Milestone, ShardProgress
-from loadwatch.parsers.vllm.catalog import bar_unit, scaled
+from loadwatch.parsers.vllm.catalog import (
+    bar_unit,
+)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 HEAD = "(Worker_TP0 pid=400) INFO 06-14 04:57:13 [{}] "

@@ -11,10 +11,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from loadwatch.parsers import ChunkScanner, EventStream
+from loadwatch.parsers.dispatch import (
+    Mode,
+)
 from loadwatch.parsers.scan import NATIVE, count_records, count_records_py
 from loadwatch.parsers.vllm.grammar import GRAMMAR
 from loadwatch.parsers.vllm.plans import quiet_record
-from loadwatch.parsers.vllm.segment import Mode
 from tests.perf.logs import load_log, serving_log
 
 NATIVE_PLANS = GRAMMAR.native_plans

@@ -1,0 +1,81 @@
+"""Events of repeated messages, built once and copied after that.
+
+Messages repeat: every tensor-parallel worker prints the same per-layer warning, a noisy server
+the same warning again and again. A grammar's stream keeps, per distinct message, a recipe of its
+events (`recipe_of`) and cooks each later record's events from it (`cook`). Only these types:
+what they hold besides the record's offset, time and process comes from the message alone (a
+Failure also carries its own offset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+from loadwatch.parsers.entries import Head
+from loadwatch.parsers.events import (
+    Event,
+    KvScaleWarning,
+    LogError,
+    LogWarning,
+    ScaleFactorWarning,
+    StallHint,
+)
+
+_CACHED_TYPES = (KvScaleWarning, ScaleFactorWarning, LogWarning, LogError, StallHint)
+_CONTEXT = ("offset", "ts", "process", "pid")
+# (a maker of the event's class, the values of its fields but the context ones)
+Maker = Callable[[tuple[Any, ...], int, "float | None", "str | None", "int | None"], Event]
+Recipe = tuple[tuple[Maker, tuple[Any, ...]], ...]
+_MAKERS: dict[type[Event], Maker] = {}
+
+
+def _maker(cls: type[Event]) -> Maker:
+    """A function that builds an event of `cls` from the values of its message fields and the
+    record's context: each field's slot is set by a line of its own through the slot's own
+    setter (where `object.__setattr__`, which the frozen dataclass's `__init__` calls, ends),
+    generated once per class as dataclasses generates `__init__` (a load builds one such event
+    per record)."""
+    make = _MAKERS.get(cls)
+    if make is None:
+        names = [f.name for f in fields(cls) if f.name not in _CONTEXT]
+        scope: dict[str, Any] = {"_new": object.__new__, "cls": cls}
+        lines = [f"def make(values, {', '.join(_CONTEXT)}):\n    ev = _new(cls)\n"]
+        for i, name in enumerate((*names, *_CONTEXT)):
+            scope[f"set{i}"] = _slot(cls, name).__set__
+            value = f"values[{i}]" if i < len(names) else name
+            lines.append(f"    set{i}(ev, {value})\n")
+        exec("".join(lines) + "    return ev\n", scope)  # (made from the field names alone)
+        make = _MAKERS[cls] = scope["make"]
+    return make
+
+
+def _slot(cls: type, name: str) -> Any:
+    """The slot descriptor of field `name` (the class's own, or a base's)."""
+    for c in cls.__mro__:
+        if name in c.__dict__:
+            return c.__dict__[name]
+    raise AttributeError(name)
+
+
+def recipe_of(events: list[Event]) -> Recipe | None:
+    if not all(type(e) in _CACHED_TYPES for e in events):
+        return None
+    out = []
+    for e in events:
+        names = [f.name for f in fields(e) if f.name not in _CONTEXT]
+        out.append((_maker(type(e)), tuple(getattr(e, n) for n in names)))
+    return tuple(out)
+
+
+def cook(recipe: Recipe, offset: int, ts: float | None, head: Head) -> list[Event]:
+    """The recipe's events for one record."""
+    process, pid = head.process, head.pid
+    return [make(values, offset, ts, process, pid) for make, values in recipe]
+
+
+def set_fields(event: Event, **values: Any) -> None:
+    """Fill in a field of an event a builder just made and nobody else holds yet."""
+    for name, value in values.items():
+        object.__setattr__(event, name, value)
