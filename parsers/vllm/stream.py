@@ -2,7 +2,8 @@
 
 `parse_segment` is pure: one segment of one record in, events out. `EventStream` adds the context
 that spans records and nothing else: tracebacks folded into one `Failure`, the process of a tqdm
-bar whose prefix stood in the record before it, and the time of records that carry none. Records
+bar whose prefix stood in the record before it (a bar's owner and time: parsers/bars.py), and the
+time of records that carry none. Records
 that contain no catalog needle are dropped before any other work, unless a traceback is open, so
 the chunk scanner (scan.py) that only hands over candidate records yields the same events.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from loadwatch.parsers.bars import Bars
 from loadwatch.parsers.dispatch import (
     MAX_MESSAGE_CHARS,
     Mode,
@@ -145,12 +147,6 @@ class _Traceback:
         )
 
 
-@dataclass(slots=True)
-class _BarAnchor:
-    start_ts: float
-    last_done: int
-
-
 @dataclass
 class StreamStats:
     records: int = 0
@@ -172,8 +168,7 @@ class EventStream:
         self.in_traceback = False  # kept with `_tracebacks`: read for every record
         self._pending_prefix: tuple[str, int | None] | None = None
         self._last_ts: float | None = None
-        self._bars: dict[tuple[str | None, str], _BarAnchor] = {}
-        self._bar_owner: dict[str, tuple[str, int | None]] = {}
+        self._bars = Bars()
         self._heads = StandardHeads(self.years)
         self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
         self.mode: Mode = "startup"
@@ -421,40 +416,19 @@ class EventStream:
                         self._recipes.clear()
                     self._recipes[key] = made
         if events and isinstance(events[0], ShardProgress):
-            events[0] = self._bar_process(events[0])
+            events[0] = self._bars.own(events[0])
         if head.ts is None and self._last_ts is not None:
             return [self._timed(e) for e in events]
         return events
-
-    def _bar_process(self, event: ShardProgress) -> ShardProgress:
-        """`\r`-only bars repeat no prefix: an update belongs to whoever drew that bar last."""
-        if event.process is not None:
-            self._bar_owner[event.desc] = (event.process, event.pid)
-            return event
-        owner = self._bar_owner.get(event.desc)
-        if owner is not None:
-            set_fields(event, process=owner[0], pid=owner[1])
-        return event
 
     def _timed(self, event: Event) -> Event:
         """Give a record without a header a time: bars from their own elapsed field."""
         assert self._last_ts is not None
         if isinstance(event, ShardProgress) and event.elapsed_s is not None:
-            set_fields(
-                event, ts=self.bar_time(event.process, event.desc, event.done, event.elapsed_s)
+            at = self._bars.time(
+                event.process, event.desc, event.done, event.elapsed_s, self._last_ts
             )
+            set_fields(event, ts=at)
         else:
             set_fields(event, ts=self._last_ts)
         return event
-
-    def bar_time(self, process: str | None, desc: str, done: int, elapsed_s: float) -> float:
-        """A bar update's time (its record has no header, a record before it had): the bar's
-        start, from its own elapsed field when it began (or went back), plus its elapsed."""
-        assert self._last_ts is not None
-        key = (process, desc)
-        anchor = self._bars.get(key)
-        if anchor is None or done < anchor.last_done or done == 0:
-            anchor = _BarAnchor(self._last_ts - elapsed_s, done)
-            self._bars[key] = anchor
-        anchor.last_done = done
-        return anchor.start_ts + elapsed_s
