@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from loadwatch.parsers import ChunkScanner, EventStream
+from loadwatch.parsers import ChunkScanner, EventStream, traceback
 from loadwatch.parsers.entries import (
     BARE,
     FAILURE,
@@ -138,16 +138,16 @@ OTHER: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
         )
     ),
     (
-        "catalog.EXCEPTION_LINE",
-        catalog.EXCEPTION_LINE,
+        "traceback.EXCEPTION_LINE",
+        traceback.EXCEPTION_LINE,
         (
             f"{PREFIX}ERROR {STAMP} [x.py:1] {TRACEBACK}",
             "torch.OutOfMemoryError: CUDA out of memory.",
         ),
     ),
     (
-        "catalog.EXCEPTION_LINE_LOOSE",
-        catalog.EXCEPTION_LINE_LOOSE,
+        "traceback.EXCEPTION_LINE_LOOSE",
+        traceback.EXCEPTION_LINE_LOOSE,
         (TRACEBACK, '  File "x.py", line 1, in f', "vllm.v1.engine.exceptions.EngineGone: gone"),
     ),
     (

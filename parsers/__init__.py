@@ -1,7 +1,8 @@
 """Log grammars: records in, typed events out. The only home of regular expressions.
 
 What any grammar is made of lives here (events.py, entries.py, dispatch.py, recipes.py,
-bars.py, the chunk scanner and the grammar seam); each engine's grammar is a folder (vllm/).
+bars.py, traceback.py, wrapped.py, the chunk scanner and the grammar seam); each engine's
+grammar is a folder (vllm/).
 """
 
 from loadwatch.parsers.events import (

@@ -29,6 +29,7 @@ from loadwatch.parsers.entries import (
     rx,
 )
 from loadwatch.parsers.events import CONSEQUENCE_KINDS, ClientTextKind, Event, Failure, FailureKind
+from loadwatch.parsers.traceback import CUT_TRACEBACK, EXCEPTION_LINE
 from loadwatch.parsers.vllm.builders import bar_unit as bar_unit
 from loadwatch.parsers.vllm.builders import (
     stall,
@@ -260,15 +261,6 @@ CATALOG = (
 # `torch.OutOfMemoryError: CUDA out of memory...`, `RuntimeError: ...`, `KeyboardInterrupt`.
 # The last name gives back characters for its ending (Error, ...): not possessive there, which
 # costs at most 80 steps back, once, since the pattern is anchored.
-EXCEPTION_LINE = re.compile(
-    r"^(?P<exc>(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Za-z_][A-Za-z0-9_]{0,80}"
-    r"(?:Error|Exception|Exit|Interrupt|Warning|Fault|Failure|Dead))(?:: ?(?P<msg>.*+))?$"
-)
-# In a traceback anything shaped `dotted.Name: message` ends it, whatever the class is called.
-EXCEPTION_LINE_LOOSE = re.compile(
-    r"^(?P<exc>(?:[A-Za-z_][A-Za-z0-9_]{0,80}+\.){0,8}+[A-Z][A-Za-z0-9_]{0,80}+)(?:: (?P<msg>.*+))?$"
-)
-
 # pyzmq's bind of an IPC socket whose path is longer than sockaddr_un.sun_path allows
 # (zmq/backend/cython/_zmq.py `Socket.bind`): vLLM puts its sockets under TMPDIR
 # (vllm/utils/network_utils.py `get_open_zmq_ipc_path`), so a long TMPDIR fails every start.
@@ -312,7 +304,6 @@ _CLASSIFY: tuple[tuple[re.Pattern[str], FailureKind], ...] = (
     (rx(r"EngineDeadError|died unexpectedly|died, exit code|fatal error"), "worker_died"),
 )
 
-CUT_TRACEBACK = "traceback without an exception line"  # a traceback cut before its end
 # Messages that say something failed elsewhere, not what: echoes of a root cause (the state's
 # failure grouping folds them into it).
 CONSEQUENCE_MESSAGES: tuple[str, ...] = (

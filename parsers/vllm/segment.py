@@ -10,22 +10,14 @@ from loadwatch.parsers.entries import MESSAGE, Head
 from loadwatch.parsers.events import ClientText, ClientTextKind, Event
 from loadwatch.parsers.vllm.catalog import CATALOG, client_text
 
-TRACEBACK_START = "Traceback (most recent call last):"
-CHAIN_MARKERS = (
-    "During handling of the above exception",
-    "The above exception was the direct cause",
-)
-
 DISPATCH = Dispatch(CATALOG)
 PREFILTER = DISPATCH.prefilter
 parse_segment = DISPATCH.parse_segment
 has_needle = DISPATCH.has_needle
 
-MAX_TRACEBACK_RECORDS = 2000
 PREFIX_RECORD_MAX = 256  # a record holding only a process prefix (colour codes included)
 MAX_PARSE_CHARS = 16384  # a record is parsed up to here (the follower's cap is 64 KiB)
 PARSE_CACHE_MAX = 4096  # distinct messages whose events are kept as recipes (parsers/recipes.py)
-TRACEBACK_LEVELS = (None, "ERROR", "CRITICAL")  # the record levels a traceback opens at
 
 
 class ClientLines:

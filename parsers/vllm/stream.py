@@ -1,11 +1,12 @@
 """From records to events: the per-record parse (segment.py) and the little context it needs.
 
 `parse_segment` is pure: one segment of one record in, events out. `EventStream` adds the context
-that spans records and nothing else: tracebacks folded into one `Failure`, the process of a tqdm
-bar whose prefix stood in the record before it (a bar's owner and time: parsers/bars.py), and the
-time of records that carry none. Records
-that contain no catalog needle are dropped before any other work, unless a traceback is open, so
-the chunk scanner (scan.py) that only hands over candidate records yields the same events.
+that spans records and nothing else: tracebacks folded into one `Failure` (parsers/traceback.py,
+with the catalog's words for what failed), the process of a tqdm bar whose prefix stood in the
+record before it (a bar's owner and time: parsers/bars.py), and the time of records that carry
+none. Records that contain no catalog needle are dropped before any other work, unless a
+traceback is open, so the chunk scanner (scan.py) that only hands over candidate records yields
+the same events.
 """
 
 from __future__ import annotations
@@ -15,17 +16,13 @@ from dataclasses import dataclass, field
 
 from loadwatch.parsers.bars import Bars
 from loadwatch.parsers.dispatch import (
-    MAX_MESSAGE_CHARS,
     Mode,
 )
 from loadwatch.parsers.entries import (
     Head,
 )
 from loadwatch.parsers.events import (
-    FAILURE_RANK,
     Event,
-    Failure,
-    FailureKind,
     Milestone,
     Record,
     ShardProgress,
@@ -36,13 +33,14 @@ from loadwatch.parsers.recipes import (
     recipe_of,
     set_fields,
 )
-from loadwatch.parsers.vllm.catalog import (
-    CUT_TRACEBACK,
-    EXCEPTION_LINE,
-    EXCEPTION_LINE_LOOSE,
-    classify,
-    failure,
+from loadwatch.parsers.traceback import (
+    CUT_LEVELS,
+    TRACEBACK_LEVELS,
+    TRACEBACK_START,
+    FailureWords,
+    Tracebacks,
 )
+from loadwatch.parsers.vllm.catalog import classify, failure
 from loadwatch.parsers.vllm.lines import (
     StandardHeads,
     YearResolver,
@@ -51,100 +49,13 @@ from loadwatch.parsers.vllm.lines import (
     strip_ansi,
 )
 from loadwatch.parsers.vllm.segment import (
-    CHAIN_MARKERS,
     MAX_PARSE_CHARS,
-    MAX_TRACEBACK_RECORDS,
     PARSE_CACHE_MAX,
     PREFIX_RECORD_MAX,
-    TRACEBACK_LEVELS,
-    TRACEBACK_START,
     ClientLines,
     has_needle,
     parse_segment,
 )
-from loadwatch.parsers.vllm.wrapped import is_piece, may_continue
-
-# A traceback's frames logged with these levels (vLLM's ERROR header on each of its lines) are
-# read even without the traceback's head: a log may begin inside one.
-CUT_LEVELS = ("ERROR", "CRITICAL")
-
-
-@dataclass(slots=True)
-class _Traceback:
-    offset: int
-    ts: float | None
-    process: str | None
-    pid: int | None
-    first_line: str
-    records: int = 1
-    last_offset: int = 0
-    exc_type: str | None = None
-    message: str = ""
-    kind: FailureKind | None = None
-    tail_open: bool = False  # its exception line may go on in the next record (wrapped)
-    joined: bool = False  # a wrapped exception line's pieces were joined
-    cut_head: bool = False  # its head is not in the log (the log begins inside it)
-
-    @classmethod
-    def opened(cls, head: Head, offset: int, last_ts: float | None, cut_head: bool) -> _Traceback:
-        """A traceback its record `head` opens (`cut_head`: a frame, the head not in the log)."""
-        ts = head.ts if head.ts is not None else last_ts
-        first = head.body.strip()[:500]
-        return cls(offset, ts, head.process, head.pid, first, last_offset=offset, cut_head=cut_head)
-
-    def take(self, head: Head, offset: int) -> bool | None:
-        """None: the line belongs to the traceback; True: it ended it; False: not ours."""
-        body = head.body
-        stripped = body.strip()
-        if head.level in ("INFO", "DEBUG", "WARNING") or self.records >= MAX_TRACEBACK_RECORDS:
-            return False
-        self.records += 1
-        self.last_offset = offset
-        if not stripped or body[:1].isspace() or stripped.startswith(TRACEBACK_START):
-            return None
-        if stripped.startswith(CHAIN_MARKERS) or stripped.startswith("^"):
-            return None
-        m = EXCEPTION_LINE.match(stripped) or EXCEPTION_LINE_LOOSE.match(stripped)
-        if m is None:
-            self.records -= 1
-            return False
-        exc_type = m["exc"]
-        message = (m["msg"] or "").strip()[:MAX_MESSAGE_CHARS]
-        kind = classify(exc_type, message)
-        if self.kind is None or FAILURE_RANK[kind] < FAILURE_RANK[self.kind]:
-            self.kind = kind
-        self.exc_type, self.message = exc_type, message
-        return True
-
-    def close(self) -> Failure | None:
-        """The traceback as one failure; None for frames alone, with neither head nor
-        exception line (they say nothing of what failed)."""
-        if self.cut_head and self.exc_type is None and not self.message:
-            return None
-        kind = self.kind or "other"
-        if self.joined:  # a wrapped message joined: its whole text decides
-            joined = classify(self.exc_type, self.message)
-            if FAILURE_RANK[joined] < FAILURE_RANK[kind]:
-                kind = joined
-        if kind == "other" and self.first_line:
-            # `Exception in worker ... while processing method init_device: NCCL error: ...,
-            # Traceback (most recent call last):` names the error before the frames
-            kind = classify(None, self.first_line)
-        message = self.message
-        if not message:
-            message = self.first_line if kind != "other" else CUT_TRACEBACK
-        return failure(
-            kind=kind,
-            message=message,
-            exc_type=self.exc_type,
-            first_line=self.first_line,
-            records=self.records,
-            last_offset=self.last_offset,
-            offset=self.offset,
-            ts=self.ts,
-            process=self.process,
-            pid=self.pid,
-        )
 
 
 @dataclass
@@ -152,7 +63,6 @@ class StreamStats:
     records: int = 0
     candidates: int = 0
     events: int = 0
-    tracebacks: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
     truncated: int = 0  # records parsed only up to MAX_PARSE_CHARS
 
@@ -163,9 +73,7 @@ class EventStream:
     def __init__(self, ref_ts: float | None = None) -> None:
         self.years = YearResolver(ref_ts)
         self.stats = StreamStats()
-        self._tracebacks: dict[tuple[str | None, int | None], _Traceback] = {}
-        self._wrapped: _Traceback | None = None  # an exception line whose end may come next
-        self.in_traceback = False  # kept with `_tracebacks`: read for every record
+        self._tracebacks = Tracebacks(FailureWords(classify, failure))
         self._pending_prefix: tuple[str, int | None] | None = None
         self._last_ts: float | None = None
         self._bars = Bars()
@@ -173,6 +81,11 @@ class EventStream:
         self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
         self.mode: Mode = "startup"
         self._clients = ClientLines()
+
+    @property
+    def in_traceback(self) -> bool:
+        """A traceback is open (or an exception line held): every record must be seen."""
+        return self._tracebacks.active
 
     def set_reference(self, ts: float) -> None:
         """The daemon's clock, for the year of stamps that have none (vLLM's)."""
@@ -198,7 +111,8 @@ class EventStream:
             stats.truncated += 1
         pending = self._pending_prefix
         self._pending_prefix = None
-        if not candidate and not self.in_traceback and not has_needle(text, self.mode):
+        tracebacks = self._tracebacks
+        if not candidate and not tracebacks.active and not has_needle(text, self.mode):
             self._note_prefix(text)
             return []
         stats.candidates += 1
@@ -212,7 +126,7 @@ class EventStream:
             level = head.level
             body = head.body
             if (
-                self.in_traceback
+                tracebacks.active
                 or ts is None
                 or (level in TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START))
                 or (level in CUT_LEVELS and body[:1].isspace())  # (a frame: `_segment`)
@@ -303,13 +217,7 @@ class EventStream:
 
     def flush(self) -> list[Event]:
         """End of input: close any open traceback (a log cut off mid-traceback)."""
-        held = [self._wrapped] if self._wrapped is not None else []
-        closed = [tb.close() for tb in [*held, *self._tracebacks.values()]]
-        out: list[Event] = [f for f in closed if f is not None]
-        self._tracebacks.clear()
-        self._wrapped = None
-        self.in_traceback = False
-        return out
+        return self._tracebacks.flush()
 
     # -- internals --------------------------------------------------------------------------
 
@@ -319,88 +227,7 @@ class EventStream:
         kind = self._clients.kind(head)
         if kind is not None:  # never part of a traceback, never the start of one
             return self._clients.aside(kind, head, offset, self.mode)
-        if self._wrapped is not None:
-            return self._wrapped_piece(head, offset)
-        key = (head.process, head.pid)
-        body = head.body
-        tb = self._tracebacks.get(key)
-        if tb is not None:
-            done = tb.take(head, offset)
-            if done is None:
-                return []
-            del self._tracebacks[key]
-            if done:
-                # Held for one record: a chained exception (`During handling of the above
-                # exception ...`) continues it, a terminal-wrapped exception line goes on.
-                tb.tail_open = tb.process is not None and may_continue(body)
-                self._wrapped = tb
-                return []
-            self.in_traceback = bool(self._tracebacks)
-            # Not part of the traceback after all: close it, then parse the record as usual.
-            closed = tb.close()
-            return [*([closed] if closed is not None else []), *self._parse(head, offset)]
-        # `EngineCore hit an exception: Traceback (most recent call last):` opens one too; so
-        # does a frame with no traceback open: the log begins inside one (a tail of a log),
-        # and its exception line, when it comes, names the failure.
-        head_line = head.level in TRACEBACK_LEVELS and body.rstrip().endswith(TRACEBACK_START)
-        if head_line or (
-            head.level in CUT_LEVELS and body[:1].isspace() and body.lstrip().startswith('File "')
-        ):
-            self.stats.tracebacks += 1
-            self.in_traceback = True
-            self._tracebacks[key] = _Traceback.opened(head, offset, self._last_ts, not head_line)
-            return []
-        events = self._parse(head, offset)
-        if head.level is None and head.process is not None and may_continue(body) and events:
-            return self._hold_wrapped(events, head)
-        return events
-
-    def _hold_wrapped(self, events: list[Event], head: Head) -> list[Event]:
-        """A bare prefixed exception line that may go on in the next record: its failure waits."""
-        failure = next((e for e in events if type(e) is Failure), None)
-        if failure is None or failure.exc_type is None:
-            return events
-        self._wrapped = _Traceback(
-            offset=failure.offset,
-            ts=failure.ts,
-            process=failure.process,
-            pid=failure.pid,
-            first_line=failure.first_line,
-            last_offset=failure.last_offset,
-            exc_type=failure.exc_type,
-            message=failure.message,
-            kind=failure.kind,
-            tail_open=True,
-        )
-        self.in_traceback = True  # the next record must be seen, whatever it holds
-        return [e for e in events if e is not failure]
-
-    def _wrapped_piece(self, head: Head, offset: int) -> list[Event]:
-        """The record after a held exception line: its continuation, or something else."""
-        tb = self._wrapped
-        assert tb is not None
-        key = (head.process, head.pid)
-        if key == (tb.process, tb.pid) and head.body.lstrip().startswith(CHAIN_MARKERS):
-            # a chained exception: one traceback, its last exception the one raised
-            tb.records += 1
-            tb.last_offset = offset
-            self._wrapped = None
-            self._tracebacks[key] = tb
-            return []
-        piece = tb.tail_open and is_piece(head)
-        if piece:
-            tb.message = (tb.message + head.body.rstrip())[:MAX_MESSAGE_CHARS]
-            tb.records += 1
-            tb.last_offset = offset
-            tb.joined = True
-            tb.tail_open = may_continue(head.body)
-            if tb.tail_open and tb.records < MAX_TRACEBACK_RECORDS:
-                return []
-        self._wrapped = None
-        self.in_traceback = bool(self._tracebacks)
-        closed = tb.close()
-        done: list[Event] = [closed] if closed is not None else []
-        return done if piece else [*done, *self._segment(head, offset)]
+        return self._tracebacks.segment(head, offset, self._last_ts, self._parse, self._segment)
 
     def _parse(self, head: Head, offset: int) -> list[Event]:
         key = (self.mode, head.level, head.source, head.body)
