@@ -1,6 +1,7 @@
 """The layout's rules, read from the code: dependencies point one way, and modules stay small.
 
-- parsers import nothing of the daemon or the exporters (the grammar is pure);
+- parsers import nothing of the daemon or the exporters (the grammar is pure), and what any
+  grammar is made of (the modules directly under parsers/) imports no grammar folder;
 - the daemon's stages (sources, state, supervise, sim) import no exporter: only the composition
   root (the daemon's top-level modules: app, cli, loop, its tasks and event feed, config; and
   the offline tools) wires exporters in;
@@ -69,6 +70,25 @@ def test_the_graph_is_read() -> None:
 def test_parsers_depend_on_nothing_of_ours() -> None:
     bad = {m: sorted(d) for m, d in graph().items() if m.startswith("loadwatch.parsers")}
     bad = {m: [x for x in d if not x.startswith("loadwatch.parsers")] for m, d in bad.items()}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_what_any_grammar_uses_names_no_grammar() -> None:
+    """parsers/*.py (entries, dispatch, recipes, bars, traceback, the scanner, the seam) serve
+    every grammar folder; a grammar is found by name (`grammar.load`), never imported there.
+    The package's own `__init__` is its public face and may name the default grammar."""
+    grammars = {f"loadwatch.parsers.{p.name}" for p in (ROOT / "parsers").iterdir() if p.is_dir()}
+    grammars.discard("loadwatch.parsers.__pycache__")
+    assert "loadwatch.parsers.vllm" in grammars
+    shared = {
+        m: d
+        for m, d in graph().items()
+        if m.startswith("loadwatch.parsers.") and m.count(".") == 2 and m not in grammars
+    }
+    assert "loadwatch.parsers.traceback" in shared and "loadwatch.parsers.dispatch" in shared
+    bad = {
+        m: sorted(x for x in d if any(x.startswith(g) for g in grammars)) for m, d in shared.items()
+    }
     assert {m: d for m, d in bad.items() if d} == {}
 
 
