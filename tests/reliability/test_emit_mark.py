@@ -521,3 +521,44 @@ def test_a_checkpoint_of_the_empty_file_and_a_mark_of_its_first_bytes_name_one_f
     assert not [
         e for e in events if e["event"] == "transition.session_started" and not e.get("replay")
     ]
+
+
+def test_a_copytruncate_then_a_rename_rotation_then_a_clean_restart_starts_no_session(
+    tmp_path: Path,
+) -> None:
+    """The log is cut to nothing in place (its copy at vllm.log.1) while the daemon follows it,
+    vLLM starts again into it, then the log is renamed away (vllm.log.1) for a new one, and the
+    daemon stops cleanly: its checkpoint names the file it last read. A restart finds that file
+    at its rotated name and rebuilds the current session from its start, as a replay: no new
+    session (the first daemon read an empty file between the two rotations, as in the 50-kill
+    run's case above)."""
+    lines = _lines()
+    log = tmp_path / "vllm.log"
+    log.write_text("".join(lines))
+    cfg = _config(tmp_path, "state")
+    with running(cfg) as d:
+        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+        shutil.copyfile(log, tmp_path / "vllm.log.1")
+        with log.open("r+") as f:
+            f.truncate(0)
+        d.wait(lambda: d.status()["phase"] == "ready", "the cut noticed")
+        time.sleep(0.3)  # (real: the daemon reads the empty file, as it would between writes)
+        with log.open("a") as f:
+            f.write("".join(_load(9)))
+        d.wait(lambda: d.status()["sessions_total"] == 2, "the second start")
+        d.wait(lambda: d.status()["phase"] == "ready", "ready again")
+        (tmp_path / "vllm.log.1").rename(tmp_path / "vllm.log.2")
+        log.rename(tmp_path / "vllm.log.1")
+        log.write_text("")
+        time.sleep(0.3)  # (real: the rename is seen before the stop, or not)
+    with running(cfg) as d:
+        d.wait(lambda: d.status()["phase"] == "ready", "ready after the restart")
+        d.wait(
+            lambda: any(e["event"] == "daemon.replay_done" for e in records(d.events())),
+            "the replay's end",
+        )
+        events = records(d.events())
+        status = d.status()
+    started = [e for e in events if e["event"] == "transition.session_started"]
+    assert started and all(e.get("replay") for e in started), started
+    assert status["sessions_total"] == 1  # the current session, rebuilt once
