@@ -95,6 +95,7 @@ class Daemon:
             gpu.poll_async, feed=self.feed, apply=self.apply, publish=self.publish, clock=clock
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._log_behind = False  # a read stopped at its byte cap: the log holds more
 
     @property
     def published(self) -> Published | None:
@@ -146,10 +147,16 @@ class Daemon:
 
     def take_log(self, items: Sequence[Run | Notice]) -> None:
         """Apply what the log source handed over, in order; write its effects once; publish
-        (a transition or a change of the source's health at once, counters within the
-        publishing interval)."""
+        (a transition, a change of the source's health or the end of a backlog at once,
+        counters within the publishing interval)."""
         source = self.log
         assert source is not None
+        # The last read of a backlog (a restart's catch-up, a burst): the board, behind the log
+        # while it was read, is the log's state now, which a reader wants at once.
+        caught_up = self._log_behind and not source.backlog
+        self._log_behind = source.backlog
+        if caught_up:
+            self.publisher.urgent()
         for item in items:
             if isinstance(item, Notice):
                 self.feed.notice(item)
@@ -160,7 +167,7 @@ class Daemon:
         for notice in settled:
             self.feed.notice(notice)
             self.publisher.urgent()
-        if items or settled:
+        if items or settled or caught_up:
             self.publisher.changed()
 
     def _apply_run(self, source: LogSource, run: Run) -> None:

@@ -5,8 +5,9 @@
 
 When. Building and rendering a bundle costs more than reading a second of a busy serving log,
 and a serving daemon lives for days between scrapes, so a change is published by what it is: a
-transition, a failure, a stall or a change of readiness (`urgent`) at once, so that /readyz and
-/healthz (which read the last board, never ask for a new one) answer it at once; a change of
+transition, a failure, a stall, a change of readiness or the end of a backlog (`urgent`) at
+once, so that /readyz and /healthz (which read the last board, never ask for a new one) answer it
+at once and a restart's catch-up shows as soon as it is read; a change of
 counters only (lines read, GPU readings, probe times) marks what was published behind (the
 `stale` hooks hear it once) and goes out when a reader asks for it (`want`): the HTTP process
 asks when a scrape finds its board behind and older than `[http] publish_interval_s`. So

@@ -12,9 +12,12 @@ from loadwatch.daemon.config import Config, LogConfig
 from loadwatch.daemon.loop import Daemon
 from loadwatch.daemon.publish import Publisher
 from loadwatch.daemon.sources.gpu.guard import NullGpuSource
+from loadwatch.daemon.sources.log.inputs import FileInput
 from loadwatch.daemon.state.published import Published
 from loadwatch.daemon.tasks import Pace
 from loadwatch.exporters.eventlog import EventLog
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 class Clock:
@@ -93,3 +96,34 @@ def test_a_nap_ends_when_a_load_starts() -> None:
         return loop.time() - began
 
     assert asyncio.run(main()) < 5.0
+
+
+def test_the_last_read_of_a_backlog_publishes_at_once(tmp_path: Path) -> None:
+    """A restart catching up on a log (a backlog read a capped read at a time): the reads in
+    between wait to be asked for, the read that reaches the log's end publishes at once, so
+    the board is the log's state as soon as it is read, not up to `publish_interval_s` later."""
+    log = tmp_path / "vllm.log"
+    # A real vLLM 0.32 start ending in its shutdown's lines: no transition at the log's end.
+    log.write_bytes((FIXTURES / "real-v0.32-llama.log").read_bytes())
+    cfg = Config(log=LogConfig(path=log), state_dir=tmp_path / "state")
+    reads = FileInput(log, state_dir=tmp_path / "state" / "ck", cap_bytes=1024, max_read_bytes=2048)
+    eventlog = EventLog(io.StringIO(), None, console=False)
+    daemon = Daemon(cfg, eventlog=eventlog, gpu=NullGpuSource(), log_input=reads)
+    source = daemon.open_log()
+    assert source is not None
+    boards: list[Published] = []
+    daemon.publisher.hooks.append(boards.append)
+    read_at_board: list[int] = []  # bytes read when each board went out
+    backlog, reads_made = True, 0
+    while backlog:
+        items = source.read()
+        reads_made += 1
+        backlog = source.backlog
+        before = len(boards)
+        daemon.take_log(items)
+        read_at_board += [reads.health().bytes_total] * (len(boards) - before)
+    size = log.stat().st_size
+    assert read_at_board and read_at_board[-1] == size  # the caught-up board, nobody asking
+    assert boards[-1].log is not None and boards[-1].log.bytes_total == size
+    assert len(boards) < reads_made  # the reads in between did not each publish
+    source.close()
