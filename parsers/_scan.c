@@ -11,6 +11,16 @@
  *
  * `count_records(data)` counts the records ended in `data`: every `\n`, and every `\r` not
  * followed by `\n`.
+ *
+ * `longest_record(data, cr)` is the length of the longest run of bytes in `data` holding no `\n`
+ * (nor `\r` when `cr`): the longest record, the unterminated end counted as one.
+ *
+ * `count_lines(data, start, end)` counts the `\n` in `data[start:end]` (memchr: several times
+ * faster than `bytes.count` of one byte).
+ *
+ * `prefixes(data, most)` lists the distinct process prefixes in `data`, as
+ * `dict.fromkeys(lines._PREFIX_WHOLE.findall(data))` does (lines.ProcessNames, which holds the
+ * Python equal), at most `most` of them.
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -508,10 +518,112 @@ static PyObject *count_records(PyObject *self, PyObject *arg) {
     return PyLong_FromSsize_t(count);
 }
 
+static PyObject *longest_record(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    int cr;
+    if (!PyArg_ParseTuple(args, "y*p", &buf, &cr)) return NULL;
+    const char *d = buf.buf, *end = d + buf.len, *start = d;
+    Py_ssize_t longest = 0;
+    while (start <= end) {
+        const char *lf = memchr(start, '\n', (size_t)(end - start));
+        const char *stop = lf ? lf : end;
+        if (cr) {
+            const char *r;
+            while ((r = memchr(start, '\r', (size_t)(stop - start))) != NULL) {
+                if (r - start > longest) longest = r - start;
+                start = r + 1;
+            }
+        }
+        if (stop - start > longest) longest = stop - start;
+        start = stop + 1;
+    }
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(longest);
+}
+
+static PyObject *count_lines(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "y*nn", &buf, &start, &end)) return NULL;
+    if (start < 0) start = 0;
+    if (end > buf.len) end = buf.len;
+    Py_ssize_t count = 0;
+    if (start < end) {
+        const char *p = (const char *)buf.buf + start, *stop = (const char *)buf.buf + end;
+        while ((p = memchr(p, '\n', (size_t)(stop - p))) != NULL) {
+            count++;
+            p++;
+        }
+    }
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(count);
+}
+
+/* -- prefixes ---------------------------------------------------------------------------------
+ * Every prefix holds one " pid=" and no '(' after its first byte, and no two overlap: each one is
+ * found from its " pid=" (memmem), back to the nearest '(', and read there by `prefix`. A log
+ * repeats a few prefixes on nearly every line, so the bytes around a " pid=" are first compared
+ * with the last few prefixes found (no parse, no Python object for those). */
+
+#define PREFIX_BACK 256 /* a prefix's '(' stands at most this far before its " pid=" */
+#define RECENT 16
+
+typedef struct {
+    Py_ssize_t start, len, marker; /* the prefix's bytes, its " pid=" at `marker` in them */
+} Seen;
+
+static PyObject *prefixes(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t most;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &most)) return NULL;
+    const unsigned char *d = buf.buf;
+    Py_ssize_t n = buf.len;
+    PyObject *out = PyList_New(0), *distinct = PySet_New(NULL), *result = NULL;
+    if (out == NULL || distinct == NULL) goto done;
+    Seen recent[RECENT];
+    int nrecent = 0, next = 0;
+    for (const char *m = find((const char *)d, 0, n, " pid=", 5); m != NULL && PyList_GET_SIZE(out) < most;
+         m = find((const char *)d, (m - (const char *)d) + 5, n, " pid=", 5)) {
+        Py_ssize_t i = m - (const char *)d;
+        int known = 0;
+        for (int r = 0; r < nrecent && !known; r++) {
+            Py_ssize_t o = i - recent[r].marker;
+            known = o >= 0 && o + recent[r].len <= n &&
+                    memcmp(d + o, d + recent[r].start, (size_t)recent[r].len) == 0;
+        }
+        if (known) continue;
+        Py_ssize_t lo = i > PREFIX_BACK ? i - PREFIX_BACK : 0, o = i - 1;
+        while (o >= lo && d[o] != '(' && d[o] != '\n' && d[o] != '\r') o--;
+        if (o < lo || d[o] != '(') continue;
+        Py_ssize_t e = prefix(d, o, n);
+        if (e <= i) continue; /* none there, or one that ends before this " pid=" */
+        if (d[e - 1] == ' ') e--; /* (`prefix` takes the space after it) */
+        recent[next] = (Seen){o, e - o, i - o};
+        next = (next + 1) % RECENT;
+        if (nrecent < RECENT) nrecent++;
+        PyObject *b = PyBytes_FromStringAndSize((const char *)d + o, e - o);
+        if (b == NULL) goto done;
+        int had = PySet_Contains(distinct, b);
+        int rc = had < 0 ? -1 : had ? 0 : (PySet_Add(distinct, b) < 0 ? -1 : PyList_Append(out, b));
+        Py_DECREF(b);
+        if (rc < 0) goto done;
+    }
+    result = out;
+    out = NULL;
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(distinct);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"candidates", candidates, METH_VARARGS,
      "candidates(data, pos, groups, quiet_ok) -> ([(start, end)], [(first, count, end, time)])"},
     {"count_records", count_records, METH_O, "count_records(data) -> records ended in data"},
+    {"longest_record", longest_record, METH_VARARGS, "longest_record(data, cr) -> length"},
+    {"count_lines", count_lines, METH_VARARGS, "count_lines(data, start, end) -> newlines"},
+    {"prefixes", prefixes, METH_VARARGS, "prefixes(data, most) -> distinct process prefixes"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -98,6 +98,28 @@ def count_records(data: bytes) -> int:
     return count_records_py(data)
 
 
+def longest_record(data: bytes, cr: bool) -> int:
+    """The length of the longest run of bytes holding no `\\n` (nor `\\r` when `cr`) in `data`,
+    an unterminated end counted as one."""
+    if _native is not None:
+        return int(_native.longest_record(data, cr))
+    return longest_record_py(data, cr)
+
+
+def longest_record_py(data: bytes, cr: bool) -> int:
+    if cr:
+        data = data.replace(b"\r", b"\n")
+    return max(map(len, data.split(b"\n")))
+
+
+def count_lines(data: bytes, start: int = 0, end: int | None = None) -> int:
+    """The `\\n` in `data[start:end]`."""
+    stop = len(data) if end is None else end
+    if _native is not None:
+        return int(_native.count_lines(data, start, stop))
+    return data.count(b"\n", start, stop)
+
+
 def count_records_py(data: bytes) -> int:
     """`count_records` in Python. `bytes.count` of one byte is a plain loop; `replace` finds the
     bytes with memchr, about three times faster."""

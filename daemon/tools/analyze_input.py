@@ -37,6 +37,7 @@ from loadwatch.exporters.eventlog import is_event_line
 from loadwatch.exporters.report import LogFacts
 from loadwatch.parsers import ChunkScanner, Event
 from loadwatch.parsers.grammar import load as load_grammar
+from loadwatch.parsers.scan import count_lines
 from loadwatch.parsers.vllm.lines import ProcessNames
 
 EX_DATAERR = 65
@@ -345,11 +346,11 @@ def line_numbers(path: Path, offsets: set[int]) -> dict[int, int]:
                 at = 0  # counted up to here in this block (each byte counted once)
                 while i < len(wanted) and wanted[i] < end:
                     to = max(wanted[i] - pos, 0)
-                    lines += block.count(b"\n", at, to)
+                    lines += count_lines(block, at, to)
                     at = to
                     out[wanted[i]] = lines
                     i += 1
-                lines += block.count(b"\n", at)
+                lines += count_lines(block, at)
                 pos = end
     except OSError:
         return out

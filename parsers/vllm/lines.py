@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
@@ -97,8 +98,25 @@ _PREFIX_WHOLE = re.compile(
     rb"(?: [A-Z]{1,8}+[0-9]{1,6}+(?:_[A-Z]{1,8}+[0-9]{1,6}+){0,7}+)?"
     rb" pid=[0-9]{1,10}+(?:, ip=[0-9A-Fa-f.:]{1,64}+)?\)"
 )
+_native_prefixes: Callable[[bytes, int], list[bytes]] | None
+try:
+    from loadwatch.parsers._scan import prefixes as _native_prefixes
+except ImportError:  # built without a C compiler: the regex, same names
+    _native_prefixes = None
 MAX_PROCESS_NAMES = 256
 MAX_PREFIXES_READ = 4096  # distinct prefixes remembered as read (a process per pid: bounded)
+
+
+def distinct_prefixes_py(data: bytes) -> list[bytes]:
+    """Every distinct `_PREFIX_WHOLE` in `data`, in order of first appearance (_scan.c's
+    `prefixes` returns the same, without a match object per line)."""
+    return list(dict.fromkeys(_PREFIX_WHOLE.findall(data)))
+
+
+def distinct_prefixes(data: bytes) -> list[bytes]:
+    if _native_prefixes is None:
+        return distinct_prefixes_py(data)
+    return _native_prefixes(data, MAX_PREFIXES_READ)
 
 
 class ProcessNames:
@@ -112,7 +130,7 @@ class ProcessNames:
         if b" pid=" not in data or len(self.names) >= MAX_PROCESS_NAMES:
             return
         names, read = self.names, self._read
-        for prefix in dict.fromkeys(_PREFIX_WHOLE.findall(data)):  # (in order, each once)
+        for prefix in distinct_prefixes(data):
             if prefix in read:
                 continue
             if len(read) >= MAX_PREFIXES_READ:

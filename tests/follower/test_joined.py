@@ -17,7 +17,9 @@ from tests.perf.logs import load_log
 
 
 def read_all(path: Path, cap: int) -> list[Chunk]:
-    f = LogFollower(path, cap_bytes=cap, max_read_bytes=cap * 64)
+    """Every chunk, each of one read of at most `cap` bytes (as the follower reads without the
+    C scanner, or where a record longer than the cap is)."""
+    f = LogFollower(path, cap_bytes=cap, max_read_bytes=cap)
     out: list[Chunk] = []
     while True:
         out += f.read()

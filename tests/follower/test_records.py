@@ -111,7 +111,9 @@ def test_reads_are_bounded_per_call(tmp_path: Path) -> None:
     col = Collector(f)
     first = col.read()
     assert sum(len(c.data) for c in first) <= 64 * 1024
-    assert all(len(c.data) <= 4096 for c in first)
+    # (a read is larger than the cap when the C scanner can tell its longest record; a chunk
+    # holds whole records, none over the cap)
+    assert all(c.data.endswith(b"\n") and max(map(len, c.data.split(b"\n"))) < 4096 for c in first)
     assert f.backlog
     calls = 1
     while f.backlog:

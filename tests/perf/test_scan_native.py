@@ -14,8 +14,9 @@ from loadwatch.parsers import ChunkScanner, EventStream
 from loadwatch.parsers.dispatch import (
     Mode,
 )
-from loadwatch.parsers.scan import NATIVE, count_records, count_records_py
+from loadwatch.parsers.scan import NATIVE, count_records, count_records_py, longest_record_py
 from loadwatch.parsers.vllm.grammar import GRAMMAR
+from loadwatch.parsers.vllm.lines import distinct_prefixes_py
 from loadwatch.parsers.vllm.plans import quiet_record
 from tests.perf.logs import load_log, serving_log
 
@@ -174,6 +175,43 @@ def test_count_records_equals_python(parts: list[bytes]) -> None:
     data = b"".join(parts)
     assert count_records(data) == count_records_py(data)
     assert _scan.count_records(data) == count_records_py(data)
+
+
+_AROUND = st.sampled_from([b"(", b")", b"((", b" pid=", b"pid=7)", b"\n", b"\r", b" ", b"x" * 250])
+
+
+@settings(max_examples=1000, deadline=None)
+@example(parts=[b"(A pid=1) x\n(B rank=2 pid=3, ip=1.2.3.4) y (A pid=1)\n((C pid=4)"])
+@example(parts=[b"(A pid=1) pid=2)", b"(A", b" pid=1)"])
+@given(st.lists(_PREFIX | _AROUND | _MESSAGE | st.binary(max_size=6), max_size=30))
+def test_distinct_prefixes_equal_the_regex(parts: list[bytes]) -> None:
+    data = b"".join(parts)
+    assert _scan.prefixes(data, 1 << 20) == distinct_prefixes_py(data)
+    assert _scan.prefixes(data, 2) == distinct_prefixes_py(data)[:2]
+
+
+def test_distinct_prefixes_equal_on_generated_logs() -> None:
+    for data in (serving_log()[0][:2_000_000], load_log()[0][:2_000_000]):
+        c = _scan.prefixes(data, 1 << 20)
+        assert c == distinct_prefixes_py(data)
+        assert len(c) > 1  # (the comparison is about something)
+
+
+@given(
+    st.lists(st.sampled_from([b"a", b"\n", b"\r", b"\r\n"]) | st.binary(max_size=5)),
+    st.integers(-3, 40),
+    st.integers(-3, 40),
+)
+def test_count_lines_equals_bytes_count(parts: list[bytes], start: int, end: int) -> None:
+    data = b"".join(parts)
+    assert _scan.count_lines(data, start, end) == data.count(b"\n", max(start, 0), max(end, 0))
+
+
+@given(st.lists(st.sampled_from([b"a", b"\n", b"\r", b"\r\n", b"xyz"]) | st.binary(max_size=5)))
+def test_longest_record_equals_python(parts: list[bytes]) -> None:
+    data = b"".join(parts)
+    for cr in (False, True):
+        assert _scan.longest_record(data, cr) == longest_record_py(data, cr)
 
 
 def test_bad_plans_are_refused_with_a_clear_error() -> None:

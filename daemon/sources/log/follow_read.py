@@ -1,8 +1,11 @@
 """Reading records out of an open file: `RecordReader`.
 
-It reads with `pread` in reads of at most ``cap_bytes`` from the start of the first undelivered
-record, handing over everything up to the last terminator (``\\n`` or ``\\r``, found with
-`rfind`; no per-record work). A partial record at end of file stays in the file and is read again
+It reads with `pread` from the start of the first undelivered record, handing over everything up
+to the last terminator (``\\n`` or ``\\r``, found with `rfind`; no per-record work). A read is of
+``READ_BYTES`` (at most ``max_read_bytes``, at least ``cap_bytes``) when the C scanner can tell
+the longest record in it in one pass; one that holds a record of the cap or more (its terminator
+not counted) is taken as a read of ``cap_bytes`` at the same place would be, which is what the reader does without the C
+scanner (a backlog then costs one `pread`, and a join, per ``cap_bytes``). A partial record at end of file stays in the file and is read again
 next time. A read of ``cap_bytes`` with no terminator is a record longer than the cap: its first
 ``cap_bytes`` are kept, the rest is skipped read by read without buffering, and once its
 terminator arrives it is delivered alone as ``head + b"\\n"`` with ``cut=True``. A record left
@@ -18,9 +21,10 @@ import os
 from loadwatch.daemon.sources.inputs import Chunk
 from loadwatch.daemon.sources.log.files import OpenFile
 from loadwatch.daemon.sources.log.follow_files import FileSet
-from loadwatch.parsers.scan import count_records
+from loadwatch.parsers.scan import NATIVE, count_records, longest_record
 
 _LF, _CR = 10, 13
+READ_BYTES = 256 * 1024  # a read's size, with the C scanner (a backlog in few reads)
 
 
 def _first_terminator(buf: bytes) -> int:
@@ -32,9 +36,12 @@ def _first_terminator(buf: bytes) -> int:
 class RecordReader:
     """Chunks of whole records out of the files of a `FileSet`, and what was read in all."""
 
-    def __init__(self, files: FileSet, *, cap_bytes: int, split_cr: bool) -> None:
+    def __init__(
+        self, files: FileSet, *, cap_bytes: int, split_cr: bool, max_read_bytes: int
+    ) -> None:
         self._files = files
         self._cap = cap_bytes
+        self._read = min(max(cap_bytes, READ_BYTES), max_read_bytes) if NATIVE else cap_bytes
         # A container runtime's log (container.py) ends its lines with \n only; a \r is content.
         self._split_cr = split_cr
         self.records = 0
@@ -45,9 +52,9 @@ class RecordReader:
     def drain(self, src: OpenFile, out: list[Chunk], budget: int) -> tuple[int, bool]:
         """Read `src` to its end, or until another read could pass `budget`; returns the budget
         left and whether it stopped there (a backlog)."""
-        fd, cap, pread = src.fd, self._cap, os.pread
+        fd, cap, want, pread = src.fd, self._cap, self._read, os.pread
         while True:
-            if budget < cap:
+            if budget < want:
                 return budget, True
             if src.skipping:
                 buf = pread(fd, cap, src.skip_pos)
@@ -77,7 +84,7 @@ class RecordReader:
                 src.forget()  # a cut record is not the file's bytes
                 continue
             rs = src.rs
-            buf = pread(fd, cap, rs)
+            buf = pread(fd, want, rs)
             n = len(buf)
             if n == 0:
                 return budget, False
@@ -85,12 +92,15 @@ class RecordReader:
                 if self._files.replaced_while_reading(src):
                     return budget, False
                 continue
+            full = want  # what a read that did not reach the end of the file returns
+            if n > cap and longest_record(buf, self._split_cr) >= cap:
+                buf, n, full = buf[:cap], cap, cap  # as a read of the cap here would be
             last = buf.rfind(b"\n")
             cr = buf.rfind(b"\r", last + 1) if self._split_cr else -1
             if cr > last:
                 last = cr
-            if last < 0:
-                if n < cap:  # a partial record at the end: it stays in the file until whole
+            if last < 0:  # (then the read was of the cap: a longer one holds a terminator)
+                if n < full:  # a partial record at the end: it stays in the file until whole
                     return budget, False
                 src.skipping, src.head, src.skip_pos = True, buf, rs + n
                 self.bytes += n
@@ -110,7 +120,7 @@ class RecordReader:
                 records -= 1
             src.cr_end = data[-1] == _CR
             self.records += records
-            if n < cap:
+            if n < full:
                 return budget, False
 
     def finish(self, src: OpenFile, out: list[Chunk]) -> int | None:

@@ -114,7 +114,9 @@ class LogFollower:
         self._wall = wall_clock
         self._errors = Errors()
         self._files = FileSet(str(self.path), rotated_keep)
-        self._reader = RecordReader(self._files, cap_bytes=cap_bytes, split_cr=split_cr)
+        self._reader = RecordReader(
+            self._files, cap_bytes=cap_bytes, split_cr=split_cr, max_read_bytes=max_read_bytes
+        )
         self._saver = Checkpointer(
             state_dir,
             self.path,
