@@ -281,20 +281,27 @@ class StandardHeads:
         self._rests = {}
 
     def head(self, text: str) -> Head | None:
-        # A prefix and a rest are each judged once, when first seen (`_prefix`, `_rest`):
-        # colour codes to strip or a Ray suffix to drop send the record to the general path.
-        process: str | None = None
-        pid: int | None = None
-        rest = text
-        if text[:1] == "(":
-            p = text.find(") ", 1, _HEADER_WINDOW) + 2
-            if p < 2:
-                return None
-            prefix = self._prefixes.get(text[:p]) or self._prefix(text[:p])
-            if prefix is False:
-                return None
-            process, pid = prefix
-            rest = text[p:]
+        split = self.split(text)
+        return None if split is None else self.rest_head(*split)
+
+    def split(self, text: str) -> tuple[str | None, int | None, str] | None:
+        """(process, pid, the text after the prefix) of a record of a common shape's prefix (the
+        whole text when it has none); None: the general path's. A prefix is judged once, when
+        first seen (`_prefix`): colour codes or a Ray suffix send the record to the general
+        path."""
+        if text[:1] != "(":
+            return None, None, text
+        p = text.find(") ", 1, _HEADER_WINDOW) + 2
+        if p < 2:
+            return None
+        prefix = self._prefixes.get(text[:p]) or self._prefix(text[:p])
+        if prefix is False:
+            return None
+        return prefix[0], prefix[1], text[p:]
+
+    def rest_head(self, process: str | None, pid: int | None, rest: str) -> Head | None:
+        """`head` of a record split as `split` splits it. A rest is judged once, when first seen
+        (`_rest`), as its prefix is."""
         got = self._rests.get(rest)
         if got is None:
             got = False if _odd(rest) or rest.startswith("[repeated ") else self._rest(rest)

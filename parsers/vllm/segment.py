@@ -31,6 +31,12 @@ class ClientLines:
         self._kind: ClientTextKind = "request_received"
         self.last_offset = -1  # where the last one set aside starts
 
+    @property
+    def header(self) -> tuple[object, ...] | None:
+        """(process, pid, level, time, source) of the last client-text record: a record with
+        the very same is more of its text."""
+        return self._header
+
     def kind(self, head: Head) -> ClientTextKind | None:
         header = (head.process, head.pid, head.level, head.ts, head.source)
         if head.source is not None and header == self._header:

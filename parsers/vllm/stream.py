@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from loadwatch.parsers.bars import Bars
 from loadwatch.parsers.dispatch import (
@@ -28,6 +29,7 @@ from loadwatch.parsers.events import (
     ShardProgress,
 )
 from loadwatch.parsers.recipes import (
+    Maker,
     Recipe,
     cook,
     recipe_of,
@@ -57,6 +59,11 @@ from loadwatch.parsers.vllm.segment import (
     parse_segment,
 )
 
+# A message read before, whose one event comes from a recipe (the mode it was read in, the maker
+# and values of its recipe, its level, time and source): such a record is neither a traceback's
+# start or part, nor client text; what it yields depends on its text after the prefix alone.
+_Plan = tuple[Mode, Maker, tuple[Any, ...], str | None, float | None, str | None]
+
 
 @dataclass
 class StreamStats:
@@ -79,6 +86,8 @@ class EventStream:
         self._bars = Bars()
         self._heads = StandardHeads(self.years)
         self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
+        # A record's text after its prefix -> how the common case made its one event (`_Plan`)
+        self._plans: dict[str, _Plan] = {}
         self.mode: Mode = "startup"
         self._clients = ClientLines()
 
@@ -116,7 +125,28 @@ class EventStream:
             self._note_prefix(text)
             return []
         stats.candidates += 1
-        head = self._heads.head(text)
+        split = self._heads.split(text)
+        rest: str | None = None
+        if split is None:
+            head = None
+        else:
+            process, pid, rest = split
+            plan = self._plans.get(rest)
+            if plan is not None and plan[0] == self.mode and not tracebacks.active:
+                # A message read before, behind any prefix: what the common case below made of
+                # it (`_Plan`), unless the record goes on the client text before it.
+                _mode, make, values, level, ts, source = plan
+                if process is None and pending is not None:
+                    process, pid = pending
+                before = self._clients.header
+                if before is None or before != (process, pid, level, ts, source):
+                    self._last_ts = ts
+                    event = make(values, offset, ts, process, pid)
+                    stats.events += 1
+                    by_type = stats.by_type
+                    by_type[event.type] = by_type.get(event.type, 0) + 1
+                    return [event]
+            head = self._heads.rest_head(process, pid, rest)
         if head is None:
             out = self._general(text, offset, pending)
         else:
@@ -143,6 +173,10 @@ class EventStream:
                         # `_parse` of a message read before, whose one event is neither a bar
                         # nor a milestone (`recipe_of`): made from its recipe
                         make, values = recipe[0]
+                        if rest is not None:
+                            if len(self._plans) >= PARSE_CACHE_MAX:
+                                self._plans.clear()
+                            self._plans[rest] = (self.mode, make, values, level, ts, head.source)
                         event = make(values, offset, ts, head.process, head.pid)
                         stats.events += 1
                         by_type = stats.by_type
