@@ -32,10 +32,10 @@ JOIN_BYTES = 256 * 1024  # a backlog read as pieces of this size (see `joined`)
 
 def joined(chunks: list[Chunk], limit: int = JOIN_BYTES) -> list[Chunk]:
     """Back-to-back chunks of one file's own bytes as chunks of up to `limit` bytes. The
-    follower reads at most a record's cap at a time; handing a backlog over in larger pieces
-    costs a copy and saves the per-piece work of everything after it (on the load-phase log of
-    bench/throughput_vs_mtail.py, 64 KiB to 256 KiB: the scan and fold about 20% faster; 1 MiB
-    gains nothing more)."""
+    follower reads a record's cap at a time without the C scanner (and around a record of the
+    cap or more); handing a backlog over in larger pieces costs a copy and saves the per-piece
+    work of everything after it (on the load-phase log of bench/throughput_vs_mtail.py, 64 KiB
+    to 256 KiB: the scan and fold about 20% faster; 1 MiB gains nothing more)."""
     out: list[Chunk] = []
     run: list[Chunk] = []
     size = 0

@@ -4,14 +4,15 @@ It reads with `pread` from the start of the first undelivered record, handing ov
 to the last terminator (``\\n`` or ``\\r``, found with `rfind`; no per-record work). A read is of
 ``READ_BYTES`` (at most ``max_read_bytes``, at least ``cap_bytes``) when the C scanner can tell
 the longest record in it in one pass; one that holds a record of the cap or more (its terminator
-not counted) is taken as a read of ``cap_bytes`` at the same place would be, which is what the reader does without the C
-scanner (a backlog then costs one `pread`, and a join, per ``cap_bytes``). A partial record at end of file stays in the file and is read again
-next time. A read of ``cap_bytes`` with no terminator is a record longer than the cap: its first
-``cap_bytes`` are kept, the rest is skipped read by read without buffering, and once its
-terminator arrives it is delivered alone as ``head + b"\\n"`` with ``cut=True``. A record left
-without its terminator in a file we leave is delivered with ``b"\\n"`` appended and ``cut=True``
-(counted as unterminated). After every read it asks the `FileSet` whether the file was replaced
-under it (a copytruncate while a backlog is read).
+not counted) is taken as a read of ``cap_bytes`` at the same place would be, which is what every
+read is without the C scanner (a backlog then costs a `pread`, and a join, per ``cap_bytes``). A
+partial record at end of file stays in the file and is read again next time. A read of
+``cap_bytes`` with no terminator is a record longer than the cap: its first ``cap_bytes`` are
+kept, the rest is skipped read by read without buffering, and once its terminator arrives it is
+delivered alone as ``head + b"\\n"`` with ``cut=True``. A record left without its terminator in a
+file we leave is delivered with ``b"\\n"`` appended and ``cut=True`` (counted as unterminated).
+After every read it asks the `FileSet` whether the file was replaced under it (a copytruncate
+while a backlog is read).
 """
 
 from __future__ import annotations
