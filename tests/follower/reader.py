@@ -1,6 +1,7 @@
 """A follower in its own process, so that a test can stop it (SIGSTOP) in the middle of a read.
 
-Run as ``python -m tests.follower.reader LOG OUT``: it follows LOG with 64-byte reads, says
+Run as ``python -m tests.follower.reader LOG OUT``: it follows LOG with 64-byte reads (the cap,
+and the size of every `pread`), says
 "ready", and on each line from stdin does one `read()` and answers with a JSON line
 ``{"bytes": ..., "truncations": ...}`` (what that read delivered and the truncations it saw).
 Everything delivered is appended to OUT, checked chunk by chunk by the Collector.
@@ -17,7 +18,7 @@ from tests.follower.helpers import Collector
 
 def main() -> None:
     log, out = sys.argv[1], sys.argv[2]
-    f = LogFollower(log, cap_bytes=64, max_read_bytes=64 << 20)
+    f = LogFollower(log, cap_bytes=64, max_read_bytes=64 << 20, read_bytes=64)
     col = Collector(f)
     col.read()
     print("ready", flush=True)

@@ -37,12 +37,11 @@ def _first_terminator(buf: bytes) -> int:
 class RecordReader:
     """Chunks of whole records out of the files of a `FileSet`, and what was read in all."""
 
-    def __init__(
-        self, files: FileSet, *, cap_bytes: int, split_cr: bool, max_read_bytes: int
-    ) -> None:
+    def __init__(self, files: FileSet, *, cap_bytes: int, split_cr: bool, read_bytes: int) -> None:
+        """`read_bytes`: a read's size (at least `cap_bytes`) where the C scanner is built."""
         self._files = files
         self._cap = cap_bytes
-        self._read = min(max(cap_bytes, READ_BYTES), max_read_bytes) if NATIVE else cap_bytes
+        self._read = max(read_bytes, cap_bytes) if NATIVE else cap_bytes
         # A container runtime's log (container.py) ends its lines with \n only; a \r is content.
         self._split_cr = split_cr
         self.records = 0

@@ -20,9 +20,9 @@ their own modules:
 - `FileSet` (follow_files.py): the open files, oldest first, and what happened to them: each
   `read()` begins with its `refresh`, which stats the path and notices rotations and
   truncations; it also keeps the files left and the identities given before (`know`).
-- `RecordReader` (follow_read.py): reads the first open file with `pread`, in reads of 256 KiB
-  (of ``cap_bytes`` without the C scanner, and where a record of the cap or more is), into
-  chunks of whole records (records longer than the cap are cut), up to
+- `RecordReader` (follow_read.py): reads the first open file with `pread`, in reads of
+  ``read_bytes`` (256 KiB; of ``cap_bytes`` without the C scanner, and where a record of the cap
+  or more is), into chunks of whole records (records longer than the cap are cut), up to
   ``max_read_bytes`` per `read()` (then `backlog`); it counts what was read.
 - `Placer` (follow_place.py): where reading starts (`start_at`, else the checkpoint's place) and
   where a remembered position's file is now (`seek`, `where`).
@@ -56,7 +56,7 @@ from loadwatch.daemon.sources.log.checkpoint import Checkpoint
 from loadwatch.daemon.sources.log.files import FileIdentity, Position
 from loadwatch.daemon.sources.log.follow_files import FileSet
 from loadwatch.daemon.sources.log.follow_place import Placer
-from loadwatch.daemon.sources.log.follow_read import RecordReader
+from loadwatch.daemon.sources.log.follow_read import READ_BYTES, RecordReader
 from loadwatch.daemon.sources.log.follow_save import Checkpointer
 from loadwatch.daemon.sources.log.follow_state import (
     Errors,
@@ -96,6 +96,7 @@ class LogFollower:
         wall_clock: Callable[[], float] = time.time,
         start_at: Position | None = None,
         max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
+        read_bytes: int = READ_BYTES,
         rotated_keep: int = DEFAULT_ROTATED_KEEP,
         checkpoint_every_records: int = 100_000,
         checkpoint_every_s: float = 5.0,
@@ -116,7 +117,10 @@ class LogFollower:
         self._errors = Errors()
         self._files = FileSet(str(self.path), rotated_keep)
         self._reader = RecordReader(
-            self._files, cap_bytes=cap_bytes, split_cr=split_cr, max_read_bytes=max_read_bytes
+            self._files,
+            cap_bytes=cap_bytes,
+            split_cr=split_cr,
+            read_bytes=min(max(cap_bytes, read_bytes), max_read_bytes),
         )
         self._saver = Checkpointer(
             state_dir,
