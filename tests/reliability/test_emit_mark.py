@@ -17,6 +17,8 @@ import random
 import shutil
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,7 @@ from loadwatch.daemon.sources.log.emitmark import EmitMark, Identity, Mark, iden
 from loadwatch.daemon.sources.log.files import FINGERPRINT_BYTES, FileIdentity, fingerprint
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import ChunkScanner
-from tests.daemon.harness import running
+from tests.daemon.harness import Running, running
 from tests.helpers import records
 
 
@@ -396,15 +398,23 @@ def test_a_mark_in_a_newer_file_replays_the_files_before_it(tmp_path: Path) -> N
     assert len(got) == len(set(got))
 
 
-def _stopped_at_the_end(tmp_path: Path) -> tuple[list[str], Path, Config]:
-    """A load in vllm.log, read to the end by a daemon that then stopped cleanly (checkpoint at
-    the end, the session began at 0)."""
+@contextmanager
+def _ready(tmp_path: Path) -> Iterator[tuple[list[str], Path, Config, Running]]:
+    """A load in vllm.log, read to `ready` by a running daemon (stopped cleanly on leaving)."""
     lines = _lines()
     log = tmp_path / "vllm.log"
     log.write_text("".join(lines))
     cfg = _config(tmp_path, "state")
     with running(cfg) as d:
         d.wait(lambda: d.status()["phase"] == "ready", "ready")
+        yield lines, log, cfg, d
+
+
+def _stopped_at_the_end(tmp_path: Path) -> tuple[list[str], Path, Config]:
+    """A load in vllm.log, read to the end by a daemon that then stopped cleanly (checkpoint at
+    the end, the session began at 0)."""
+    with _ready(tmp_path) as (lines, log, cfg, _d):
+        pass
     return lines, log, cfg
 
 
@@ -532,12 +542,7 @@ def test_a_copytruncate_then_a_rename_rotation_then_a_clean_restart_starts_no_se
     at its rotated name and rebuilds the current session from its start, as a replay: no new
     session (the first daemon read an empty file between the two rotations, as in the 50-kill
     run's case above)."""
-    lines = _lines()
-    log = tmp_path / "vllm.log"
-    log.write_text("".join(lines))
-    cfg = _config(tmp_path, "state")
-    with running(cfg) as d:
-        d.wait(lambda: d.status()["phase"] == "ready", "ready")
+    with _ready(tmp_path) as (_, log, cfg, d):
         shutil.copyfile(log, tmp_path / "vllm.log.1")
         with log.open("r+") as f:
             f.truncate(0)
