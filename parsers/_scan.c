@@ -283,6 +283,151 @@ static int at(Pass *p, Py_ssize_t st) {
 
 #define BIT(table, x) ((table[hash_bits(x) >> 6] >> (hash_bits(x) & 63)) & 1)
 
+/* -- the pair pass: 16 bytes at a time --------------------------------------------------------
+ * Each anchor is looked for by two adjacent bytes of it: of its pairs, the one least seen in the
+ * data's first bytes (a serving log's `None` and `True` make `No` and `Tr` poor choices, which no
+ * fixed choice would know). Sixteen positions are compared with every pair at once, in the
+ * compiler's portable vectors (SSE2 on x86-64, NEON on arm64), and only a position where a pair
+ * matches is looked at (`at`, for the anchor that pair stands for). With few anchors (a serving
+ * log's 9) most blocks of a log hold no pair: about twice as fast as hashing their first bytes
+ * (one_pass). With many (a start's 36) pairs match too often, and hashing is faster. */
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PAIR_PASS 1
+typedef unsigned char v16 __attribute__((vector_size(16)));
+#else
+#define PAIR_PASS 0
+#endif
+#define MOST_PAIRS 16
+
+#if PAIR_PASS
+/* Bit q set where lane q of a comparison's result is set. */
+static inline unsigned lanes(v16 hit) {
+#if defined(__SSE2__)
+    return (unsigned)__builtin_ia32_pmovmskb128((__attribute__((vector_size(16))) char)hit);
+#else
+    unsigned char bytes[16];
+    unsigned mask = 0;
+    memcpy(bytes, &hit, 16);
+    for (int q = 0; q < 16; q++) mask |= (unsigned)(bytes[q] != 0) << q;
+    return mask;
+#endif
+}
+
+/* The offset in each anchor of its pair rarest in `sample` (the first bytes of the data: a log
+ * repeats its shapes, so what is rare there is rare on; ties go to the first pair). Every pair
+ * of every anchor is counted there through a small open-addressed table of them. `off[g]` is set
+ * for anchors of four bytes or more. */
+#define SAMPLE_BYTES 4096
+#define PAIR_SLOTS 4096 /* a power of two, well over the pairs of 16 anchors */
+static uint32_t pair_slot(const uint16_t *keys, unsigned v) {
+    uint32_t h = hash_bits(v) & (PAIR_SLOTS - 1);
+    while (keys[h] && keys[h] != v + 1) h = (h + 1) & (PAIR_SLOTS - 1);
+    return h;
+}
+
+static void rarest_pairs(const Pass *p, const char *sample, Py_ssize_t len, Py_ssize_t *off) {
+    uint16_t keys[PAIR_SLOTS]; /* 1 + the pair; 0: empty. (1 + 0xFFFF does not fit: that pair,
+                                * two 0xFF bytes, is not counted; the choice only decides speed) */
+    uint32_t count[PAIR_SLOTS];
+    memset(keys, 0, sizeof keys);
+    int pairs = 0;
+    for (Py_ssize_t g = 0; g < p->ngroups; g++) {
+        const Group *gr = &p->groups[g];
+        for (Py_ssize_t k = 0; gr->anchor_len >= 4 && k + 1 < gr->anchor_len; k++) {
+            unsigned v = (unsigned char)gr->anchor[k] << 8 | (unsigned char)gr->anchor[k + 1];
+            if (v == 0xFFFF || pairs >= PAIR_SLOTS / 2) continue;
+            uint32_t h = pair_slot(keys, v);
+            if (!keys[h]) keys[h] = (uint16_t)(v + 1), count[h] = 0, pairs++;
+        }
+    }
+    for (Py_ssize_t i = 0; i + 1 < len; i++) {
+        unsigned v = (unsigned char)sample[i] << 8 | (unsigned char)sample[i + 1];
+        uint32_t h = hash_bits(v) & (PAIR_SLOTS - 1);
+        if (keys[h] == v + 1 || (keys[h] && keys[(h = pair_slot(keys, v))]))
+            count[h]++;
+    }
+    for (Py_ssize_t g = 0; g < p->ngroups; g++) {
+        const Group *gr = &p->groups[g];
+        off[g] = 0;
+        uint32_t best = UINT32_MAX;
+        for (Py_ssize_t k = 0; gr->anchor_len >= 4 && k + 1 < gr->anchor_len; k++) {
+            unsigned v = (unsigned char)gr->anchor[k] << 8 | (unsigned char)gr->anchor[k + 1];
+            if (v == 0xFFFF) continue;
+            uint32_t h = pair_slot(keys, v);
+            if (keys[h] && count[h] < best) best = count[h], off[g] = k;
+        }
+    }
+}
+
+/* The anchors found through a pair at position j (the pair of group g at offset off[g]). */
+static int at_pair(Pass *p, Py_ssize_t j, const Py_ssize_t *off) {
+    for (Py_ssize_t g = 0; g < p->ngroups; g++) {
+        const Group *gr = &p->groups[g];
+        if (gr->anchor_len < 4 || j < off[g]) continue;
+        if (p->d[j] != gr->anchor[off[g]] || p->d[j + 1] != gr->anchor[off[g] + 1]) continue;
+        if (at(p, j - off[g]) < 0) return -1;
+        if (p->skip > j) return 0;
+    }
+    return 0;
+}
+#endif
+
+/* one_pass by pairs, for at most MOST_PAIRS anchors; returns 0 (done), -1 (out of memory), 1
+ * (not taken: no vectors with this compiler). */
+static int pair_pass(Pass *p) {
+#if PAIR_PASS
+    Py_ssize_t off[64];
+    unsigned char first[MOST_PAIRS], second[MOST_PAIRS];
+    int pairs = 0;
+    Py_ssize_t sample = p->n - p->pos < SAMPLE_BYTES ? p->n - p->pos : SAMPLE_BYTES;
+    rarest_pairs(p, p->d + p->pos, sample, off);
+    for (Py_ssize_t g = 0; g < p->ngroups; g++) {
+        const Group *gr = &p->groups[g];
+        if (gr->anchor_len < 4) continue;
+        unsigned char a = (unsigned char)gr->anchor[off[g]], b = (unsigned char)gr->anchor[off[g] + 1];
+        int known = 0;
+        for (int k = 0; k < pairs && !known; k++) known = first[k] == a && second[k] == b;
+        if (known) continue;
+        first[pairs] = a, second[pairs] = b, pairs++;
+    }
+    v16 va[MOST_PAIRS], vb[MOST_PAIRS];
+    for (int k = 0; k < pairs; k++) {
+        for (int q = 0; q < 16; q++) va[k][q] = first[k], vb[k][q] = second[k];
+    }
+    const char *d = p->d;
+    Py_ssize_t n = p->n, j = p->pos;
+    while (j + 17 <= n) {
+        v16 x, y, hit = {0};
+        memcpy(&x, d + j, 16);
+        memcpy(&y, d + j + 1, 16);
+        for (int k = 0; k < pairs; k++) hit |= (v16)(x == va[k]) & (v16)(y == vb[k]);
+        uint64_t halves[2];
+        memcpy(halves, &hit, 16);
+        Py_ssize_t next = j + 16;
+        if (halves[0] | halves[1]) {
+            for (unsigned mask = lanes(hit); mask; mask &= mask - 1) {
+                int q = __builtin_ctz(mask);
+                if (at_pair(p, j + q, off) < 0) return -1;
+                if (p->skip > j + q) {
+                    next = p->skip;
+                    break;
+                }
+            }
+        }
+        j = next;
+    }
+    for (; j + 1 < n; j++) {
+        if (at_pair(p, j, off) < 0) return -1;
+        if (p->skip > j + 1) j = p->skip - 1;
+    }
+    return 0;
+#else
+    (void)p;
+    return 1;
+#endif
+}
+
 /* one_pass reads the bytes at i + q as the low bits of an 8-byte load shifted by 8 * q, which
  * holds on little-endian machines (x86-64, arm64); elsewhere each anchor gets a memmem pass. */
 static int one_pass_takes(Py_ssize_t ngroups) {
@@ -294,17 +439,15 @@ static int one_pass_takes(Py_ssize_t ngroups) {
 #endif
 }
 
-/* Every anchor of four bytes or more (of at most 64 groups) in one pass over data[pos:]. Bytes
- * are hashed into a 64 Kbit table built from the anchors, and only positions whose bit is set
- * are compared. With few anchors (a serving log's 9) the table holds each anchor's first two
- * 3-byte grams and every second position is looked at: an anchor starts there or just before.
- * With many (a start's 36) grams would match too often: the table holds first four bytes and
- * every position is looked at. Eight bytes are loaded at a time and one branch tests several
- * positions. On the benchmarks' logs this is two to three times faster than one memmem pass
- * per anchor. Once a record is a candidate whatever else it holds (a needle other than a level
- * word, or a level word in a record that is not quiet), the rest of it is not looked at: in a
- * log where nearly every record is a candidate (a load's per-layer warnings) that is most of
- * the bytes. */
+/* Every anchor of four bytes or more (of at most 64 groups) in one pass over data[pos:]. With
+ * few anchors (a serving log's 9) that is the pair pass above. With many (a start's 36) pairs
+ * would match too often: bytes are hashed into a 64 Kbit table built from the anchors' first four
+ * bytes, and only positions whose bit is set are compared; eight bytes are loaded at a time and
+ * one branch tests four positions. On the benchmarks' logs this is two to three times faster
+ * than one memmem pass per anchor. Once a record is a candidate whatever else it holds (a needle
+ * other than a level word, or a level word in a record that is not quiet), the rest of it is not
+ * looked at: in a log where nearly every record is a candidate (a load's per-layer warnings)
+ * that is most of the bytes. */
 static int one_pass(const char *d, Py_ssize_t n, Py_ssize_t pos, int cr, const Group *groups,
                     Py_ssize_t ngroups, Hits *hits) {
     if (!one_pass_takes(ngroups)) return 0;
@@ -312,47 +455,21 @@ static int one_pass(const char *d, Py_ssize_t n, Py_ssize_t pos, int cr, const G
     uint64_t bits[1024];
     memset(bits, 0, sizeof bits);
     Py_ssize_t anchors = 0;
-    for (Py_ssize_t g = 0; g < ngroups; g++)
-        anchors += groups[g].anchor_len >= 4;
-    if (anchors == 0) return 0;
-    int stride2 = anchors <= 16;
     for (Py_ssize_t g = 0; g < ngroups; g++) {
         if (groups[g].anchor_len < 4) continue;
+        anchors++;
         memcpy(&p.first[g], groups[g].anchor, 4);
-        for (int o = 0; o < (stride2 ? 2 : 1); o++) {
-            uint32_t x = 0;
-            memcpy(&x, groups[g].anchor + o, stride2 ? 3 : 4);
-            uint32_t h = hash_bits(x);
-            bits[h >> 6] |= 1ull << (h & 63);
-        }
+        uint32_t x;
+        memcpy(&x, groups[g].anchor, 4);
+        uint32_t h = hash_bits(x);
+        bits[h >> 6] |= 1ull << (h & 63);
+    }
+    if (anchors == 0) return 0;
+    if (anchors <= MOST_PAIRS) {
+        int taken = pair_pass(&p);
+        if (taken <= 0) return taken;
     }
     Py_ssize_t i = pos;
-    if (stride2) {
-        /* the gram at i stands for an anchor at i (its first gram) or at i - 1 (its second) */
-        for (i = pos + 1; i + 8 <= n;) {
-            uint64_t x;
-            memcpy(&x, d + i, 8);
-            const uint32_t m = 0xFFFFFF;
-            Py_ssize_t next = i + 6;
-            if (!(BIT(bits, (uint32_t)x & m) | BIT(bits, (uint32_t)(x >> 16) & m) |
-                  BIT(bits, (uint32_t)(x >> 32) & m))) {
-                i = next;
-                continue;
-            }
-            for (int q = 0; q < 6; q += 2) {
-                if (!BIT(bits, (uint32_t)(x >> (8 * q)) & m)) continue;
-                if (at(&p, i + q - 1) < 0 || at(&p, i + q) < 0) return -1;
-                if (p.skip > i + q) { /* the gram at skip + 1 stands for an anchor at skip */
-                    next = p.skip + 1;
-                    break;
-                }
-            }
-            i = next;
-        }
-        for (i = i - 1; i < n; i++) /* the rest, every position */
-            if (at(&p, i) < 0) return -1;
-        return 0;
-    }
     for (; i + 8 <= n;) {
         uint64_t x;
         memcpy(&x, d + i, 8);

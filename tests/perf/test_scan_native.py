@@ -226,3 +226,43 @@ def test_more_than_64_groups_and_short_anchors_are_searched_too() -> None:
     data = b"x w069 y\nab\nnothing\nw000\n"
     found, quiet = _scan.candidates(data, 0, groups, False)
     assert found == [(0, 8), (9, 11), (20, 24)] and quiet == []
+
+
+def _records_holding(data: bytes, pos: int, anchors: list[bytes]) -> list[tuple[int, int]]:
+    """The records from `pos` (ended by `\\n`) that hold one of the anchors, found the plain way."""
+    out, start = [], pos
+    for end in [i for i in range(pos, len(data)) if data[i] == 10] + [len(data)]:
+        if any(a in data[start:end] for a in anchors):
+            out.append((start, end))
+        start = end + 1
+    return out
+
+
+_PAIR_BYTES = st.sampled_from([b"a", b"b", b"N", b"o", b" ", b"\n", b"ab", b"No"])
+
+
+@settings(max_examples=1500, deadline=None)
+@example(anchors=[b"Noab", b"abab"], parts=[b"No"] * 20 + [b"\n", b"Noab"], cut=0)
+@example(anchors=[b"Noab"], parts=[b"Noab", b"\n", b"Noab", b"\n", *[b"o"] * 20], cut=0)
+@given(
+    st.lists(
+        st.lists(st.sampled_from([b"a", b"b", b"N", b"o", b" "]), min_size=4, max_size=7).map(
+            b"".join
+        ),
+        min_size=1,
+        max_size=16,
+    ),
+    st.lists(_PAIR_BYTES, max_size=300),
+    st.integers(0, 40),
+)
+def test_few_anchors_are_found_by_their_pairs_wherever_they_lie(
+    anchors: list[bytes], parts: list[bytes], cut: int
+) -> None:
+    # up to 16 anchors are looked for by a pair of each, chosen by how often it is seen in the
+    # data's first bytes: whichever pair is chosen, in whatever block an anchor lies, each record
+    # holding one is found once (a small alphabet: pairs of anchors and data collide often)
+    data = b"".join(parts)
+    starts = [0] + [i + 1 for i, b in enumerate(data) if b == 10]
+    pos = starts[cut % len(starts)]
+    found, quiet = _scan.candidates(data, pos, tuple((a, None, False) for a in anchors), False)
+    assert found == _records_holding(data, pos, anchors) and quiet == []
