@@ -48,6 +48,7 @@ from loadwatch.daemon.tasks import Pace
 from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import Event, KvScaleWarning, ShardProgress
+from loadwatch.parsers.events import ClientText
 from loadwatch.parsers.scan import NATIVE
 from loadwatch.parsers.vllm.argv_secrets import Redactor
 
@@ -460,7 +461,8 @@ def tell_failing(supervisor: Any, before: LoadState, after: LoadState) -> None:
         supervisor.note_fatal_failure(kind)
 
 
-BULK = (KvScaleWarning, ShardProgress)  # a load's many records: bars and warnings
+# A log's many records: a load's bars and warnings, a serving log's echoed client text
+BULK = (KvScaleWarning, ShardProgress, ClientText)
 
 
 def bulk_parts(events: Sequence[Event]) -> list[list[Event]]:

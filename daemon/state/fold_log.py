@@ -137,10 +137,23 @@ def _on_log_error(f: Fold, ev: LogError) -> None:
     _tally(f, (ev,), message_code("error", ev.message), "error", ev.message)
 
 
-def _on_client_text(f: Fold, ev: ClientText) -> None:
-    """Text a client chose, echoed by vLLM: counted, and nothing else (not even activity: it
-    says nothing of how vLLM's own work goes)."""
-    f.count("client_text", ev.kind)
+def on_client_text_run(f: Fold, run: Sequence[ClientText]) -> None:
+    """Text a client chose, echoed by vLLM (a serving log's many prompts): counted by kind,
+    and nothing else (not even activity: it says nothing of how vLLM's own work goes). The
+    process that printed it did print a line: the node looks at each process once, and each
+    process's last line is noted, at its own time (the session's last event time stays)."""
+    f.record = run[-1].offset
+    kinds: dict[str, int] = {}
+    seen: set[tuple[str | None, int | None]] = set()
+    for ev in run:
+        kinds[ev.kind] = kinds.get(ev.kind, 0) + 1
+        who = (ev.process, ev.pid)
+        if who not in seen:  # (`track_node` would do nothing for it again)
+            seen.add(who)
+            track_node(f, ev, lines=False)
+    for kind, n in kinds.items():
+        f.count("client_text", kind, n)
+    track_processes(f, run, moves_time=False)
 
 
 def _on_stall_hint(f: Fold, ev: StallHint) -> None:
@@ -294,6 +307,9 @@ LOG_HANDLERS: dict[type, Any] = {
     StallHint: _on_stall_hint,
     Milestone: _on_milestone,
     EpWeightFilter: _on_ep_filter,
-    ClientText: _on_client_text,
 }
-LOG_RUNS: dict[type, Any] = {KvScaleWarning: on_kv_run, ShardProgress: on_progress_run}
+LOG_RUNS: dict[type, Any] = {
+    KvScaleWarning: on_kv_run,
+    ShardProgress: on_progress_run,
+    ClientText: on_client_text_run,
+}

@@ -56,17 +56,20 @@ def track_process(f: Fold, ev: Event) -> None:
         _note(f, ev, ev, at, at)
 
 
-def track_processes(f: Fold, run: Sequence[Event], prev: float | None = None) -> None:
+def track_processes(
+    f: Fold, run: Sequence[Event], prev: float | None = None, *, moves_time: bool = True
+) -> None:
     """Note a run of events folded in one call (k/v warnings back to back, a bar's burst) as
     one at a time would: only each process's first (when it is new) and last line matter.
     Replayed, each line's time is worked out as `Fold.at` would have, from `prev` (the
-    session's last event time before the run) on."""
+    session's last event time before the run) on; `moves_time=False`: the run's events leave
+    that time where it is (client text), so each line's time is `Fold.at`'s now."""
     if f.sess is None:
         return
     last = {(ev.process, ev.pid): i for i, ev in enumerate(run) if ev.process is not None}
     if not last:
         return
-    times = _replayed(f, run, prev) if f.replay else None
+    times = _replayed(f, run, prev) if f.replay and moves_time else None
     end = run[-1]
     if isinstance(end, ShardProgress) and end.bar == "weights":  # (a bar's burst: all of it)
         _weights(f, len(run), end.done)

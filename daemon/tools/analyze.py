@@ -50,13 +50,15 @@ from loadwatch.exporters.report import Report, SessionCapture, build_report
 from loadwatch.exporters.terminal.clean import json_for_terminal, print_error
 from loadwatch.exporters.terminal.report_text import print_report
 from loadwatch.parsers import Event, Failure, KvScaleWarning, ShardProgress
+from loadwatch.parsers.events import ClientText
 
 MAX_SESSIONS_KEPT = 100
 # Untimed events before the first timed one wait for its time (a log that starts with a bar);
 # past this many they take the file's mtime instead.
 MAX_UNTIMED_HELD = 10_000
 MAX_FAILURE_OFFSETS = 256  # per session; the state keeps 32 distinct failures anyway
-BULK = (KvScaleWarning, ShardProgress)  # a load's many records, which open no session
+# A log's many records, which open no session: a load's bars and warnings, echoed client text
+BULK = (KvScaleWarning, ShardProgress, ClientText)
 
 
 class SessionFolder:

@@ -23,6 +23,7 @@ from loadwatch.parsers import (
     LogWarning,
     ShardProgress,
 )
+from loadwatch.parsers.events import ClientText
 from tests.parsers.golden import REF_TS
 from tests.perf.logs import load_log, serving_log
 
@@ -151,6 +152,34 @@ def test_warnings_of_many_processes_layers_and_scales() -> None:
         assert st.session is not None and st.session.warnings["other"].count > 100
         w = st.session.warnings["kv_scale_missing"]
         assert w.count == 600 and len(w.processes) == 16 and w.layers_over > 0
+
+
+def test_client_text_of_many_processes_kinds_and_times() -> None:
+    """A serving log's echoed prompts come in runs (`fold_log.on_client_text_run`): counted by
+    kind, each process's last line noted at its own time, which the run does not move (client
+    text is no activity), even when stamps go back; among warnings, ticks and new processes."""
+    now = REF_TS
+    kinds = ("request_received", "request_added", "response_generated", "model_error")
+    items: list[tuple[float, Input]] = [(now, ProcessEvent(kind="started", ts=now, pid=1))]
+    items.append((now, LogWarning(source=None, message="w", ts=now, process="APIServer", pid=1)))
+    for i in range(900):
+        at = now + i // 7
+        stamp = None if i % 41 == 0 else now + i // 3 - (40 if i % 13 == 0 else 0)
+        process = ("APIServer", "EngineCore_DP0", None)[i % 3 if i % 5 else 0]
+        items.append(
+            (at, ClientText(kind=kinds[i % 4], offset=i, ts=stamp, process=process, pid=10 + i % 4))
+        )
+        if i % 60 == 59:
+            items.append((at, LogWarning(source=None, message="w", ts=stamp, process="APIServer")))
+        if i % 300 == 299:
+            items.append((at + 5000, Tick()))  # a quiet stall between runs
+    for replay in (False, True):
+        st, runs = fold_both(items, replay=replay)
+        assert runs < len(items) / 5
+        assert st.events["client_text"] == 900 and sum(st.client_text.values()) == 900
+        assert len(st.client_text) == 4 and st.session is not None
+        assert {10, 11, 12, 13} <= set(st.node_pids)  # the node saw the processes' pids
+        assert len(st.session.processes) >= 6  # (name, pid) pairs noted
 
 
 def test_bar_updates_back_to_back_read_in_bursts() -> None:
