@@ -299,6 +299,7 @@ typedef unsigned char v16 __attribute__((vector_size(16)));
 #define PAIR_PASS 0
 #endif
 #define MOST_PAIRS 16
+#define SAMPLE_BYTES 4096 /* the first bytes of the data, where pairs are counted */
 
 #if PAIR_PASS
 /* Bit q set where lane q of a comparison's result is set. */
@@ -318,7 +319,6 @@ static inline unsigned lanes(v16 hit) {
  * repeats its shapes, so what is rare there is rare on; ties go to the first pair). Every pair
  * of every anchor is counted there through a small open-addressed table of them. `off[g]` is set
  * for anchors of four bytes or more. */
-#define SAMPLE_BYTES 4096
 #define PAIR_SLOTS 4096 /* a power of two, well over the pairs of 16 anchors */
 static uint32_t pair_slot(const uint16_t *keys, unsigned v) {
     uint32_t h = hash_bits(v) & (PAIR_SLOTS - 1);
@@ -426,6 +426,26 @@ static int pair_pass(Pass *p) {
     (void)p;
     return 1;
 #endif
+}
+
+/* The first position from `from` where the bytes a, b stand side by side, or -1: sixteen
+ * positions at a time, as the pair pass compares them. */
+static Py_ssize_t find_pair(const char *d, Py_ssize_t from, Py_ssize_t n, unsigned char a,
+                            unsigned char b) {
+#if PAIR_PASS
+    v16 va, vb;
+    for (int q = 0; q < 16; q++) va[q] = a, vb[q] = b;
+    for (; from + 17 <= n; from += 16) {
+        v16 x, y;
+        memcpy(&x, d + from, 16);
+        memcpy(&y, d + from + 1, 16);
+        unsigned mask = lanes((v16)(x == va) & (v16)(y == vb));
+        if (mask) return from + __builtin_ctz(mask);
+    }
+#endif
+    for (; from + 1 < n; from++)
+        if ((unsigned char)d[from] == a && (unsigned char)d[from + 1] == b) return from;
+    return -1;
 }
 
 /* one_pass reads the bytes at i + q as the low bits of an 8-byte load shifted by 8 * q, which
@@ -699,9 +719,23 @@ static PyObject *prefixes(PyObject *self, PyObject *args) {
     if (out == NULL || distinct == NULL) goto done;
     Seen recent[RECENT];
     int nrecent = 0, next = 0;
-    for (const char *m = find((const char *)d, 0, n, " pid=", 5); m != NULL && PyList_GET_SIZE(out) < most;
-         m = find((const char *)d, (m - (const char *)d) + 5, n, " pid=", 5)) {
-        Py_ssize_t i = m - (const char *)d;
+    /* " pid=" is looked for by its pair least seen in the first bytes (find_pair), then checked */
+    static const char marker[] = " pid=";
+    Py_ssize_t off = 0, sample = n < SAMPLE_BYTES ? n : SAMPLE_BYTES, least = PY_SSIZE_T_MAX;
+    for (Py_ssize_t k = 0; k + 1 < 5; k++) {
+        Py_ssize_t seen = 0;
+        for (Py_ssize_t j = 0; j + 1 < sample; j++)
+            seen += d[j] == (unsigned char)marker[k] && d[j + 1] == (unsigned char)marker[k + 1];
+        if (seen < least) least = seen, off = k;
+    }
+    for (Py_ssize_t j = find_pair((const char *)d, off, n, marker[off], marker[off + 1]);
+         j >= 0 && PyList_GET_SIZE(out) < most;) {
+        Py_ssize_t i = j - off;
+        if (i + 5 > n || memcmp(d + i, marker, 5) != 0) {
+            j = find_pair((const char *)d, j + 1, n, marker[off], marker[off + 1]);
+            continue;
+        }
+        j = find_pair((const char *)d, i + 5 + off, n, marker[off], marker[off + 1]);
         int known = 0;
         for (int r = 0; r < nrecent && !known; r++) {
             Py_ssize_t o = i - recent[r].marker;

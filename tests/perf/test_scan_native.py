@@ -190,6 +190,23 @@ def test_distinct_prefixes_equal_the_regex(parts: list[bytes]) -> None:
     assert _scan.prefixes(data, 2) == distinct_prefixes_py(data)[:2]
 
 
+@pytest.mark.parametrize("rare", [b" p", b"pi", b"id", b"d="])
+def test_distinct_prefixes_whichever_pair_of_the_marker_is_looked_for(rare: bytes) -> None:
+    # " pid=" is looked for by whichever of its pairs the first bytes hold least: first bytes
+    # full of the other three make each one that pair in turn
+    filler = b"".join(p * 400 for p in (b" p", b"pi", b"id", b"d=") if p != rare) + b"\n"
+    data = filler + b"(A pid=1) x (B rank=2 pid=3) y\n" * 3 + filler + b"(C pid=4)\n(A pid=1)"
+    assert (
+        _scan.prefixes(data, 1 << 20)
+        == distinct_prefixes_py(data)
+        == [
+            b"(A pid=1)",
+            b"(B rank=2 pid=3)",
+            b"(C pid=4)",
+        ]
+    )
+
+
 def test_distinct_prefixes_equal_on_generated_logs() -> None:
     for data in (serving_log()[0][:2_000_000], load_log()[0][:2_000_000]):
         c = _scan.prefixes(data, 1 << 20)
