@@ -41,14 +41,13 @@ from loadwatch.daemon.sources.inputs import IoReader, ProcessEvent
 from loadwatch.daemon.sources.log.inputs import LogInput
 from loadwatch.daemon.sources.log.source import LogSource, Notice, Run
 from loadwatch.daemon.state.failures import session_kind
-from loadwatch.daemon.state.loadstate import LoadState
+from loadwatch.daemon.state.loadstate import BULK_EVENTS, LoadState
 from loadwatch.daemon.state.published import Published
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.tasks import Pace
 from loadwatch.daemon.vllm_watch import VllmWatch
 from loadwatch.exporters.eventlog import EventLog
-from loadwatch.parsers import Event, KvScaleWarning, ShardProgress
-from loadwatch.parsers.events import ClientText
+from loadwatch.parsers import Event
 from loadwatch.parsers.scan import NATIVE
 from loadwatch.parsers.vllm.argv_secrets import Redactor
 
@@ -461,10 +460,6 @@ def tell_failing(supervisor: Any, before: LoadState, after: LoadState) -> None:
         supervisor.note_fatal_failure(kind)
 
 
-# A log's many records: a load's bars and warnings, a serving log's echoed client text
-BULK = (KvScaleWarning, ShardProgress, ClientText)
-
-
 def bulk_parts(events: Sequence[Event]) -> list[list[Event]]:
     """A run's events as the parts folded in one call each: the bulk events back to back
     together, every other one (a milestone, a failure: rare, and one may name the model whose
@@ -472,7 +467,7 @@ def bulk_parts(events: Sequence[Event]) -> list[list[Event]]:
     parts: list[list[Event]] = []
     bulk: list[Event] | None = None
     for ev in events:
-        if isinstance(ev, BULK):
+        if isinstance(ev, BULK_EVENTS):
             if bulk is None:
                 bulk = []
                 parts.append(bulk)

@@ -98,8 +98,11 @@ RUN_HANDLERS: dict[type, RunHandler] = {
         for cls, h in {**LOG_HANDLERS, Failure: on_failure, **NODE_EVENTS}.items()
     },
     **{cls: _each(h, logged=False) for cls, h in WORLD_HANDLERS.items()},
-    **LOG_RUNS,  # k/v scale warnings (one tally), bar updates (fold_bars.py)
+    **LOG_RUNS,  # k/v scale warnings (one tally), bar updates (fold_bars.py), client text
 }
+# The log events a log holds many of, back to back, each type folded a run at a time: what the
+# daemon's loop and analyze hand over in one call (a load's warnings and bars, echoed prompts).
+BULK_EVENTS: tuple[type, ...] = tuple(LOG_RUNS)
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,7 @@ def run(
 
 
 __all__ = [
+    "BULK_EVENTS",
     "BarTrack",
     "FailureTally",
     "GpuTrack",

@@ -33,7 +33,7 @@ from loadwatch.daemon.config import ForecastConfig
 from loadwatch.daemon.sources.inputs import ModelInfo, Tick
 from loadwatch.daemon.sources.model.model_info import read_model_dir
 from loadwatch.daemon.sources.model.modelfiles import ModelFileError
-from loadwatch.daemon.state.loadstate import LoadState, StateConfig
+from loadwatch.daemon.state.loadstate import BULK_EVENTS, LoadState, StateConfig
 from loadwatch.daemon.state.snapshot import Snapshot
 from loadwatch.daemon.tools.analyze_input import (
     DEFAULT_RECORD_BYTES,
@@ -49,16 +49,13 @@ from loadwatch.daemon.tools.analyze_input import (
 from loadwatch.exporters.report import Report, SessionCapture, build_report
 from loadwatch.exporters.terminal.clean import json_for_terminal, print_error
 from loadwatch.exporters.terminal.report_text import print_report
-from loadwatch.parsers import Event, Failure, KvScaleWarning, ShardProgress
-from loadwatch.parsers.events import ClientText
+from loadwatch.parsers import Event, Failure
 
 MAX_SESSIONS_KEPT = 100
 # Untimed events before the first timed one wait for its time (a log that starts with a bar);
 # past this many they take the file's mtime instead.
 MAX_UNTIMED_HELD = 10_000
 MAX_FAILURE_OFFSETS = 256  # per session; the state keeps 32 distinct failures anyway
-# A log's many records, which open no session: a load's bars and warnings, echoed client text
-BULK = (KvScaleWarning, ShardProgress, ClientText)
 
 
 class SessionFolder:
@@ -100,7 +97,7 @@ class SessionFolder:
             self._fold_bulk()
             self._tick_at = prev
             self.state = self.state.apply(Tick(), prev)
-        if isinstance(ev, BULK) and self.state.session is not None:
+        if isinstance(ev, BULK_EVENTS) and self.state.session is not None:
             t = at if at is not None else self.fallback_ts  # (as `_apply` takes it)
             if self._bulk and t != self._bulk_at:
                 self._fold_bulk()
