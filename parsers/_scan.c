@@ -314,11 +314,12 @@ static inline unsigned lanes(v16 hit) {
     return mask;
 #endif
 }
+#endif
 
-/* The offset in each anchor of its pair rarest in `sample` (the first bytes of the data: a log
- * repeats its shapes, so what is rare there is rare on; ties go to the first pair). Every pair
- * of every anchor is counted there through a small open-addressed table of them. `off[g]` is set
- * for anchors of four bytes or more. */
+/* The offset in each of `n` anchors (`lens[a]` bytes; shorter than two: left out, offset 0) of
+ * its pair least seen in `sample`, the first bytes of the data (a log repeats its shapes, so what
+ * is rare there is rare on; ties go to the first pair). Every pair of every anchor is counted
+ * there through a small open-addressed table of them. */
 #define PAIR_SLOTS 4096 /* a power of two, well over the pairs of 16 anchors */
 static uint32_t pair_slot(const uint16_t *keys, unsigned v) {
     uint32_t h = hash_bits(v) & (PAIR_SLOTS - 1);
@@ -326,40 +327,42 @@ static uint32_t pair_slot(const uint16_t *keys, unsigned v) {
     return h;
 }
 
-static void rarest_pairs(const Pass *p, const char *sample, Py_ssize_t len, Py_ssize_t *off) {
+static unsigned pair_at(const char *s, Py_ssize_t k) {
+    return (unsigned char)s[k] << 8 | (unsigned char)s[k + 1];
+}
+
+static void rarest_pairs(const char *const *anchors, const Py_ssize_t *lens, Py_ssize_t n,
+                         const char *sample, Py_ssize_t len, Py_ssize_t *off) {
     uint16_t keys[PAIR_SLOTS]; /* 1 + the pair; 0: empty. (1 + 0xFFFF does not fit: that pair,
                                 * two 0xFF bytes, is not counted; the choice only decides speed) */
     uint32_t count[PAIR_SLOTS];
     memset(keys, 0, sizeof keys);
     int pairs = 0;
-    for (Py_ssize_t g = 0; g < p->ngroups; g++) {
-        const Group *gr = &p->groups[g];
-        for (Py_ssize_t k = 0; gr->anchor_len >= 4 && k + 1 < gr->anchor_len; k++) {
-            unsigned v = (unsigned char)gr->anchor[k] << 8 | (unsigned char)gr->anchor[k + 1];
+    for (Py_ssize_t a = 0; a < n; a++) {
+        for (Py_ssize_t k = 0; k + 1 < lens[a]; k++) {
+            unsigned v = pair_at(anchors[a], k);
             if (v == 0xFFFF || pairs >= PAIR_SLOTS / 2) continue;
             uint32_t h = pair_slot(keys, v);
             if (!keys[h]) keys[h] = (uint16_t)(v + 1), count[h] = 0, pairs++;
         }
     }
     for (Py_ssize_t i = 0; i + 1 < len; i++) {
-        unsigned v = (unsigned char)sample[i] << 8 | (unsigned char)sample[i + 1];
+        unsigned v = pair_at(sample, i);
         uint32_t h = hash_bits(v) & (PAIR_SLOTS - 1);
-        if (keys[h] == v + 1 || (keys[h] && keys[(h = pair_slot(keys, v))]))
-            count[h]++;
+        if (keys[h] == v + 1 || (keys[h] && keys[(h = pair_slot(keys, v))])) count[h]++;
     }
-    for (Py_ssize_t g = 0; g < p->ngroups; g++) {
-        const Group *gr = &p->groups[g];
-        off[g] = 0;
+    for (Py_ssize_t a = 0; a < n; a++) {
+        off[a] = 0;
         uint32_t best = UINT32_MAX;
-        for (Py_ssize_t k = 0; gr->anchor_len >= 4 && k + 1 < gr->anchor_len; k++) {
-            unsigned v = (unsigned char)gr->anchor[k] << 8 | (unsigned char)gr->anchor[k + 1];
-            if (v == 0xFFFF) continue;
-            uint32_t h = pair_slot(keys, v);
-            if (keys[h] && count[h] < best) best = count[h], off[g] = k;
+        for (Py_ssize_t k = 0; k + 1 < lens[a]; k++) {
+            unsigned v = pair_at(anchors[a], k);
+            uint32_t h = v == 0xFFFF ? 0 : pair_slot(keys, v);
+            if (v != 0xFFFF && keys[h] && count[h] < best) best = count[h], off[a] = k;
         }
     }
 }
 
+#if PAIR_PASS
 /* The anchors found through a pair at position j (the pair of group g at offset off[g]). */
 static int at_pair(Pass *p, Py_ssize_t j, const Py_ssize_t *off) {
     for (Py_ssize_t g = 0; g < p->ngroups; g++) {
@@ -380,8 +383,14 @@ static int pair_pass(Pass *p) {
     Py_ssize_t off[64];
     unsigned char first[MOST_PAIRS], second[MOST_PAIRS];
     int pairs = 0;
+    const char *anchors[64];
+    Py_ssize_t lens[64];
+    for (Py_ssize_t g = 0; g < p->ngroups; g++) {
+        anchors[g] = p->groups[g].anchor;
+        lens[g] = p->groups[g].anchor_len >= 4 ? p->groups[g].anchor_len : 0;
+    }
     Py_ssize_t sample = p->n - p->pos < SAMPLE_BYTES ? p->n - p->pos : SAMPLE_BYTES;
-    rarest_pairs(p, p->d + p->pos, sample, off);
+    rarest_pairs(anchors, lens, p->ngroups, p->d + p->pos, sample, off);
     for (Py_ssize_t g = 0; g < p->ngroups; g++) {
         const Group *gr = &p->groups[g];
         if (gr->anchor_len < 4) continue;
@@ -721,13 +730,9 @@ static PyObject *prefixes(PyObject *self, PyObject *args) {
     int nrecent = 0, next = 0;
     /* " pid=" is looked for by its pair least seen in the first bytes (find_pair), then checked */
     static const char marker[] = " pid=";
-    Py_ssize_t off = 0, sample = n < SAMPLE_BYTES ? n : SAMPLE_BYTES, least = PY_SSIZE_T_MAX;
-    for (Py_ssize_t k = 0; k + 1 < 5; k++) {
-        Py_ssize_t seen = 0;
-        for (Py_ssize_t j = 0; j + 1 < sample; j++)
-            seen += d[j] == (unsigned char)marker[k] && d[j + 1] == (unsigned char)marker[k + 1];
-        if (seen < least) least = seen, off = k;
-    }
+    const char *anchors[1] = {marker};
+    Py_ssize_t lens[1] = {5}, off;
+    rarest_pairs(anchors, lens, 1, (const char *)d, n < SAMPLE_BYTES ? n : SAMPLE_BYTES, &off);
     for (Py_ssize_t j = find_pair((const char *)d, off, n, marker[off], marker[off + 1]);
          j >= 0 && PyList_GET_SIZE(out) < most;) {
         Py_ssize_t i = j - off;
