@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import socket
 import sys
@@ -117,9 +118,29 @@ def make_model_dir(
     return model
 
 
-def free_port() -> int:
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` nothing listens on now, for a server started next. Taken below the
+    kernel's ephemeral range where there is room: a port of that range can go to any outgoing
+    connection (a probe, the server's own sockets, another program's) before the server binds
+    it. Random, so that servers started side by side do not pick the same one."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    rng = random.SystemRandom()
+    for _ in range(64 if low > 4096 else 0):
+        port = rng.randrange(max(1024, low - 16384), low)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue  # (in use)
+            return port
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

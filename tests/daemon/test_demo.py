@@ -9,13 +9,14 @@ import contextlib
 import io
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.tools.demo import demo_command, free_port
+from loadwatch.daemon.tools.demo import EPHEMERAL_RANGE, demo_command, free_port
 
 # scenario: (the verdict it ends in, a line it must show, the exit code: the verdict's)
 EXPECT = {
@@ -134,3 +135,14 @@ def test_demo_on_a_pipe_prints_plain_status_lines_as_it_goes() -> None:
     assert loading and ready and loading[0] < ready[0], "".join(before)
     assert any("/119 shards" in before[i] for i in loading), "".join(before)
     assert "\x1b" not in "".join(seen) + rest
+
+
+def test_a_free_port_lies_below_the_kernels_ephemeral_range() -> None:
+    # a port of that range can go to any outgoing connection before the server binds it (a
+    # real vLLM once lost its port so to a test beside it: "Address already in use")
+    low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 10  # random, so side by side
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free, as said

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -29,6 +28,8 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
+
+from loadwatch.daemon.tools.demo import free_port as free_port  # (tests import it from here)
 
 DEFAULT_BINARY = "/usr/bin/prometheus"
 T = TypeVar("T")
@@ -156,12 +157,6 @@ class Alert:
     annotations: Mapping[str, str]
     active_at: str
     value: str
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PromServer:

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -27,6 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+from loadwatch.daemon.tools.demo import free_port as free_port  # (the tests' import of it)
 
 DEFAULT_VENV = Path.home() / ".cache" / "loadwatch" / "vllm-0.32.0"
 # vLLM's own cache, shared by every start as an operator's ~/.cache/vllm is: what it keeps there
@@ -56,14 +57,6 @@ def vllm_available(python: Path | None = None) -> bool:
         check=False,
     )
     return probe.returncode == 0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True, slots=True)

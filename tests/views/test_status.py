@@ -23,6 +23,7 @@ from loadwatch.daemon.sim.gpus import GIB, SimulatedGpuSource
 from loadwatch.daemon.sources.inputs import HealthProbe, ProcessEvent, Tick
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import Published, Totals
+from loadwatch.daemon.tools.demo import free_port
 from loadwatch.exporters.http.server import Handler, HttpServer, Response
 from loadwatch.exporters.terminal.watch import render_status, status_command, status_text
 
@@ -266,12 +267,6 @@ def test_watch_redraws_until_interrupted(
     lines = out.splitlines()
     assert code == 0 and len(lines) == 3
     assert all(json.loads(x)["session"]["progress"]["shards_done"] == 60 for x in lines)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
