@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -45,6 +43,7 @@ from loadwatch.daemon.config import (
 from loadwatch.daemon.config import HttpConfig as _Http
 from loadwatch.daemon.tools.demo_fp8 import config_files, revert_patch, show_remedies
 from loadwatch.daemon.tools.demo_starts import TwoStarts
+from loadwatch.daemon.tools.ports import free_port
 
 GIB = 1 << 30
 EX_SOFTWARE = 70  # the demo itself went wrong, not the load it plays
@@ -116,32 +115,6 @@ def make_model_dir(
     index = {"metadata": {"total_size": first + rest * (shards - 1)}, "weight_map": weight_map}
     (model / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return model
-
-
-EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on `host` nothing listens on now, for a server started next. Taken below the
-    kernel's ephemeral range where there is room: a port of that range can go to any outgoing
-    connection (a probe, the server's own sockets, another program's) before the server binds
-    it. Random, so that servers started side by side do not pick the same one."""
-    try:
-        low = int(EPHEMERAL_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 0
-    rng = random.SystemRandom()
-    for _ in range(64 if low > 4096 else 0):
-        port = rng.randrange(max(1024, low - 16384), low)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue  # (in use)
-            return port
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def demo_config(

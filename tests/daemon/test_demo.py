@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from loadwatch.daemon.tools.demo import EPHEMERAL_RANGE, demo_command, free_port
+from loadwatch.daemon.tools.demo import demo_command
+from loadwatch.daemon.tools.ports import EPHEMERAL_RANGE, free_port
 
 # scenario: (the verdict it ends in, a line it must show, the exit code: the verdict's)
 EXPECT = {

@@ -29,7 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from loadwatch.daemon.tools.demo import free_port as free_port  # (tests import it from here)
+from loadwatch.daemon.tools.ports import free_port as free_port  # (tests import it from here)
 
 DEFAULT_BINARY = "/usr/bin/prometheus"
 T = TypeVar("T")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from loadwatch.daemon.tools.demo import free_port as free_port  # (the tests' import of it)
+from loadwatch.daemon.tools.ports import free_port as free_port  # (the tests import it here)
 
 DEFAULT_VENV = Path.home() / ".cache" / "loadwatch" / "vllm-0.32.0"
 # vLLM's own cache, shared by every start as an operator's ~/.cache/vllm is: what it keeps there

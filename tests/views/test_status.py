@@ -23,7 +23,7 @@ from loadwatch.daemon.sim.gpus import GIB, SimulatedGpuSource
 from loadwatch.daemon.sources.inputs import HealthProbe, ProcessEvent, Tick
 from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import Published, Totals
-from loadwatch.daemon.tools.demo import free_port
+from loadwatch.daemon.tools.ports import free_port
 from loadwatch.exporters.http.server import Handler, HttpServer, Response
 from loadwatch.exporters.terminal.watch import render_status, status_command, status_text
 
