@@ -127,10 +127,11 @@ async def tick(
             publisher.changed()
         else:  # nothing renders what did not change; the HTTP process hears the loop runs
             publisher.alive(IDLE_TICK_S)
-        line = status_line(snapshot())
-        if line != last_status:
-            last_status = line
-            notifier.status(line)
+        if notifier.enabled:  # (the line costs a snapshot: made only for systemd to read)
+            line = status_line(snapshot())
+            if line != last_status:
+                last_status = line
+                notifier.status(line)
         s = state().session
         if s is not None and s.stall is not None:
             on_stall(clock() - s.stall.since)

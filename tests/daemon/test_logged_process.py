@@ -10,8 +10,10 @@ its argv read for the KV-cache dtype and its exit taken for vLLM's. The processe
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,8 +23,10 @@ from loadwatch.daemon.sources.proc.logged_process import (
     LoggedProcess,
     expected_user,
     is_vllm,
+    started,
 )
 from tests.daemon.lookalike import NOBODY, Lookalike, named, plain, standin
+from tests.helpers import wait_for
 
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="becoming another user needs root")
 
@@ -228,3 +232,28 @@ def test_the_expected_user_is_the_configured_one_else_the_log_files_owner(tmp_pa
     assert gone.uid is None and "[vllm] user" in gone.whose
     journal = expected_user(None, None)  # a journal unit: no file to own
     assert journal.uid is None and "[vllm] user" in journal.whose
+
+
+def test_the_process_seen_is_told_by_its_start_time_a_zombie_is_gone(
+    tmp_path: Path, procs: list[Lookalike]
+) -> None:
+    """Once seen, the process is checked by its stat alone: its pid with another start time is
+    another process (a pid reused), and a zombie is gone."""
+    vllm = standin(tmp_path)
+    procs.append(vllm)
+    watch = Watch(os.getuid())
+    what, seen = watch.lp.check(vllm.pid)
+    assert what == "new" and seen is not None
+    assert started(vllm.pid) == seen.start_ticks
+    assert watch.check(vllm.pid) == ("same", None)
+    reused = replace(seen, start_ticks=seen.start_ticks + 1)
+    watch.lp.seen = reused  # as if its pid were another process's now
+    assert watch.check(vllm.pid) == ("gone", reused)
+    zombie = subprocess.Popen(["sleep", "30"])
+    try:
+        assert started(zombie.pid) is not None
+        zombie.kill()
+        wait_for(lambda: started(zombie.pid) is None, "the killed process a zombie", 5)
+    finally:
+        zombie.wait()
+    assert started(zombie.pid) is None

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import io
+import socket
 from pathlib import Path
 
 from loadwatch.daemon.config import Config, LogConfig
 from loadwatch.daemon.loop import Daemon
-from loadwatch.daemon.publish import Publisher
+from loadwatch.daemon.publish import Publisher, status_line
+from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import NullGpuSource
+from loadwatch.daemon.sources.inputs import Tick
 from loadwatch.daemon.sources.log.inputs import FileInput
 from loadwatch.daemon.state.published import Published
-from loadwatch.daemon.tasks import Pace
+from loadwatch.daemon.state.snapshot import Snapshot
+from loadwatch.daemon.tasks import Pace, tick
 from loadwatch.exporters.eventlog import EventLog
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -126,4 +130,66 @@ def test_the_last_read_of_a_backlog_publishes_at_once(tmp_path: Path) -> None:
     assert read_at_board and read_at_board[-1] == size  # the caught-up board, nobody asking
     assert boards[-1].log is not None and boards[-1].log.bytes_total == size
     assert len(boards) < reads_made  # the reads in between did not each publish
+    source.close()
+
+
+def test_the_tick_makes_a_status_line_only_for_a_service_manager(tmp_path: Path) -> None:
+    """STATUS= costs a snapshot of the state: the tick makes one only when systemd listens
+    (NOTIFY_SOCKET); without it, ticks beside a serving vLLM build nothing for nobody."""
+    sock_path = tmp_path / "notify.sock"
+    got = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    got.bind(str(sock_path))
+    got.settimeout(5)
+    log = tmp_path / "vllm.log"
+    log.write_bytes((FIXTURES / "real-v0.32-llama.log").read_bytes())  # read to its end: ready
+    cfg = Config(log=LogConfig(path=log), state_dir=tmp_path / "state")
+    eventlog = EventLog(io.StringIO(), None, console=False)
+    daemon = Daemon(cfg, eventlog=eventlog, gpu=NullGpuSource())
+    source = daemon.open_log()
+    assert source is not None
+    while True:
+        daemon.take_log(source.read())
+        if not source.backlog:
+            break
+    made: list[str] = []
+
+    def snapshot() -> Snapshot:
+        made.append("snapshot")
+        return daemon.snapshot()
+
+    def ticks(notifier: SdNotifier, n: int) -> None:
+        applied: list[object] = []
+
+        def apply(item: Tick) -> None:
+            applied.append(item)
+            daemon.apply(item)
+
+        async def nap(_s: float) -> None:
+            return None
+
+        pace = Pace(lambda: False, nap, lambda: len(applied) >= n)
+        asyncio.run(
+            tick(
+                apply=apply,
+                state=lambda: daemon.state,
+                snapshot=snapshot,
+                feed=daemon.feed,
+                publisher=daemon.publisher,
+                notifier=notifier,
+                on_stall=lambda _s: None,
+                clock=daemon.clock,
+                pace=pace,
+            )
+        )
+
+    ticks(SdNotifier({}), 3)  # no service manager
+    assert made == []
+    listening = SdNotifier({"NOTIFY_SOCKET": str(sock_path)})
+    ticks(listening, 3)
+    assert made == ["snapshot"] * 3
+    status = got.recv(4096).decode()
+    assert status == "STATUS=" + status_line(daemon.snapshot()) != "STATUS=waiting for vLLM"
+    assert listening.sent_total == 1
+    listening.close()
+    got.close()
     source.close()

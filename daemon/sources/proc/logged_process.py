@@ -102,6 +102,17 @@ def look(pid: int, proc_root: str = "/proc") -> Seen | None:
     return Seen(pid, info.start_ticks, argv, info.ppid, uids[0], uids[1])
 
 
+def started(pid: int, proc_root: str = "/proc") -> int | None:
+    """The start time (clock ticks after boot) of the live process `pid` (not a zombie), or
+    None when there is none."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb", buffering=0) as f:
+            info = parse_stat(f.read(4096).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    return None if info is None or info.gone else info.start_ticks
+
+
 def _read(dir_fd: int, name: str) -> bytes:
     fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
     with os.fdopen(fd, "rb") as f:
@@ -233,8 +244,9 @@ class LoggedProcess:
                 return "new", now
         if seen is None:
             return "unknown", None
-        now = look(seen.pid, self.proc_root)
-        if now is None or now.start_ticks != seen.start_ticks:
+        # Still the one seen: its pid and start time (a reused pid has another), from its stat
+        # alone (asked every few seconds while vLLM serves, for days)
+        if started(seen.pid, self.proc_root) != seen.start_ticks:
             self.seen = None
             return "gone", seen
         return "same", None
@@ -264,4 +276,5 @@ __all__ = [
     "look",
     "refusal",
     "spawned_by_vllm",
+    "started",
 ]
