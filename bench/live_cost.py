@@ -16,8 +16,11 @@ bench's own loopback `/health` answers, so loadwatch's session is a ready, probe
 a real server.
 
 For each rate (lines/s) and each repeat, with both tools freshly started:
-- cost: CPU over the writing window (utime + stime from /proc/PID/stat, summed over the process
-  tree: loadwatch's HTTP server process included), as % of one core, while a Prometheus-like
+- cost: CPU over the writing window of each tool and all it started (loadwatch's HTTP server
+  process included), as % of one core: from a cgroup of each tool's own where the machine lets
+  the bench make one (to the microsecond, exited threads and children included), else utime +
+  stime from /proc/PID/stat (10 ms ticks: at 0.3% of a core over 30 s, one tick is a ninth of
+  the figure; the report says which), while a Prometheus-like
   scraper reads both tools' /metrics every `--scrape-every` seconds (15; 0: never), as a
   deployment does: both render what they export when scraped;
 - latency, from the append of a line (the writer's clock) to (a) its event in loadwatch's event
@@ -54,7 +57,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from proctree import cpu_s
+from proctree import TreeCpu
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -232,10 +235,11 @@ def startup_bytes(pid: int, port: int) -> bytes:
 class Proc:
     name: str
     popen: subprocess.Popen[bytes]
-    url: str
+    meter: TreeCpu  # made as the process started, before it started anything
+    url: str = ""
 
     def cpu(self) -> float:
-        return cpu_s(self.popen.pid)
+        return self.meter.seconds()
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -245,6 +249,7 @@ class Proc:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+        self.meter.close()
 
 
 def start_loadwatch(tmp: Path, log: Path, gpus: int, events: Path, extra: str = "") -> Proc:
@@ -270,16 +275,18 @@ def start_loadwatch(tmp: Path, log: Path, gpus: int, events: Path, extra: str = 
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    proc = Proc("loadwatch", popen, TreeCpu(popen.pid))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if events.exists():
             for raw in events.read_text().splitlines():
                 if '"daemon.listening"' in raw:
-                    return Proc("loadwatch", popen, json.loads(raw)["url"])
+                    proc.url = json.loads(raw)["url"]
+                    return proc
         if popen.poll() is not None:
             raise SystemExit(f"loadwatch exited {popen.returncode} at start")
         time.sleep(0.05)
-    popen.kill()
+    proc.stop()
     raise SystemExit("loadwatch did not start in 60 s")
 
 
@@ -291,15 +298,15 @@ def start_mtail(tmp: Path, log: Path) -> Proc:
     argv = ["mtail", "--progs", str(progs), "--logs", str(log), "--address", "127.0.0.1"]
     argv += ["--port", str(port), "--logtostderr"]
     popen = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    proc = Proc("mtail", popen, TreeCpu(popen.pid), f"http://127.0.0.1:{port}")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url + "/metrics", timeout=2):
-                return Proc("mtail", popen, url)
+            with urllib.request.urlopen(proc.url + "/metrics", timeout=2):
+                return proc
         except OSError:
             time.sleep(0.05)
-    popen.kill()
+    proc.stop()
     raise SystemExit("mtail did not start in 30 s")
 
 
@@ -422,6 +429,7 @@ class Trial:
     bytes_per_line: float = 0.0
     warnings_written: int = 0
     warnings_logged: int = 0
+    cpu_method: str = ""  # how CPU was read (proctree.TreeCpu)
 
 
 def trial(
@@ -458,6 +466,7 @@ def trial(
             prometheus.join()
             out.lw_pct = 100 * (lw.cpu() - c0) / wall
             out.mt_pct = 100 * (mt.cpu() - m0) / wall
+            out.cpu_method = ", ".join(sorted({lw.meter.method, mt.meter.method}))
             if app is not None:
                 scraper = Scraper(lw.url)
                 scraper.start()
@@ -530,8 +539,9 @@ def main() -> None:
                 args.scrape_every,
             )
             results[c].append(t)
-            print(f"  trial {rep + 1}/{args.repeat} {label(c)}: loadwatch {t.lw_pct:.2f}% "
-                  f"mtail {t.mt_pct:.2f}%", file=sys.stderr, flush=True)  # fmt: skip
+            ratio = f" ({t.lw_pct / t.mt_pct:.2f}x)" if t.mt_pct > 0 else ""
+            print(f"  trial {rep + 1}/{args.repeat} {label(c)}: loadwatch {t.lw_pct:.3f}% "
+                  f"mtail {t.mt_pct:.3f}%{ratio}", file=sys.stderr, flush=True)  # fmt: skip
     report(results, args)
 
 
@@ -546,10 +556,14 @@ def spread(values: list[float]) -> str:
     return f"{med:.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
+def methods(results: dict[float, list[Trial]]) -> str:
+    return ", ".join(sorted({t.cpu_method for trials in results.values() for t in trials}))
+
+
 def report(results: dict[float, list[Trial]], args: argparse.Namespace) -> None:
     print(f"\nlive cost, {os.cpu_count()} cores, repeats {args.repeat} (median (min-max)); "
-          "CPU = utime+stime of each process tree over the window, % of one core; "
-          f"both scraped every {args.scrape_every:g} s")  # fmt: skip
+          "CPU of each tool and all it started over the window, % of one core, read from "
+          f"{methods(results)}; both scraped every {args.scrape_every:g} s")  # fmt: skip
     head = f"{'case':<22}{'loadwatch %':>20}{'mtail %':>20}{'event log p50/p99 ms':>24}"
     print(head + f"{'/metrics p50/p99 ms':>24}{'B/line':>8}{'warn logged':>12}")
     kv: dict[str, str] = {}
