@@ -117,8 +117,8 @@ class TreeCpu:
             except OSError:
                 continue
             try:
+                _read_usage(group / usage)  # (read before the process is in: else it stays)
                 (group / "cgroup.procs").write_text(f"{pid}\n")
-                _read_usage(group / usage)
             except (OSError, ValueError):
                 group.rmdir()
                 continue
