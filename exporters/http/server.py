@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hmac
 import io
+import selectors
 import socket
 import ssl
 import threading
@@ -41,6 +42,7 @@ class Response:
 Handler = Callable[[Mapping[str, str]], Response]  # query parameters -> response
 
 
+ACCEPT_WAIT_S = 1.0  # at most, for a connection the selector saw that went before its accept
 SEND_BUFFER_BYTES = (
     16 * 1024
 )  # the kernel doubles it: a reader that takes its answer never waits long
@@ -122,7 +124,30 @@ class _Server(ThreadingHTTPServer):
         self.address_family = family
         self.owner = owner
         self.slots = _Slots(owner.config.max_connections)
+        self._wake, self._waker = socket.socketpair()  # (closed by a failed bind's server_close)
         super().__init__(address, _RequestHandler)
+        self.timeout = ACCEPT_WAIT_S  # (`handle_request`'s: a connection gone before its accept)
+
+    def serve_until_stopped(self) -> None:
+        """Accept connections until `stop_serving`, asleep in between. (socketserver's
+        `serve_forever` wakes every poll interval to look for its stop: for nothing, for the
+        days the daemon runs.)"""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.socket, selectors.EVENT_READ)
+            selector.register(self._wake, selectors.EVENT_READ)
+            while True:
+                ready = selector.select()
+                if any(key.fileobj is self._wake for key, _ in ready):
+                    return
+                self.handle_request()
+
+    def stop_serving(self) -> None:
+        self._waker.send(b"\0")
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._wake.close()
+        self._waker.close()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # Past the connection cap a connection still waiting for its request gives way, or the
@@ -333,20 +358,17 @@ class HttpServer:
             )
         self._server = server
         self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.5},  # how soon stop() is noticed; each wake costs CPU
-            name="loadwatch-http",
-            daemon=True,
+            target=server.serve_until_stopped, name="loadwatch-http", daemon=True
         )
         self._thread.start()
 
     def stop(self) -> None:
         if self._server is None:
             return
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop_serving()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        self._server.server_close()
         self._server = None
 
     # -- authentication ---------------------------------------------------------------------

@@ -199,3 +199,24 @@ def test_bad_certificate_is_one_line(tmp_path: Path) -> None:
     srv = HttpServer(HttpConfig(port=0, tls_cert=junk, tls_key=junk), routes())
     with pytest.raises(ServerError, match="cannot load TLS certificate"):
         srv.start()
+
+
+def _runs(thread_id: int) -> int:
+    """How many times the kernel has run the thread (/proc's schedstat: its third field)."""
+    return int(Path(f"/proc/self/task/{thread_id}/schedstat").read_text().split()[2])
+
+
+def test_the_server_sleeps_between_connections_and_stops_at_once(server: HttpServer) -> None:
+    """Between scrapes the accepting thread is not woken (socketserver's `serve_forever` looks
+    for a stop every poll interval: for nothing, for the days a daemon runs); a stop still
+    ends it at once."""
+    assert get(server.url + "/metrics")[0] == 200
+    thread = server._thread
+    assert thread is not None and thread.native_id is not None
+    before = _runs(thread.native_id)
+    time.sleep(1.2)  # (real time: a poll every 0.5 s would have woken it twice)
+    assert _runs(thread.native_id) == before
+    assert get(server.url + "/metrics")[0] == 200  # asleep, not gone
+    began = time.monotonic()
+    server.stop()
+    assert time.monotonic() - began < 0.5 and not thread.is_alive()
