@@ -11,7 +11,9 @@ from bench.proctree import TreeCpu
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
 PARENT = (
-    BURN.format(s=0.3)
+    "import sys\n"
+    + "sys.stdin.readline()\n"  # burns nothing until the meter holds it
+    + BURN.format(s=0.3)
     + "import subprocess, sys\n"
     + f"subprocess.run([sys.executable, '-c', {BURN.format(s=0.4)!r}], check=True)\n"
     + "print('done', flush=True)\n"
@@ -25,6 +27,9 @@ def test_the_cpu_of_a_child_that_exited_counts_in_a_cgroup() -> None:
     )
     meter = TreeCpu(proc.pid)
     try:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
         assert proc.stdout is not None and proc.stdout.readline() == "done\n"
         seconds = meter.seconds()
     finally:
