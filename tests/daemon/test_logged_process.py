@@ -257,3 +257,40 @@ def test_the_process_seen_is_told_by_its_start_time_a_zombie_is_gone(
     finally:
         zombie.wait()
     assert started(zombie.pid) is None
+
+
+@pytest.mark.parametrize("change", ["its start time (a new process with the pid)", "the user"])
+def test_a_refused_process_is_read_whole_once_while_it_runs_and_its_user_is_expected(
+    tmp_path: Path, procs: list[Lookalike], change: str
+) -> None:
+    """A log from another pid namespace names a process of this host at every round, for days:
+    refused once, it is told again by its stat alone. A new process with the pid, or another
+    expected user, is judged whole again. The /proc here is a copy of a real process's files, as
+    a process cannot be made to change its command line while it runs."""
+    sleeper = plain("sleep", "60")
+    procs.append(sleeper)
+    root = tmp_path / "proc"
+    copy = root / str(sleeper.pid)
+    copy.mkdir(parents=True)
+    for name in ("stat", "cmdline", "status"):
+        (copy / name).write_bytes(Path(f"/proc/{sleeper.pid}/{name}").read_bytes())
+    watch = Watch(os.getuid())
+    watch.lp = LoggedProcess(
+        str(root), user=watch._user, on_refused=lambda p, w: watch.said.append((p, w))
+    )
+    assert watch.check(sleeper.pid) == ("unknown", None)
+    assert [p for p, _ in watch.said] == [sleeper.pid]
+    (copy / "cmdline").write_bytes(b"vllm\0serve\0model\0")  # were it read, it would pass
+    assert watch.check(sleeper.pid) == ("unknown", None)  # the same process: not read again
+    if change == "the user":
+        watch.uid = NOBODY  # judged again: refused by its uid now
+        assert watch.check(sleeper.pid) == ("unknown", None)
+        watch.uid = os.getuid()  # and again: it passes
+    else:
+        stat = (copy / "stat").read_text().split(") ", 1)
+        fields = stat[1].split()
+        fields[19] = str(int(fields[19]) + 1)  # starttime, the 22nd field of proc_pid_stat(5)
+        (copy / "stat").write_text(f"{stat[0]}) {' '.join(fields)}\n")
+    what, seen = watch.check(sleeper.pid)
+    assert what == "new" and seen is not None and seen.argv == ("vllm", "serve", "model")
+    assert [p for p, _ in watch.said] == [sleeper.pid]  # said once

@@ -38,7 +38,7 @@ SPAWNED_CODE = (
     "from multiprocessing.forkserver import main",
 )
 MAX_ANCESTORS = 8  # vLLM's tree is shallow: API server, engine core, workers
-MAX_SAID = 256  # refused pids remembered so that each is said once
+MAX_SAID = 256  # refused pids remembered, each said once
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +228,11 @@ class LoggedProcess:
         self.user = user
         self.on_refused = on_refused
         self.seen: Seen | None = None
-        self._said: dict[int, None] = {}  # refused pids already said, oldest first
+        # Refused pids, oldest first, with the start time and expected user they were judged
+        # by: each said once, and not read whole again while the same process runs and the
+        # same user is expected (a log from another pid namespace names one of this host's
+        # processes at every round, for days: its stat alone tells it is that process still)
+        self._refused: dict[int, tuple[int, ExpectedUser]] = {}
 
     def check(self, pid: int | None) -> tuple[str, Seen | None]:
         """("new", seen): `pid` is a vLLM running here, first seen now; ("gone", last): the one
@@ -252,17 +256,21 @@ class LoggedProcess:
         return "same", None
 
     def _judge(self, pid: int) -> Seen | None:
+        user = self.user()
+        refused = self._refused.get(pid)
+        if refused is not None and refused == (started(pid, self.proc_root), user):
+            return None  # the very process refused before, judged by the same user
         now = look(pid, self.proc_root)
         if now is None:
             return None  # not here: another host's, or another pid namespace's
-        why = refusal(now, self.user(), self.proc_root)
+        why = refusal(now, user, self.proc_root)
         if why is None:
             return now
-        if pid not in self._said:
-            self._said[pid] = None
-            if len(self._said) > MAX_SAID:
-                del self._said[next(iter(self._said))]
+        if refused is None:
             self.on_refused(pid, why)
+        self._refused[pid] = (now.start_ticks, user)
+        if len(self._refused) > MAX_SAID:
+            del self._refused[next(iter(self._refused))]
         return None
 
 
