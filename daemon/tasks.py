@@ -40,23 +40,27 @@ class Pace:
         self._was_busy = False
         self._naps: set[asyncio.Future[None]] = set()
 
-    async def nap(self, seconds: float, step_s: float) -> None:
-        """Sleep `seconds`, or less once `busy` changes. With an injected sleep, in steps of
-        `step_s` that look at `busy`, as the tests' virtual time expects; else one timer."""
+    async def nap(self, seconds: float | None, step_s: float) -> None:
+        """Sleep `seconds` (None: until `busy` changes), or less once `busy` changes. With an
+        injected sleep, in steps of `step_s` that look at `busy`, as the tests' virtual time
+        expects; else one timer, or none."""
         if self._sleep is not None:
             busy, waited = self.busy(), 0.0
-            while waited < seconds and self.busy() == busy and not self.stopped():
+            while (seconds is None or waited < seconds) and self.busy() == busy:
+                if self.stopped():
+                    return
                 await self._sleep(step_s)
                 waited += step_s
             return
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[None] = loop.create_future()
-        timer = loop.call_later(seconds, _wake, woken)
+        timer = loop.call_later(seconds, _wake, woken) if seconds is not None else None
         self._naps.add(woken)
         try:
             await woken
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             self._naps.discard(woken)
 
     def check(self) -> None:
@@ -153,7 +157,9 @@ async def sample_io(
         s = state().session
         phase = s.phase if s is not None else None
         if phase not in ("starting", "loading_weights", "stalled"):
-            await pace.nap(IDLE_TICK_S, IO_SAMPLE_S)  # (until a load starts: no /proc to read)
+            # no /proc to read: until a load starts (which ends the nap), beside a serving vLLM
+            # without a wake-up of its own; in a busy phase that reads nothing, a look now and then
+            await pace.nap(IDLE_TICK_S if pace.busy() else None, IO_SAMPLE_S)
             continue
         pids = pids_of()
         if pids:

@@ -102,6 +102,41 @@ def test_a_nap_ends_when_a_load_starts() -> None:
     assert asyncio.run(main()) < 5.0
 
 
+class TimerCountingLoop(asyncio.SelectorEventLoop):
+    """An event loop that notes every timer asked of it (each is a wake-up to come)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timers: list[object] = []
+
+    def call_at(self, when, callback, *args, context=None):
+        self.timers.append(callback)
+        return super().call_at(when, callback, *args, context=context)
+
+
+def test_a_nap_until_a_load_starts_asks_for_no_timer() -> None:
+    """The io sampler beside a serving vLLM, for days: nothing to read until a load starts, and
+    no wake-up to find that out (the load's start ends the nap)."""
+    busy = [False]
+    loop = TimerCountingLoop()
+
+    async def main() -> list[object]:
+        pace = Pace(lambda: busy[0], None, lambda: False)
+        nap = asyncio.ensure_future(pace.nap(None, 1.0))
+        await asyncio.sleep(0)  # the nap began
+        asked = list(loop.timers)
+        assert not nap.done()
+        busy[0] = True
+        pace.check()
+        await asyncio.wait_for(nap, 5.0)
+        return asked
+
+    try:
+        assert loop.run_until_complete(main()) == []
+    finally:
+        loop.close()
+
+
 def test_the_last_read_of_a_backlog_publishes_at_once(tmp_path: Path) -> None:
     """A restart catching up on a log (a backlog read a capped read at a time): the reads in
     between wait to be asked for, the read that reaches the log's end publishes at once, so
