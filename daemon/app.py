@@ -22,6 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import uvloop
+
 from loadwatch.daemon.aftercare import model_dir_problem
 from loadwatch.daemon.cli import EX_CANTCREAT, EX_CONFIG, EX_DATAERR, fail
 from loadwatch.daemon.config import (
@@ -289,7 +291,11 @@ def _run_locked(
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
     try:
-        return asyncio.run(_main(daemon, server, on_started, early))
+        # libuv's loop: beside a serving vLLM the loop wakes several times a second for days,
+        # and each wake-up of asyncio's own loop costs more than the read it wakes for
+        # (docs/figures.md)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(_main(daemon, server, on_started, early))
     finally:
         server.stop()
         gpu.close()
