@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/wake_cost.py [--hz 10] [--seconds 10] [--lines 30]
 
-Two figures, CPU time (`time.process_time`) of this process:
-- a bare asyncio loop woken `--hz` times a second by `call_later`, doing nothing: the price of
-  a wake-up itself (the kernel's and the interpreter's), µs each;
+Three figures, CPU time (`time.process_time`) of this process:
+- a bare loop woken `--hz` times a second by `call_later`, doing nothing: the price of a
+  wake-up itself (the kernel's and the interpreter's), µs each, for asyncio's own loop and for
+  libuv's (uvloop), which the daemon runs on;
 - the daemon's read of a serving log (`LogSource.read` and `Daemon.take_log`, in process, on a
   real file) of `--lines` lines of vLLM 0.32's request lines per read (bench/live_cost.py's
   writer), µs per read.
@@ -23,6 +24,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import live_cost
@@ -33,7 +37,7 @@ from loadwatch.daemon.sources.gpu.guard import NullGpuSource
 from loadwatch.exporters.eventlog import EventLog
 
 
-def bare_wake_us(hz: float, seconds: float) -> float:
+def bare_wake_us(hz: float, seconds: float, loop_factory: Any = None) -> float:
     async def main() -> float:
         loop = asyncio.get_running_loop()
 
@@ -45,7 +49,8 @@ def bare_wake_us(hz: float, seconds: float) -> float:
         await asyncio.sleep(seconds)
         return time.process_time() - c0
 
-    return 1e6 * asyncio.run(main()) / (hz * seconds)
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return 1e6 * runner.run(main()) / (hz * seconds)
 
 
 def read_us(lines: int, reads: int) -> float:
@@ -84,10 +89,12 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=30, help="serving lines per read")
     args = ap.parse_args()
     wake = bare_wake_us(args.hz, args.seconds)
+    uv = bare_wake_us(args.hz, args.seconds, uvloop.new_event_loop)
     read = read_us(args.lines, 2000)
-    print(f"a bare wake-up at {args.hz:g} Hz: {wake:.0f} us; a read of {args.lines} serving lines "
-          f"(LogSource.read + Daemon.take_log): {read:.0f} us")  # fmt: skip
-    print(f"wake_us={wake:.0f} read_us={read:.0f}")
+    print(f"a bare wake-up at {args.hz:g} Hz: asyncio's loop {wake:.0f} us, uvloop's {uv:.0f} us; "
+          f"a read of {args.lines} serving lines (LogSource.read + Daemon.take_log): "
+          f"{read:.0f} us")  # fmt: skip
+    print(f"wake_us={wake:.0f} uvloop_wake_us={uv:.0f} read_us={read:.0f}")
 
 
 if __name__ == "__main__":
