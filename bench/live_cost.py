@@ -1,15 +1,16 @@
 """What loadwatch costs while it follows a serving vLLM's log for days, beside mtail, same run.
 
     .venv/bin/python bench/live_cost.py [--quick] [--repeat N] [--rates 10,300,3000]
-        [--scrape-every 15]
+        [--scrape-every 15] [--batch-ms 0]
 
 A serving vLLM run with `--enable-log-requests` writes a few lines per request. Here a writer
 process appends lines of that shape (`Received request ...: params: SamplingParams(...)`,
 `Added request ...`, uvicorn's access line, the engine's `Avg prompt throughput` statistics
 every 10 s, and a WARNING every half second on average, at random times, so events flow and
 the latency an append sees is not locked to the reader's tick; the shapes are vLLM 0.32's, from
-tests/fixtures/real-v0.32-*.log) at a steady rate, one `write` per line as vLLM's logging does,
-to two files: one followed by `loadwatch run --log FILE --gpu none`, one by `mtail --progs
+tests/fixtures/real-v0.32-*.log) at a steady rate, one `write` per line as vLLM's logging does
+(or, `--batch-ms N`, the lines due every N ms in one write, as a writer that buffers does), to
+two files: one followed by `loadwatch run --log FILE --gpu none`, one by `mtail --progs
 bench/vllm_load.mtail --logs FILE`. Both start on the same backlog: a real vLLM 0.32 start-up up
 to `Application startup complete` (tests/fixtures/real-v0.32-llama.log), whose API server this
 bench's own loopback `/health` answers, so loadwatch's session is a ready, probed one, as beside
@@ -118,10 +119,18 @@ def warning_line(pid: int) -> bytes:
 
 
 def write_child(
-    paths: list[str], rate: float, seconds: float, pid: int, seed: int, out: str
+    paths: list[str],
+    rate: float,
+    seconds: float,
+    pid: int,
+    seed: int,
+    out: str,
+    batch_s: float = 0.0,
 ) -> None:
-    """Append to every path at `rate` lines/s for `seconds`; save (time, start, end, warning)
-    of each line to `out` (the monotonic clock, which the bench's threads share)."""
+    """Append to every path at `rate` lines/s for `seconds`, one write per line as vLLM's
+    logging does, or (`batch_s`) the lines due every `batch_s` seconds in one write, as a writer
+    that buffers does; save (time, start, end, warning) of each line to `out` (the monotonic
+    clock, which the bench's threads share; a batched line's time is its batch's write)."""
     rng = random.Random(seed)
     fds = [os.open(p, os.O_WRONLY | os.O_APPEND) for p in paths]
     offset = os.fstat(fds[0]).st_size
@@ -135,6 +144,7 @@ def write_child(
     begin = time.monotonic()
     next_warn, next_stats = begin + rng.expovariate(1 / WARN_EVERY_S), begin
     i = 0
+    batch: list[bytes] = []
     while True:
         now = time.monotonic()
         if now - begin >= seconds:
@@ -149,16 +159,28 @@ def write_child(
                 line, next_stats = stats_line(rng, pid), next_stats + STATS_EVERY_S
             else:
                 line = next(lines)
-            t = time.monotonic()
-            for fd in fds:
-                os.write(fd, line)
-            times.append(t)
+            if batch_s:
+                batch.append(line)  # (its time: when its batch is written)
+            else:
+                t = time.monotonic()
+                for fd in fds:
+                    os.write(fd, line)
+                times.append(t)
             starts.append(offset)
             offset += len(line)
             ends.append(offset)
             warns.append(1 if warn else 0)
             i += 1
-        time.sleep(max(0.0005, min(0.01, begin + i / rate - time.monotonic())))
+        if batch:
+            t = time.monotonic()
+            for fd in fds:
+                os.write(fd, b"".join(batch))
+            times.extend([t] * len(batch))
+            batch.clear()
+        if batch_s:
+            time.sleep(batch_s)
+        else:
+            time.sleep(max(0.0005, min(0.01, begin + i / rate - time.monotonic())))
     for fd in fds:
         os.close(fd)
     with open(out, "wb") as f:
@@ -187,12 +209,18 @@ class Appended:
 
 
 def write(
-    paths: list[Path], rate: float, seconds: float, pid: int, seed: int, tmp: Path
+    paths: list[Path],
+    rate: float,
+    seconds: float,
+    pid: int,
+    seed: int,
+    tmp: Path,
+    batch_s: float = 0.0,
 ) -> Appended:
     out = tmp / f"appended-{seed}.bin"
     argv = [sys.executable, __file__, "--write-child", json.dumps(
         {"paths": [str(p) for p in paths], "rate": rate, "seconds": seconds, "pid": pid,
-         "seed": seed, "out": str(out)})]  # fmt: skip
+         "seed": seed, "out": str(out), "batch_s": batch_s})]  # fmt: skip
     subprocess.run(argv, check=True)
     return Appended.load(out)
 
@@ -433,7 +461,13 @@ class Trial:
 
 
 def trial(
-    rate: float, seconds: float, latency_s: float, seed: int, extra: str = "", scrape_s: float = 15
+    rate: float,
+    seconds: float,
+    latency_s: float,
+    seed: int,
+    extra: str = "",
+    scrape_s: float = 15,
+    batch_s: float = 0.0,
 ) -> Trial:
     out = Trial(rate)
     health = ThreadingHTTPServer(("127.0.0.1", 0), Health)
@@ -459,7 +493,7 @@ def trial(
                 time.sleep(seconds)
                 app = None
             else:
-                app = write([lw_log, mt_log], rate, seconds, os.getpid(), seed, tmp)
+                app = write([lw_log, mt_log], rate, seconds, os.getpid(), seed, tmp, batch_s)
                 time.sleep(0.3)  # what came last is read
             wall = time.monotonic() - t0
             prometheus.stop.set()
@@ -470,7 +504,7 @@ def trial(
             if app is not None:
                 scraper = Scraper(lw.url)
                 scraper.start()
-                late = write([lw_log, mt_log], rate, latency_s, os.getpid(), seed + 1, tmp)
+                late = write([lw_log, mt_log], rate, latency_s, os.getpid(), seed + 1, tmp, batch_s)
                 time.sleep(2.0)
                 scraper.stop.set()
                 scraper.join()
@@ -509,6 +543,13 @@ def main() -> None:
         "--scrape-every", type=float, default=15.0, help="seconds between scrapes (0: none)"
     )
     ap.add_argument(
+        "--batch-ms",
+        type=float,
+        default=0.0,
+        help="write the lines due every N ms in one write (a buffering writer); 0: one write "
+        "per line, as vLLM's logging does",
+    )
+    ap.add_argument(
         "--set",
         default="",
         help='loadwatch config lines, ";"-separated: "[log] coalesce_ms = 50; [http] ..."',
@@ -537,6 +578,7 @@ def main() -> None:
                 1000 * rep + int(c),
                 args.set,
                 args.scrape_every,
+                args.batch_ms / 1e3,
             )
             results[c].append(t)
             ratio = f" ({t.lw_pct / t.mt_pct:.2f}x)" if t.mt_pct > 0 else ""
@@ -563,7 +605,9 @@ def methods(results: dict[float, list[Trial]]) -> str:
 def report(results: dict[float, list[Trial]], args: argparse.Namespace) -> None:
     print(f"\nlive cost, {os.cpu_count()} cores, repeats {args.repeat} (median (min-max)); "
           "CPU of each tool and all it started over the window, % of one core, read from "
-          f"{methods(results)}; both scraped every {args.scrape_every:g} s")  # fmt: skip
+          f"{methods(results)}; both scraped every {args.scrape_every:g} s; "
+          + (f"lines written in batches every {args.batch_ms:g} ms" if args.batch_ms
+             else "one write per line"))  # fmt: skip
     head = f"{'case':<22}{'loadwatch %':>20}{'mtail %':>20}{'event log p50/p99 ms':>24}"
     print(head + f"{'/metrics p50/p99 ms':>24}{'B/line':>8}{'warn logged':>12}")
     kv: dict[str, str] = {}
