@@ -1,16 +1,17 @@
 """What loadwatch costs while it follows a serving vLLM's log for days, beside mtail, same run.
 
     .venv/bin/python bench/live_cost.py [--quick] [--repeat N] [--rates 10,300,3000]
-        [--scrape-every 15] [--batch-ms 0]
+        [--scrape-every 15] [--batch-ms 0] [--shape serving|requests]
 
 A serving vLLM run with `--enable-log-requests` writes a few lines per request. Here a writer
 process appends lines of that shape (`Received request ...: params: SamplingParams(...)`,
 `Added request ...`, uvicorn's access line, the engine's `Avg prompt throughput` statistics
 every 10 s, and a WARNING every half second on average, at random times, so events flow and
 the latency an append sees is not locked to the reader's tick; the shapes are vLLM 0.32's, from
-tests/fixtures/real-v0.32-*.log) at a steady rate, one `write` per line as vLLM's logging does
-(or, `--batch-ms N`, the lines due every N ms in one write, as a writer that buffers does), to
-two files: one followed by `loadwatch run --log FILE --gpu none`, one by `mtail --progs
+tests/fixtures/real-v0.32-*.log; `--shape requests`: with `--enable-log-outputs` at DEBUG,
+each prompt and output echoed, client text some of which reads like vLLM's own lines) at a
+steady rate, one `write` per line as vLLM's logging does (or, `--batch-ms N`, the lines due
+every N ms in one write, as a writer that buffers does), to two files: one followed by `loadwatch run --log FILE --gpu none`, one by `mtail --progs
 bench/vllm_load.mtail --logs FILE`. Both start on the same backlog: a real vLLM 0.32 start-up up
 to `Application startup complete` (tests/fixtures/real-v0.32-llama.log), whose API server this
 bench's own loopback `/health` answers, so loadwatch's session is a ready, probed one, as beside
@@ -60,6 +61,8 @@ from typing import Any
 
 from proctree import TreeCpu
 
+from loadwatch.daemon.sim.kimilog import logged_requests
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MTAIL_PROGRAM = HERE / "vllm_load.mtail"
@@ -97,6 +100,31 @@ def serving_lines(rng: random.Random, pid: int, clock: Any = time.time) -> Itera
         yield f'INFO:     127.0.0.1:{port} - "POST /v1/completions HTTP/1.1" 200 OK\n'.encode()
 
 
+class NowClock:
+    """kimilog's clock for a live writer: lines stamped now; the writer paces them itself."""
+
+    def advance(self, seconds: float) -> None:
+        pass
+
+    def shown(self, seconds: float) -> float:
+        return seconds
+
+    def stamp(self) -> str:
+        return time.strftime("%m-%d %H:%M:%S")
+
+
+def echoing_lines(rng: random.Random, pid: int) -> Iterator[bytes]:
+    """Lines of vLLM 0.32 with `--enable-log-requests --enable-log-outputs` at DEBUG, stamped
+    now: each request's parameters, its prompt and its output echoed (client text, some of it
+    reading like vLLM's own lines), `Added request`, the access line (daemon/sim/kimilog.py
+    `logged_requests`, the `requests` shape of bench/loggen.py)."""
+    for line in logged_requests(rng, NowClock(), sys.maxsize, api=f"(APIServer pid={pid}) "):
+        yield line.encode()
+
+
+SHAPES = {"serving": serving_lines, "requests": echoing_lines}
+
+
 def stats_line(rng: random.Random, pid: int) -> bytes:
     stamp = time.strftime("%m-%d %H:%M:%S")
     return (
@@ -126,6 +154,7 @@ def write_child(
     seed: int,
     out: str,
     batch_s: float = 0.0,
+    shape: str = "serving",
 ) -> None:
     """Append to every path at `rate` lines/s for `seconds`, one write per line as vLLM's
     logging does, or (`batch_s`) the lines due every `batch_s` seconds in one write, as a writer
@@ -140,7 +169,7 @@ def write_child(
         array.array("q"),
         array.array("b"),
     )
-    lines = serving_lines(rng, pid)
+    lines = SHAPES[shape](rng, pid)
     begin = time.monotonic()
     next_warn, next_stats = begin + rng.expovariate(1 / WARN_EVERY_S), begin
     i = 0
@@ -216,11 +245,12 @@ def write(
     seed: int,
     tmp: Path,
     batch_s: float = 0.0,
+    shape: str = "serving",
 ) -> Appended:
     out = tmp / f"appended-{seed}.bin"
     argv = [sys.executable, __file__, "--write-child", json.dumps(
         {"paths": [str(p) for p in paths], "rate": rate, "seconds": seconds, "pid": pid,
-         "seed": seed, "out": str(out), "batch_s": batch_s})]  # fmt: skip
+         "seed": seed, "out": str(out), "batch_s": batch_s, "shape": shape})]  # fmt: skip
     subprocess.run(argv, check=True)
     return Appended.load(out)
 
@@ -468,6 +498,7 @@ def trial(
     extra: str = "",
     scrape_s: float = 15,
     batch_s: float = 0.0,
+    shape: str = "serving",
 ) -> Trial:
     out = Trial(rate)
     health = ThreadingHTTPServer(("127.0.0.1", 0), Health)
@@ -493,7 +524,8 @@ def trial(
                 time.sleep(seconds)
                 app = None
             else:
-                app = write([lw_log, mt_log], rate, seconds, os.getpid(), seed, tmp, batch_s)
+                logs, pid = [lw_log, mt_log], os.getpid()
+                app = write(logs, rate, seconds, pid, seed, tmp, batch_s, shape)
                 time.sleep(0.3)  # what came last is read
             wall = time.monotonic() - t0
             prometheus.stop.set()
@@ -504,7 +536,7 @@ def trial(
             if app is not None:
                 scraper = Scraper(lw.url)
                 scraper.start()
-                late = write([lw_log, mt_log], rate, latency_s, os.getpid(), seed + 1, tmp, batch_s)
+                late = write(logs, rate, latency_s, pid, seed + 1, tmp, batch_s, shape)
                 time.sleep(2.0)
                 scraper.stop.set()
                 scraper.join()
@@ -543,6 +575,13 @@ def main() -> None:
         "--scrape-every", type=float, default=15.0, help="seconds between scrapes (0: none)"
     )
     ap.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="serving",
+        help="serving: request, access and statistics lines; requests: prompts and outputs "
+        "echoed (--enable-log-requests --enable-log-outputs at DEBUG)",
+    )
+    ap.add_argument(
         "--batch-ms",
         type=float,
         default=0.0,
@@ -579,6 +618,7 @@ def main() -> None:
                 args.set,
                 args.scrape_every,
                 args.batch_ms / 1e3,
+                args.shape,
             )
             results[c].append(t)
             ratio = f" ({t.lw_pct / t.mt_pct:.2f}x)" if t.mt_pct > 0 else ""
@@ -606,7 +646,8 @@ def report(results: dict[float, list[Trial]], args: argparse.Namespace) -> None:
     print(f"\nlive cost, {os.cpu_count()} cores, repeats {args.repeat} (median (min-max)); "
           "CPU of each tool and all it started over the window, % of one core, read from "
           f"{methods(results)}; both scraped every {args.scrape_every:g} s; "
-          + (f"lines written in batches every {args.batch_ms:g} ms" if args.batch_ms
+          + f"{args.shape} lines, "
+          + (f"written in batches every {args.batch_ms:g} ms" if args.batch_ms
              else "one write per line"))  # fmt: skip
     head = f"{'case':<22}{'loadwatch %':>20}{'mtail %':>20}{'event log p50/p99 ms':>24}"
     print(head + f"{'/metrics p50/p99 ms':>24}{'B/line':>8}{'warn logged':>12}")
