@@ -9,7 +9,9 @@ parsed log events, failures excepted: about 20 lines for a load that writes 1,30
 journald's rate limit never drops a `daemon.problem`), `all`, or `none`. `reopen()` (SIGHUP) closes
 and reopens the file so logrotate can move it. Every string passes through the redactor first.
 A line goes to a regular file whole or not at all (linefile.py), to a pipe without waiting
-(nbwrite.py).
+(nbwrite.py). Lines are compact JSON (no blanks after `,` and `:`), encoded by orjson: a load's
+lines cost ten times less to encode than with the standard library's encoder, which is kept for
+what orjson refuses or would write as other than ASCII (below).
 
 `passthrough()` puts a line of the supervised vLLM's output on stdout too (`[vllm] output =
 "file+stdout"`), under the same lock, so each line there is whole: an event line or one of
@@ -31,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+import orjson
 import structlog
 
 from loadwatch.exporters.linefile import LineFile
@@ -75,7 +78,23 @@ def _regular_file(stream: object) -> LineFile | None:
     return LineFile(fd, own=False)
 
 
-_encode = json.JSONEncoder(default=_fallback).encode  # (`json.dumps` makes one per call)
+# dataclasses and datetimes go to `_fallback`, as with the standard encoder
+_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+_json_encode = json.JSONEncoder(default=_fallback, separators=(",", ":")).encode
+
+
+def _encode(doc: dict[str, Any]) -> bytes:
+    """One line of JSON, printable ASCII only. orjson writes text as UTF-8 and DEL as it is,
+    where a C1 control character (U+009B is a terminal's CSI) would reach a terminal that shows
+    the log as it is: a line that is not ASCII or holds a DEL, and anything orjson refuses (an
+    int past 64 bits, a lone surrogate, a key that is not a string), is encoded by the standard
+    library's encoder, which writes those as `\\uXXXX`.
+    (NaN, which that encoder writes as a bare `NaN`, comes out as `null` from orjson.)"""
+    try:
+        line = orjson.dumps(doc, default=_fallback, option=_ORJSON_OPTIONS)
+    except TypeError:  # (orjson.JSONEncodeError is one)
+        return _json_encode(doc).encode()
+    return line if line.isascii() and b"\x7f" not in line else _json_encode(doc).encode()
 
 
 StdoutLevel = Literal["transitions", "all", "none"]
@@ -161,10 +180,10 @@ class EventLog:
         doc["time"] = self._clock.now()
         self._write(_encode(doc), wanted_on_stdout(event, self.stdout_level))
 
-    def _write(self, line: str, to_stdout: bool) -> None:
+    def _write(self, line: bytes, to_stdout: bool) -> None:
         with self._lock:
             if self._pipe is not None:
-                if self._pipe.write(line.encode() + b"\n"):
+                if self._pipe.write(line + b"\n"):
                     self.last_error = None
                 else:
                     self._fault(
@@ -173,13 +192,13 @@ class EventLog:
                     )
             if self._file is not None:
                 try:
-                    self._file.write(line.encode() + b"\n")
+                    self._file.write(line + b"\n")
                     self.last_error = None  # written again (a full disk was emptied)
                 except OSError as exc:  # nothing of the line is left (a size limit, a full disk)
                     self._fault(f"cannot write the event log {self.path}: {exc.strerror or exc}")
             if to_stdout:
-                text = self._render_console(line) if self.console else line
-                self._to_stdout(text.encode() + b"\n")
+                text = self._render_console(line).encode() if self.console else line
+                self._to_stdout(text + b"\n")
 
     def passthrough(self, line: bytes) -> None:
         """One line of vLLM's output (ending in a newline) to stdout, never to the events file:
@@ -226,7 +245,7 @@ class EventLog:
                 return None
             return f"{st.st_dev}:{st.st_ino}", st.st_size
 
-    def _render_console(self, line: str) -> str:
+    def _render_console(self, line: bytes) -> str:
         data = json.loads(line)
         return str(self._console_renderer(None, "info", data))
 

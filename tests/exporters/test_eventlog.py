@@ -34,9 +34,16 @@ def test_one_json_object_per_event_to_stdout_and_file(tmp_path: Path) -> None:
     assert oct(path.stat().st_mode & 0o777) == "0o640"
 
 
-def test_each_line_is_what_structlogs_json_chain_renders() -> None:
+@pytest.mark.parametrize(
+    "message",
+    ["caf\u00e9 \u2014 \x00 \u009b", "plain \x00 \x7f"],
+    ids=["not-ascii", "ascii"],
+)
+def test_each_line_is_what_structlogs_json_chain_renders(message: str) -> None:
     # The same object, key for key and byte for byte but the time: the fields in order, then
-    # `event`, then `time`; every value redacted; a value JSON has no type for by its repr.
+    # `event`, then `time`; every value redacted; a value JSON has no type for by its repr;
+    # compact, and ASCII only (text beyond it as `\uXXXX`, a C1 control's too). Both of the
+    # encoders a line can take: orjson (ASCII text) and the standard one (text beyond it).
     from datetime import datetime
 
     import structlog
@@ -46,7 +53,7 @@ def test_each_line_is_what_structlogs_json_chain_renders() -> None:
         "offset": 4447,
         "layers": ((0, 4), (1, 4)),
         "argv": ["vllm", "serve", "--api-key=s3cret"],
-        "message": "caf\u00e9 \u2014 \x00",
+        "message": message,
         "path": Path("/models/m"),
         "ratio": 0.5,
         "none": None,
@@ -60,18 +67,29 @@ def test_each_line_is_what_structlogs_json_chain_renders() -> None:
         processors=[
             redact,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="time"),
-            structlog.processors.JSONRenderer(sort_keys=False),
+            structlog.processors.JSONRenderer(sort_keys=False, separators=(",", ":")),
         ],
     )
     want = chain.info("log.kv_scale_run", **fields)
+    assert want.isascii()
     out = io.StringIO()
     log = EventLog(out, console=False, redactor=redactor)
     log.emit("log.kv_scale_run", **fields)
     got = out.getvalue().rstrip("\n")
-    cut = got.rindex('"time": "')
-    assert got[:cut] == want[: want.rindex('"time": "')]
+    cut = got.rindex('"time":"')
+    assert got[:cut] == want[: want.rindex('"time":"')]
     stamp = json.loads(got)["time"]
     assert stamp.endswith("Z") and datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def test_a_value_orjson_refuses_is_still_written() -> None:
+    # An int past 64 bits, a key that is not a string, a lone surrogate: the standard encoder's
+    out = io.StringIO()
+    log = EventLog(out, console=False)
+    log.emit("daemon.problem", big=2**70, keys={1: "one"}, text="a\udcff")
+    doc = json.loads(out.getvalue())
+    assert (doc["big"], doc["keys"], doc["text"]) == (2**70, {"1": "one"}, "a\udcff")
+    assert out.getvalue().isascii()
 
 
 def test_reopen_follows_logrotate(tmp_path: Path) -> None:
