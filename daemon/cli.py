@@ -21,6 +21,7 @@ Expected problems end in one line on stderr and a non-zero exit code, never a tr
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.metadata
 import math
 import sys
@@ -372,6 +373,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Few of a record's objects are in a cycle: collecting every 700 took 5-6% of a catch-up
+    gc.set_threshold(50_000)
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)

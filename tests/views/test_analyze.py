@@ -12,9 +12,10 @@ import pytest
 
 from loadwatch.daemon.cli import main
 from loadwatch.daemon.tools import analyze_input
-from loadwatch.daemon.tools.analyze import analyze_log
+from loadwatch.daemon.tools.analyze import analyze_log, report_json
 from loadwatch.daemon.tools.analyze_input import line_numbers
 from loadwatch.exporters.report import Report
+from loadwatch.exporters.terminal.clean import json_for_terminal
 from loadwatch.exporters.terminal.report_text import report_text
 
 from .helpers import (
@@ -279,11 +280,21 @@ def test_fixture_text_and_json(
     code, out, err = run_cli(["analyze", str(log), "--json"], capsys)
     doc = json.loads(out)
     assert (code, err) == (want_code, "")
+    # the standard encoder's text, to the byte (orjson writes it)
+    assert out == json_for_terminal(json.dumps(doc, indent=2, ensure_ascii=False)) + "\n"
     assert doc["verdict"]["text"] == verdict and doc["verdict"]["exit_code"] == want_code
     assert doc["sessions_total"] == sessions == len(doc["sessions"])
     assert [s["verdict"]["text"] for s in doc["sessions"]][:-1] == earlier
     assert doc["log"]["bytes_read"] == doc["log"]["size_bytes"] == log.stat().st_size
     assert doc["log"]["cut_records"] == 0 and doc["log"]["read_errors"] == 0
+
+
+def test_a_report_orjson_refuses_is_written_by_the_standard_encoder() -> None:
+    doc = {"big": 2**70, "keys": {1: "caf\u00e9"}, "ratio": 0.1}
+    assert report_json(doc) == json.dumps(doc, indent=2, ensure_ascii=False)
+    assert report_json({"ratio": 0.1, "s": "caf\u00e9"}) == json.dumps(
+        {"ratio": 0.1, "s": "caf\u00e9"}, indent=2, ensure_ascii=False
+    )
 
 
 def _report(tmp_path: Path, name: str) -> Report:
