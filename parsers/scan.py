@@ -273,7 +273,7 @@ class ChunkScanner:
         """Account for a run of quiet records, which come after everything fed so far: feeding
         them would leave only the time of the last one. Returns where reading goes on."""
         _first, count, end, stamp = run
-        self.stream.quiet(stamp, count)
+        self.stream.quiet(stamp)
         self.quiet += count
         self._fed_end = base + end
         return end + 1

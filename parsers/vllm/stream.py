@@ -12,7 +12,6 @@ the same events.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from loadwatch.parsers.bars import Bars
@@ -65,21 +64,11 @@ from loadwatch.parsers.vllm.segment import (
 _Plan = tuple[Mode, Maker, tuple[Any, ...], str | None, float | None, str | None]
 
 
-@dataclass
-class StreamStats:
-    records: int = 0
-    candidates: int = 0
-    events: int = 0
-    by_type: dict[str, int] = field(default_factory=dict)
-    truncated: int = 0  # records parsed only up to MAX_PARSE_CHARS
-
-
 class EventStream:
     """Feeds records in order, returns events. One instance per followed log."""
 
     def __init__(self, ref_ts: float | None = None) -> None:
         self.years = YearResolver(ref_ts)
-        self.stats = StreamStats()
         self._tracebacks = Tracebacks(FailureWords(classify, failure))
         self._pending_prefix: tuple[str, int | None] | None = None
         self._last_ts: float | None = None
@@ -111,20 +100,16 @@ class EventStream:
 
     def feed_text(self, text: str, offset: int, candidate: bool = False) -> list[Event]:
         """`feed` of a record given as its text and offset."""
-        stats = self.stats
-        stats.records += 1
         if len(text) > MAX_PARSE_CHARS:
             # Every message the catalog knows is far shorter; a longer record is a dump whose
             # start tells what it is. Parsing only the start bounds a record's cost, however long.
             text = text[:MAX_PARSE_CHARS]
-            stats.truncated += 1
         pending = self._pending_prefix
         self._pending_prefix = None
         tracebacks = self._tracebacks
         if not candidate and not tracebacks.active and not has_needle(text, self.mode):
             self._note_prefix(text)
             return []
-        stats.candidates += 1
         split = self._heads.split(text)
         rest: str | None = None
         if split is None:
@@ -141,11 +126,7 @@ class EventStream:
                 before = self._clients.header
                 if before is None or before != (process, pid, level, ts, source):
                     self._last_ts = ts
-                    event = make(values, offset, ts, process, pid)
-                    stats.events += 1
-                    by_type = stats.by_type
-                    by_type[event.type] = by_type.get(event.type, 0) + 1
-                    return [event]
+                    return [make(values, offset, ts, process, pid)]
             head = self._heads.rest_head(process, pid, rest)
         if head is None:
             out = self._general(text, offset, pending)
@@ -177,17 +158,10 @@ class EventStream:
                             if len(self._plans) >= PARSE_CACHE_MAX:
                                 self._plans.clear()
                             self._plans[rest] = (self.mode, make, values, level, ts, head.source)
-                        event = make(values, offset, ts, head.process, head.pid)
-                        stats.events += 1
-                        by_type = stats.by_type
-                        by_type[event.type] = by_type.get(event.type, 0) + 1
-                        return [event]
+                        return [make(values, offset, ts, head.process, head.pid)]
                     out = self._parse(head, offset)
         if out:
-            stats.events += len(out)
-            by_type = stats.by_type
             for event in out:
-                by_type[event.type] = by_type.get(event.type, 0) + 1
                 if type(event) is Milestone:
                     if event.kind == "app_startup_complete":
                         self.mode = "serving"
@@ -216,7 +190,6 @@ class EventStream:
     def plain(self, text: str) -> None:
         """`feed_text` of a record the caller knows holds no needle of the current mode, while
         no traceback is open: only a process prefix in it matters."""
-        self.stats.records += 1
         self._pending_prefix = None
         self._note_prefix(text)
 
@@ -231,12 +204,10 @@ class EventStream:
             if head.prefix_only and head.process is not None:
                 self._pending_prefix = (head.process, head.pid)
 
-    def quiet(self, stamp: bytes | str, records: int = 1) -> None:
+    def quiet(self, stamp: bytes | str) -> None:
         """Candidate records the caller proved to yield nothing (single-segment INFO or DEBUG
         records with no catalog needle, outside any traceback), `stamp` the header time of the
         last: what feeding them would leave, at a fraction of the cost."""
-        self.stats.records += records
-        self.stats.candidates += records
         self._pending_prefix = None
         ts = self.years.stamp(stamp)
         if ts is not None:
