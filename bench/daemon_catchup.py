@@ -91,7 +91,7 @@ def catch_up(exe: str, log: Path, tmp: Path, kv: int) -> tuple[float, dict[str, 
                 raise RuntimeError(f"loadwatch run exited {proc.returncode}: {proc.stderr}")
             for line in events.read_text().splitlines() if events.exists() else []:
                 if '"daemon.listening"' in line:
-                    url = line.split('"url": "', 1)[1].split('"', 1)[0]
+                    url = json.loads(line)["url"]
             time.sleep(0.005)
         while True:
             m = metrics(url)

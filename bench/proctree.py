@@ -5,6 +5,7 @@ read from /proc, or for CPU to the microsecond from a cgroup of the process's ow
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -34,7 +35,7 @@ def daemon(log: Path, state_dir: Path) -> Iterator[tuple[subprocess.Popen[str], 
             if not line:
                 break
             if "daemon.listening" in line:
-                url = line.split('"url": "', 1)[1].split('"', 1)[0]
+                url = json.loads(line)["url"]
         if url is None:
             proc.kill()
             err = proc.stderr.read() if proc.stderr else ""

@@ -34,6 +34,8 @@ from typing import Literal
 
 from loadwatch.daemon.state.records import evolve
 
+_new = object.__new__
+
 Units = Literal["bytes", "items"]
 
 
@@ -98,20 +100,21 @@ class Regime:
 
     def add(self, seg: Segment, **also: float) -> Regime:
         """The regime with `seg` in its sums (and `also`'s fields changed in the same copy)."""
-        n, x, t = float(seg.items), seg.dx, seg.dt
-        return evolve(
-            self,
-            **also,
-            n=self.n + 1,
-            s_nn=self.s_nn + n * n,
-            s_nx=self.s_nx + n * x,
-            s_xx=self.s_xx + x * x,
-            s_nt=self.s_nt + n * t,
-            s_xt=self.s_xt + x * t,
-            t_sum=self.t_sum + t,
-            x_sum=self.x_sum + x,
-            r2_sum=self.r2_sum + seg.resid * seg.resid,
-        )
+        n, x, t = float(seg.items), seg.x1 - seg.x0, seg.t1 - seg.t0
+        new = _new(Regime)  # (`evolve`, written out: a load adds a segment per bar update)
+        d = new.__dict__
+        d.update(self.__dict__)
+        d.update(also)
+        d["n"] = self.n + 1
+        d["s_nn"] = self.s_nn + n * n
+        d["s_nx"] = self.s_nx + n * x
+        d["s_xx"] = self.s_xx + x * x
+        d["s_nt"] = self.s_nt + n * t
+        d["s_xt"] = self.s_xt + x * t
+        d["t_sum"] = self.t_sum + t
+        d["x_sum"] = self.x_sum + x
+        d["r2_sum"] = self.r2_sum + seg.resid * seg.resid
+        return new
 
     def coef(self, cfg: EtaConfig) -> tuple[float, float]:
         """(seconds per file, seconds per unit)."""
@@ -273,18 +276,17 @@ class EtaState:
                 self, last_t=t, last_done=done, open_t=t, open_done=done, finished_at=finished
             )
         regime, seg, changed = self._fold(t, x0, x1, done - self.open_done)
-        return evolve(
-            self,
-            last_t=t,
-            last_done=done,
-            open_t=t,
-            open_done=done,
-            regime=regime,
-            recent=(*self.recent[-(self.cfg.window - 1) :], seg),
-            serial=self.serial + 1,
-            changes=self.changes + (1 if changed else 0),
-            finished_at=finished,
-        )
+        new = _new(EtaState)  # (`evolve`, written out: one per bar update)
+        d = new.__dict__
+        d.update(self.__dict__)
+        d["last_t"] = d["open_t"] = t
+        d["last_done"] = d["open_done"] = done
+        d["regime"] = regime
+        d["recent"] = (*self.recent[-(self.cfg.window - 1) :], seg)
+        d["serial"] = self.serial + 1
+        d["changes"] = self.changes + (1 if changed else 0)
+        d["finished_at"] = finished
+        return new
 
     def _fold(self, t1: float, x0: float, x1: float, items: int) -> tuple[Regime, Segment, bool]:
         """The segment from the open one to (t1, x1), tested against the regime and added."""
