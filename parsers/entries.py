@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from loadwatch.parsers.events import Event, Severity
@@ -98,6 +99,7 @@ def integer(text: str | None) -> int | None:
     return None if value is None else int(value)
 
 
+@lru_cache(maxsize=4096)  # (every bar update has two; they repeat from bar to bar)
 def hms_seconds(text: str | None) -> float | None:
     """tqdm's `MM:SS` / `H:MM:SS` (or `?`) to seconds."""
     if not text or "?" in text:

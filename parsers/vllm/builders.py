@@ -66,11 +66,28 @@ _PROGRESS_FIELDS = (
 assert set(_PROGRESS_FIELDS) == {f.name for f in fields(ShardProgress)}, "ShardProgress changed"
 
 
+_DESCS: dict[str, tuple[str, str, str]] = {}  # a bar's desc as matched -> `_desc` of it
+_DESCS_MAX = 1024
+
+
+def _desc(raw: str) -> tuple[str, str, str]:
+    """A bar's desc, kind and unit from its desc as matched: worked out once per desc (a load
+    draws one bar per worker a hundred times and more)."""
+    got = _DESCS.get(raw)
+    if got is None:
+        desc = raw.strip()
+        kind = bar_kind(desc)
+        got = (desc, kind, bar_unit(desc, kind))
+        if len(_DESCS) >= _DESCS_MAX:
+            _DESCS.clear()
+        _DESCS[raw] = got
+    return got
+
+
 def progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     # A load prints a bar line per shard: built as `__init__` would, with every field set from
     # C (`map`) instead of one Python-level call per field.
-    desc = m["desc"].strip()
-    kind = bar_kind(desc)
+    desc, kind, unit = _desc(m["desc"])
     values = (
         desc,
         kind,
@@ -79,7 +96,7 @@ def progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
         hms_seconds(m["el"]),
         hms_seconds(m["rem"]),
         tqdm_rate(m["rate"]),
-        bar_unit(desc, kind),
+        unit,
         ctx["offset"],
         ctx["ts"],
         ctx["process"],
