@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import fields
+from functools import lru_cache
 from itertools import repeat
 from typing import Any
 
@@ -66,22 +67,13 @@ _PROGRESS_FIELDS = (
 assert set(_PROGRESS_FIELDS) == {f.name for f in fields(ShardProgress)}, "ShardProgress changed"
 
 
-_DESCS: dict[str, tuple[str, str, str]] = {}  # a bar's desc as matched -> `_desc` of it
-_DESCS_MAX = 1024
-
-
+@lru_cache(maxsize=1024)
 def _desc(raw: str) -> tuple[str, str, str]:
     """A bar's desc, kind and unit from its desc as matched: worked out once per desc (a load
     draws one bar per worker a hundred times and more)."""
-    got = _DESCS.get(raw)
-    if got is None:
-        desc = raw.strip()
-        kind = bar_kind(desc)
-        got = (desc, kind, bar_unit(desc, kind))
-        if len(_DESCS) >= _DESCS_MAX:
-            _DESCS.clear()
-        _DESCS[raw] = got
-    return got
+    desc = raw.strip()
+    kind = bar_kind(desc)
+    return desc, kind, bar_unit(desc, kind)
 
 
 def progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
