@@ -353,6 +353,16 @@ class StandardHeads:
             return None
         return self._prefix(text) or None
 
+    def says_more(self, text: str) -> bool:
+        """Whether `text` is one process prefix of the common shape with a message after it
+        (most short records are): then `parse_head` finds no prefix alone in it, as only blanks
+        and more prefixes can follow a prefix in one. False: not known that way."""
+        split = self.split(text)
+        if split is None or split[0] is None:
+            return False
+        rest = split[2]
+        return rest.lstrip()[:1] not in ("(", "") and not _odd(rest)
+
     @staticmethod
     def _bare(text: str) -> Head | None:
         """A record without prefix or header (a bar, stderr): no level word in reach of

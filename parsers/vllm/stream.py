@@ -200,6 +200,8 @@ class EventStream:
             if lone is not None:
                 self._pending_prefix = lone
                 return
+            if self._heads.says_more(text):
+                return
             head = parse_head(strip_ansi(text), self.years)
             if head.prefix_only and head.process is not None:
                 self._pending_prefix = (head.process, head.pid)

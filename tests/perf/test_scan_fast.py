@@ -166,6 +166,25 @@ def test_standard_heads_equal_the_general_path(parts: list[str]) -> None:
         assert head == parse_head(segments[0], years)
 
 
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_PARTS | st.sampled_from(["\u2003", "\n", "\x0b"]), min_size=1, max_size=8))
+@example(["(Worker_TP0 pid=7) ", " "])
+@example(["(Worker_TP0 pid=7) ", "(A pid=1)"])
+@example(["(Worker_TP0 pid=7) ", "\x1b[0m"])
+def test_says_more_only_where_the_general_path_finds_no_lone_prefix(parts: list[str]) -> None:
+    text = "".join(parts)
+    heads = StandardHeads(YearResolver(REF_TS))
+    if heads.says_more(text):
+        assert not parse_head(strip_ansi(text), heads.years).prefix_only
+
+
+def test_says_more_of_the_records_a_serving_log_is_made_of() -> None:
+    heads = StandardHeads(YearResolver(REF_TS))
+    assert heads.says_more('(APIServer pid=9805) INFO 11-18 11:06:40 [a.py:1] "POST /v1 HTTP/1.1"')
+    assert not heads.says_more("(Worker_TP0 pid=7) ")
+    assert not heads.says_more("(Worker_TP0 pid=7) \x1b[0m")
+
+
 @pytest.mark.parametrize("needle", [b"ERROR", b"Uvicorn running on", b"absent needle", b"\n"])
 @pytest.mark.parametrize("span", [(0, None), (100, None), (5000, 70_000), (65_000, 65_010)])
 def test_first_equals_bytes_find(needle: bytes, span: tuple[int, int | None]) -> None:
