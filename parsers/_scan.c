@@ -18,6 +18,9 @@
  * `count_lines(data, start, end)` counts the `\n` in `data[start:end]` (memchr: several times
  * faster than `bytes.count` of one byte).
  *
+ * `nibbles(on)` turns the AVX2 search of a few anchors (`nibble_pass`) on or off, for the tests
+ * that run both of its passes; it is on wherever the CPU has AVX2.
+ *
  * `prefixes(data, most)` lists the distinct process prefixes in `data`, as
  * `dict.fromkeys(lines._PREFIX_WHOLE.findall(data))` does (lines.ProcessNames, which holds the
  * Python equal), at most `most` of them.
@@ -376,6 +379,72 @@ static int at_pair(Pass *p, Py_ssize_t j, const Py_ssize_t *off) {
 }
 #endif
 
+/* -- the nibble pass: 32 bytes at a time, where the CPU has AVX2 --------------------------------
+ * The pair pass's question asked of all pairs at once. Each pair is one of eight buckets (a bit
+ * of a byte; pairs past the eighth share them), and four tables of sixteen bytes give, for each
+ * value of a nibble, the buckets whose pair's first (second) byte has that low (high) nibble.
+ * Looking up the four nibbles of two adjacent bytes (a byte shuffle each) and ANDing the results
+ * leaves at each position the buckets whose pair may start there: exactly those pairs when a
+ * bucket holds one pair; with more, some positions only look like one, and `at_pair` tells. Its
+ * cost does not grow with the pairs: on a serving log's nine, a third less than the pair pass. */
+#if PAIR_PASS && defined(__x86_64__)
+#include <immintrin.h>
+#define NIBBLE_PASS 1
+static int nibbles_on = -1; /* -1: ask the CPU once; `nibbles()` sets it for the tests */
+
+__attribute__((target("avx2"))) static int nibble_pass(Pass *p, const Py_ssize_t *off,
+                                                       const unsigned char *first,
+                                                       const unsigned char *second, int pairs) {
+    unsigned char t[4][32]; /* each table twice: a shuffle looks up within each 16-byte half */
+    memset(t, 0, sizeof t);
+    for (int k = 0; k < pairs; k++) {
+        unsigned char bit = (unsigned char)(1u << (k & 7));
+        for (int half = 0; half < 32; half += 16) {
+            t[0][half + (first[k] & 15)] |= bit;
+            t[1][half + (first[k] >> 4)] |= bit;
+            t[2][half + (second[k] & 15)] |= bit;
+            t[3][half + (second[k] >> 4)] |= bit;
+        }
+    }
+    __m256i lo1 = _mm256_loadu_si256((const __m256i *)t[0]);
+    __m256i hi1 = _mm256_loadu_si256((const __m256i *)t[1]);
+    __m256i lo2 = _mm256_loadu_si256((const __m256i *)t[2]);
+    __m256i hi2 = _mm256_loadu_si256((const __m256i *)t[3]);
+    __m256i low = _mm256_set1_epi8(15), zero = _mm256_setzero_si256();
+    const char *d = p->d;
+    Py_ssize_t n = p->n, j = p->pos;
+    while (j + 33 <= n) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(d + j));
+        __m256i y = _mm256_loadu_si256((const __m256i *)(d + j + 1));
+        __m256i a = _mm256_and_si256(
+            _mm256_shuffle_epi8(lo1, _mm256_and_si256(x, low)),
+            _mm256_shuffle_epi8(hi1, _mm256_and_si256(_mm256_srli_epi16(x, 4), low)));
+        __m256i b = _mm256_and_si256(
+            _mm256_shuffle_epi8(lo2, _mm256_and_si256(y, low)),
+            _mm256_shuffle_epi8(hi2, _mm256_and_si256(_mm256_srli_epi16(y, 4), low)));
+        unsigned mask =
+            ~(unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(a, b), zero));
+        Py_ssize_t next = j + 32;
+        for (; mask; mask &= mask - 1) {
+            int q = __builtin_ctz(mask);
+            if (at_pair(p, j + q, off) < 0) return -1;
+            if (p->skip > j + q) {
+                next = p->skip;
+                break;
+            }
+        }
+        j = next;
+    }
+    for (; j + 1 < n; j++) {
+        if (at_pair(p, j, off) < 0) return -1;
+        if (p->skip > j + 1) j = p->skip - 1;
+    }
+    return 0;
+}
+#else
+#define NIBBLE_PASS 0
+#endif
+
 /* one_pass by pairs, for at most MOST_PAIRS anchors; returns 0 (done), -1 (out of memory), 1
  * (not taken: no vectors with this compiler). */
 static int pair_pass(Pass *p) {
@@ -400,6 +469,10 @@ static int pair_pass(Pass *p) {
         if (known) continue;
         first[pairs] = a, second[pairs] = b, pairs++;
     }
+#if NIBBLE_PASS
+    if (nibbles_on < 0) nibbles_on = __builtin_cpu_supports("avx2") != 0;
+    if (nibbles_on) return nibble_pass(p, off, first, second, pairs);
+#endif
     v16 va[MOST_PAIRS], vb[MOST_PAIRS];
     for (int k = 0; k < pairs; k++) {
         for (int q = 0; q < 16; q++) va[k][q] = first[k], vb[k][q] = second[k];
@@ -773,9 +846,26 @@ done:
     return result;
 }
 
+/* nibbles(on): whether the nibble pass is taken where the CPU has AVX2 (the tests run both
+ * passes); returns whether it was before, or None where it is not built. */
+static PyObject *nibbles(PyObject *self, PyObject *on) {
+#if NIBBLE_PASS
+    if (nibbles_on < 0) nibbles_on = __builtin_cpu_supports("avx2") != 0;
+    int was = nibbles_on;
+    int want = PyObject_IsTrue(on);
+    if (want < 0) return NULL;
+    nibbles_on = want && __builtin_cpu_supports("avx2");
+    return PyBool_FromLong(was);
+#else
+    (void)on;
+    Py_RETURN_NONE;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"candidates", candidates, METH_VARARGS,
      "candidates(data, pos, groups, quiet_ok) -> ([(start, end)], [(first, count, end, time)])"},
+    {"nibbles", nibbles, METH_O, "nibbles(on) -> whether the AVX2 nibble pass was on"},
     {"count_records", count_records, METH_O, "count_records(data) -> records ended in data"},
     {"longest_record", longest_record, METH_VARARGS, "longest_record(data, cr) -> length"},
     {"count_lines", count_lines, METH_VARARGS, "count_lines(data, start, end) -> newlines"},

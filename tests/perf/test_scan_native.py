@@ -6,6 +6,8 @@ cannot pass unnoticed as a slow scanner.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -26,6 +28,18 @@ try:
     from loadwatch.parsers import _scan
 except ImportError:  # the test below says so
     _scan = None  # type: ignore[assignment]
+
+
+@pytest.fixture(scope="module", autouse=True, params=["nibble pass", "pair pass"])
+def vector_pass(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test here on both searches of a few anchors (the nibble pass needs AVX2: where the
+    CPU has none, both runs take the pair pass)."""
+    if _scan is None:
+        yield request.param
+        return
+    was = _scan.nibbles(request.param == "nibble pass")
+    yield request.param
+    _scan.nibbles(bool(was))
 
 
 def test_the_c_scanner_is_built() -> None:
