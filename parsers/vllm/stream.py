@@ -72,6 +72,9 @@ class EventStream:
         self._tracebacks = Tracebacks(FailureWords(classify, failure))
         self._pending_prefix: tuple[str, int | None] | None = None
         self._last_ts: float | None = None
+        # The header time of the last quiet record, when it came after `_last_ts`: read only if
+        # a record without a time of its own needs it (`_last_time`)
+        self._quiet_stamp: bytes | str | None = None
         self._bars = Bars()
         self._heads = StandardHeads(self.years)
         self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
@@ -125,7 +128,7 @@ class EventStream:
                     process, pid = pending
                 before = self._clients.header
                 if before is None or before != (process, pid, level, ts, source):
-                    self._last_ts = ts
+                    self._last_ts, self._quiet_stamp = ts, None
                     return [make(values, offset, ts, process, pid)]
             head = self._heads.rest_head(process, pid, rest)
         if head is None:
@@ -144,7 +147,7 @@ class EventStream:
             ):
                 out = self._segment(head, offset)
             else:  # `_segment` for the common case: no traceback to join, none to open
-                self._last_ts = ts
+                self._last_ts, self._quiet_stamp = ts, None
                 kind = self._clients.kind(head)
                 if kind is not None:
                     out = self._clients.aside(kind, head, offset, self.mode)
@@ -211,9 +214,17 @@ class EventStream:
         records with no catalog needle, outside any traceback), `stamp` the header time of the
         last: what feeding them would leave, at a fraction of the cost."""
         self._pending_prefix = None
-        ts = self.years.stamp(stamp)
-        if ts is not None:
-            self._last_ts = ts
+        self._quiet_stamp = stamp
+
+    def _last_time(self) -> float | None:
+        """The time of the last record that had one (a quiet record's is read now)."""
+        stamp = self._quiet_stamp
+        if stamp is not None:
+            self._quiet_stamp = None
+            ts = self.years.stamp(stamp)
+            if ts is not None:
+                self._last_ts = ts
+        return self._last_ts
 
     def feed_all(self, records: Iterable[Record]) -> list[Event]:
         out: list[Event] = []
@@ -230,11 +241,11 @@ class EventStream:
 
     def _segment(self, head: Head, offset: int) -> list[Event]:
         if head.ts is not None:
-            self._last_ts = head.ts
+            self._last_ts, self._quiet_stamp = head.ts, None
         kind = self._clients.kind(head)
         if kind is not None:  # never part of a traceback, never the start of one
             return self._clients.aside(kind, head, offset, self.mode)
-        return self._tracebacks.segment(head, offset, self._last_ts, self._parse, self._segment)
+        return self._tracebacks.segment(head, offset, self._last_time(), self._parse, self._segment)
 
     def _parse(self, head: Head, offset: int) -> list[Event]:
         key = (self.mode, head.level, head.source, head.body)
@@ -251,18 +262,18 @@ class EventStream:
                     self._recipes[key] = made
         if events and isinstance(events[0], ShardProgress):
             events[0] = self._bars.own(events[0])
-        if head.ts is None and self._last_ts is not None:
-            return [self._timed(e) for e in events]
+        if head.ts is None:
+            last = self._last_time()
+            if last is not None:
+                return [self._timed(e, last) for e in events]
         return events
 
-    def _timed(self, event: Event) -> Event:
-        """Give a record without a header a time: bars from their own elapsed field."""
-        assert self._last_ts is not None
+    def _timed(self, event: Event, last: float) -> Event:
+        """Give a record without a header a time (`last`, the last record's): bars from their
+        own elapsed field."""
         if isinstance(event, ShardProgress) and event.elapsed_s is not None:
-            at = self._bars.time(
-                event.process, event.desc, event.done, event.elapsed_s, self._last_ts
-            )
+            at = self._bars.time(event.process, event.desc, event.done, event.elapsed_s, last)
             set_fields(event, ts=at)
         else:
-            set_fields(event, ts=self._last_ts)
+            set_fields(event, ts=last)
         return event

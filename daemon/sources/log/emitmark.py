@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from loadwatch.daemon.sources.log.checkpoint import read_bounded
 
 BLOCK = 512
@@ -250,8 +252,7 @@ class EmitMark:
         doc: dict[str, Any] = {"file_id": mark.file_id, "done": mark.done, "pending": mark.pending}
         if mark.events_file is not None:
             doc |= {"events_file": mark.events_file, "events_at": mark.events_at}
-        text = json.dumps(doc)
-        data = text.encode().ljust(BLOCK - 1) + b"\n"
+        data = orjson.dumps(doc).ljust(BLOCK - 1) + b"\n"  # (one per run of records)
         try:
             if self._fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
