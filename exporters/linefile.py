@@ -3,9 +3,10 @@
 The kernel may take the first part of a write and refuse the rest: a file-size limit
 (`ulimit -f`, RLIMIT_FSIZE) takes the bytes up to the limit and then says EFBIG, a disk that
 fills mid-write says ENOSPC. Python's buffered files keep or drop the rest as it comes, so a
-reader of a JSON-lines log would find a torn last line, or the next line glued to it. Here each
-line is one unbuffered write; when it fails part way the part written is cut off again (the
-file truncated back to where the line began, which a size limit and a full disk both allow).
+reader of a JSON-lines log would find a torn last line, or the next line glued to it. Here lines
+go out in unbuffered writes; when one fails part way, the part of a line it wrote is cut off
+again (the file truncated back to where the line began, which a size limit and a full disk both
+allow), and the lines it wrote whole stay.
 Where even that fails, the next line written starts with a newline, so only the fragment is
 unreadable. The same holds for a torn line an earlier writer left at the end of the file.
 """
@@ -24,17 +25,19 @@ class LineFile:
         self._own = own
         self._check_end = True  # the file may end in a fragment: looked at before the next line
 
-    def write(self, line: bytes) -> None:
-        """Write `line` (ending in a newline) whole, or raise OSError with nothing of it left."""
+    def write(self, lines: bytes) -> None:
+        """Write `lines` (each ending in a newline), or raise OSError with those the kernel
+        took whole written and no part of another left."""
         if self._check_end:
-            line = self._after_fragment(line)
+            lines = self._after_fragment(lines)
         done = 0
         try:
-            while done < len(line):
-                done += os.write(self.fd, line[done:])
+            while done < len(lines):
+                done += os.write(self.fd, lines[done:])
         except OSError:
-            if done:
-                self._cut(done)
+            part = done - (lines.rfind(b"\n", 0, done) + 1)  # of a line the kernel took in part
+            if part:
+                self._cut(part)
             raise
 
     def _after_fragment(self, line: bytes) -> bytes:

@@ -7,6 +7,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -171,6 +172,35 @@ def test_a_torn_last_line_stays_apart_from_the_next(tmp_path: Path) -> None:
     assert [json.loads(x)["event"] for x in path.read_text().splitlines()[2:]] == ["b", "c"]
 
 
+def test_lines_held_for_a_run_come_out_together_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = EventLog(io.StringIO(), path, console=False, stdout="none")
+    log.emit("before")
+    with log.held():
+        log.emit("log.shard_progress", done=1)
+        other = threading.Thread(target=log.emit, args=("daemon.problem",), kwargs={"error": "x"})
+        other.start()
+        other.join()  # (a line of another thread meanwhile keeps its place)
+        with log.held():  # (within: one hold)
+            log.emit("transition.phase", phase="loading_weights")
+        log.emit("log.shard_progress", done=2)
+        assert path.read_bytes().count(b"\n") == 1  # held: not written yet
+    events = [json.loads(line)["event"] for line in path.read_bytes().splitlines()]
+    assert events == [
+        "before",
+        "log.shard_progress",
+        "daemon.problem",
+        "transition.phase",
+        "log.shard_progress",
+    ]
+    with log.held():
+        log.emit("after")
+        _file, size = log.position() or ("", 0)  # where the next line goes: after "after"
+        assert size == path.stat().st_size
+        assert json.loads(path.read_bytes().splitlines()[-1])["event"] == "after"
+    log.close()
+
+
 def test_position_names_a_regular_file_only(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     log = EventLog(io.StringIO(), path, console=False)
@@ -230,17 +260,18 @@ def test_events_stdout_is_a_checked_config_key() -> None:
 # A child that writes the event log under a file-size limit: to its file, or to stdout when that
 # is a regular file (`loadwatch run >> events.jsonl`); then, with "lift", past the limit again.
 LIMITED_WRITER = """
-import io, json, resource, sys
+import contextlib, io, json, resource, sys
 from pathlib import Path
 from loadwatch.exporters.eventlog import EventLog
 
 path, where, then = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-if where == "file":
+if where.startswith("file"):
     log = EventLog(io.StringIO(), path, console=False)
 else:
     log = EventLog(sys.stdout, None, console=False)
-for i in range(40):
-    log.emit("log.shard_progress", done=i, total=40, note="x" * (i % 7) * 9)
+with log.held() if where == "file-held" else contextlib.nullcontext():  # (one write of 40)
+    for i in range(40):
+        log.emit("log.shard_progress", done=i, total=40, note="x" * (i % 7) * 9)
 errors, said = log.write_errors, log.last_error
 if then == "lift":
     resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
@@ -258,7 +289,7 @@ def _limited(limit: int) -> Callable[[], None]:
     return apply
 
 
-@pytest.mark.parametrize("where", ["file", "stdout"])
+@pytest.mark.parametrize("where", ["file", "file-held", "stdout"])
 @pytest.mark.parametrize("then", ["lift", "exit"])
 def test_a_write_cut_by_a_file_size_limit_leaves_no_torn_line(
     tmp_path: Path, where: str, then: str
@@ -277,7 +308,7 @@ def test_a_write_cut_by_a_file_size_limit_leaves_no_torn_line(
     assert child.returncode == 0, child.stderr
     report = json.loads(child.stderr.splitlines()[-1])
     assert report["errors"] >= 1  # counted
-    if where == "file":  # and said, for the daemon's problem line
+    if where != "stdout":  # and said, for the daemon's problem line
         assert "cannot write the event log" in report["said"] and "too large" in report["said"]
     data = path.read_bytes()
     assert data.endswith(b"\n")
