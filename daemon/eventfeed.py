@@ -84,14 +84,26 @@ _KV = f"log.{KvScaleWarning.type}"
 
 
 class RunEffects:
-    """Writes the effects of one run, each exactly once (see the module doc); `close()` after
-    the last of them writes the folded line still open."""
+    """Writes the effects of one run, each exactly once (see the module doc): used as a context,
+    whose end writes the folded line still open, and the run's lines to the file in one write
+    (`EventLog.held`)."""
 
     def __init__(self, eventlog: EventLog, run: Run) -> None:
         self._eventlog = eventlog
         self._run = run
         self._ordinal = Ordinals()
         self._kv: list[KvScaleWarning] = []  # back to back, not written yet
+        self._held = eventlog.held()
+
+    def __enter__(self) -> RunEffects:
+        self._held.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.close()
+        finally:
+            self._held.__exit__(None, None, None)
 
     def transition(self, t: Transition, offset: int) -> None:
         self._close_fold()

@@ -176,11 +176,9 @@ class Daemon:
         if not run.replay:
             self.judgements.logged()
         source.begin(run, self.feed.position())
-        with self.feed.eventlog.held():  # (the run's lines in one write)
-            out = self.feed.effects(run)
+        with self.feed.effects(run) as out:
             for part in bulk_parts(run.events):
                 self._fold_part(source, run, out, part)
-            out.close()
         source.end(run, self.feed.position())
 
     def _fold_part(self, source: LogSource, run: Run, out: RunEffects, part: list[Event]) -> None:
