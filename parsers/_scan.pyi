@@ -1,4 +1,8 @@
-# The C scanner (_scan.c); scan.py holds the Python equal of each function.
+# The C scanner (_scan.c); scan.py holds the Python equal of each function (events.py: `fill`).
+from typing import TypeVar
+
+T = TypeVar("T")
+
 def candidates(
     data: bytes,
     pos: int,
@@ -6,6 +10,9 @@ def candidates(
     quiet_ok: bool,
     /,
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, bytes]]]: ...
+def fill(
+    cls: type[T], slots: tuple[object, ...], values: tuple[object, ...], /, *more: object
+) -> T: ...
 def nibbles(on: bool, /) -> bool | None: ...
 def count_records(data: bytes, /) -> int: ...
 def prefixes(data: bytes, most: int, /) -> list[bytes]: ...

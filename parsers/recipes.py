@@ -21,6 +21,7 @@ from loadwatch.parsers.events import (
     LogWarning,
     ScaleFactorWarning,
     StallHint,
+    filler,
 )
 
 _CACHED_TYPES = (KvScaleWarning, ScaleFactorWarning, LogWarning, LogError, StallHint)
@@ -33,30 +34,12 @@ _MAKERS: dict[type[Event], Maker] = {}
 
 def _maker(cls: type[Event]) -> Maker:
     """A function that builds an event of `cls` from the values of its message fields and the
-    record's context: each field's slot is set by a line of its own through the slot's own
-    setter (where `object.__setattr__`, which the frozen dataclass's `__init__` calls, ends),
-    generated once per class as dataclasses generates `__init__` (a load builds one such event
-    per record)."""
+    record's context (`filler`), made once per class."""
     make = _MAKERS.get(cls)
     if make is None:
         names = [f.name for f in fields(cls) if f.name not in _CONTEXT]
-        scope: dict[str, Any] = {"_new": object.__new__, "cls": cls}
-        lines = [f"def make(values, {', '.join(_CONTEXT)}):\n    ev = _new(cls)\n"]
-        for i, name in enumerate((*names, *_CONTEXT)):
-            scope[f"set{i}"] = _slot(cls, name).__set__
-            value = f"values[{i}]" if i < len(names) else name
-            lines.append(f"    set{i}(ev, {value})\n")
-        exec("".join(lines) + "    return ev\n", scope)  # (made from the field names alone)
-        make = _MAKERS[cls] = scope["make"]
+        make = _MAKERS[cls] = filler(cls, (*names, *_CONTEXT))
     return make
-
-
-def _slot(cls: type, name: str) -> Any:
-    """The slot descriptor of field `name` (the class's own, or a base's)."""
-    for c in cls.__mro__:
-        if name in c.__dict__:
-            return c.__dict__[name]
-    raise AttributeError(name)
 
 
 def recipe_of(events: list[Event]) -> Recipe | None:

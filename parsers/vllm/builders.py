@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from dataclasses import fields
 from functools import lru_cache
-from itertools import repeat
 from typing import Any
 
 from loadwatch.parsers.entries import (
@@ -28,6 +27,7 @@ from loadwatch.parsers.events import (
     ScaleFactorWarning,
     ShardProgress,
     StallHint,
+    filler,
 )
 
 
@@ -65,6 +65,7 @@ _PROGRESS_FIELDS = (
     "pid",
 )
 assert set(_PROGRESS_FIELDS) == {f.name for f in fields(ShardProgress)}, "ShardProgress changed"
+_make_progress = filler(ShardProgress, _PROGRESS_FIELDS)
 
 
 @lru_cache(maxsize=1024)
@@ -77,8 +78,7 @@ def _desc(raw: str) -> tuple[str, str, str]:
 
 
 def progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
-    # A load prints a bar line per shard: built as `__init__` would, with every field set from
-    # C (`map`) instead of one Python-level call per field.
+    # A load prints a bar line per shard: built as `__init__` would, by `filler`.
     desc, kind, unit = _desc(m["desc"])
     values = (
         desc,
@@ -94,9 +94,7 @@ def progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
         ctx["process"],
         ctx["pid"],
     )
-    event = object.__new__(ShardProgress)
-    any(map(object.__setattr__, repeat(event), _PROGRESS_FIELDS, values))
-    return event
+    return _make_progress(values)
 
 
 def unit_progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:

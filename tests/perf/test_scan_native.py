@@ -1,4 +1,5 @@
-"""The C candidate search (parsers/_scan.c) returns what the Python one returns, on any bytes.
+"""The C candidate search (parsers/_scan.c) returns what the Python one returns, on any bytes;
+its event builder what the Python one builds.
 
 `make test` builds the C module; a test here fails when it could not, so a missing compiler
 cannot pass unnoticed as a slow scanner.
@@ -12,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from loadwatch.parsers import ChunkScanner, EventStream
+from loadwatch.parsers import ChunkScanner, EventStream, events
 from loadwatch.parsers.dispatch import (
     Mode,
 )
+from loadwatch.parsers.events import Event, KvScaleWarning, ShardProgress, field_names, filler
 from loadwatch.parsers.scan import NATIVE, count_records, count_records_py, longest_record_py
 from loadwatch.parsers.vllm.grammar import GRAMMAR
 from loadwatch.parsers.vllm.lines import distinct_prefixes_py
@@ -297,3 +299,51 @@ def test_few_anchors_are_found_by_their_pairs_wherever_they_lie(
     pos = starts[cut % len(starts)]
     found, quiet = _scan.candidates(data, pos, tuple((a, None, False) for a in anchors), False)
     assert found == _records_holding(data, pos, anchors) and quiet == []
+
+
+def _event_classes() -> list[type[Event]]:
+    """Every event class (`dataclass(slots=True)` leaves the class it replaced behind, with no
+    slots of its own: not one of them)."""
+    out: list[type[Event]] = []
+    todo: list[type[Event]] = [Event]
+    while todo:
+        cls = todo.pop()
+        if "__slots__" in vars(cls):
+            out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+@pytest.mark.parametrize("cls", _event_classes(), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("where", ["C", "Python"])
+def test_fill_builds_what_the_python_filler_builds(
+    cls: type[Event], where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if where == "Python":  # as where the C helper is not built
+        monkeypatch.setattr(events, "_fill", None)
+    names = field_names(cls)
+    values = tuple(f"v{i}" for i in range(len(names)))  # (types do not matter to a slot)
+    split = len(names) // 2
+    made = filler(cls, names)(values[:split], *values[split:])
+    assert type(made) is cls and tuple(getattr(made, n) for n in names) == values
+    py = object.__new__(cls)
+    for name, value in zip(names, values, strict=True):
+        object.__setattr__(py, name, value)
+    assert made == py
+
+
+def test_fill_refuses_what_it_cannot_build() -> None:
+    names = field_names(KvScaleWarning)
+    slots = tuple(vars(Event).get(n) or vars(KvScaleWarning)[n] for n in names)
+    values = (0, 1.0, "W", 1, "k", 2, None, None, False)
+    assert _scan.fill(KvScaleWarning, slots, values[:4], *values[4:]) == KvScaleWarning(
+        offset=0, ts=1.0, process="W", pid=1, scale="k", layer=2
+    )
+    with pytest.raises(TypeError, match="as many slots as values"):
+        _scan.fill(KvScaleWarning, slots, values[:4])
+    with pytest.raises(TypeError, match=r"object\.__new__"):
+        _scan.fill(dict, (), ())
+    with pytest.raises(TypeError, match="member descriptors"):
+        _scan.fill(KvScaleWarning, ("offset",), (0,))
+    with pytest.raises(TypeError, match="doesn't apply"):
+        _scan.fill(ShardProgress, slots, values)
