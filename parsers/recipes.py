@@ -43,10 +43,10 @@ def _maker(cls: type[Event]) -> Maker:
 
 
 def recipe_of(events: list[Event]) -> Recipe | None:
-    if not all(type(e) in _CACHED_TYPES for e in events):
-        return None
     out = []
     for e in events:
+        if type(e) not in _CACHED_TYPES:
+            return None  # (a bar's update: asked of each, so no generator made first)
         names = [f.name for f in fields(e) if f.name not in _CONTEXT]
         out.append((_maker(type(e)), tuple(getattr(e, n) for n in names)))
     return tuple(out)
