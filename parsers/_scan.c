@@ -2,7 +2,7 @@
  *
  * `candidates(data, pos, groups, quiet_ok)` returns what `scan.ChunkScanner._candidates_py`
  * returns for the same input: the records from `pos` that hold a needle of the mode, as sorted
- * (start, end) pairs, and apart from them the quiet ones as runs between those (`scan.QuietRun`:
+ * (start, end, text) triples (the text decoded as UTF-8, errors replaced), and apart from them the quiet ones as runs between those (`scan.QuietRun`:
  * start of the first, count, end of the last, header time of the last). A record
  * is a maximal run of bytes without `\n` or `\r`. `groups` is the mode's plan: a tuple of
  * (anchor, needles or None, level) as scan.plan builds it. Both functions are kept equal by
@@ -712,7 +712,8 @@ static PyObject *candidates(PyObject *self, PyObject *args) {
             run_count = 0;
         }
         if (s < 0) continue;
-        PyObject *item = Py_BuildValue("(nn)", s, e);
+        /* (the text as `bytes.decode("utf-8", "replace")` gives it: what the stream is fed) */
+        PyObject *item = Py_BuildValue("(nnN)", s, e, PyUnicode_DecodeUTF8(d + s, e - s, "replace"));
         int rc = item == NULL ? -1 : PyList_Append(found, item);
         Py_XDECREF(item);
         if (rc < 0) goto done;

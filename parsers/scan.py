@@ -168,7 +168,7 @@ QuietRun = tuple[int, int, int, bytes]
 
 
 def quiet_runs(
-    candidates: list[tuple[int, int]], quiet: dict[int, tuple[int, bytes]]
+    candidates: list[tuple[int, int, str]], quiet: dict[int, tuple[int, bytes]]
 ) -> list[QuietRun]:
     """The quiet records (start -> (end, header time)) as runs, split by the candidates."""
     runs: list[QuietRun] = []
@@ -239,7 +239,7 @@ class ChunkScanner:
                     cr = data.find(b"\r") >= 0
                 candidates, quiet = self._candidates_py(data, pos, mode, cr)
             r = 0  # runs of quiet records before this index are accounted for
-            for start, end in candidates:
+            for start, end, text in candidates:
                 if start < pos:
                     continue
                 if r < len(quiet) and quiet[r][0] < start:  # quiet records since the last one
@@ -248,9 +248,7 @@ class ChunkScanner:
                 fed = self._fed_end - base
                 if not (fed == start - 1 or (fed == start - 2 and data[start - 1] in _TERMINATORS)):
                     self._before(data, start, base, file_id, out)  # a record between: look at it
-                events = stream.feed_text(
-                    data[start:end].decode("utf-8", "replace"), base + start, True
-                )
+                events = stream.feed_text(text, base + start, True)
                 self._fed_end = base + end
                 pos = end + 1
                 if events:
@@ -344,8 +342,8 @@ class ChunkScanner:
 
     def _candidates_py(
         self, data: bytes, pos: int, mode: str, cr: bool
-    ) -> tuple[list[tuple[int, int]], list[QuietRun]]:
-        """The records from `pos` holding a needle of `mode`, as (start, end) in order, and
+    ) -> tuple[list[tuple[int, int, str]], list[QuietRun]]:
+        """The records from `pos` holding a needle of `mode`, as (start, end, text) in order, and
         apart from them the quiet ones (the grammar's `quiet_record`) as `quiet_runs` gives them.
         A record is a maximal run of bytes without `\\n` or `\\r`. _scan.c's `candidates`
         returns the same (tests/perf/test_scan_native.py)."""
@@ -427,7 +425,7 @@ class ChunkScanner:
                 i = find(anchor, e + 1, b)
             if gi < 3 and not quiet_ok and len(found) > 8:
                 between = _Between.of(data, found, lo, hi)
-        candidates = [(s, found[s]) for s in sorted(found)]
+        candidates = [(s, found[s], decode(data[s : found[s]])) for s in sorted(found)]
         return candidates, quiet_runs(candidates, quiet)
 
 

@@ -113,6 +113,7 @@ _MESSAGE = st.sampled_from(
         b" pid=",
         b"(B pid=3) ERROR 11-30 10:00:01 [c.py:3] boom",
         b"\x1b[0m",
+        b"ERROR \xff\xc3 not UTF-8 \xe2\x82",  # (decoded as the stream is fed: errors replaced)
         b"[1;36m",
         b"6m",
         b"0m",
@@ -258,7 +259,7 @@ def test_more_than_64_groups_and_short_anchors_are_searched_too() -> None:
     groups = (*tuple((b"w%03d" % i, None, False) for i in range(70)), (b"ab", None, False))
     data = b"x w069 y\nab\nnothing\nw000\n"
     found, quiet = _scan.candidates(data, 0, groups, False)
-    assert found == [(0, 8), (9, 11), (20, 24)] and quiet == []
+    assert found == [(0, 8, "x w069 y"), (9, 11, "ab"), (20, 24, "w000")] and quiet == []
 
 
 def _records_holding(data: bytes, pos: int, anchors: list[bytes]) -> list[tuple[int, int]]:
@@ -298,7 +299,8 @@ def test_few_anchors_are_found_by_their_pairs_wherever_they_lie(
     starts = [0] + [i + 1 for i, b in enumerate(data) if b == 10]
     pos = starts[cut % len(starts)]
     found, quiet = _scan.candidates(data, pos, tuple((a, None, False) for a in anchors), False)
-    assert found == _records_holding(data, pos, anchors) and quiet == []
+    assert [(s, e) for s, e, _text in found] == _records_holding(data, pos, anchors)
+    assert all(text == data[s:e].decode() for s, e, text in found) and quiet == []
 
 
 def _event_classes() -> list[type[Event]]:
