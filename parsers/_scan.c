@@ -308,7 +308,7 @@ typedef unsigned char v16 __attribute__((vector_size(16)));
 #define PAIR_PASS 0
 #endif
 #define MOST_PAIRS 16
-#define SAMPLE_BYTES 4096 /* the first bytes of the data, where pairs are counted */
+#define SAMPLE_BYTES 1024 /* the first bytes of the data, where pairs are counted */
 
 #if PAIR_PASS
 /* Bit q set where lane q of a comparison's result is set. */

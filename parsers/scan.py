@@ -320,20 +320,23 @@ class ChunkScanner:
         while j > 0 and data[j - 1] in _TERMINATORS:
             j -= 1
         if j == 0:
-            prev = self._tail.rstrip(b"\r\n")
-            prev_start = _record_start(prev, len(prev))
-            offset = base - len(self._tail) + prev_start
-            prev = prev[prev_start:]
+            source = self._tail.rstrip(b"\r\n")
+            j = len(source)
+            offset = base - len(self._tail)
         else:
             if base + j == self._fed_end:
                 return  # the stream has seen it already
-            prev_start = _record_start(data, j)
-            prev = data[prev_start:j]
-            offset = base + prev_start
-        if not prev or offset + len(prev) == self._fed_end:
+            source, offset = data, base
+        prev_start = _record_start(source, j)
+        offset += prev_start
+        size = j - prev_start
+        if not size or offset + size == self._fed_end:
             return  # nothing there, or the stream has seen it already
         self.stream.forget_pending()
-        if len(prev) > self._prefix_max or self._marker not in prev:
+        if size > self._prefix_max:
+            return  # (a long record, an echoed prompt, is not copied to learn that)
+        prev = source[prev_start:j]
+        if self._marker not in prev:
             return
         # It holds no needle of the current mode: else it would have been a candidate of this
         # chunk, or of the last one with the same mode, and fed already.
