@@ -56,6 +56,13 @@ class Dispatch:
                 return True
         return False
 
+    def has_word(self, text: str, mode: Mode = "startup") -> bool:
+        """`has_needle` without the level words: a word of the catalog's own."""
+        for n in self.words[mode]:  # noqa: SIM110 (as `has_needle`)
+            if n in text:
+                return True
+        return False
+
     def parse_segment(self, head: Head, offset: int, mode: Mode = "startup") -> list[Event]:
         """Catalog lookup for one segment whose head has been peeled off (and that is not a
         client's text: the grammar's stream sets those aside first)."""

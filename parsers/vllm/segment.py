@@ -51,7 +51,7 @@ class ClientLines:
         word of the catalog (only a level word, such as "Traceback") yields nothing, as the
         chunk scanner's quiet records do (plans.py)."""
         self.last_offset = offset
-        if head.level in MESSAGE and not any(n in head.body for n in DISPATCH.words[mode]):
+        if head.level in MESSAGE and not DISPATCH.has_word(head.body, mode):
             return []
         return [
             ClientText(kind=kind, offset=offset, ts=head.ts, process=head.process, pid=head.pid)
