@@ -27,23 +27,19 @@ class ClientLines:
     (process, level, time, file:line) of the client-text record before it is more of that text."""
 
     def __init__(self) -> None:
-        self._header: tuple[object, ...] | None = None  # of the last client-text record
+        # (process, pid, level, time, source) of the last client-text record: a record with the
+        # very same is more of its text (read for every record: an attribute, not a property)
+        self.header: tuple[object, ...] | None = None
         self._kind: ClientTextKind = "request_received"
         self.last_offset = -1  # where the last one set aside starts
 
-    @property
-    def header(self) -> tuple[object, ...] | None:
-        """(process, pid, level, time, source) of the last client-text record: a record with
-        the very same is more of its text."""
-        return self._header
-
     def kind(self, head: Head) -> ClientTextKind | None:
         header = (head.process, head.pid, head.level, head.ts, head.source)
-        if head.source is not None and header == self._header:
+        if head.source is not None and header == self.header:
             return self._kind
         kind = client_text(head.body, head.level)
         if kind is not None:
-            self._header, self._kind = header, kind
+            self.header, self._kind = header, kind
         return kind
 
     def aside(self, kind: ClientTextKind, head: Head, offset: int, mode: Mode) -> list[Event]:
