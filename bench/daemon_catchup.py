@@ -18,10 +18,11 @@ alternating tool by tool, each timed from its spawn:
 - `mtail --one_shot` with bench/vllm_load.mtail, less its time on that one-line log.
 
 lines/s = lines / that net time (median of the runs); each tool's ratio to mtail is taken
-within the run. Counts are checked against the generator's truth: the daemon's from /metrics
-(sessions, k/v scale warnings, weight-bar updates, CUDA OOM failures, the last bar's shards),
-analyze's from its JSON report (the load logs hold fewer starts than analyze keeps in full),
-mtail's from its own counters. `--exe` measures another build's `loadwatch` (an older
+within the run, and the least and the most it was in one run are printed after the table.
+Counts are checked against the generator's truth: the daemon's from /metrics (sessions, k/v
+scale warnings, weight-bar updates, CUDA OOM failures, the last bar's shards), analyze's from
+its JSON report (the load logs hold fewer starts than analyze keeps in full), mtail's from its
+own counters. `--exe` measures another build's `loadwatch` (an older
 checkout's venv) on the same logs. The floors: the daemon and analyze at least 1x mtail on
 every load-phase shape and 10x on every serving shape. The last line is key=value pairs.
 """
@@ -221,6 +222,7 @@ def report(shapes: list[Shape], start: dict[str, float]) -> int:
     head = f"{'shape':<17} {'lines':>9}  {'mtail/s':>8}  {'daemon/s':>8} {'x mtail':>7}  "
     print(head + f"{'analyze/s':>9} {'x mtail':>7}  counts equal (daemon analyze mtail)")
     out = []
+    spread: list[str] = []
     met = True
     for sh in shapes:
         lines = sh.truth.lines
@@ -235,10 +237,24 @@ def report(shapes: list[Shape], start: dict[str, float]) -> int:
             f"{dx:>6.2f}x  {rate['analyze']:>9,.0f} {ax:>6.2f}x  {eq}"
             + ("" if ok else f"  (floor {floor:g}x not met)")
         )
+        spread.append(
+            f"{sh.name}: daemon {_span(sh, 'daemon', start)}, analyze {_span(sh, 'analyze', start)}"
+        )
         key = sh.name.replace("-", "_")
         out.append(f"{key}_daemon_x={dx:.2f} {key}_analyze_x={ax:.2f}")
+    print("each run's own ratio (min-max): " + "; ".join(spread))
     print(" ".join(out) + f" floors_met={int(met)}")
     return 0
+
+
+def _span(sh: Shape, tool: str, start: dict[str, float]) -> str:
+    """The least and the most `tool`'s ratio to mtail was in one run (the same start taken off
+    each), to tell a change from what the machine's other load does to one run."""
+    ratios = [
+        max(m - start["mtail"], 1e-3) / max(t - start[tool], 1e-3)
+        for t, m in zip(sh.times[tool], sh.times["mtail"], strict=True)
+    ]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}x"
 
 
 if __name__ == "__main__":

@@ -398,6 +398,11 @@ static int at_pair(Pass *p, Py_ssize_t j, const Py_ssize_t *off) {
 #define NIBBLE_PASS 1
 static int nibbles_on = -1; /* -1: ask the CPU once; `nibbles()` sets it for the tests */
 
+static int has_avx2(void) {
+    __builtin_cpu_init(); /* (what a constructor did already, unless this runs before them) */
+    return __builtin_cpu_supports("avx2") != 0;
+}
+
 __attribute__((target("avx2"))) static int nibble_pass(Pass *p, const Py_ssize_t *off,
                                                        const unsigned char *first,
                                                        const unsigned char *second, int pairs) {
@@ -476,7 +481,7 @@ static int pair_pass(Pass *p) {
         first[pairs] = a, second[pairs] = b, pairs++;
     }
 #if NIBBLE_PASS
-    if (nibbles_on < 0) nibbles_on = __builtin_cpu_supports("avx2") != 0;
+    if (nibbles_on < 0) nibbles_on = has_avx2();
     if (nibbles_on) return nibble_pass(p, off, first, second, pairs);
 #endif
     v16 va[MOST_PAIRS], vb[MOST_PAIRS];
@@ -895,11 +900,11 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * passes); returns whether it was before, or None where it is not built. */
 static PyObject *nibbles(PyObject *self, PyObject *on) {
 #if NIBBLE_PASS
-    if (nibbles_on < 0) nibbles_on = __builtin_cpu_supports("avx2") != 0;
+    if (nibbles_on < 0) nibbles_on = has_avx2();
     int was = nibbles_on;
     int want = PyObject_IsTrue(on);
     if (want < 0) return NULL;
-    nibbles_on = want && __builtin_cpu_supports("avx2");
+    nibbles_on = want && has_avx2();
     return PyBool_FromLong(was);
 #else
     (void)on;
