@@ -160,6 +160,11 @@ def silent_ranks(
     """The processes silent for over `threshold_s` at `now` while most of their peers moved on,
     each with how many peers did. `read_at`: when the daemon last read a backlog (silence
     counts from there at the earliest)."""
+    for p in procs.values():
+        if now - (p.last_at if read_at is None else max(p.last_at, read_at)) > threshold_s:
+            break
+    else:
+        return []  # (what nearly every tick finds: nobody silent to hold against peers)
     families: dict[str, list[ProcessTrack]] = {}
     for p in procs.values():
         families.setdefault(p.family, []).append(p)
