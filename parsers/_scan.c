@@ -383,6 +383,28 @@ static int at_pair(Pass *p, Py_ssize_t j, const Py_ssize_t *off) {
     }
     return 0;
 }
+
+/* The positions a block's `mask` marks (bit q: position j + q), each looked at by `at_pair` in
+ * order: where the search goes on (`next`, or past a record found a candidate whatever else it
+ * holds), or -1 (out of memory). */
+static Py_ssize_t at_mask(Pass *p, Py_ssize_t j, unsigned mask, Py_ssize_t next,
+                          const Py_ssize_t *off) {
+    for (; mask; mask &= mask - 1) {
+        int q = __builtin_ctz(mask);
+        if (at_pair(p, j + q, off) < 0) return -1;
+        if (p->skip > j + q) return p->skip;
+    }
+    return next;
+}
+
+/* The positions from `j` on, fewer than a block, one at a time. */
+static int at_tail(Pass *p, Py_ssize_t j, const Py_ssize_t *off) {
+    for (; j + 1 < p->n; j++) {
+        if (at_pair(p, j, off) < 0) return -1;
+        if (p->skip > j + 1) j = p->skip - 1;
+    }
+    return 0;
+}
 #endif
 
 /* -- the nibble pass: 32 bytes at a time, where the CPU has AVX2 --------------------------------
@@ -435,22 +457,10 @@ __attribute__((target("avx2"))) static int nibble_pass(Pass *p, const Py_ssize_t
             _mm256_shuffle_epi8(hi2, _mm256_and_si256(_mm256_srli_epi16(y, 4), low)));
         unsigned mask =
             ~(unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(a, b), zero));
-        Py_ssize_t next = j + 32;
-        for (; mask; mask &= mask - 1) {
-            int q = __builtin_ctz(mask);
-            if (at_pair(p, j + q, off) < 0) return -1;
-            if (p->skip > j + q) {
-                next = p->skip;
-                break;
-            }
-        }
-        j = next;
+        j = mask ? at_mask(p, j, mask, j + 32, off) : j + 32;
+        if (j < 0) return -1;
     }
-    for (; j + 1 < n; j++) {
-        if (at_pair(p, j, off) < 0) return -1;
-        if (p->skip > j + 1) j = p->skip - 1;
-    }
-    return 0;
+    return at_tail(p, j, off);
 }
 #else
 #define NIBBLE_PASS 0
@@ -497,24 +507,10 @@ static int pair_pass(Pass *p) {
         for (int k = 0; k < pairs; k++) hit |= (v16)(x == va[k]) & (v16)(y == vb[k]);
         uint64_t halves[2];
         memcpy(halves, &hit, 16);
-        Py_ssize_t next = j + 16;
-        if (halves[0] | halves[1]) {
-            for (unsigned mask = lanes(hit); mask; mask &= mask - 1) {
-                int q = __builtin_ctz(mask);
-                if (at_pair(p, j + q, off) < 0) return -1;
-                if (p->skip > j + q) {
-                    next = p->skip;
-                    break;
-                }
-            }
-        }
-        j = next;
+        j = halves[0] | halves[1] ? at_mask(p, j, lanes(hit), j + 16, off) : j + 16;
+        if (j < 0) return -1;
     }
-    for (; j + 1 < n; j++) {
-        if (at_pair(p, j, off) < 0) return -1;
-        if (p->skip > j + 1) j = p->skip - 1;
-    }
-    return 0;
+    return at_tail(p, j, off);
 #else
     (void)p;
     return 1;
