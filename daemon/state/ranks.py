@@ -151,6 +151,11 @@ def _moved_on(peer: ProcessTrack, p: ProcessTrack, threshold_s: float) -> bool:
     )
 
 
+def _silent_for(p: ProcessTrack, now: float, read_at: float | None) -> float:
+    """Seconds `p` has been silent at `now`, counted from a backlog's read at the earliest."""
+    return now - (p.last_at if read_at is None else max(p.last_at, read_at))
+
+
 def silent_ranks(
     procs: Mapping[str, ProcessTrack],
     now: float,
@@ -161,7 +166,7 @@ def silent_ranks(
     each with how many peers did. `read_at`: when the daemon last read a backlog (silence
     counts from there at the earliest)."""
     for p in procs.values():
-        if now - (p.last_at if read_at is None else max(p.last_at, read_at)) > threshold_s:
+        if _silent_for(p, now, read_at) > threshold_s:
             break
     else:
         return []  # (what nearly every tick finds: nobody silent to hold against peers)
@@ -174,8 +179,7 @@ def silent_ranks(
         if peers < MIN_PEERS_ON:
             continue
         for p in members:
-            since = p.last_at if read_at is None else max(p.last_at, read_at)
-            if now - since <= threshold_s:
+            if _silent_for(p, now, read_at) <= threshold_s:
                 continue
             on = sum(1 for q in members if q is not p and _moved_on(q, p, threshold_s))
             if on >= MIN_PEERS_ON and 2 * on > peers:
