@@ -51,17 +51,11 @@ class Dispatch:
         return tuple(sorted({n for e in entries for n in e.needles} | LEVEL_NEEDLES))
 
     def has_needle(self, text: str, mode: Mode = "startup") -> bool:
-        for n in self.prefilter[mode]:  # noqa: SIM110 (a plain loop: no generator per record)
-            if n in text:
-                return True
-        return False
+        return _holds_any(text, self.prefilter[mode])
 
     def has_word(self, text: str, mode: Mode = "startup") -> bool:
         """`has_needle` without the level words: a word of the catalog's own."""
-        for n in self.words[mode]:  # noqa: SIM110 (as `has_needle`)
-            if n in text:
-                return True
-        return False
+        return _holds_any(text, self.words[mode])
 
     def parse_segment(self, head: Head, offset: int, mode: Mode = "startup") -> list[Event]:
         """Catalog lookup for one segment whose head has been peeled off (and that is not a
@@ -110,6 +104,13 @@ class Dispatch:
                 pid=head.pid,
             )
         ]
+
+
+def _holds_any(text: str, needles: tuple[str, ...]) -> bool:
+    for n in needles:  # noqa: SIM110 (a plain loop: no generator per record)
+        if n in text:
+            return True
+    return False
 
 
 def _after_separator(body: str, end: int) -> int:
