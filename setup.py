@@ -1,19 +1,65 @@
-"""The one part of the build pyproject.toml cannot say: the C scanner, left out on request.
+"""The one part of the build pyproject.toml cannot say: what is compiled, left out on request.
 
-`python -m build` makes the platform wheel, with the chunk scanner's candidate search compiled
-from parsers/_scan.c (optional: without a C compiler the build goes on, and scan.py uses its
-Python equal; `scan.NATIVE` says which runs). `LOADWATCH_PURE=1 python -m build --wheel` makes
-the pure-Python wheel (py3-none-any), which installs anywhere without a compiler.
+`python -m build` makes the platform wheel, with two compiled parts, both optional (without a C
+compiler the build goes on with the Python they are made from; `scan.NATIVE` and
+`loadwatch.compiled()` say what runs):
+- the chunk scanner's candidate search, from parsers/_scan.c;
+- the modules every log record goes through (`[tool.loadwatch] compiled` in pyproject.toml),
+  compiled by mypyc from their own Python source: the same statements, run without the
+  interpreter's per-bytecode work, about a third faster on a load's log.
+`LOADWATCH_PURE=1 python -m build --wheel` makes the pure-Python wheel (py3-none-any), which
+installs anywhere without a compiler.
 """
 
 import os
+import shutil
+import sys
+import tomllib
+from pathlib import Path
 
 from setuptools import Extension, setup
 
 PURE = os.environ.get("LOADWATCH_PURE", "") not in ("", "0")
+ROOT = Path(__file__).resolve().parent
+
+
+def compiled_modules() -> list[Extension]:
+    """mypyc's extensions for the listed modules, or none (no mypyc, or a pure build)."""
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        print("mypyc is not installed: the record path runs as Python", file=sys.stderr)
+        return []
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["loadwatch"]["compiled"]
+    # mypyc names a module by its path: compile it where that path is the installed name
+    # (the repository's folders are the package's subpackages, package-dir in pyproject.toml).
+    stage = ROOT / "build" / "mypyc-src"
+    shutil.rmtree(stage, ignore_errors=True)
+    (stage / "loadwatch").mkdir(parents=True)
+    (stage / "loadwatch" / "__init__.py").write_text("")
+    for top in ("daemon", "parsers", "exporters"):
+        (stage / "loadwatch" / top).symlink_to(ROOT / top, target_is_directory=True)
+    here = os.getcwd()
+    os.chdir(stage)
+    try:
+        exts = mypycify(
+            ["--config-file", str(ROOT / "pyproject.toml"), *[f"loadwatch/{m}" for m in listed]],
+            opt_level="3",
+            target_dir=str(ROOT / "build" / "mypyc"),
+        )
+    finally:
+        os.chdir(here)
+    for ext in exts:
+        ext.optional = True  # (a compile that fails leaves that module's Python in place)
+    return exts
+
+
 ext_modules = (
     []
     if PURE
-    else [Extension("loadwatch.parsers._scan", sources=["parsers/_scan.c"], optional=True)]
+    else [
+        Extension("loadwatch.parsers._scan", sources=["parsers/_scan.c"], optional=True),
+        *compiled_modules(),
+    ]
 )
 setup(ext_modules=ext_modules)

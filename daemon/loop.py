@@ -29,6 +29,7 @@ from typing import Any
 
 from loadwatch.daemon import tasks
 from loadwatch.daemon.aftercare import ModelDirs, OrphanChecks
+from loadwatch.daemon.build import compiled_modules
 from loadwatch.daemon.config import Config
 from loadwatch.daemon.eventfeed import EventFeed, RunEffects
 from loadwatch.daemon.history import StartHistory
@@ -309,6 +310,7 @@ class Daemon:
             log=str(self.cfg.log.path or self.log.path) if self.log is not None else None,
             supervise=self.cfg.supervise,
             scanner="c" if NATIVE else "python",  # the log's candidate search (parsers/_scan.c)
+            compiled=len(compiled_modules()),  # modules of the record path built by mypyc
         )
         stopper = asyncio.create_task(self.stop_event.wait(), name="stop")
         pending = {*made, stopper}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and (re)install loadwatch with its test extras when the package's file list or
 # pyproject.toml changed. A strict editable install links each file, so a new module needs this;
-# the C part (parsers/_scan.c) is compiled then, so its source counts too.
+# the compiled parts are built then (parsers/_scan.c, and the modules pyproject.toml lists under
+# [tool.loadwatch] compiled: their .so shadows the .py), so their sources count too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,8 +11,18 @@ PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS-[test]}
 stamp=$VENV/.installed
-want=$( { cat pyproject.toml setup.py parsers/*.c; find daemon parsers exporters -name '*.py' -o -name '*.pyi' -o -name 'py.typed' -o -name '*.toml' | sort; find systemd prometheus grafana k8s docs -type f | sort; } | sha1sum | cut -d' ' -f1)
-if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+compiled=$("$PY" -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["loadwatch"]["compiled"])')
+# shellcheck disable=SC2086  # (the list: paths without spaces)
+want=$( { cat pyproject.toml setup.py parsers/*.c $compiled; find daemon parsers exporters -name '*.py' -o -name '*.pyi' -o -name 'py.typed' -o -name '*.toml' | sort; find systemd prometheus grafana k8s docs -type f | sort; } | sha1sum | cut -d' ' -f1)
+# A compiled module older than its source (a checkout, an edit undone) is built again too:
+# tests/conftest.py refuses to test it.
+fresh=1
+for py in $compiled; do
+  for so in "${py%.py}".cpython-*.so; do
+    if [ -e "$so" ] && [ "$py" -nt "$so" ]; then fresh=0; fi
+  done
+done
+if [ "$fresh" = 1 ] && [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 # The C scanner needs a C compiler and Python's headers. Without them the install still works

@@ -75,3 +75,18 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         alone = item.get_closest_marker("alone") is not None
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         yield  # (closing the file lets go of the lock)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A compiled module older than its source would test the old code (its .so shadows the
+    .py): stop and say so. `make venv` rebuilds it (scripts/ensure-venv.sh)."""
+    from tests.helpers import COMPILED, REPO
+
+    stale = [
+        path
+        for path in COMPILED
+        for built in (REPO / path).parent.glob(Path(path).stem + ".cpython-*.so")
+        if built.stat().st_mtime < (REPO / path).stat().st_mtime
+    ]
+    if stale:
+        pytest.exit(f"compiled before their last change: {', '.join(stale)}: run `make venv`", 4)

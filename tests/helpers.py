@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,18 @@ def append(path: Path | str, data: bytes | str | Iterable[str]) -> None:
 
 # What a check may raise while its condition does not hold yet (the daemon is not up yet, the
 # document has no such key yet): it counts as not yet.
+REPO = Path(__file__).resolve().parent.parent
+# The modules setup.py has mypyc compile (pyproject.toml), as paths in the repository.
+COMPILED: tuple[str, ...] = tuple(
+    tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["loadwatch"]["compiled"]
+)
+
+
+def module_name(path: str) -> str:
+    """`parsers/vllm/stream.py` -> `loadwatch.parsers.vllm.stream`."""
+    return "loadwatch." + path.removesuffix(".py").replace("/", ".")
+
+
 NOT_YET = (AssertionError, KeyError, TypeError, ValueError, OSError)
 
 
