@@ -104,6 +104,9 @@ def _encode(doc: dict[str, Any]) -> bytes:
 
 
 HELD_MAX_BYTES = 1 << 20  # held lines are written once they are this many bytes
+# stdout's held lines, sooner: a pipe takes 64 KiB, and what it cannot take of one write is
+# sent before anything else (nbwrite.py)
+HELD_OUT_MAX_BYTES = 1 << 16
 
 StdoutLevel = Literal["transitions", "all", "none"]
 STDOUT_LEVELS: tuple[StdoutLevel, ...] = ("transitions", "all", "none")
@@ -175,6 +178,8 @@ class EventLog:
         self._clock = _Clock()
         self._held: list[bytes] | None = None  # the file's lines while `held()`, unwritten
         self._held_bytes = 0
+        self._held_out: list[bytes] | None = None  # stdout's, the same
+        self._held_out_bytes = 0
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -211,7 +216,18 @@ class EventLog:
                         self._write_held()
             if to_stdout:
                 text = self._render_console(line).encode() if self.console else line
-                self._to_stdout(text + b"\n")
+                self._out_line(text + b"\n")
+
+    def _out_line(self, data: bytes) -> None:
+        """Under the lock: a line for stdout, held with the file's while `held()`."""
+        out = self._held_out
+        if out is None:
+            self._to_stdout(data)
+            return
+        out.append(data)
+        self._held_out_bytes += len(data)
+        if self._held_out_bytes >= HELD_OUT_MAX_BYTES:
+            self._write_held_out()
 
     def _to_file(self, data: bytes) -> None:
         """Under the lock: whole lines to the file."""
@@ -223,12 +239,19 @@ class EventLog:
             self._fault(f"cannot write the event log {self.path}: {exc.strerror or exc}")
 
     def _write_held(self) -> None:
-        """Under the lock: the held lines, in one write."""
+        """Under the lock: the held lines, in one write to the file and one to stdout."""
         held = self._held
         if held:
             self._held, self._held_bytes = [], 0
             if self._file is not None:
                 self._to_file(b"".join(held))
+        self._write_held_out()
+
+    def _write_held_out(self) -> None:
+        out = self._held_out
+        if out:
+            self._held_out, self._held_out_bytes = [], 0
+            self._to_stdout(b"".join(out))
 
     @contextmanager
     def held(self) -> Iterator[None]:
@@ -238,13 +261,14 @@ class EventLog:
             outer = self._held is not None
             if not outer:
                 self._held, self._held_bytes = [], 0
+                self._held_out, self._held_out_bytes = [], 0
         try:
             yield
         finally:
             if not outer:
                 with self._lock:
                     self._write_held()
-                    self._held = None
+                    self._held = self._held_out = None
 
     def passthrough(self, line: bytes) -> None:
         """One line of vLLM's output (ending in a newline) to stdout, never to the events file:
@@ -260,7 +284,7 @@ class EventLog:
                 self.emit("daemon.problem", error=_WITHHELD)
             return
         with self._lock:
-            self._to_stdout(line)
+            self._out_line(line)  # (after the event lines held before it)
 
     def _to_stdout(self, data: bytes) -> None:
         """Under the lock."""

@@ -37,14 +37,15 @@ class NonBlockingWriter:
         self.dropped = 0  # lines not written: the reader had no room
 
     def write(self, data: bytes) -> bool:
-        """Write `data` (one line) now or drop it; False when dropped."""
+        """Write `data` (whole lines: one, or those held together) now or drop it; False when
+        dropped."""
         if self._rest and not self._send_rest():
-            self.dropped += 1
+            self.dropped += data.count(b"\n") or 1
             return False
         try:
             n = self._send(data)
         except BlockingIOError:
-            self.dropped += 1
+            self.dropped += data.count(b"\n") or 1
             return False
         self._rest = data[n:]
         return True

@@ -25,7 +25,7 @@ from loadwatch.daemon.sim.kimilog import RealClock, Shape, startup
 from loadwatch.daemon.tools.demo import make_model_dir
 from tests.client import parse_metrics
 from tests.daemon.harness import running
-from tests.helpers import COMPILED, append, wait_for
+from tests.helpers import append, wait_for
 
 SHARDS = 6
 
@@ -241,7 +241,7 @@ def test_subprocess_sigterm_checkpoint_and_restart_rebuild(tmp_path: Path) -> No
     written = [json.loads(x) for x in events.read_text().splitlines()]
     started = [e for e in written if e["event"] == "daemon.started"]
     assert [e["scanner"] for e in started] == ["c", "c"]  # the C candidate search, both runs
-    assert all(e["compiled"] >= len(COMPILED) for e in started)  # (the record path, by mypyc)
+    assert all(e["compiled"] > 0 for e in started)  # (the record path by mypyc: test_compiled.py)
     bar_lines = sum(1 for line in first + rest if "checkpoint shards:" in line)
     parsed = [e for e in written if e["event"] == "log.shard_progress"]
     assert len(parsed) == bar_lines, "every parsed event logged once across the restart"

@@ -201,6 +201,31 @@ def test_lines_held_for_a_run_come_out_together_in_order(tmp_path: Path) -> None
     log.close()
 
 
+def test_stdout_lines_held_for_a_run_come_out_together_in_order(tmp_path: Path) -> None:
+    """stdout's lines are held with the file's (a write a run, not a line), vLLM's lines passed
+    through meanwhile keep their place among them, and the pipe gets whole lines."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    with os.fdopen(write_fd, "w") as out:
+        log = EventLog(out, None, console=False, stdout="all")
+        with log.held():
+            log.emit("log.shard_progress", done=1)
+            log.passthrough(b"INFO vllm says\n")
+            log.emit("transition.phase", phase="loading_weights")
+            with pytest.raises(BlockingIOError):
+                os.read(read_fd, 1 << 16)  # held: nothing written yet
+        log.emit("after")
+        log.close()
+    with os.fdopen(read_fd, "rb") as pipe:
+        lines = pipe.read().splitlines()
+    assert lines[1] == b"INFO vllm says"
+    assert [json.loads(x)["event"] for i, x in enumerate(lines) if i != 1] == [
+        "log.shard_progress",
+        "transition.phase",
+        "after",
+    ]
+
+
 def test_position_names_a_regular_file_only(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     log = EventLog(io.StringIO(), path, console=False)
