@@ -29,21 +29,28 @@ if TYPE_CHECKING:
     from loadwatch.parsers.events import ShardProgress
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
-from loadwatch.daemon.state.records import evolve
-
-_new = object.__new__
-
 Units = Literal["bytes", "items"]
+Cusum = tuple[float, float, int, int]  # (upward sum, downward sum, where each run began)
+
+
+class _Record:
+    """This module's records copy and pickle through their constructor: compiled (mypyc), they
+    are native classes without `__dict__`, which `copy` and `pickle` would write."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return type(self), tuple(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
 
 
 # -- time left ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class EtaConfig:
+class EtaConfig(_Record):
     min_segment_s: float = 0.5  # shorter segments are merged with the next
     window: int = 24  # recent segments kept (to restart a regime at a change point)
     prior_sigma: float = 0.25  # log-duration noise assumed before the data says otherwise
@@ -56,7 +63,7 @@ class EtaConfig:
 
 
 @dataclass(frozen=True)
-class Segment:
+class Segment(_Record):
     """Progress between two bar updates: `items` files and `x1 - x0` units in `t1 - t0` s.
     `resid` is log(actual / predicted duration) against the regime it was tested on."""
 
@@ -78,7 +85,7 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class Regime:
+class Regime(_Record):
     """A stretch of constant speed. Durations are modelled as `a * files + b * units` (a
     per-file cost and a per-byte cost), fitted by least squares from running sums."""
 
@@ -98,23 +105,33 @@ class Regime:
     neg_from: int = 0
     tested_from: int = 0  # segments from this serial on were tested against this regime
 
-    def add(self, seg: Segment, **also: float) -> Regime:
-        """The regime with `seg` in its sums (and `also`'s fields changed in the same copy)."""
+    def add(self, seg: Segment, resid: float | None = None, cusum: Cusum | None = None) -> Regime:
+        """The regime with `seg` in its sums (with the residual `resid` in place of its own),
+        and the CUSUM's state `cusum` when given. (A load adds a segment per bar update.)"""
         n, x, t = float(seg.items), seg.x1 - seg.x0, seg.t1 - seg.t0
-        new = _new(Regime)  # (`evolve`, written out: a load adds a segment per bar update)
-        d = new.__dict__
-        d.update(self.__dict__)
-        d.update(also)
-        d["n"] = self.n + 1
-        d["s_nn"] = self.s_nn + n * n
-        d["s_nx"] = self.s_nx + n * x
-        d["s_xx"] = self.s_xx + x * x
-        d["s_nt"] = self.s_nt + n * t
-        d["s_xt"] = self.s_xt + x * t
-        d["t_sum"] = self.t_sum + t
-        d["x_sum"] = self.x_sum + x
-        d["r2_sum"] = self.r2_sum + seg.resid * seg.resid
-        return new
+        r = seg.resid if resid is None else resid
+        pos, neg, pos_from, neg_from = (
+            cusum
+            if cusum is not None
+            else (self.cusum_pos, self.cusum_neg, self.pos_from, self.neg_from)
+        )
+        return Regime(
+            self.n + 1,
+            self.s_nn + n * n,
+            self.s_nx + n * x,
+            self.s_xx + x * x,
+            self.s_nt + n * t,
+            self.s_xt + x * t,
+            self.t_sum + t,
+            self.x_sum + x,
+            self.r2_sum + r * r,
+            self.sigma_prior,
+            pos,
+            neg,
+            pos_from,
+            neg_from,
+            self.tested_from,
+        )
 
     def coef(self, cfg: EtaConfig) -> tuple[float, float]:
         """(seconds per file, seconds per unit)."""
@@ -163,13 +180,13 @@ def _split(run: tuple[Segment, ...]) -> int:
 def _regime_from(segments: tuple[Segment, ...], sigma_prior: float) -> Regime:
     r = Regime(sigma_prior=sigma_prior)
     for seg in segments:
-        r = r.add(evolve(seg, resid=0.0))
+        r = r.add(seg, resid=0.0)
     nxt = segments[-1].serial + 1
-    return evolve(r, pos_from=nxt, neg_from=nxt, tested_from=nxt)
+    return replace(r, pos_from=nxt, neg_from=nxt, tested_from=nxt)
 
 
 @dataclass(frozen=True, slots=True)
-class Eta:
+class Eta(_Record):
     """Time left on one weights bar, seen at `at`."""
 
     at: float
@@ -187,7 +204,7 @@ class Eta:
 
 
 @dataclass(frozen=True)
-class EtaState:
+class EtaState(_Record):
     """The estimator for one weights bar. `cum` maps files done to bytes done (None: count)."""
 
     total_items: int
@@ -244,7 +261,7 @@ class EtaState:
         t0 = first.t0 if first is not None else self.start_t
         d0 = int(first.x0) if first is not None else self.start_done
         st = EtaState.start(t0, d0, self.total_items, cum, cfg=self.cfg)
-        st = evolve(st, start_t=self.start_t, start_done=self.start_done)
+        st = replace(st, start_t=self.start_t, start_done=self.start_done)
         for seg in self.recent:
             st = st.update(seg.t1, int(seg.x1))
         return st.update(self.last_t, self.last_done)
@@ -269,24 +286,53 @@ class EtaState:
         finished = self.finished_at if done < self.total_items else t
         dt = t - self.open_t
         if dt <= 0.0 or (dt < self.cfg.min_segment_s and done < self.total_items):
-            return evolve(self, last_t=t, last_done=done, finished_at=finished)
+            return self._moved(t, done, self.open_t, self.open_done, finished)
         x0, x1 = self.x(self.open_done), self.x(done)
         if x1 <= x0:  # zero-byte files: no speed to learn from
-            return evolve(
-                self, last_t=t, last_done=done, open_t=t, open_done=done, finished_at=finished
-            )
+            return self._moved(t, done, t, done, finished)
         regime, seg, changed = self._fold(t, x0, x1, done - self.open_done)
-        new = _new(EtaState)  # (`evolve`, written out: one per bar update)
-        d = new.__dict__
-        d.update(self.__dict__)
-        d["last_t"] = d["open_t"] = t
-        d["last_done"] = d["open_done"] = done
-        d["regime"] = regime
-        d["recent"] = (*self.recent[-(self.cfg.window - 1) :], seg)
-        d["serial"] = self.serial + 1
-        d["changes"] = self.changes + (1 if changed else 0)
-        d["finished_at"] = finished
-        return new
+        return self._moved(
+            t,
+            done,
+            t,
+            done,
+            finished,
+            regime,
+            (*self.recent[-(self.cfg.window - 1) :], seg),
+            self.serial + 1,
+            self.changes + (1 if changed else 0),
+        )
+
+    def _moved(
+        self,
+        t: float,
+        done: int,
+        open_t: float,
+        open_done: int,
+        finished_at: float | None,
+        regime: Regime | None = None,
+        recent: tuple[Segment, ...] | None = None,
+        serial: int | None = None,
+        changes: int | None = None,
+    ) -> EtaState:
+        """The state after an update at `t` to `done` (the segment open from `open_t`), with a
+        new segment in (`regime`, `recent`, `serial`, `changes`) or not (None: as they are)."""
+        return EtaState(
+            self.total_items,
+            self.cum,
+            self.start_t,
+            self.start_done,
+            t,
+            done,
+            open_t,
+            open_done,
+            self.regime if regime is None else regime,
+            self.recent if recent is None else recent,
+            self.serial if serial is None else serial,
+            self.changes if changes is None else changes,
+            finished_at,
+            self.cfg,
+        )
 
     def _fold(self, t1: float, x0: float, x1: float, items: int) -> tuple[Regime, Segment, bool]:
         """The segment from the open one to (t1, x1), tested against the regime and added."""
@@ -310,7 +356,7 @@ class EtaState:
             since = pos_from if pos > cfg.cusum_h else neg_from
             run = tuple(s for s in (*self.recent, seg) if s.serial >= since) or (seg,)
             return _regime_from(run[_split(run) :], sigma), seg, True
-        regime = r.add(seg, cusum_pos=pos, cusum_neg=neg, pos_from=pos_from, neg_from=neg_from)
+        regime = r.add(seg, cusum=(pos, neg, pos_from, neg_from))
         return regime, seg, False
 
     # -- reading the estimate -----------------------------------------------------------------
