@@ -45,18 +45,13 @@ estimators keep fixed-size windows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from loadwatch.daemon.sources.inputs import HealthProbe, Tick
 from loadwatch.daemon.state.failures import FailureTally
-from loadwatch.daemon.state.fold import Fold, settle_due, settle_failure
-from loadwatch.daemon.state.fold_failure import on_failure
-from loadwatch.daemon.state.fold_log import LOG_HANDLERS, LOG_RUNS
-from loadwatch.daemon.state.fold_world import WORLD_HANDLERS
-from loadwatch.daemon.state.nodefold import NODE_EVENTS, track_node
-from loadwatch.daemon.state.ranks import check_silent_rank
+from loadwatch.daemon.state.fold import Fold, settle_failure
+from loadwatch.daemon.state.runfold import BULK_EVENTS, fold_run
 from loadwatch.daemon.state.session import (
     BarTrack,
     GpuTrack,
@@ -73,36 +68,6 @@ from loadwatch.daemon.state.session import (
 )
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.state.snapshot_builder import build_snapshot
-from loadwatch.parsers.events import Event, Failure
-
-RunHandler = Callable[[Fold, Sequence[Any]], None]
-
-
-def _each(handler: Callable[[Fold, Any], None], logged: bool) -> RunHandler:
-    """The run handler of a type folded one input at a time (a log event's transitions carry
-    its record's offset)."""
-
-    def run(f: Fold, items: Sequence[Any]) -> None:
-        for item in items:
-            f.record = item.offset if logged else None
-            handler(f, item)
-            track_node(f, item)
-
-    return run
-
-
-# Per input type, the handler of a run of inputs of that type back to back.
-RUN_HANDLERS: dict[type, RunHandler] = {
-    **{
-        cls: _each(h, logged=True)
-        for cls, h in {**LOG_HANDLERS, Failure: on_failure, **NODE_EVENTS}.items()
-    },
-    **{cls: _each(h, logged=False) for cls, h in WORLD_HANDLERS.items()},
-    **LOG_RUNS,  # k/v scale warnings (one tally), bar updates (fold_bars.py), client text
-}
-# The log events a log holds many of, back to back, each type folded a run at a time: what the
-# daemon's loop and analyze hand over in one call (a load's warnings and bars, echoed prompts).
-BULK_EVENTS: tuple[type, ...] = tuple(LOG_RUNS)
 
 
 @dataclass(frozen=True)
@@ -133,33 +98,7 @@ class LoadState(StateData):
         re-read after a restart (the log source says so), placed at their own stamps plus
         `stamp_offset_s` (`Fold.at`), and no stall is judged; live, the run arrived at `now`
         and stalls are judged once, after it."""
-        f = Fold(self, now, replay, stamp_offset_s)
-        seq = items if isinstance(items, (list, tuple)) else list(items)
-        handlers = RUN_HANDLERS
-        i, n = 0, len(seq)
-        while i < n:  # the inputs of one type back to back: one call of that type's handler
-            cls = type(seq[i])
-            j = i + 1
-            while j < n and type(seq[j]) is cls:
-                j += 1
-            if cls is Tick:
-                f.ticked = True
-            handler = handlers.get(cls)
-            if handler is None:
-                raise TypeError(f"LoadState.apply: unsupported input {cls.__name__}")
-            handler(f, seq[i:j] if j - i < n else seq)
-            if issubclass(cls, Event):  # (the log's events, counted by type)
-                f.count("events", cls.type, j - i)
-            i = j
-        if replay and f.sess is not None and n:
-            # what was read now, however old its stamps: silence is counted from here
-            f.upd(backlog_read_at=now)
-        settle_due(f)  # a failure held for its echoes, on the daemon's clock
-        if not replay:
-            f.check_stall()
-            if f.ticked:
-                check_silent_rank(f)
-        new: LoadState = f.finish(n)
+        new: LoadState = fold_run(self, items, now, replay, stamp_offset_s)
         return new
 
     def settle(self, now: float) -> LoadState:
