@@ -147,6 +147,16 @@ def wanted_on_stdout(event: str, level: StdoutLevel) -> bool:
     return not event.startswith("log.") or event == "log.failure"
 
 
+def _has_room(fd: int) -> bool:
+    """Whether the file system of `fd` has a free block for this process: on a full disk a
+    few lines still fit in the file's last, partly used block, which is not a recovery."""
+    try:
+        st = os.fstatvfs(fd)
+    except OSError:
+        return True
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) > 0
+
+
 class EventLog:
     def __init__(
         self,
@@ -234,9 +244,11 @@ class EventLog:
         assert self._file is not None
         try:
             self._file.write(data)
-            self.last_error = None  # written again (a full disk was emptied)
         except OSError as exc:  # no part of a line is left (a size limit, a full disk)
             self._fault(f"cannot write the event log {self.path}: {exc.strerror or exc}")
+            return
+        if self.last_error is not None and _has_room(self._file.fd):
+            self.last_error = None  # written again (a full disk was emptied)
 
     def _write_held(self) -> None:
         """Under the lock: the held lines, in one write to the file and one to stdout."""

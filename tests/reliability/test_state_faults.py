@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import os
 import resource
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.sources.log.checkpoint import checkpoint_name
+from loadwatch.exporters.eventlog import EventLog
 from tests.helpers import append as _append
 from tests.reliability.faults import load_steps
 from tests.reliability.proc import DaemonProc, wait_for
@@ -91,6 +93,25 @@ class Trickle(threading.Thread):
                 self.log,
                 [f'(APIServer pid=9) INFO:     127.0.0.1:{n} - "GET /v1/models HTTP/1.1" 200 OK\n'],
             )
+
+
+def test_a_line_that_fits_the_last_block_of_a_full_disk_is_no_recovery(tmp_path: Path) -> None:
+    """A full disk still takes a few lines into the event log file's last, partly used block:
+    written, but the disk is full all the same, so the event log is not said to be back."""
+    with tmpfs(tmp_path / "fs", "64k") as fs:
+        path = fs / "events.jsonl"
+        log = EventLog(io.StringIO(), path, console=False, stdout="none")
+        log.emit("first", pad="x" * 100)
+        fill(fs / "filler")
+        log.emit("big", pad="x" * 8192)  # more than the block holds: refused
+        assert log.last_error is not None and "No space left" in log.last_error
+        log.emit("small")
+        assert b'"small"' in path.read_bytes()  # it fitted...
+        assert log.last_error is not None  # ...on a disk still full
+        (fs / "filler").unlink()
+        log.emit("after")
+        assert log.last_error is None
+        log.close()
 
 
 @pytest.mark.slow  # bounded: see the module docstring
