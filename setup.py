@@ -1,8 +1,8 @@
 """The one part of the build pyproject.toml cannot say: what is compiled, left out on request.
 
 `python -m build` makes the platform wheel, with two compiled parts, both optional (without a C
-compiler the build goes on with the Python they are made from; `scan.NATIVE` and
-`loadwatch.compiled()` say what runs):
+compiler the build goes on with the Python they are made from; the daemon's `daemon.started`
+line says what runs: `scanner`, `compiled`):
 - the chunk scanner's candidate search, from parsers/_scan.c;
 - the modules every log record goes through (`[tool.loadwatch] compiled` in pyproject.toml),
   compiled by mypyc from their own Python source: the same statements, run without the

@@ -14,9 +14,13 @@ stamp=$VENV/.installed
 compiled=$("$PY" -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["loadwatch"]["compiled"])')
 # shellcheck disable=SC2086  # (the list: paths without spaces)
 want=$( { cat pyproject.toml setup.py parsers/*.c $compiled; find daemon parsers exporters -name '*.py' -o -name '*.pyi' -o -name 'py.typed' -o -name '*.toml' | sort; find systemd prometheus grafana k8s docs -type f | sort; } | sha1sum | cut -d' ' -f1)
-# A compiled module older than its source (a checkout, an edit undone) is built again too:
-# tests/conftest.py refuses to test it.
+# A compiled module older than its source (a checkout, an edit undone) is built again too, and
+# the build of a module no longer listed goes (its .so would shadow its .py): tests/conftest.py
+# refuses to test either.
 fresh=1
+for so in $(find daemon parsers exporters -name '*.cpython-*.so' ! -name '_scan.*'); do
+  case " $compiled " in *" ${so%%.cpython-*}.py "*) ;; *) rm -f "$so"; fresh=0 ;; esac
+done
 for py in $compiled; do
   for so in "${py%.py}".cpython-*.so; do
     if [ -e "$so" ] && [ "$py" -nt "$so" ]; then fresh=0; fi

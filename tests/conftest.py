@@ -78,8 +78,9 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """A compiled module older than its source would test the old code (its .so shadows the
-    .py): stop and say so. `make venv` rebuilds it (scripts/ensure-venv.sh)."""
+    """A compiled module older than its source, or one no longer listed, would test other code
+    than the source (its .so shadows the .py): stop and say so. `make venv` builds them again
+    and takes away what is not listed (scripts/ensure-venv.sh)."""
     from tests.helpers import COMPILED, REPO
 
     stale = [
@@ -88,5 +89,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         for built in (REPO / path).parent.glob(Path(path).stem + ".cpython-*.so")
         if built.stat().st_mtime < (REPO / path).stat().st_mtime
     ]
-    if stale:
-        pytest.exit(f"compiled before their last change: {', '.join(stale)}: run `make venv`", 4)
+    unlisted = [
+        str(built.relative_to(REPO))
+        for top in ("daemon", "parsers", "exporters")
+        for built in (REPO / top).rglob("*.cpython-*.so")
+        if not built.name.startswith("_scan.")
+        and str(built.relative_to(REPO)).split(".cpython-")[0] + ".py" not in COMPILED
+    ]
+    if stale or unlisted:
+        pytest.exit(
+            f"compiled before their last change: {stale}; built but no longer listed in "
+            f"pyproject.toml: {unlisted}: run `make venv`",
+            4,
+        )
