@@ -1,4 +1,4 @@
-"""`evolve`: a fast copy-with-changes for the daemon's frozen records (fold and forecast)."""
+"""`evolve`: a fast copy-with-changes for the fold's frozen records (state/session.py, ...)."""
 
 from __future__ import annotations
 
