@@ -29,16 +29,18 @@ if TYPE_CHECKING:
     from loadwatch.parsers.events import ShardProgress
 
 import math
-from dataclasses import dataclass, fields, replace
-from typing import Literal
+from dataclasses import dataclass, fields
+from typing import Literal, NamedTuple
 
 Units = Literal["bytes", "items"]
 Cusum = tuple[float, float, int, int]  # (upward sum, downward sum, where each run began)
 
 
 class _Record:
-    """This module's records copy and pickle through their constructor: compiled (mypyc), they
-    are native classes without `__dict__`, which `copy` and `pickle` would write."""
+    """The dataclasses here copy and pickle through their constructor: compiled (mypyc), they
+    are native classes without `__dict__`, which `copy` and `pickle` would write. (The records
+    made per bar update are named tuples: compiled, a frozen dataclass is built through a
+    Python-level `__init__` that sets each field, several times slower.)"""
 
     __slots__ = ()
 
@@ -62,8 +64,7 @@ class EtaConfig(_Record):
     range_z: float = 1.64  # the low/high range is about a 90% interval
 
 
-@dataclass(frozen=True)
-class Segment(_Record):
+class Segment(NamedTuple):
     """Progress between two bar updates: `items` files and `x1 - x0` units in `t1 - t0` s.
     `resid` is log(actual / predicted duration) against the regime it was tested on."""
 
@@ -84,8 +85,7 @@ class Segment(_Record):
         return self.x1 - self.x0
 
 
-@dataclass(frozen=True)
-class Regime(_Record):
+class Regime(NamedTuple):
     """A stretch of constant speed. Durations are modelled as `a * files + b * units` (a
     per-file cost and a per-byte cost), fitted by least squares from running sums."""
 
@@ -182,7 +182,7 @@ def _regime_from(segments: tuple[Segment, ...], sigma_prior: float) -> Regime:
     for seg in segments:
         r = r.add(seg, resid=0.0)
     nxt = segments[-1].serial + 1
-    return replace(r, pos_from=nxt, neg_from=nxt, tested_from=nxt)
+    return r._replace(pos_from=nxt, neg_from=nxt, tested_from=nxt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,8 +203,7 @@ class Eta(_Record):
         return self.at + self.remaining_s
 
 
-@dataclass(frozen=True)
-class EtaState(_Record):
+class EtaState(NamedTuple):
     """The estimator for one weights bar. `cum` maps files done to bytes done (None: count)."""
 
     total_items: int
@@ -261,7 +260,7 @@ class EtaState(_Record):
         t0 = first.t0 if first is not None else self.start_t
         d0 = int(first.x0) if first is not None else self.start_done
         st = EtaState.start(t0, d0, self.total_items, cum, cfg=self.cfg)
-        st = replace(st, start_t=self.start_t, start_done=self.start_done)
+        st = st._replace(start_t=self.start_t, start_done=self.start_done)
         for seg in self.recent:
             st = st.update(seg.t1, int(seg.x1))
         return st.update(self.last_t, self.last_done)
