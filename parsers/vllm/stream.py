@@ -245,7 +245,15 @@ class EventStream:
         kind = self._clients.kind(head)
         if kind is not None:  # never part of a traceback, never the start of one
             return self._clients.aside(kind, head, offset, self.mode)
-        return self._tracebacks.segment(head, offset, self._last_time(), self._parse, self._segment)
+        tracebacks = self._tracebacks
+        opening = not tracebacks.active
+        out = tracebacks.segment(head, offset, self._last_time(), self._parse, self._segment)
+        if opening and tracebacks.active:
+            # A client's lines are written at once, so none goes on across a traceback's
+            # start; and the chunk scanner skips the client text before it unseen, then walks
+            # every record: forgetting the header here makes both read the same.
+            self._clients.header = None
+        return out
 
     def _parse(self, head: Head, offset: int) -> list[Event]:
         key = (self.mode, head.level, head.source, head.body)

@@ -54,6 +54,20 @@ def test_parser_on_mutated_real_logs(
     parse_target(mutate(SEEDS[seed], rng, rounds), chunk)
 
 
+# Inputs the fuzzers once failed on, kept whole (the seeds above move with every fixture added):
+# found/client-header-across-traceback-*: mutated pieces of real-v0.32-client-text.log, where
+# the chunk scanner and the record-by-record parse read a record after a traceback's start
+# differently (the request logger's header of client text that only one of them had seen).
+FOUND = sorted((Path(__file__).parent / "found").glob("*.bin"))
+
+
+@pytest.mark.parametrize("path", FOUND, ids=lambda p: p.stem)
+def test_parser_on_inputs_the_fuzzers_found(path: Path) -> None:
+    data = path.read_bytes()
+    for chunk in (1, 7, 64, 1 << 16):
+        parse_target(data, chunk)
+
+
 _piece = st.one_of(
     st.binary(max_size=60),
     st.sampled_from(
