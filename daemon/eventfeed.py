@@ -27,6 +27,7 @@ restart's read-back, and a line per record would write ten times the lines durin
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from loadwatch.daemon.sources.log.emitmark import FOLDED_AS, Ordinals
@@ -34,6 +35,7 @@ from loadwatch.daemon.sources.log.source import Notice, Run
 from loadwatch.daemon.state.snapshot import Transition
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.parsers import Event, KvScaleWarning
+from loadwatch.parsers.events import field_names
 from loadwatch.parsers.vllm.argv_secrets import Redactor
 
 
@@ -112,12 +114,32 @@ class RunEffects:
         fields.setdefault("offset", offset)  # (as the fold notes it)
         self._write(f"transition.{kind}", fields, log=False)
 
+    def part(
+        self,
+        events: Sequence[Event],
+        transitions: Sequence[Transition],
+        effect: Callable[[Transition, int], None],
+    ) -> None:
+        """The effects of a part of the run folded in one call, in record order: the
+        transitions a record caused (`effect` writes each) before that record's event, as one
+        event at a time would; those judged after the part's last record (a stall, a cleared
+        forecast) at its end."""
+        i, n = 0, len(transitions)
+        for ev in events:
+            while i < n and transitions[i].offset == ev.offset:
+                effect(transitions[i], ev.offset)
+                i += 1
+            self.event(ev)
+        while i < n:
+            effect(transitions[i], events[-1].offset)
+            i += 1
+
     def event(self, ev: Event) -> None:
         if type(ev) is KvScaleWarning and not ev.deprecated:
             self._kv.append(ev)
             return
         self._close_fold()
-        self._write(f"log.{ev.type}", ev.fields_set(), log=True)
+        self._write(f"log.{ev.type}", event_fields(ev), log=True)
 
     def close(self) -> None:
         self._close_fold()
@@ -136,7 +158,7 @@ class RunEffects:
             if not kv:
                 return
         if len(kv) == 1:
-            fields = kv[0].fields_set()
+            fields = event_fields(kv[0])
             name = _KV
         else:
             fields = folded(kv)
@@ -160,6 +182,24 @@ class RunEffects:
         self._eventlog.emit(name, **fields)
 
 
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def event_fields(ev: Event) -> dict[str, Any]:
+    """A log event's line: `to_dict` without the type and the fields that are None (compiled
+    here: a load writes thousands of bar updates a second while a backlog is read)."""
+    cls = type(ev)
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = field_names(cls)
+    out: dict[str, Any] = {}
+    for name in names:
+        value = getattr(ev, name)
+        if value is not None:
+            out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
 def folded(kv: list[KvScaleWarning]) -> dict[str, Any]:
     """One line for k/v scale warnings back to back: the first record's place, stamp, process
     and names, the last one's place and stamp, the sums: records per layer (layer order), scales
@@ -168,11 +208,20 @@ def folded(kv: list[KvScaleWarning]) -> dict[str, Any]:
     layers: dict[int, int] = {}
     scales: dict[str, None] = {}
     procs: dict[tuple[str | None, int | None], None] = {}
-    for ev in kv:
-        if ev.layer is not None:
-            layers[ev.layer] = layers.get(ev.layer, 0) + 1
-        scales[ev.scale] = None
-        procs[(ev.process, ev.pid)] = None
+    offsets: list[int] = []
+    stamps: list[float | None] = []
+    for ev in kv:  # (one pass, each field read once: a load folds thousands a second)
+        layer = ev.layer
+        if layer is not None:
+            layers[layer] = layers.get(layer, 0) + 1
+        scale = ev.scale
+        if scale not in scales:
+            scales[scale] = None
+        who = (ev.process, ev.pid)
+        if who not in procs:
+            procs[who] = None
+        offsets.append(ev.offset)
+        stamps.append(ev.ts)
     fields: dict[str, Any] = {
         "offset": first.offset,
         "ts": first.ts,
@@ -186,7 +235,7 @@ def folded(kv: list[KvScaleWarning]) -> dict[str, Any]:
         "processes": [[p, pid] for p, pid in procs],
         "checkpoint_name": first.checkpoint_name,
         "model_name": first.model_name,
-        "offsets": [ev.offset for ev in kv],
-        "record_ts": [ev.ts for ev in kv],
+        "offsets": offsets,
+        "record_ts": stamps,
     }
     return {k: v for k, v in fields.items() if v is not None}

@@ -42,8 +42,9 @@ from loadwatch.daemon.sources.inputs import IoReader, ProcessEvent
 from loadwatch.daemon.sources.log.inputs import LogInput
 from loadwatch.daemon.sources.log.source import LogSource, Notice, Run
 from loadwatch.daemon.state.failures import session_kind
-from loadwatch.daemon.state.loadstate import BULK_EVENTS, LoadState
+from loadwatch.daemon.state.loadstate import LoadState
 from loadwatch.daemon.state.published import Published
+from loadwatch.daemon.state.runfold import bulk_parts
 from loadwatch.daemon.state.snapshot import Snapshot, Transition
 from loadwatch.daemon.tasks import Pace
 from loadwatch.daemon.vllm_watch import VllmWatch
@@ -193,15 +194,7 @@ class Daemon:
         if run.emit == "new":
             tell_failing(self.supervisor, before, after)
         transitions = after.transitions
-        i, n = 0, len(transitions)
-        for ev in part:
-            while i < n and transitions[i].offset == ev.offset:
-                self._effect(source, out, run, transitions[i], ev.offset)
-                i += 1
-            out.event(ev)
-        while i < n:  # judged after the part's last record (a stall, a cleared forecast)
-            self._effect(source, out, run, transitions[i], part[-1].offset)
-            i += 1
+        out.part(part, transitions, lambda t, at: self._effect(source, out, run, t, at))
         begun = any(t.kind == "session_started" for t in transitions)
         self.models.after_fold(self.state, self.clock(), live=not run.replay, begun=begun)
 
@@ -459,24 +452,6 @@ def tell_failing(supervisor: Any, before: LoadState, after: LoadState) -> None:
         return
     if old is None or old.id != s.id or old.failing is None or session_kind(old.failures) != kind:
         supervisor.note_fatal_failure(kind)
-
-
-def bulk_parts(events: Sequence[Event]) -> list[list[Event]]:
-    """A run's events as the parts folded in one call each: the bulk events back to back
-    together, every other one (a milestone, a failure: rare, and one may name the model whose
-    shard sizes the next bar needs) a part of its own."""
-    parts: list[list[Event]] = []
-    bulk: list[Event] | None = None
-    for ev in events:
-        if isinstance(ev, BULK_EVENTS):
-            if bulk is None:
-                bulk = []
-                parts.append(bulk)
-            bulk.append(ev)
-        else:
-            bulk = None
-            parts.append([ev])
-    return parts
 
 
 async def first_gpu_poll(d: Daemon, timeout_s: float = 5.0) -> None:

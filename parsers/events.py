@@ -50,15 +50,6 @@ class Event:
             out[name] = list(value) if isinstance(value, tuple) else value
         return out
 
-    def fields_set(self) -> dict[str, Any]:
-        """`to_dict` without the type and the fields that are None: an event log line's."""
-        out: dict[str, Any] = {}
-        for name in field_names(type(self)):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = list(value) if isinstance(value, tuple) else value
-        return out
-
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 _E = TypeVar("_E")

@@ -84,3 +84,21 @@ def fold_run(
         if f.ticked:
             check_silent_rank(f)
     return f.finish(n)
+
+
+def bulk_parts(events: Sequence[Event]) -> list[list[Event]]:
+    """A run's events as the parts folded in one call each: the bulk events back to back
+    together, every other one (a milestone, a failure: rare, and one may name the model whose
+    shard sizes the next bar needs) a part of its own."""
+    parts: list[list[Event]] = []
+    bulk: list[Event] | None = None
+    for ev in events:
+        if isinstance(ev, BULK_EVENTS):
+            if bulk is None:
+                bulk = []
+                parts.append(bulk)
+            bulk.append(ev)
+        else:
+            bulk = None
+            parts.append([ev])
+    return parts
