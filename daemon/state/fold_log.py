@@ -14,7 +14,7 @@ from typing import Any
 from loadwatch.daemon.state.fold import Fold, settle_failure
 from loadwatch.daemon.state.fold_bars import on_progress_run
 from loadwatch.daemon.state.nodefold import track_node
-from loadwatch.daemon.state.ranks import track_processes
+from loadwatch.daemon.state.ranks import process_spans, track_processes
 from loadwatch.daemon.state.session import (
     LOADING_MILESTONES,
     POST_LOAD_MILESTONES,
@@ -114,13 +114,10 @@ def on_kv_run(f: Fold, run: Sequence[KvScaleWarning]) -> None:
     f.record = run[0].offset
     prev = f.sess.last_event_at if f.sess is not None else None
     _tally(f, run, "kv_scale_missing", "warning", run[0].checkpoint_name or "", kv=True)
-    seen: set[tuple[str | None, int | None]] = set()
-    for ev in run:
-        who = (ev.process, ev.pid)
-        if who not in seen:  # (`track_node` would do nothing for it again)
-            seen.add(who)
-            track_node(f, ev, lines=False)
-    track_processes(f, run, prev)  # (each process's last line of the run)
+    spans = process_spans(run)
+    for first, _last in spans.values():  # (`track_node` would do nothing for the rest)
+        track_node(f, run[first], lines=False)
+    track_processes(f, run, prev, spans=spans)  # (each process's first and last line)
 
 
 def _on_scale_factor(f: Fold, ev: ScaleFactorWarning) -> None:
@@ -144,16 +141,14 @@ def on_client_text_run(f: Fold, run: Sequence[ClientText]) -> None:
     process's last line is noted, at its own time (the session's last event time stays)."""
     f.record = run[-1].offset
     kinds: dict[str, int] = {}
-    seen: set[tuple[str | None, int | None]] = set()
     for ev in run:
         kinds[ev.kind] = kinds.get(ev.kind, 0) + 1
-        who = (ev.process, ev.pid)
-        if who not in seen:  # (`track_node` would do nothing for it again)
-            seen.add(who)
-            track_node(f, ev, lines=False)
+    spans = process_spans(run)
+    for first, _last in spans.values():  # (`track_node` would do nothing for the rest)
+        track_node(f, run[first], lines=False)
     for kind, n in kinds.items():
         f.count("client_text", kind, n)
-    track_processes(f, run, moves_time=False)
+    track_processes(f, run, moves_time=False, spans=spans)
 
 
 def _on_stall_hint(f: Fold, ev: StallHint) -> None:

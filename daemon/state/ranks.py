@@ -56,28 +56,45 @@ def track_process(f: Fold, ev: Event) -> None:
         _note(f, ev, ev, at, at)
 
 
+def process_spans(run: Sequence[Event]) -> dict[tuple[str | None, int | None], tuple[int, int]]:
+    """Each process's first and last line in `run`, as indexes, by (name, pid) in order of first
+    appearance (lines without a process too, under None): one pass, each field read once."""
+    spans: dict[tuple[str | None, int | None], tuple[int, int]] = {}
+    for i, ev in enumerate(run):
+        key = (ev.process, ev.pid)
+        span = spans.get(key)
+        spans[key] = (i, i) if span is None else (span[0], i)
+    return spans
+
+
 def track_processes(
-    f: Fold, run: Sequence[Event], prev: float | None = None, *, moves_time: bool = True
+    f: Fold,
+    run: Sequence[Event],
+    prev: float | None = None,
+    *,
+    moves_time: bool = True,
+    spans: dict[tuple[str | None, int | None], tuple[int, int]] | None = None,
 ) -> None:
     """Note a run of events folded in one call (k/v warnings back to back, a bar's burst) as
     one at a time would: only each process's first (when it is new) and last line matter.
     Replayed, each line's time is worked out as `Fold.at` would have, from `prev` (the
     session's last event time before the run) on; `moves_time=False`: the run's events leave
-    that time where it is (client text), so each line's time is `Fold.at`'s now."""
+    that time where it is (client text), so each line's time is `Fold.at`'s now. `spans`: the
+    run's `process_spans`, when the caller has them."""
     if f.sess is None:
         return
-    last = {(ev.process, ev.pid): i for i, ev in enumerate(run) if ev.process is not None}
-    if not last:
-        return
+    if spans is None:
+        spans = process_spans(run)
     times = _replayed(f, run, prev) if f.replay and moves_time else None
     end = run[-1]
     if isinstance(end, ShardProgress) and end.bar == "weights":  # (a bar's burst: all of it)
         _weights(f, len(run), end.done)
     known = f.s.processes
-    for (name, pid), i in last.items():
-        j = i
-        if who(name, pid) not in known:
-            j = next(k for k, e in enumerate(run) if e.process == name and e.pid == pid)
+    for (name, pid), (j, i) in spans.items():
+        if name is None:
+            continue
+        if who(name, pid) in known:
+            j = i
         if times is None:
             _note(f, run[j], run[i], f.at(run[i].ts), f.at(run[j].ts))
         else:
@@ -267,6 +284,7 @@ __all__ = [
     "ProcessView",
     "check_silent_rank",
     "family",
+    "process_spans",
     "process_views",
     "silent_rank_reason",
     "silent_ranks",
