@@ -31,7 +31,8 @@ def _problems(events: list[dict[str, Any]]) -> list[str]:
     """The problem lines; each must come before the first log event (what it explains)."""
     names = [e["event"] for e in events]
     first_log = next((i for i, n in enumerate(names) if n.startswith("log.")), len(names))
-    assert all(i < first_log for i, n in enumerate(names) if n == "daemon.problem"), names
+    told = [(i, e.get("error")) for i, e in enumerate(events) if e["event"] == "daemon.problem"]
+    assert all(i < first_log for i, _ in told), (first_log, told)  # (the lines, to tell why)
     return [str(e["error"]) for e in events if e["event"] == "daemon.problem"]
 
 
