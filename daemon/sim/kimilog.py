@@ -129,11 +129,18 @@ def hms(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
+# Added to every pid drawn: Linux gives no process a pid of 2**22 (PID_MAX_LIMIT) or more, so a
+# simulated log never names a process running here. A daemon watching such a log looks the pid
+# up; one that held a drawn pid by chance (a test machine cycles through the pids) was refused
+# with a problem line, at random.
+PID_BASE = 1 << 22
+
+
 class Prefixes:
     def __init__(self, rng: random.Random, workers: int) -> None:
-        self.api = f"(APIServer pid={rng.randint(1000, 60000)}) "
-        self.core = f"(EngineCore_DP0 pid={rng.randint(1000, 60000)}) "
-        base = rng.randint(1000, 60000)
+        self.api = f"(APIServer pid={PID_BASE + rng.randint(1000, 60000)}) "
+        self.core = f"(EngineCore_DP0 pid={PID_BASE + rng.randint(1000, 60000)}) "
+        base = PID_BASE + rng.randint(1000, 60000)
         self.workers = [f"(Worker_TP{i} pid={base + i}) " for i in range(workers)]
 
 
