@@ -85,14 +85,16 @@ def track_processes(
         return
     if spans is None:
         spans = process_spans(run)
+    named = [(key, span) for key, span in spans.items() if key[0] is not None]
+    if not named:
+        return
     times = _replayed(f, run, prev) if f.replay and moves_time else None
     end = run[-1]
     if isinstance(end, ShardProgress) and end.bar == "weights":  # (a bar's burst: all of it)
         _weights(f, len(run), end.done)
     known = f.s.processes
-    for (name, pid), (j, i) in spans.items():
-        if name is None:
-            continue
+    for (name, pid), (j, i) in named:
+        assert name is not None
         if who(name, pid) in known:
             j = i
         if times is None:
