@@ -182,18 +182,11 @@ class RunEffects:
         self._eventlog.emit(name, **fields)
 
 
-_NAMES: dict[type, tuple[str, ...]] = {}
-
-
 def event_fields(ev: Event) -> dict[str, Any]:
     """A log event's line: `to_dict` without the type and the fields that are None (compiled
     here: a load writes thousands of bar updates a second while a backlog is read)."""
-    cls = type(ev)
-    names = _NAMES.get(cls)
-    if names is None:
-        names = _NAMES[cls] = field_names(cls)
     out: dict[str, Any] = {}
-    for name in names:
+    for name in field_names(type(ev)):  # (read once per class, events.py keeps them)
         value = getattr(ev, name)
         if value is not None:
             out[name] = list(value) if isinstance(value, tuple) else value
