@@ -53,7 +53,7 @@ def track_process(f: Fold, ev: Event) -> None:
         if isinstance(ev, ShardProgress) and ev.bar == "weights":
             _weights(f, 1, ev.done)
         at = f.at(ev.ts)
-        _note(f, ev, ev, at, at)
+        _note(f, who(ev.process, ev.pid), ev, ev, at, at)
 
 
 def process_spans(run: Sequence[Event]) -> dict[tuple[str | None, int | None], tuple[int, int]]:
@@ -85,22 +85,22 @@ def track_processes(
         return
     if spans is None:
         spans = process_spans(run)
-    named = [(key, span) for key, span in spans.items() if key[0] is not None]
-    if not named:
-        return
-    times = _replayed(f, run, prev) if f.replay and moves_time else None
     end = run[-1]
     if isinstance(end, ShardProgress) and end.bar == "weights":  # (a bar's burst: all of it)
         _weights(f, len(run), end.done)
-    known = f.s.processes
-    for (name, pid), (j, i) in named:
-        assert name is not None
-        if who(name, pid) in known:
+    times: list[float] | None = None
+    for (name, pid), (j, i) in spans.items():
+        if name is None:
+            continue
+        key = who(name, pid)
+        if key in f.s.processes:
             j = i
-        if times is None:
-            _note(f, run[j], run[i], f.at(run[i].ts), f.at(run[j].ts))
+        if f.replay and moves_time:
+            if times is None:
+                times = _replayed(f, run, prev)
+            _note(f, key, run[j], run[i], times[i], times[j])
         else:
-            _note(f, run[j], run[i], times[i], times[j])
+            _note(f, key, run[j], run[i], f.at(run[i].ts), f.at(run[j].ts))
 
 
 def _replayed(f: Fold, run: Sequence[Event], prev: float | None) -> list[float]:
@@ -122,11 +122,11 @@ def _weights(f: Fold, updates: int, done: int) -> None:
     sd["weights_done"] = done
 
 
-def _note(f: Fold, first: Event, last: Event, at: float, first_at: float) -> None:
+def _note(f: Fold, key: str, first: Event, last: Event, at: float, first_at: float) -> None:
+    """Note `last` (and, for a process new to the session, `first`) under process `key`."""
     s = f.s
     name = last.process
     assert name is not None
-    key = who(name, last.pid)
     rec = s.processes.get(key)
     if rec is None and len(s.processes) >= MAX_TRACKED:
         return

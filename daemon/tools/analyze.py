@@ -74,7 +74,7 @@ class SessionFolder:
         self._held: list[Event] = []
         self._start_offset: int | None = None
         self._failures: dict[tuple[str, str], int] = {}
-        self._bulk: list[Event] = []  # a load's events at `self._bulk_at`, not folded yet
+        self._bulk: list[Event | Tick] = []  # a load's events at `self._bulk_at`, not folded yet
         self._bulk_at = 0.0
         self._tick_at = -math.inf
         if model is not None:
@@ -96,10 +96,14 @@ class SessionFolder:
             and self.state.session is not None
         ):
             # the daemon's tick, once a second of the log's time, when the second before is
-            # over: a rank silent while its peers moved on is judged on ticks (state/ranks.py)
-            self._fold_bulk()
+            # over: a rank silent while its peers moved on is judged on ticks (state/ranks.py).
+            # The load's events held back are at `prev` too: they and the tick are one run.
+            if self._bulk_at != prev:
+                self._fold_bulk()
             self._tick_at = prev
-            self.state = self.state.apply(Tick(), prev)
+            self._bulk.append(Tick())
+            self._bulk_at = prev
+            self._fold_bulk()
         if isinstance(ev, BULK_EVENTS) and self.state.session is not None:
             t = at if at is not None else self.fallback_ts  # (as `_apply` takes it)
             if self._bulk and t != self._bulk_at:
