@@ -125,6 +125,10 @@ class RunEffects:
         event at a time would; those judged after the part's last record (a stall, a cleared
         forecast) at its end."""
         i, n = 0, len(transitions)
+        if not n:  # (nearly every part of a load: its events alone)
+            for ev in events:
+                self.event(ev)
+            return
         for ev in events:
             while i < n and transitions[i].offset == ev.offset:
                 effect(transitions[i], ev.offset)
@@ -165,7 +169,7 @@ class RunEffects:
             name = FOLDED_AS[_KV]
         if run.emit == "missing" and run.written is None:
             fields["replay"] = True
-        self._eventlog.emit(name, **fields)
+        self._eventlog.emit_fields(name, fields)
 
     def _write(self, name: str, fields: dict[str, Any], *, log: bool) -> None:
         run = self._run
@@ -179,7 +183,7 @@ class RunEffects:
                 fields["replay"] = True
             elif key in run.written:
                 return
-        self._eventlog.emit(name, **fields)
+        self._eventlog.emit_fields(name, fields)
 
 
 def event_fields(ev: Event) -> dict[str, Any]:
