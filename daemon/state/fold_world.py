@@ -82,7 +82,7 @@ def _on_process(f: Fold, ev: ProcessEvent) -> None:
 
 def _on_health(f: Fold, ev: HealthProbe) -> None:
     f.changes["health"] = ev
-    f.changes["health_failures"] = 0 if ev.ok else f.old.health_failures + 1
+    f.changes["health_failures"] = 0 if ev.ok else f.get("health_failures") + 1
     s = f.sess
     if (
         ev.ok

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from loadwatch.daemon.sources.inputs import HealthProbe, Tick
 from loadwatch.daemon.state.failures import FailureTally
 from loadwatch.daemon.state.fold import Fold, settle_failure
-from loadwatch.daemon.state.runfold import BULK_EVENTS, fold_run
+from loadwatch.daemon.state.runfold import BULK_EVENTS, fold_run, fold_runs
 from loadwatch.daemon.state.session import (
     BarTrack,
     GpuTrack,
@@ -99,6 +99,20 @@ class LoadState(StateData):
         `stamp_offset_s` (`Fold.at`), and no stall is judged; live, the run arrived at `now`
         and stalls are judged once, after it."""
         new: LoadState = fold_run(self, items, now, replay, stamp_offset_s)
+        return new
+
+    def apply_runs(
+        self,
+        runs: Iterable[tuple[float, Iterable[Input]]],
+        *,
+        replay: bool = False,
+        stamp_offset_s: float = 0.0,
+    ) -> LoadState:
+        """`apply_run` of each `(now, items)` in order, in one call: the state and the
+        transitions (every run's, in order) that those calls one after another give, each run's
+        checks made at its own `now`. What the runs change is copied once, not once a run:
+        `loadwatch analyze` folds a load's events a second of the log at a time this way."""
+        new: LoadState = fold_runs(self, runs, replay, stamp_offset_s)
         return new
 
     def settle(self, now: float) -> LoadState:

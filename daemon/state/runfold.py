@@ -57,8 +57,34 @@ def fold_run(
     state: StateData, items: Iterable[Any], now: float, replay: bool, stamp_offset_s: float
 ) -> Any:
     """`LoadState.apply_run`: the new state (of `state`'s type)."""
-    f = Fold(state, now, replay, stamp_offset_s)
-    seq = items if isinstance(items, (list, tuple)) else list(items)
+    return fold_runs(state, ((now, items),), replay, stamp_offset_s)
+
+
+def fold_runs(
+    state: StateData,
+    runs: Iterable[tuple[float, Iterable[Any]]],
+    replay: bool,
+    stamp_offset_s: float,
+) -> Any:
+    """`LoadState.apply_runs`: each run folded at its own `now` as `fold_run` folds it, the
+    checks of a run made after each, in one `Fold` (what the runs change is copied once)."""
+    f: Fold | None = None
+    total = 0
+    for now, items in runs:
+        if f is None:
+            f = Fold(state, now, replay, stamp_offset_s)
+        else:
+            f.now = now
+            f.ticked = False
+            f.watch = None
+        total += _fold_into(f, items if isinstance(items, (list, tuple)) else list(items))
+    if f is None:
+        f = Fold(state, 0.0, replay, stamp_offset_s)
+    return f.finish(total)
+
+
+def _fold_into(f: Fold, seq: Sequence[Any]) -> int:
+    """One run into `f`, at `f.now`: its inputs, then the checks made once a run."""
     handlers = RUN_HANDLERS
     i, n = 0, len(seq)
     while i < n:  # the inputs of one type back to back: one call of that type's handler
@@ -75,15 +101,15 @@ def fold_run(
         if issubclass(cls, Event):  # (the log's events, counted by type)
             f.count("events", cls.type, j - i)
         i = j
-    if replay and f.sess is not None and n:
+    if f.replay and f.sess is not None and n:
         # what was read now, however old its stamps: silence is counted from here
-        f.upd(backlog_read_at=now)
+        f.upd(backlog_read_at=f.now)
     settle_due(f)  # a failure held for its echoes, on the daemon's clock
-    if not replay:
+    if not f.replay:
         f.check_stall()
         if f.ticked:
             check_silent_rank(f)
-    return f.finish(n)
+    return n
 
 
 def bulk_parts(events: Sequence[Event]) -> list[list[Event]]:

@@ -3,8 +3,11 @@
 The log is read as the daemon reads it (analyze_input.py: plain, gzip, container formats, stdin),
 so the report says what the daemon would have said: `LogReader` -> `SessionFolder` (`LoadState`).
 Each event is folded at its own time (the last known time when it has none), so phase durations
-are the log's own; a load's warnings and bar updates back to back at one time are folded in one
-`apply_run` (they can open no session: the state's own grouping does the rest). The state keeps only a summary of earlier sessions, so the state is snapshotted
+are the log's own, and the daemon's tick comes once a second of the log's time. A load's
+warnings and bar updates are held back, those of one time a run (with the tick that ends that
+second), and the runs folded in one `apply_runs` call, each at its own time, until an event of
+another kind comes (they can open no session: the state's own grouping does the rest). The
+state keeps only a summary of earlier sessions, so the state is snapshotted
 just before a new session replaces the current one, and once at the end; the report (report.py)
 is built from those snapshots. Memory stays bounded: reads of at most a few MiB, records cut at
 ``max_record_bytes``, and the last `MAX_SESSIONS_KEPT` sessions kept in full.
@@ -59,6 +62,7 @@ MAX_SESSIONS_KEPT = 100
 # past this many they take the file's mtime instead.
 MAX_UNTIMED_HELD = 10_000
 MAX_FAILURE_OFFSETS = 256  # per session; the state keeps 32 distinct failures anyway
+MAX_RUN_INPUTS = 4096  # the load's events held back before they are folded (memory stays bounded)
 
 
 class SessionFolder:
@@ -76,6 +80,9 @@ class SessionFolder:
         self._failures: dict[tuple[str, str], int] = {}
         self._bulk: list[Event | Tick] = []  # a load's events at `self._bulk_at`, not folded yet
         self._bulk_at = 0.0
+        # the load's events of the seconds before, each second a run, folded in one call
+        self._runs: list[tuple[float, list[Event | Tick]]] = []
+        self._runs_inputs = 0
         self._tick_at = -math.inf
         if model is not None:
             self.state = self.state.apply(model, fallback_ts)
@@ -99,28 +106,39 @@ class SessionFolder:
             # over: a rank silent while its peers moved on is judged on ticks (state/ranks.py).
             # The load's events held back are at `prev` too: they and the tick are one run.
             if self._bulk_at != prev:
-                self._fold_bulk()
+                self._close_bulk()
             self._tick_at = prev
             self._bulk.append(Tick())
             self._bulk_at = prev
-            self._fold_bulk()
+            self._close_bulk()
         if isinstance(ev, BULK_EVENTS) and self.state.session is not None:
             t = at if at is not None else self.fallback_ts  # (as `_apply` takes it)
             if self._bulk and t != self._bulk_at:
-                self._fold_bulk()
+                self._close_bulk()
             self._bulk.append(ev)
             self._bulk_at = t
             if ev.ts is not None:
                 self.now = ev.ts
             return
-        self._fold_bulk()
+        self._fold_held_runs()
         self._apply(ev, at)
 
-    def _fold_bulk(self) -> None:
-        """The load's events held back, at their one time, in one call (no session starts)."""
+    def _close_bulk(self) -> None:
+        """The load's events held back at their one time are a run, folded with the others."""
         if self._bulk:
-            self.state = self.state.apply_run(self._bulk, self._bulk_at)
+            self._runs.append((self._bulk_at, self._bulk))
+            self._runs_inputs += len(self._bulk)
             self._bulk = []
+            if self._runs_inputs >= MAX_RUN_INPUTS:
+                self._fold_held_runs()
+
+    def _fold_held_runs(self) -> None:
+        """The runs held back, each at its own time, in one call (no session starts)."""
+        self._close_bulk()
+        if self._runs:
+            self.state = self.state.apply_runs(self._runs)
+            self._runs = []
+            self._runs_inputs = 0
 
     def _release(self, at: float) -> None:
         """The events that came before the first time: folded at that time, in order."""
@@ -157,7 +175,7 @@ class SessionFolder:
         self.kept.append(SessionCapture(st.snapshot(at), self._start_offset, self._failures))
 
     def finish(self) -> None:
-        self._fold_bulk()
+        self._fold_held_runs()
         if self.now is None:  # no event had a time of its own
             self._release(self.fallback_ts)
         if self.state.session is not None:

@@ -1,7 +1,8 @@
 """`LoadState.apply_run` (a run of inputs in one call, changing its own copies in place) gives
 exactly the state and the transitions of folding the same inputs one `apply` at a time:
 replayed and live, across stalls, restarts, new processes and scales, in runs of any size. And
-the state a run starts from is never changed by it."""
+`apply_runs` (several runs, each at its own time, in one call) gives exactly what those runs
+give one `apply_run` after another. The state a call starts from is never changed by it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import random
 from dataclasses import replace
 
 from loadwatch.daemon.sim.kimilog import Shape, SyntheticClock, startup
-from loadwatch.daemon.sources.inputs import ProcessEvent, Tick
+from loadwatch.daemon.sources.inputs import HealthProbe, ProcessEvent, Tick
 from loadwatch.daemon.state.loadstate import Input, LoadState
 from loadwatch.daemon.state.records import evolve
 from loadwatch.daemon.state.snapshot import Transition
@@ -51,12 +52,17 @@ def runs_of(items: list[tuple[float, Input]], size: int) -> list[tuple[float, li
     return out
 
 
+RUNS_PER_CALL = 5  # `apply_runs`: the runs of each call
+
+
 def fold_both(
     items: list[tuple[float, Input]], replay: bool = False, size: int = 64
 ) -> tuple[LoadState, int]:
-    """Fold `items` as runs and one at a time; assert both give the same, run by run."""
+    """Fold `items` as runs and one at a time; assert both give the same, run by run. Then
+    fold the runs a few in each `apply_runs` call; assert that gives the same, call by call."""
     batched = single = LoadState()
     runs = runs_of(items, size)
+    each: list[LoadState] = []  # the state after each run, one `apply_run` at a time
     for now, run in runs:
         before = copy.deepcopy(batched)
         got = batched.apply_run(run, now, replay=replay)
@@ -68,6 +74,17 @@ def fold_both(
         assert list(got.transitions) == out, (now, run[:3])
         assert evolve(got, transitions=()) == evolve(single, transitions=()), (now, run[:3])
         batched = got
+        each.append(got)
+    grouped = LoadState()
+    for k in range(0, len(runs), RUNS_PER_CALL):
+        calls = runs[k : k + RUNS_PER_CALL]
+        before = copy.deepcopy(grouped)
+        got = grouped.apply_runs(calls, replay=replay)
+        assert grouped == before, "apply_runs changed the state it started from"
+        want = each[k : k + RUNS_PER_CALL]
+        assert list(got.transitions) == [t for st in want for t in st.transitions], calls[0][0]
+        assert evolve(got, transitions=()) == evolve(want[-1], transitions=()), calls[0][0]
+        grouped = got
     return batched, len(runs)
 
 
@@ -202,3 +219,12 @@ def test_bar_updates_back_to_back_read_in_bursts() -> None:
             assert s is not None
             (bar,) = [b for b in s.bars.values() if b.kind == "weights"]
             assert (bar.done, bar.updates) == (40, 42)
+
+
+def test_failed_health_probes_in_one_run_each_count() -> None:
+    """Two failed probes folded in one call count two, as one at a time."""
+    probes: list[Input] = [HealthProbe(ok=False, ts=REF_TS + i, error="refused") for i in (1, 2)]
+    items = [(REF_TS + 5.0, p) for p in probes]
+    st, _runs = fold_both(items)
+    assert st.health_failures == 2
+    assert LoadState().apply_run(probes, REF_TS + 5.0).health_failures == 2
