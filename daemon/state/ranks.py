@@ -53,7 +53,7 @@ def track_process(f: Fold, ev: Event) -> None:
         if isinstance(ev, ShardProgress) and ev.bar == "weights":
             _weights(f, 1, ev.done)
         at = f.at(ev.ts)
-        _note(f, who(ev.process, ev.pid), ev, ev, at, at)
+        _note(f, who(ev.process, ev.pid), ev, ev, at, at, _moment(f))
 
 
 def process_spans(run: Sequence[Event]) -> dict[tuple[str | None, int | None], tuple[int, int]]:
@@ -89,6 +89,7 @@ def track_processes(
     if isinstance(end, ShardProgress) and end.bar == "weights":  # (a bar's burst: all of it)
         _weights(f, len(run), end.done)
     times: list[float] | None = None
+    moment = _moment(f)
     for (name, pid), (j, i) in spans.items():
         if name is None:
             continue
@@ -98,9 +99,11 @@ def track_processes(
         if f.replay and moves_time:
             if times is None:
                 times = _replayed(f, run, prev)
-            _note(f, key, run[j], run[i], times[i], times[j])
+            cleared = _note(f, key, run[j], run[i], times[i], times[j], moment)
         else:
-            _note(f, key, run[j], run[i], f.at(run[i].ts), f.at(run[j].ts))
+            cleared = _note(f, key, run[j], run[i], f.at(run[i].ts), f.at(run[j].ts), moment)
+        if cleared:
+            moment = _moment(f)
 
 
 def _replayed(f: Fold, run: Sequence[Event], prev: float | None) -> list[float]:
@@ -122,16 +125,29 @@ def _weights(f: Fold, updates: int, done: int) -> None:
     sd["weights_done"] = done
 
 
-def _note(f: Fold, key: str, first: Event, last: Event, at: float, first_at: float) -> None:
-    """Note `last` (and, for a process new to the session, `first`) under process `key`."""
+Moment = tuple[str, str, int, int]
+
+
+def _moment(f: Fold) -> Moment:
+    """What a process's line notes of the session now: its live phase, the step under way, the
+    weights bar's updates and shards (the same for every process of a run)."""
+    s = f.s
+    steps = s.timeline.steps
+    return f.live_phase(), steps[-1].phase if steps else "", s.weights_updates, s.weights_done
+
+
+def _note(
+    f: Fold, key: str, first: Event, last: Event, at: float, first_at: float, moment: Moment
+) -> bool:
+    """Note `last` (and, for a process new to the session, `first`) under process `key`, at
+    `moment`; True when that ended the stall of this rank, which changes the moment."""
     s = f.s
     name = last.process
     assert name is not None
     rec = s.processes.get(key)
     if rec is None and len(s.processes) >= MAX_TRACKED:
-        return
+        return False
     procs = f.mine("processes")
-    s = f.s  # (the draft `mine` made)
     if rec is None:
         rec = f.made(
             ProcessTrack(
@@ -144,16 +160,14 @@ def _note(f: Fold, key: str, first: Event, last: Event, at: float, first_at: flo
     d = rec.__dict__
     d["last_offset"] = last.offset
     d["last_at"] = at
-    d["phase"] = f.live_phase()
-    steps = s.timeline.steps
-    d["step"] = steps[-1].phase if steps else ""
-    d["mark"] = s.weights_updates
-    d["shard"] = s.weights_done
+    d["phase"], d["step"], d["mark"], d["shard"] = moment
     if isinstance(last, ShardProgress) and last.bar == "weights":
         d["bar_done"], d["bar_total"] = last.done, last.total
-    st = s.stall
+    st = f.s.stall
     if st is not None and st.kind == "rank" and st.process == key:
         f.clear_stall(at, f"{key} logged again")
+        return True
+    return False
 
 
 # -- the silent rank ------------------------------------------------------------------------------
