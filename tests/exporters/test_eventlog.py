@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -343,3 +344,23 @@ def test_a_write_cut_by_a_file_size_limit_leaves_no_torn_line(
         assert events[-1] == "after" and len(data) > limit
     else:
         assert len(data) <= limit
+
+
+def test_a_line_is_stamped_in_utc_to_the_microsecond(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter(
+        [
+            1_795_002_693_000_042_999,  # the microseconds padded to six digits
+            1_795_002_693_999_999_000,
+            1_795_002_694_000_000_000,  # the next second: its own head
+        ]
+    )
+    monkeypatch.setattr(time, "time_ns", lambda: next(clock))
+    out = io.StringIO()
+    log = EventLog(out, console=False)
+    for _ in range(3):
+        log.emit("daemon.test")
+    assert [line["time"] for line in lines(out.getvalue())] == [
+        "2026-11-18T11:51:33.000042Z",
+        "2026-11-18T11:51:33.999999Z",
+        "2026-11-18T11:51:34.000000Z",
+    ]
