@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from loadwatch.daemon.sources.inputs import ModelInfo
+from loadwatch.daemon.state.records import plain
 from loadwatch.daemon.state.snapshot import (
     MemoryPlanView,
     MilestoneView,
@@ -19,7 +20,6 @@ from loadwatch.daemon.state.snapshot import (
     Snapshot,
     StartupStepView,
     WarningView,
-    plain,
 )
 from loadwatch.exporters.report_crashloop import CrashLoopReport, crash_loop_of
 from loadwatch.exporters.report_ranks import ProcessReport

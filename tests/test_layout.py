@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"daemon": "loadwatch.daemon", "parsers": "loadwatch.parsers", "exporters": "loadwatch.exporters"}  # fmt: skip
 VALUE_MODULES = {
     "loadwatch.daemon.state.snapshot",
+    "loadwatch.daemon.state.records",  # (`plain`: a record as JSON-ready values)
     "loadwatch.daemon.state.published",
     "loadwatch.daemon.state.durations",
     "loadwatch.daemon.state.kvdtype",

@@ -1,7 +1,10 @@
-"""`evolve`: a fast copy-with-changes for the fold's frozen records (state/session.py, ...)."""
+"""The fold's frozen records (state/session.py, ...): `evolve`, a fast copy with changes, and
+`plain`, a record as JSON-ready values."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import fields
 from typing import Any, TypeVar
 
@@ -26,3 +29,27 @@ def evolve(obj: _T, **changes: Any) -> _T:
     d.update(obj.__dict__)
     d.update(changes)
     return new
+
+
+_LEAVES = frozenset({str, int, bool, type(None)})
+_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass's field names, read once a class
+
+
+def plain(value: Any) -> Any:
+    """Dataclasses to dicts, tuples to lists, non-finite floats to None. (A long log's report
+    holds tens of thousands of values: each is looked at by its type once.)"""
+    cls = type(value)
+    if cls in _LEAVES:
+        return value
+    if cls is float:
+        return value if math.isfinite(value) else None
+    names = _NAMES.get(cls)
+    if names is None and dataclasses.is_dataclass(cls):
+        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
+    if names is not None:
+        return {name: plain(getattr(value, name)) for name in names}
+    if isinstance(value, tuple | list | frozenset | set):
+        return [plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -16,10 +16,11 @@ the shortfall and the fraction of the weights loaded when it was raised.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from loadwatch.daemon.state.records import plain
 
 if TYPE_CHECKING:
     from loadwatch.daemon.state.crashloop import FirstFailure, RemedyStep
@@ -28,17 +29,6 @@ if TYPE_CHECKING:
     from loadwatch.daemon.state.ranks import ProcessView
 
 SCHEMA = 1
-
-
-def plain(value: Any) -> Any:
-    """Dataclasses to dicts, tuples to lists, non-finite floats to None."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple | list | frozenset | set):
-        return [plain(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 TransitionKind = Literal[
