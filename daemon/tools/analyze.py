@@ -80,7 +80,8 @@ class SessionFolder:
         self._failures: dict[tuple[str, str], int] = {}
         self._bulk: list[Event | Tick] = []  # a load's events at `self._bulk_at`, not folded yet
         self._bulk_at = 0.0
-        # the load's events of the seconds before, each second a run, folded in one call
+        # the load's events of the seconds before, each second a run, folded in one call (while
+        # runs are held, `self.state` lags them; it has a session all the same: once, always)
         self._runs: list[tuple[float, list[Event | Tick]]] = []
         self._runs_inputs = 0
         self._tick_at = -math.inf
