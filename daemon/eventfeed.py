@@ -125,10 +125,6 @@ class RunEffects:
         event at a time would; those judged after the part's last record (a stall, a cleared
         forecast) at its end."""
         i, n = 0, len(transitions)
-        if not n:  # (nearly every part of a load: its events alone)
-            for ev in events:
-                self.event(ev)
-            return
         for ev in events:
             while i < n and transitions[i].offset == ev.offset:
                 effect(transitions[i], ev.offset)
