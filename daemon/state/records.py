@@ -41,7 +41,7 @@ def plain(value: Any) -> Any:
     cls = type(value)
     if cls in _LEAVES:
         return value
-    if cls is float:
+    if isinstance(value, float):
         return value if math.isfinite(value) else None
     names = _NAMES.get(cls)
     if names is None and dataclasses.is_dataclass(cls):
@@ -50,6 +50,4 @@ def plain(value: Any) -> Any:
         return {name: plain(getattr(value, name)) for name in names}
     if isinstance(value, tuple | list | frozenset | set):
         return [plain(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
     return value
