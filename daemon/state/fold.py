@@ -21,17 +21,17 @@ from loadwatch.daemon.state.learned import (
     learned_step,
     start_key,
 )
-from loadwatch.daemon.state.records import evolve
+from loadwatch.daemon.state.records import evolve, new_tuple
 from loadwatch.daemon.state.session import (
     ORDER,
     TERMINAL,
+    BarTrack,
     Failing,
     PhaseSpan,
     Session,
     Stall,
     StateConfig,
     StateData,
-    active_weights_bar,
     retire,
     summarise,
 )
@@ -395,6 +395,20 @@ def settle_failure(f: Fold, why: str | None = None) -> bool:
     return True
 
 
+def active_weights_bar(s: Session) -> BarTrack | None:
+    """The unfinished weights bar updated last, if any. (Beside the stall check, its one user,
+    which looks at it after every run of input.)"""
+    best: BarTrack | None = None
+    for b in s.bars.values():
+        if (
+            b.kind == "weights"
+            and b.finished_at is None
+            and (best is None or b.last_update_at > best.last_update_at)
+        ):
+            best = b
+    return best
+
+
 class StallWatch(NamedTuple):
     """What the stall check measures now: the silence since `since` against `threshold_s`."""
 
@@ -442,4 +456,4 @@ def stall_watch(s: Session, cfg: StateConfig, past: Sequence[PastStart] = ()) ->
     # restart) is silent only from when it was read, whatever its stamps say.
     if s.backlog_read_at is not None and s.backlog_read_at > last:
         last = s.backlog_read_at
-    return StallWatch(kind, last, threshold, expected, step)
+    return new_tuple(StallWatch, (kind, last, threshold, expected, step))

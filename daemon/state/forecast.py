@@ -1,6 +1,7 @@
 """Estimators for a weight load: time left, and when silence means a stall.
 
-Everything here is pure: immutable values in, new immutable values out, time passed in.
+Everything here is pure: immutable values in, new immutable values out, time passed in. (The
+final memory: memfit.py.)
 
 Time left (`EtaState`)
     vLLM loads shard files in a known order, so `done=N` on the weights bar means the first N
@@ -14,8 +15,6 @@ Time left (`EtaState`)
     regime then starts at the beginning of the run that gave it away. Segments shorter than
     `min_segment_s` are merged, so second-resolution timestamps from a replayed log do not turn
     into wild speeds.
-
-Final memory: memfit.py.
 
 Stall threshold (`stall_threshold_s`)
     No progress for longer than max(k x the time the shard in progress should take, a floor).
@@ -32,6 +31,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Literal, NamedTuple
 
+from loadwatch.daemon.state.records import new_tuple
+
 Units = Literal["bytes", "items"]
 Cusum = tuple[float, float, int, int]  # (upward sum, downward sum, where each run began)
 
@@ -39,8 +40,8 @@ Cusum = tuple[float, float, int, int]  # (upward sum, downward sum, where each r
 class _Record:
     """The dataclasses here copy and pickle through their constructor: compiled (mypyc), they
     are native classes without `__dict__`, which `copy` and `pickle` would write. (The records
-    made per bar update are named tuples: compiled, a frozen dataclass is built through a
-    Python-level `__init__` that sets each field, several times slower.)"""
+    made per bar update are named tuples (`new_tuple`): compiled, a frozen dataclass is built
+    through a Python-level `__init__` that sets each field, several times slower.)"""
 
     __slots__ = ()
 
@@ -115,22 +116,25 @@ class Regime(NamedTuple):
             if cusum is not None
             else (self.cusum_pos, self.cusum_neg, self.pos_from, self.neg_from)
         )
-        return Regime(
-            self.n + 1,
-            self.s_nn + n * n,
-            self.s_nx + n * x,
-            self.s_xx + x * x,
-            self.s_nt + n * t,
-            self.s_xt + x * t,
-            self.t_sum + t,
-            self.x_sum + x,
-            self.r2_sum + r * r,
-            self.sigma_prior,
-            pos,
-            neg,
-            pos_from,
-            neg_from,
-            self.tested_from,
+        return new_tuple(
+            Regime,
+            (
+                self.n + 1,
+                self.s_nn + n * n,
+                self.s_nx + n * x,
+                self.s_xx + x * x,
+                self.s_nt + n * t,
+                self.s_xt + x * t,
+                self.t_sum + t,
+                self.x_sum + x,
+                self.r2_sum + r * r,
+                self.sigma_prior,
+                pos,
+                neg,
+                pos_from,
+                neg_from,
+                self.tested_from,
+            ),
         )
 
     def coef(self, cfg: EtaConfig) -> tuple[float, float]:
@@ -316,21 +320,21 @@ class EtaState(NamedTuple):
     ) -> EtaState:
         """The state after an update at `t` to `done` (the segment open from `open_t`), with a
         new segment in (`regime`, `recent`, `serial`, `changes`) or not (None: as they are)."""
-        return EtaState(
-            self.total_items,
-            self.cum,
-            self.start_t,
-            self.start_done,
-            t,
-            done,
-            open_t,
-            open_done,
-            self.regime if regime is None else regime,
-            self.recent if recent is None else recent,
-            self.serial if serial is None else serial,
-            self.changes if changes is None else changes,
-            finished_at,
-            self.cfg,
+        return new_tuple(
+            EtaState,
+            (
+                *self[:4],  # total_items, cum, start_t, start_done: as they are
+                t,
+                done,
+                open_t,
+                open_done,
+                self.regime if regime is None else regime,
+                self.recent if recent is None else recent,
+                self.serial if serial is None else serial,
+                self.changes if changes is None else changes,
+                finished_at,
+                self.cfg,
+            ),
         )
 
     def _fold(self, t1: float, x0: float, x1: float, items: int) -> tuple[Regime, Segment, bool]:
@@ -339,11 +343,11 @@ class EtaState(NamedTuple):
         r = self.regime
         t0 = self.open_t
         if r is None:
-            seg = Segment(self.serial, t0, t1, x0, x1, items)
+            seg = new_tuple(Segment, (self.serial, t0, t1, x0, x1, items, 0.0))
             return _regime_from((seg,), cfg.prior_sigma), seg, False
         predicted = r.predict(items, x1 - x0, cfg)
         resid = math.log((t1 - t0) / predicted) if predicted > 0 else 0.0
-        seg = Segment(self.serial, t0, t1, x0, x1, items, resid)
+        seg = new_tuple(Segment, (self.serial, t0, t1, x0, x1, items, resid))
         sigma = r.sigma(cfg)
         # The fit is itself uncertain while the regime is young.
         z = resid / (sigma * math.sqrt(1.0 + 1.0 / r.n))

@@ -1,5 +1,6 @@
-"""The fold's frozen records (state/session.py, ...): `evolve`, a fast copy with changes, and
-`plain`, a record as JSON-ready values."""
+"""The fold's frozen records (state/session.py, ...): `evolve`, a fast copy with changes,
+`new_tuple`, a NamedTuple made without its Python-level constructor, and `plain`, a record as
+JSON-ready values."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from typing import Any, TypeVar
 _T = TypeVar("_T")
 _FIELDS: dict[type, frozenset[str]] = {}
 _new = object.__new__
+# `new_tuple(Cls, (every field, in order))`: a NamedTuple without its `__new__`, which is Python
+# (an interpreted call per estimator step and stall check: a load makes thousands a second).
+# No defaults are filled in: the caller gives every field.
+new_tuple = tuple.__new__
 
 
 def evolve(obj: _T, **changes: Any) -> _T:

@@ -385,19 +385,6 @@ def failure_rank(kind: str | None) -> int:
 # -- reading the state --------------------------------------------------------------------------
 
 
-def active_weights_bar(s: Session) -> BarTrack | None:
-    """The unfinished weights bar updated last, if any."""
-    best: BarTrack | None = None
-    for b in s.bars.values():
-        if (
-            b.kind == "weights"
-            and b.finished_at is None
-            and (best is None or b.last_update_at > best.last_update_at)
-        ):
-            best = b
-    return best
-
-
 def stage_bars(s: Session) -> list[BarTrack]:
     """The weights bars of the latest stage (stage 0: the model; later: a draft model...)."""
     bars = [b for b in s.bars.values() if b.kind == "weights"]

@@ -386,6 +386,12 @@ _NO_PREFIX = (None, None)
 _tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 
+def owned(head: Head, who: tuple[str, int | None]) -> Head:
+    """`head` of a record without a prefix, owned by the process (name, pid) whose prefix stood
+    alone in the record before it (a `\\r` bar's): `_replace` without its Python-level call."""
+    return _tuple_new(Head, (who[0], who[1], *head[2:]))
+
+
 def parse_head(segment: str, years: YearResolver) -> Head:
     """Peel the process prefix(es) and the logging header off one segment."""
     process: str | None = None

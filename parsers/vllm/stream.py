@@ -45,6 +45,7 @@ from loadwatch.parsers.vllm.catalog import classify, failure
 from loadwatch.parsers.vllm.lines import (
     StandardHeads,
     YearResolver,
+    owned,
     parse_head,
     split_segments,
     strip_ansi,
@@ -135,7 +136,7 @@ class EventStream:
             out = self._general(text, offset, pending)
         else:
             if head.process is None and pending is not None:
-                head = head._replace(process=pending[0], pid=pending[1])
+                head = owned(head, pending)
             ts = head.ts
             level = head.level
             body = head.body
@@ -184,7 +185,7 @@ class EventStream:
                     self._pending_prefix = (head.process, head.pid)
                 continue
             if i == 0 and head.process is None and pending is not None:
-                head = head._replace(process=pending[0], pid=pending[1])
+                head = owned(head, pending)
             out.extend(self._segment(head, offset))
             if self._clients.last_offset == offset:
                 break  # a process prefix after it is the client's text, not another line
