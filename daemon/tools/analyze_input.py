@@ -246,6 +246,11 @@ class LogReader:
         return LogFollower(self.source, state_dir=None, **self._follow())
 
     def events(self) -> Iterator[Event]:
+        for batch in self.batches():
+            yield from batch
+
+    def batches(self) -> Iterator[list[Event]]:
+        """The log's events, a chunk's at a time (none empty)."""
         grammar = load_grammar()
         scanner = ChunkScanner(grammar.new_stream(self.opened.mtime), grammar=grammar)
         names = self.processes
@@ -257,9 +262,10 @@ class LogReader:
             while True:
                 for chunk in joined(follower.read()):
                     names.feed(chunk.data)
-                    for ev in scanner.feed(chunk.data, chunk.offset, chunk.file_id):
-                        self.events_total += 1
-                        yield ev
+                    batch = scanner.feed(chunk.data, chunk.offset, chunk.file_id)
+                    if batch:
+                        self.events_total += len(batch)
+                        yield batch
                 if not follower.backlog:
                     break
             h = follower.health()
@@ -275,15 +281,15 @@ class LogReader:
         finally:
             if follower is not self._stdin:  # (stdin's spool is read again: `close` ends it)
                 follower.close(checkpoint=False)
+        last: list[Event] = []
         if tail is not None:
             data, offset = tail
             names.feed(data)
-            for ev in scanner.feed(data, offset):
-                self.events_total += 1
-                yield ev
-        for ev in scanner.stream.flush():
-            self.events_total += 1
-            yield ev
+            last = scanner.feed(data, offset)
+        last += scanner.stream.flush()
+        if last:
+            self.events_total += len(last)
+            yield last
 
     def _tail(self, offset: int | None) -> tuple[bytes, int] | None:
         """The last record when it has no terminator: the follower waits for one, a post-mortem
