@@ -166,6 +166,7 @@ _BRACKET_HEADER = re.compile(
 )
 _LEVEL_WORDS = ("DEBUG", "INFO", "WARN", "ERROR", "CRITICAL")  # what any header starts with
 _HEAD_CACHE_MAX = 4096
+_HEADER_REACH = 400  # a bracketed header ends this near a record's start, or is not one
 
 
 def strip_ansi(text: str) -> str:
@@ -315,15 +316,24 @@ class StandardHeads:
 
     def _rest(self, rest: str) -> tuple[str | None, float | None, str | None, str] | Literal[False]:
         """What `head` makes of a record's text after its prefix (the whole text without one)."""
-        k = rest.find("] ", 0, 400) + 2
-        if k < 2:  # no header: a bar (after its prefix, or alone), or other bare text
+        k = header_end(rest)
+        if k < 0:  # no header: a bar (after its prefix, or alone), or other bare text
             bare = self._bare(rest)
             return False if bare is None else (None, None, None, bare.body)
-        key = rest[:k]
+        header = self.header(rest[:k])
+        if header is False or rest.find(" pid=") >= 0:
+            return False  # (another process's record may start in this one)
+        level, ts, src = header
+        return level, ts, src, rest[k:]
+
+    def header(self, key: str) -> tuple[str, float | None, str] | Literal[False]:
+        """(level, time, source) of a record's header, the text up to `header_end`, read once
+        per distinct text (records within one second share one); False: not of the common
+        shape (nor when it holds what `_odd` looks for: then so does any record it heads)."""
         header = self._headers.get(key)
         if header is None:
             header = False
-            m = _BRACKET_HEADER.fullmatch(key)
+            m = None if _odd(key) else _BRACKET_HEADER.fullmatch(key)
             if m is not None:
                 level = m.group("level")
                 stamp = self.years.stamp(m.group("stamp"))
@@ -331,10 +341,7 @@ class StandardHeads:
             if len(self._headers) >= _HEAD_CACHE_MAX:
                 self._headers.clear()
             self._headers[key] = header
-        if header is False or rest.find(" pid=") >= 0:
-            return False  # (another process's record may start in this one)
-        level, ts, src = header
-        return level, ts, src, rest[k:]
+        return header
 
     def _prefix(self, text: str) -> tuple[str, int] | Literal[False]:
         prefix = self._prefixes.get(text)
@@ -375,6 +382,13 @@ class StandardHeads:
             if word in window:
                 return None
         return _tuple_new(Head, (None, None, None, None, None, text, False))
+
+
+def header_end(rest: str) -> int:
+    """Where the message starts in a record's text after its prefix, when a bracketed header
+    (`LEVEL MM-DD HH:MM:SS [file.py:N] `) may stand before it: after its `] `; -1: none there."""
+    k = rest.find("] ", 0, _HEADER_REACH)
+    return -1 if k < 0 else k + 2
 
 
 def _odd(text: str) -> bool:

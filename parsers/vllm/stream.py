@@ -45,6 +45,7 @@ from loadwatch.parsers.vllm.catalog import classify, failure
 from loadwatch.parsers.vllm.lines import (
     StandardHeads,
     YearResolver,
+    header_end,
     owned,
     parse_head,
     split_segments,
@@ -60,9 +61,10 @@ from loadwatch.parsers.vllm.segment import (
 )
 
 # A message read before, whose one event comes from a recipe (the mode it was read in, the maker
-# and values of its recipe, its level, time and source): such a record is neither a traceback's
-# start or part, nor client text; what it yields depends on its text after the prefix alone.
-_Plan = tuple[Mode, Maker, tuple[Any, ...], str | None, float | None, str | None]
+# and values of its recipe, the level and source of its header): such a record is neither a
+# traceback's start or part, nor client text; what it yields depends on its header and message
+# alone, and its header only gives the event its time.
+_Plan = tuple[Mode, Maker, tuple[Any, ...], str, str]
 
 
 class EventStream:
@@ -79,7 +81,8 @@ class EventStream:
         self._bars = Bars()
         self._heads = StandardHeads(self.years)
         self._recipes: dict[tuple[str, str | None, str | None, str], Recipe] = {}
-        # A record's text after its prefix -> how the common case made its one event (`_Plan`)
+        # A record's message (after its prefix and header) -> how the common case made its one
+        # event (`_Plan`): the workers print the same lines, each second under a new header
         self._plans: dict[str, _Plan] = {}
         self.mode: Mode = "startup"
         self._clients = ClientLines()
@@ -120,17 +123,28 @@ class EventStream:
             head = None
         else:
             process, pid, rest = split
-            plan = self._plans.get(rest)
-            if plan is not None and plan[0] == self.mode and not tracebacks.active:
-                # A message read before, behind any prefix: what the common case below made of
-                # it (`_Plan`), unless the record goes on the client text before it.
-                _mode, make, values, level, ts, source = plan
-                if process is None and pending is not None:
-                    process, pid = pending
-                before = self._clients.header
-                if before is None or before != (process, pid, level, ts, source):
-                    self._last_ts, self._quiet_stamp = ts, None
-                    return [make(values, offset, ts, process, pid)]
+            k = header_end(rest) if not tracebacks.active else -1
+            if k > 0:
+                # A message read before, behind any prefix and under a header of the common
+                # shape with a time: what the common case below made of it (`_Plan`), unless
+                # the record goes on the client text before it.
+                header = self._heads.header(rest[:k])
+                plan = self._plans.get(rest[k:]) if header is not False else None
+                if plan is not None and header is not False:
+                    mode, make, values, said_level, said_by = plan
+                    level_now, ts, source = header
+                    if (
+                        mode == self.mode
+                        and said_level == level_now
+                        and said_by == source
+                        and ts is not None
+                    ):
+                        if process is None and pending is not None:
+                            process, pid = pending
+                        before = self._clients.header
+                        if before is None or before != (process, pid, level_now, ts, source):
+                            self._last_ts, self._quiet_stamp = ts, None
+                            return [make(values, offset, ts, process, pid)]
             head = self._heads.rest_head(process, pid, rest)
         if head is None:
             out = self._general(text, offset, pending)
@@ -158,10 +172,11 @@ class EventStream:
                         # `_parse` of a message read before, whose one event is neither a bar
                         # nor a milestone (`recipe_of`): made from its recipe
                         make, values = recipe[0]
-                        if rest is not None:
+                        if rest is not None and level is not None and head.source is not None:
+                            # (a header with a time: `rest_head` read it by `header_end`)
                             if len(self._plans) >= PARSE_CACHE_MAX:
                                 self._plans.clear()
-                            self._plans[rest] = (self.mode, make, values, level, ts, head.source)
+                            self._plans[body] = (self.mode, make, values, level, head.source)
                         return [make(values, offset, ts, head.process, head.pid)]
                     out = self._parse(head, offset)
         if out:
