@@ -182,11 +182,18 @@ class RunEffects:
         self._eventlog.emit_fields(name, fields)
 
 
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def event_fields(ev: Event) -> dict[str, Any]:
     """A log event's line: `to_dict` without the type and the fields that are None (compiled
     here: a load writes thousands of bar updates a second while a backlog is read)."""
     out: dict[str, Any] = {}
-    for name in field_names(type(ev)):  # (read once per class, events.py keeps them)
+    cls = type(ev)
+    names = _NAMES.get(cls)
+    if names is None:  # (per class, held here: `field_names` is an interpreted call)
+        names = _NAMES[cls] = field_names(cls)
+    for name in names:
         value = getattr(ev, name)
         if value is not None:
             out[name] = list(value) if isinstance(value, tuple) else value

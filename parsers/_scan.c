@@ -600,6 +600,26 @@ static int one_pass(const char *d, Py_ssize_t n, Py_ssize_t pos, int cr, const G
     return 0;
 }
 
+/* A candidate record as the scanner takes it: (start, end, its text as
+   `bytes.decode("utf-8", "replace")` gives it). Made directly: Py_BuildValue would read its
+   format string again for each of a chunk's thousands of candidates. */
+static PyObject *candidate(const char *d, Py_ssize_t s, Py_ssize_t e)
+{
+    PyObject *item = PyTuple_New(3);
+    if (item == NULL) return NULL;
+    PyObject *start = PyLong_FromSsize_t(s), *end = PyLong_FromSsize_t(e);
+    PyObject *text = PyUnicode_DecodeUTF8(d + s, e - s, "replace");
+    /* (a NULL slot is fine for Py_DECREF of the tuple: tupledealloc skips it) */
+    PyTuple_SET_ITEM(item, 0, start);
+    PyTuple_SET_ITEM(item, 1, end);
+    PyTuple_SET_ITEM(item, 2, text);
+    if (start == NULL || end == NULL || text == NULL) {
+        Py_DECREF(item);
+        return NULL;
+    }
+    return item;
+}
+
 static PyObject *candidates(PyObject *self, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t pos;
@@ -713,8 +733,7 @@ static PyObject *candidates(PyObject *self, PyObject *args) {
             run_count = 0;
         }
         if (s < 0) continue;
-        /* (the text as `bytes.decode("utf-8", "replace")` gives it: what the stream is fed) */
-        PyObject *item = Py_BuildValue("(nnN)", s, e, PyUnicode_DecodeUTF8(d + s, e - s, "replace"));
+        PyObject *item = candidate(d, s, e);
         int rc = item == NULL ? -1 : PyList_Append(found, item);
         Py_XDECREF(item);
         if (rc < 0) goto done;

@@ -198,14 +198,15 @@ def silent_ranks(
     """The processes silent for over `threshold_s` at `now` while most of their peers moved on,
     each with how many peers did. `read_at`: when the daemon last read a backlog (silence
     counts from there at the earliest)."""
-    for p in procs.values():
-        if _silent_for(p, now, read_at) > threshold_s:
-            break
-    else:
+    silent = {p.family for p in procs.values() if _silent_for(p, now, read_at) > threshold_s}
+    if not silent:
         return []  # (what nearly every tick finds: nobody silent to hold against peers)
     families: dict[str, list[ProcessTrack]] = {}
     for p in procs.values():
-        families.setdefault(p.family, []).append(p)
+        # (only the families of silent processes: during a load the API server and the engine
+        # core, families of one, are silent at every tick while the workers print)
+        if p.family in silent:
+            families.setdefault(p.family, []).append(p)
     out: list[tuple[ProcessTrack, int]] = []
     for members in families.values():
         peers = len(members) - 1

@@ -79,15 +79,16 @@ def _desc(raw: str) -> tuple[str, str, str]:
 
 def progress(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
     # A load prints a bar line per shard: built as `__init__` would, by `filler`.
-    desc, kind, unit = _desc(m["desc"])
+    raw, n, total, el, rem, rate = m.group("desc", "n", "total", "el", "rem", "rate")
+    desc, kind, unit = _desc(raw)
     values = (
         desc,
         kind,
-        int(m["n"]),
-        int(m["total"]),
-        hms_seconds(m["el"]),
-        hms_seconds(m["rem"]),
-        tqdm_rate(m["rate"]),
+        int(n),
+        int(total),
+        hms_seconds(el),
+        hms_seconds(rem),
+        tqdm_rate(rate),
         unit,
         ctx["offset"],
         ctx["ts"],
