@@ -52,13 +52,14 @@ class SessionFolder:
             self.add(ev)
 
     def add(self, ev: Event) -> None:
+        ts = ev.ts  # (read once: every event of a log comes here)
         if self.now is None:
-            if ev.ts is None and len(self._held) < MAX_UNTIMED_HELD:
+            if ts is None and len(self._held) < MAX_UNTIMED_HELD:
                 self._held.append(ev)
                 return
-            self._release(ev.ts if ev.ts is not None else self.fallback_ts)
-        at = ev.ts if ev.ts is not None else self.now
+            self._release(ts if ts is not None else self.fallback_ts)
         prev = self.now
+        at = ts if ts is not None else prev
         if (
             at is not None
             and prev is not None
@@ -81,8 +82,8 @@ class SessionFolder:
                 self._close_bulk()
             self._bulk.append(ev)
             self._bulk_at = t
-            if ev.ts is not None:
-                self.now = ev.ts
+            if ts is not None:
+                self.now = ts
             return
         self._fold_held_runs()
         self._apply(ev, at)

@@ -393,7 +393,16 @@ def header_end(rest: str) -> int:
 
 def _odd(text: str) -> bool:
     """Colour codes to strip, or a Ray suffix to drop: not a common shape."""
-    return "\x1b" in text or "0m" in text or "6m" in text or " [repeated " in text
+    if "\x1b" in text or " [repeated " in text:
+        return True
+    # `0m`, `6m` (a colour code that lost its escape), looked for at each `m`: a record holds
+    # far fewer of those than of digits, which a search for `0m` stops at
+    i = text.find("m", 1)
+    while i > 0:
+        if text[i - 1] == "0" or text[i - 1] == "6":
+            return True
+        i = text.find("m", i + 1)
+    return False
 
 
 _NO_PREFIX = (None, None)

@@ -76,3 +76,29 @@ def test_a_message_read_before_takes_the_lone_prefix_before_it() -> None:
     got = [stream.feed(rec) for rec in split_records(data)]
     assert [e.process for e in got[3]] == ["Worker"]  # (read from the memo)
     assert [e.process for e in got[4]] == [None]
+
+
+def test_a_message_read_before_under_another_header() -> None:
+    """The memo is keyed by a record's message after its header: the same warning under a later
+    second, another level, another logger, a header of another shape or an impossible date gives
+    what a stream that never remembers gives, and its time is its own header's."""
+    lines = (FIXTURES / "real-v0.32-deepseek-kvscales.log").read_text().split("\n")
+    warning = next(x for x in lines if "Found k_scale" in x)  # 06:35:45, weight_utils.py:1697
+    variants = [
+        warning,
+        warning,
+        warning.replace("06:35:45", "06:35:47"),  # another second
+        warning.replace("(Worker pid=20551)", "(Worker pid=20552)"),  # another process
+        warning.replace("WARNING 11-30", "INFO 11-30"),  # another level
+        warning.replace("weight_utils.py:1697", "other.py:9"),  # another logger
+        warning.replace("weight_utils.py:1697", "w6m.py:1697"),  # not of the common shape
+        warning.replace("11-30 06:35:45", "02-30 06:35:45"),  # a date no year has
+        warning.replace("06:35:45", "06:35:48"),
+    ]
+    data = "\n".join(variants).encode() + b"\n"
+    assert events(data, remember=True) == events(data, remember=False)
+    stream = EventStream(ref_ts=1.8e9)
+    got = [stream.feed(rec) for rec in split_records(data)]
+    assert len(stream._plans) == 1  # (the comparison above is about the memo)
+    first, later = got[0][0].ts, got[8][0].ts
+    assert first is not None and later == first + 3.0  # (from the memo, its own header's time)
