@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 from loadwatch.daemon.state.durations import duration
 from loadwatch.daemon.state.failures import root_cause, stop_consequences
-from loadwatch.daemon.state.forecast import stall_threshold_s
+from loadwatch.daemon.state.forecast import EtaState, stall_threshold_s
 from loadwatch.daemon.state.learned import (
     LearnedStep,
     PastStart,
@@ -395,6 +395,21 @@ def settle_failure(f: Fold, why: str | None = None) -> bool:
     return True
 
 
+# The bar estimator the stall check asked last, and its answer: asked after every run of input
+# (each second of a log analyze reads), an estimator changes only with its bar's updates, and
+# it is an immutable value (the same object, the same answer).
+_asked: tuple[EtaState | None, float | None] = (None, None)
+
+
+def _next_item_seconds(eta: EtaState) -> float | None:
+    global _asked
+    last, answer = _asked
+    if last is not eta:
+        answer = eta.next_item_seconds()
+        _asked = (eta, answer)
+    return answer
+
+
 def active_weights_bar(s: Session) -> BarTrack | None:
     """The unfinished weights bar updated last, if any. (Beside the stall check, its one user,
     which looks at it after every run of input.)"""
@@ -431,7 +446,7 @@ def stall_watch(s: Session, cfg: StateConfig, past: Sequence[PastStart] = ()) ->
     bar = active_weights_bar(s) if s.phase == "loading_weights" else None
     if bar is not None:
         eta = bar.eta
-        expected = eta.next_item_seconds() if eta is not None and eta.regime else None
+        expected = _next_item_seconds(eta) if eta is not None and eta.regime else None
         if expected is None:
             # Files the daemon read too close together to time (a burst, a busy moment): the
             # bar's own rate says what a file takes.

@@ -15,7 +15,6 @@ from loadwatch.daemon.sources.inputs import (
     OrphanCheck,
     PageCache,
     ProcessEvent,
-    Tick,
 )
 from loadwatch.daemon.state.fold import Fold
 from loadwatch.daemon.state.fold_failure import corroborate, on_failure
@@ -276,10 +275,6 @@ def _on_orphans(f: Fold, ev: OrphanCheck) -> None:
     f.changes["orphans"] = ev.leaked
 
 
-def _on_tick(f: Fold, ev: Tick) -> None:
-    return None
-
-
 WORLD_HANDLERS: dict[type, Any] = {
     ProcessEvent: _on_process,
     HealthProbe: _on_health,
@@ -288,7 +283,6 @@ WORLD_HANDLERS: dict[type, Any] = {
     ModelInfo: _on_model,
     IoSample: _on_io,
     GpuReading: _on_gpu,
-    Tick: _on_tick,
     OrphanCheck: _on_orphans,
     PageCache: _on_page_cache,
 }

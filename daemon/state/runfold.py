@@ -39,6 +39,14 @@ def _each(handler: Callable[[Fold, Any], None], logged: bool) -> RunHandler:
     return run
 
 
+def _on_ticks(f: Fold, ticks: Sequence[Tick]) -> None:
+    """Time passed with no other input: the run's checks include the silent rank's (ranks.py).
+    (The node is looked at once: a tick after the first finds it as the first left it.)"""
+    f.ticked = True
+    f.record = None
+    track_node(f, ticks[0])
+
+
 # Per input type, the handler of a run of inputs of that type back to back.
 RUN_HANDLERS: dict[type, RunHandler] = {
     **{
@@ -47,6 +55,7 @@ RUN_HANDLERS: dict[type, RunHandler] = {
     },
     **{cls: _each(h, logged=False) for cls, h in WORLD_HANDLERS.items()},
     **LOG_RUNS,  # k/v scale warnings (one tally), bar updates (fold_bars.py), client text
+    Tick: _on_ticks,
 }
 # The log events a log holds many of, back to back, each type folded a run at a time: what the
 # daemon's loop and analyze hand over in one call (a load's warnings and bars, echoed prompts).
@@ -92,8 +101,6 @@ def _fold_into(f: Fold, seq: Sequence[Any]) -> int:
         j = i + 1
         while j < n and type(seq[j]) is cls:
             j += 1
-        if cls is Tick:
-            f.ticked = True
         handler = handlers.get(cls)
         if handler is None:
             raise TypeError(f"LoadState.apply: unsupported input {cls.__name__}")
