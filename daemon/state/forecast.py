@@ -301,7 +301,7 @@ class EtaState(NamedTuple):
             done,
             finished,
             regime,
-            (*self.recent[-(self.cfg.window - 1) :], seg),
+            self.recent[-(self.cfg.window - 1) :] + (seg,),  # noqa: RUF005 (`_moved` says why)
             self.serial + 1,
             self.changes + (1 if changed else 0),
         )
@@ -320,10 +320,12 @@ class EtaState(NamedTuple):
     ) -> EtaState:
         """The state after an update at `t` to `done` (the segment open from `open_t`), with a
         new segment in (`regime`, `recent`, `serial`, `changes`) or not (None: as they are)."""
+        # total_items, cum, start_t and start_done as they are, the rest anew (concatenated:
+        # compiled, a starred tuple display is built through a list)
         return new_tuple(
             EtaState,
-            (
-                *self[:4],  # total_items, cum, start_t, start_done: as they are
+            self[:4]  # noqa: RUF005
+            + (
                 t,
                 done,
                 open_t,
@@ -466,15 +468,7 @@ def stall_threshold_s(expected_item_s: float | None, k: float, floor_s: float) -
     return max(k * expected_item_s, floor_s)
 
 
-__all__ = [
-    "Eta",
-    "EtaConfig",
-    "EtaState",
-    "Regime",
-    "Segment",
-    "Units",
-    "stall_threshold_s",
-]
+__all__ = ["Eta", "EtaConfig", "EtaState", "Regime", "Segment", "Units", "stall_threshold_s"]
 
 
 def eta_update(eta: EtaState, t: float, ev: ShardProgress) -> EtaState:

@@ -312,7 +312,8 @@ class StandardHeads:
                 self._rests[rest] = got
         if got is False:
             return None
-        return _tuple_new(Head, (process, pid, *got, False))
+        level, ts, source, body = got  # (unpacked: a starred tuple display is built slowly)
+        return _tuple_new(Head, (process, pid, level, ts, source, body, False))
 
     def _rest(self, rest: str) -> tuple[str | None, float | None, str | None, str] | Literal[False]:
         """What `head` makes of a record's text after its prefix (the whole text without one)."""
@@ -412,7 +413,8 @@ _tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__
 def owned(head: Head, who: tuple[str, int | None]) -> Head:
     """`head` of a record without a prefix, owned by the process (name, pid) whose prefix stood
     alone in the record before it (a `\\r` bar's): `_replace` without its Python-level call."""
-    return _tuple_new(Head, (who[0], who[1], *head[2:]))
+    _process, _pid, level, ts, source, body, prefix_only = head
+    return _tuple_new(Head, (who[0], who[1], level, ts, source, body, prefix_only))
 
 
 def parse_head(segment: str, years: YearResolver) -> Head:
