@@ -3,9 +3,9 @@ back go to that type's handler together, then the checks made once a run.
 
 Per input type, the handler of a run of that type: the log's bulk events have their own (one
 tally for a load's run of k/v warnings, a bar's burst of updates: fold_log.py, fold_bars.py;
-client text), every other type is folded one input at a time (`_each`). Stalls are judged once,
-after the run, when it is live; a rank silent while its peers moved on when the run holds a
-`Tick` (ranks.py).
+client text), and so do ticks (`_on_ticks`); every other type is folded one input at a time
+(`_each`). Stalls are judged once, after the run, when it is live; a rank silent while its
+peers moved on when the run holds a `Tick` (ranks.py).
 """
 
 from __future__ import annotations
