@@ -62,8 +62,8 @@ from loadwatch.parsers.vllm.segment import (
 
 # A message read before, whose one event comes from a recipe (the mode it was read in, the maker
 # and values of its recipe, the level and source of its header): such a record is neither a
-# traceback's start or part, nor client text; what it yields depends on its header and message
-# alone, and its header only gives the event its time.
+# traceback's start or part, nor client text; under a header of the same level and source, what
+# it yields depends on its message alone, and its header gives the event its time.
 _Plan = tuple[Mode, Maker, tuple[Any, ...], str, str]
 
 
