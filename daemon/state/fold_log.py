@@ -14,7 +14,7 @@ from typing import Any
 from loadwatch.daemon.state.fold import Fold, settle_failure
 from loadwatch.daemon.state.fold_bars import on_progress_run
 from loadwatch.daemon.state.nodefold import track_node
-from loadwatch.daemon.state.ranks import process_spans, track_processes
+from loadwatch.daemon.state.ranks import Spans, process_spans, track_processes
 from loadwatch.daemon.state.session import (
     LOADING_MILESTONES,
     POST_LOAD_MILESTONES,
@@ -53,11 +53,18 @@ def _on_ep_filter(f: Fold, ev: EpWeightFilter) -> None:
 
 
 def _tally(
-    f: Fold, evs: Sequence[Event], code: str, severity: str, message: str, kv: bool = False
+    f: Fold,
+    evs: Sequence[Event],
+    code: str,
+    severity: str,
+    message: str,
+    kv: bool = False,
+    spans: Spans | None = None,
 ) -> None:
     """Count the warnings `evs` of `code`: one record's, or a run of records back to back (a
     load's per-layer k/v scale warnings: `kv`, with their layers and scales), exactly as one at
-    a time would, in one call."""
+    a time would, in one call. `spans`: the run's `process_spans`, when the caller has them
+    (its processes are then read from there, in the same order, not record by record)."""
     t = f.at(evs[0].ts)
     s = f.ensure_session(t)
     if s.stall is not None and s.stall.kind == "quiet":
@@ -95,7 +102,11 @@ def _tally(
             scale = ev.scale  # type: ignore[attr-defined]
             if scale is not None and scale not in scales:
                 scales = scales | {scale}
-        p = ev.process
+        if spans is None:
+            p = ev.process
+            if p and p not in procs and len(procs) < max_procs:
+                procs = procs | {p}
+    for p, _pid in spans or ():
         if p and p not in procs and len(procs) < max_procs:
             procs = procs | {p}
     d = w.__dict__
@@ -113,8 +124,8 @@ def on_kv_run(f: Fold, run: Sequence[KvScaleWarning]) -> None:
     the node looks at each process once."""
     f.record = run[0].offset
     prev = f.sess.last_event_at if f.sess is not None else None
-    _tally(f, run, "kv_scale_missing", "warning", run[0].checkpoint_name or "", kv=True)
     spans = process_spans(run)
+    _tally(f, run, "kv_scale_missing", "warning", run[0].checkpoint_name or "", True, spans)
     for first, _last in spans.values():  # (`track_node` would do nothing for the rest)
         track_node(f, run[first], lines=False)
     track_processes(f, run, prev, spans=spans)  # (each process's first and last line)

@@ -56,15 +56,21 @@ def track_process(f: Fold, ev: Event) -> None:
         _note(f, who(ev.process, ev.pid), ev, ev, at, at, _moment(f))
 
 
-def process_spans(run: Sequence[Event]) -> dict[tuple[str | None, int | None], tuple[int, int]]:
+# Each process's first and last line in a run, as indexes, by (name, pid): `process_spans`
+Spans = dict[tuple[str | None, int | None], tuple[int, int]]
+
+
+def process_spans(run: Sequence[Event]) -> Spans:
     """Each process's first and last line in `run`, as indexes, by (name, pid) in order of first
     appearance (lines without a process too, under None): one pass, each field read once."""
-    spans: dict[tuple[str | None, int | None], tuple[int, int]] = {}
+    first: dict[tuple[str | None, int | None], int] = {}
+    last: dict[tuple[str | None, int | None], int] = {}
     for i, ev in enumerate(run):
         key = (ev.process, ev.pid)
-        span = spans.get(key)
-        spans[key] = (i, i) if span is None else (span[0], i)
-    return spans
+        if key not in first:
+            first[key] = i
+        last[key] = i
+    return {key: (i, last[key]) for key, i in first.items()}
 
 
 def track_processes(
@@ -73,7 +79,7 @@ def track_processes(
     prev: float | None = None,
     *,
     moves_time: bool = True,
-    spans: dict[tuple[str | None, int | None], tuple[int, int]] | None = None,
+    spans: Spans | None = None,
 ) -> None:
     """Note a run of events folded in one call (k/v warnings back to back, a bar's burst) as
     one at a time would: only each process's first (when it is new) and last line matter.

@@ -34,12 +34,12 @@ class ClientLines:
         self.last_offset = -1  # where the last one set aside starts
 
     def kind(self, head: Head) -> ClientTextKind | None:
-        header = (head.process, head.pid, head.level, head.ts, head.source)
-        if head.source is not None and header == self.header:
+        process, pid, level, ts, source, body, _prefix_only = head
+        if source is not None and (process, pid, level, ts, source) == self.header:
             return self._kind
-        kind = client_text(head.body, head.level)
+        kind = client_text(body, level)
         if kind is not None:
-            self.header, self._kind = header, kind
+            self.header, self._kind = (process, pid, level, ts, source), kind
         return kind
 
     def aside(self, kind: ClientTextKind, head: Head, offset: int, mode: Mode) -> list[Event]:
