@@ -15,6 +15,7 @@ from loadwatch.daemon.state.fold import Fold, settle_failure
 from loadwatch.daemon.state.fold_bars import on_progress_run
 from loadwatch.daemon.state.nodefold import track_node
 from loadwatch.daemon.state.ranks import Spans, process_spans, track_processes
+from loadwatch.daemon.state.records import new_tuple
 from loadwatch.daemon.state.session import (
     LOADING_MILESTONES,
     POST_LOAD_MILESTONES,
@@ -198,25 +199,29 @@ def _on_milestone(f: Fold, ev: Milestone) -> None:
     key = ev.kind if ev.detail is None or ev.kind == "engine_config" else f"{ev.kind}.{ev.detail}"
     m = s.milestones.get(key)
     if m is None:
-        m = MilestoneSeen(
-            ev.kind, ev.detail, 1, t, t, ev.seconds, ev.gib, ev.tokens, ev.blocks, ev.value
+        m = new_tuple(
+            MilestoneSeen,
+            (ev.kind, ev.detail, 1, t, t, ev.seconds, ev.gib, ev.tokens, ev.blocks, ev.value),
         )
     else:  # each value the latest the milestone gave, but the API server's URL: the first
-        m = MilestoneSeen(
-            m.kind,
-            m.detail,
-            m.count + 1,
-            m.first_at,
-            t,
-            ev.seconds if ev.seconds is not None else m.seconds,
-            ev.gib if ev.gib is not None else m.gib,
-            ev.tokens if ev.tokens is not None else m.tokens,
-            ev.blocks if ev.blocks is not None else m.blocks,
-            # (vLLM prints it before it serves, so no client's text comes first; the daemon
-            # probes it: a later line of the same shape must not move the probes)
-            m.value
-            if ev.value is None or (ev.kind == "api_server_start" and m.value is not None)
-            else ev.value,
+        m = new_tuple(
+            MilestoneSeen,
+            (
+                m.kind,
+                m.detail,
+                m.count + 1,
+                m.first_at,
+                t,
+                ev.seconds if ev.seconds is not None else m.seconds,
+                ev.gib if ev.gib is not None else m.gib,
+                ev.tokens if ev.tokens is not None else m.tokens,
+                ev.blocks if ev.blocks is not None else m.blocks,
+                # (vLLM prints it before it serves, so no client's text comes first; the daemon
+                # probes it: a later line of the same shape must not move the probes)
+                m.value
+                if ev.value is None or (ev.kind == "api_server_start" and m.value is not None)
+                else ev.value,
+            ),
         )
     f.mine("milestones")[key] = m
     signal = milestone_signal(ev.kind, ev.detail)

@@ -47,13 +47,28 @@ def who(name: str, pid: int | None) -> str:
     return name if pid is None else f"{name} pid={pid}"
 
 
+# (name, pid) -> `who`: a load's every line is noted under its process's key, and the same
+# string each time is hashed once
+_KEYS: dict[tuple[str, int | None], str] = {}
+
+
+def _key(spot: tuple[str, int | None]) -> str:
+    key = _KEYS.get(spot)
+    if key is None:
+        if len(_KEYS) >= 4 * MAX_TRACKED:
+            _KEYS.clear()
+        key = _KEYS[spot] = who(spot[0], spot[1])
+    return key
+
+
 def track_process(f: Fold, ev: Event) -> None:
     """Note one log event's line under its process."""
-    if ev.process is not None and f.sess is not None:
+    name = ev.process
+    if name is not None and f.sess is not None:
         if isinstance(ev, ShardProgress) and ev.bar == "weights":
             _weights(f, 1, ev.done)
         at = f.at(ev.ts)
-        _note(f, who(ev.process, ev.pid), ev, ev, at, at, _moment(f))
+        _note(f, f.mine("processes"), _key((name, ev.pid)), ev, ev, at, at, _moment(f))
 
 
 # Each process's first and last line in a run, as indexes, by (name, pid): `process_spans`
@@ -95,19 +110,21 @@ def track_processes(
     if isinstance(end, ShardProgress) and end.bar == "weights":  # (a bar's burst: all of it)
         _weights(f, len(run), end.done)
     times: list[float] | None = None
+    replayed = f.replay and moves_time
     moment = _moment(f)
-    for (name, pid), (j, i) in spans.items():
-        if name is None:
+    procs = f.mine("processes")
+    for spot, (j, i) in spans.items():
+        if spot[0] is None:
             continue
-        key = who(name, pid)
-        if key in f.s.processes:
+        key = _key(spot)  # type: ignore[arg-type]
+        if key in procs:
             j = i
-        if f.replay and moves_time:
+        if replayed:
             if times is None:
                 times = _replayed(f, run, prev)
-            cleared = _note(f, key, run[j], run[i], times[i], times[j], moment)
+            cleared = _note(f, procs, key, run[j], run[i], times[i], times[j], moment)
         else:
-            cleared = _note(f, key, run[j], run[i], f.at(run[i].ts), f.at(run[j].ts), moment)
+            cleared = _note(f, procs, key, run[j], run[i], f.at(run[i].ts), f.at(run[j].ts), moment)
         if cleared:
             moment = _moment(f)
 
@@ -143,17 +160,23 @@ def _moment(f: Fold) -> Moment:
 
 
 def _note(
-    f: Fold, key: str, first: Event, last: Event, at: float, first_at: float, moment: Moment
+    f: Fold,
+    procs: dict[str, ProcessTrack],
+    key: str,
+    first: Event,
+    last: Event,
+    at: float,
+    first_at: float,
+    moment: Moment,
 ) -> bool:
-    """Note `last` (and, for a process new to the session, `first`) under process `key`, at
-    `moment`; True when that ended the stall of this rank, which changes the moment."""
-    s = f.s
+    """Note `last` (and, for a process new to the session, `first`) under process `key` in
+    `procs` (the session's, as the fold's own), at `moment`; True when that ended the stall of
+    this rank, which changes the moment."""
     name = last.process
     assert name is not None
-    rec = s.processes.get(key)
-    if rec is None and len(s.processes) >= MAX_TRACKED:
+    rec = procs.get(key)
+    if rec is None and len(procs) >= MAX_TRACKED:
         return False
-    procs = f.mine("processes")
     if rec is None:
         rec = f.made(
             ProcessTrack(
@@ -190,11 +213,6 @@ def _moved_on(peer: ProcessTrack, p: ProcessTrack, threshold_s: float) -> bool:
     )
 
 
-def _silent_for(p: ProcessTrack, now: float, read_at: float | None) -> float:
-    """Seconds `p` has been silent at `now`, counted from a backlog's read at the earliest."""
-    return now - (p.last_at if read_at is None else max(p.last_at, read_at))
-
-
 def silent_ranks(
     procs: Mapping[str, ProcessTrack],
     now: float,
@@ -204,7 +222,12 @@ def silent_ranks(
     """The processes silent for over `threshold_s` at `now` while most of their peers moved on,
     each with how many peers did. `read_at`: when the daemon last read a backlog (silence
     counts from there at the earliest)."""
-    silent = {p.family for p in procs.values() if _silent_for(p, now, read_at) > threshold_s}
+    # Silent for over `threshold_s` at `now`, counted from a backlog's read at the earliest:
+    # the last line before `before`
+    before = now - threshold_s
+    if read_at is not None and read_at >= before:
+        return []  # a backlog read since: nobody silent that long
+    silent = {p.family for p in procs.values() if p.last_at < before}
     if not silent:
         return []  # (what nearly every tick finds: nobody silent to hold against peers)
     families: dict[str, list[ProcessTrack]] = {}
@@ -219,7 +242,7 @@ def silent_ranks(
         if peers < MIN_PEERS_ON:
             continue
         for p in members:
-            if _silent_for(p, now, read_at) <= threshold_s:
+            if p.last_at >= before:
                 continue
             on = sum(1 for q in members if q is not p and _moved_on(q, p, threshold_s))
             if on >= MIN_PEERS_ON and 2 * on > peers:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from loadwatch.daemon.sources.inputs import (
     CompletionProbe,
@@ -154,11 +154,13 @@ class WarningTally:
     sample: str
 
 
-@dataclass(frozen=True)
-class MilestoneSeen:
+class MilestoneSeen(NamedTuple):
+    """A milestone's sightings in a session (a named tuple, made with `new_tuple` per milestone
+    line: see timeline.py's `Step`)."""
+
     kind: str
     detail: str | None
-    count: int
+    count: int  # type: ignore[assignment]  # (the field hides the tuple's `count()`)
     first_at: float
     last_at: float
     seconds: float | None

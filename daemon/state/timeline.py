@@ -31,9 +31,9 @@ log does not show the start of (a tail of a log) begins with a step whose start 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
+from loadwatch.daemon.state.records import new_tuple
 from loadwatch.daemon.state.snapshot import STARTUP_PHASES, STARTUP_UNKNOWN, StartupStepView
 
 # The phases (snapshot.py's STARTUP_PHASES), in load order:
@@ -52,8 +52,10 @@ MAX_PROCESSES = 16
 OTHERS = "…"  # the processes past MAX_PROCESSES
 
 
-@dataclass(frozen=True)
-class Step:
+# The steps and the timeline are named tuples, made with `new_tuple` (`_step`, `_timeline`,
+# `_with`): a load marks a step with each milestone, and a frozen dataclass is built through a
+# Python-level `__init__` that sets each field, several times slower.
+class Step(NamedTuple):
     phase: str
     started_at: float
     ended_at: float | None = None
@@ -64,12 +66,32 @@ class Step:
     firm: bool = False  # opened by a line that says the phase starts there: never moved earlier
 
 
-@dataclass(frozen=True)
-class Timeline:
+class Timeline(NamedTuple):
     steps: tuple[Step, ...] = ()
-    ended: Mapping[str, frozenset[str]] = field(default_factory=dict)  # process -> phases
+    # process -> the phases it ended (the default shared by all, as every one: never changed in
+    # place, `mark` makes a new one)
+    ended: Mapping[str, frozenset[str]] = {}
     done: bool = False  # ready (and served), or the session ended: nothing moves any more
     dropped: int = 0  # early steps let go at MAX_STEPS
+
+
+def _step(
+    phase: str,
+    started_at: float,
+    last_at: float | None = None,
+    before_log: bool = False,
+    bars: tuple[str, ...] = (),
+    detail: str | None = None,
+    firm: bool = False,
+) -> Step:
+    """A step that has not ended."""
+    return new_tuple(Step, (phase, started_at, None, last_at, before_log, bars, detail, firm))
+
+
+def _timeline(
+    steps: tuple[Step, ...], ended: Mapping[str, frozenset[str]], done: bool, dropped: int
+) -> Timeline:
+    return new_tuple(Timeline, (steps, ended, done, dropped))
 
 
 def begin(at: float, reason: str) -> Timeline:
@@ -78,8 +100,8 @@ def begin(at: float, reason: str) -> Timeline:
     the session is one the log opened mid-way."""
     if reason in ("log_version", "log_launch_args", "process_start"):
         logged = reason != "process_start"
-        return Timeline((Step("config", at, last_at=at if logged else None),))
-    return Timeline((Step(UNKNOWN, at, before_log=reason == "first_event"),))
+        return Timeline((_step("config", at, last_at=at if logged else None),))
+    return Timeline((_step(UNKNOWN, at, before_log=reason == "first_event"),))
 
 
 # -- the signals ----------------------------------------------------------------------------------
@@ -203,7 +225,7 @@ def mark(
             del steps[-1]  # nothing of its own and no time: it never was
         firm = edge == "start" and implied is None
         bars = (bar,) if bar else ()
-        steps.append(Step(phase, start, last_at=t, bars=bars, detail=detail, firm=firm))
+        steps.append(_step(phase, start, last_at=t, bars=bars, detail=detail, firm=firm))
         if edge == "end":
             _close(steps, t)
     if edge == "end" and phase not in ended.get(who, ()):
@@ -226,9 +248,9 @@ def ready(tl: Timeline, t: float, who: str | None, serve_check: bool) -> Timelin
             steps[-1] = _with(last, ended_at=_end(last, t))
     if serve_check:
         start = max(t, steps[-1].ended_at or t) if steps else t
-        steps.append(Step("first_completion", start, firm=True))
-        return Timeline(tuple(steps), tl.ended, False, tl.dropped)
-    return Timeline(tuple(steps), tl.ended, True, tl.dropped)
+        steps.append(_step("first_completion", start, firm=True))
+        return _timeline(tuple(steps), tl.ended, False, tl.dropped)
+    return _timeline(tuple(steps), tl.ended, True, tl.dropped)
 
 
 def served(tl: Timeline, t: float) -> Timeline:
@@ -237,25 +259,31 @@ def served(tl: Timeline, t: float) -> Timeline:
         return tl
     last = tl.steps[-1]
     steps = (*tl.steps[:-1], _with(last, ended_at=_end(last, t), last_at=t))
-    return Timeline(steps, tl.ended, True, tl.dropped)
+    return _timeline(steps, tl.ended, True, tl.dropped)
 
 
 def finish(tl: Timeline, t: float) -> Timeline:
     """The session failed or stopped at `t`: the step under way ends there."""
     if tl.done or not tl.steps:
-        return Timeline(tl.steps, tl.ended, True, tl.dropped)
+        return _timeline(tl.steps, tl.ended, True, tl.dropped)
     steps = list(tl.steps)
     last = steps[-1]
     if len(steps) > 1 and last.phase == UNKNOWN and last.last_at is None and t <= last.started_at:
         del steps[-1]  # it ended where the step before did: that one is where it stopped
     else:
         steps[-1] = _with(last, ended_at=_end(last, t))
-    return Timeline(tuple(steps), tl.ended, True, tl.dropped)
+    return _timeline(tuple(steps), tl.ended, True, tl.dropped)
+
+
+_FIELD_AT = {name: i for i, name in enumerate(Step._fields)}
 
 
 def _with(s: Step, **changes: Any) -> Step:
-    d = {**s.__dict__, **changes}
-    return Step(**d)
+    """`s` with `changes` (`_replace` is an interpreted call)."""
+    values = list(s)
+    for name, value in changes.items():
+        values[_FIELD_AT[name]] = value
+    return new_tuple(Step, tuple(values))
 
 
 def _touch(s: Step, t: float, bar: str | None, detail: str | None) -> Step:
@@ -278,7 +306,7 @@ def _close(steps: list[Step], t: float) -> None:
     last = steps[-1]
     end = _end(last, t)
     steps[-1] = _with(last, ended_at=end)
-    steps.append(Step(UNKNOWN, end))
+    steps.append(_step(UNKNOWN, end))
 
 
 def _backdate(steps: list[Step], implied: float) -> None:
@@ -305,7 +333,7 @@ def _bounded(steps: list[Step], ended: Mapping[str, frozenset[str]], tl: Timelin
     if len(steps) > MAX_STEPS:
         dropped += len(steps) - MAX_STEPS
         steps = steps[-MAX_STEPS:]
-    return Timeline(tuple(steps), ended, tl.done, dropped)
+    return _timeline(tuple(steps), ended, tl.done, dropped)
 
 
 # -- reading it ---------------------------------------------------------------------------------

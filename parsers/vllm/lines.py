@@ -287,18 +287,26 @@ class StandardHeads:
 
     def split(self, text: str) -> tuple[str | None, int | None, str] | None:
         """(process, pid, the text after the prefix) of a record of a common shape's prefix (the
-        whole text when it has none); None: the general path's. A prefix is judged once, when
-        first seen (`_prefix`): colour codes or a Ray suffix send the record to the general
-        path."""
+        whole text when it has none); None: the general path's."""
+        spot = self.spot(text)
+        if spot is None:
+            return None
+        process, pid, p = spot
+        return process, pid, text[p:]
+
+    def spot(self, text: str) -> tuple[str | None, int | None, int] | None:
+        """`split`, with where the text after the prefix starts in place of that text (the
+        common case reads on in `text`, no copy made). A prefix is judged once, when first seen
+        (`_prefix`): colour codes or a Ray suffix send the record to the general path."""
         if text[:1] != "(":
-            return None, None, text
+            return _NO_SPOT
         p = text.find(") ", 1, _HEADER_WINDOW) + 2
         if p < 2:
             return None
         prefix = self._prefixes.get(text[:p]) or self._prefix(text[:p])
         if prefix is False:
             return None
-        return prefix[0], prefix[1], text[p:]
+        return prefix[0], prefix[1], p
 
     def rest_head(self, process: str | None, pid: int | None, rest: str) -> Head | None:
         """`head` of a record split as `split` splits it. A rest is judged once, when first seen
@@ -385,10 +393,11 @@ class StandardHeads:
         return _tuple_new(Head, (None, None, None, None, None, text, False))
 
 
-def header_end(rest: str) -> int:
-    """Where the message starts in a record's text after its prefix, when a bracketed header
-    (`LEVEL MM-DD HH:MM:SS [file.py:N] `) may stand before it: after its `] `; -1: none there."""
-    k = rest.find("] ", 0, _HEADER_REACH)
+def header_end(rest: str, start: int = 0) -> int:
+    """Where the message starts in a record's text after its prefix (from `start` in it), when
+    a bracketed header (`LEVEL MM-DD HH:MM:SS [file.py:N] `) may stand before it: after its
+    `] `; -1: none there."""
+    k = rest.find("] ", start, start + _HEADER_REACH)
     return -1 if k < 0 else k + 2
 
 
@@ -407,6 +416,7 @@ def _odd(text: str) -> bool:
 
 
 _NO_PREFIX = (None, None)
+_NO_SPOT = (None, None, 0)  # (`spot` of a record without a prefix)
 _tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 

@@ -117,19 +117,19 @@ class EventStream:
         if not candidate and not tracebacks.active and not has_needle(text, self.mode):
             self._note_prefix(text)
             return []
-        split = self._heads.split(text)
+        spot = self._heads.spot(text)
         rest: str | None = None
-        if split is None:
+        if spot is None:
             head = None
         else:
-            process, pid, rest = split
-            k = header_end(rest) if not tracebacks.active else -1
+            process, pid, p = spot
+            k = header_end(text, p) if not tracebacks.active else -1
             if k > 0:
                 # A message read before, behind any prefix and under a header of the common
                 # shape with a time: what the common case below made of it (`_Plan`), unless
                 # the record goes on the client text before it.
-                header = self._heads.header(rest[:k])
-                plan = self._plans.get(rest[k:]) if header is not False else None
+                header = self._heads.header(text[p:k])
+                plan = self._plans.get(text[k:]) if header is not False else None
                 if plan is not None and header is not False:
                     mode, make, values, said_level, said_by = plan
                     level_now, ts, source = header
@@ -145,6 +145,7 @@ class EventStream:
                         if before is None or before != (process, pid, level_now, ts, source):
                             self._last_ts, self._quiet_stamp = ts, None
                             return [make(values, offset, ts, process, pid)]
+            rest = text[p:]
             head = self._heads.rest_head(process, pid, rest)
         if head is None:
             out = self._general(text, offset, pending)
