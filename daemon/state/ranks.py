@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from loadwatch.daemon.state.durations import duration
+from loadwatch.daemon.state.records import new_tuple
 from loadwatch.daemon.state.session import ProcessTrack, Session, Stall
 from loadwatch.parsers.events import Event, ShardProgress
 
@@ -78,14 +79,12 @@ Spans = dict[tuple[str | None, int | None], tuple[int, int]]
 def process_spans(run: Sequence[Event]) -> Spans:
     """Each process's first and last line in `run`, as indexes, by (name, pid) in order of first
     appearance (lines without a process too, under None): one pass, each field read once."""
-    first: dict[tuple[str | None, int | None], int] = {}
-    last: dict[tuple[str | None, int | None], int] = {}
+    spans: Spans = {}
     for i, ev in enumerate(run):
         key = (ev.process, ev.pid)
-        if key not in first:
-            first[key] = i
-        last[key] = i
-    return {key: (i, last[key]) for key, i in first.items()}
+        span = spans.get(key)
+        spans[key] = (i, i) if span is None else (span[0], i)
+    return spans
 
 
 def track_processes(
@@ -172,26 +171,43 @@ def _note(
     """Note `last` (and, for a process new to the session, `first`) under process `key` in
     `procs` (the session's, as the fold's own), at `moment`; True when that ended the stall of
     this rank, which changes the moment."""
-    name = last.process
-    assert name is not None
     rec = procs.get(key)
     if rec is None and len(procs) >= MAX_TRACKED:
         return False
-    if rec is None:
-        rec = f.made(
-            ProcessTrack(
-                name, family(name), last.pid, first.offset, first_at, last.offset, at, "", 0, 0
-            )
-        )
-    else:
-        rec = f.mine_record(rec)
-    procs[key] = rec
-    d = rec.__dict__
-    d["last_offset"] = last.offset
-    d["last_at"] = at
-    d["phase"], d["step"], d["mark"], d["shard"] = moment
+    phase, step, mark, shard = moment
+    bar_done: int | None
+    bar_total: int | None
     if isinstance(last, ShardProgress) and last.bar == "weights":
-        d["bar_done"], d["bar_total"] = last.done, last.total
+        bar_done, bar_total = last.done, last.total
+    elif rec is not None:
+        bar_done, bar_total = rec.bar_done, rec.bar_total
+    else:
+        bar_done = bar_total = None
+    if rec is None:
+        name = last.process
+        assert name is not None
+        fam, pid, first_offset, first_seen = family(name), last.pid, first.offset, first_at
+    else:
+        name, fam, pid = rec.name, rec.family, rec.pid
+        first_offset, first_seen = rec.first_offset, rec.first_at
+    procs[key] = new_tuple(
+        ProcessTrack,
+        (
+            name,
+            fam,
+            pid,
+            first_offset,
+            first_seen,
+            last.offset,
+            at,
+            phase,
+            mark,
+            shard,
+            bar_done,
+            bar_total,
+            step,
+        ),
+    )
     st = f.s.stall
     if st is not None and st.kind == "rank" and st.process == key:
         f.clear_stall(at, f"{key} logged again")

@@ -192,10 +192,9 @@ class Stall:
     process: str | None = None  # the silent process (ranks.py `who`), for a "rank" stall
 
 
-@dataclass(frozen=True)
-class ProcessTrack:
-    """One process of a session, as its lines tell (ranks.py; the fold changes its own copy
-    in place)."""
+class ProcessTrack(NamedTuple):
+    """One process of a session, as its lines tell (ranks.py: a named tuple made anew with
+    `new_tuple` for each run of lines it prints, as milestones are)."""
 
     name: str
     family: str  # the name without its rank numbers: its peers share it
