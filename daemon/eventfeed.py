@@ -28,7 +28,7 @@ restart's read-back, and a line per record would write ten times the lines durin
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from loadwatch.daemon.sources.log.emitmark import FOLDED_AS, Ordinals
 from loadwatch.daemon.sources.log.source import Notice, Run
@@ -82,7 +82,7 @@ class EventFeed:
         return RunEffects(self.eventlog, run)
 
 
-_KV = f"log.{KvScaleWarning.type}"
+_KV: Final = f"log.{KvScaleWarning.type}"
 
 
 class RunEffects:
@@ -182,7 +182,7 @@ class RunEffects:
         self._eventlog.emit_fields(name, fields)
 
 
-_NAMES: dict[type, tuple[str, ...]] = {}
+_NAMES: Final[dict[type, tuple[str, ...]]] = {}
 
 
 def event_fields(ev: Event) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Final, Literal, TextIO
 
 import orjson
 import structlog
@@ -87,7 +87,7 @@ def _regular_file(stream: object) -> LineFile | None:
 
 
 # dataclasses and datetimes go to `_fallback`, as with the standard encoder
-_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+_ORJSON_OPTIONS: Final = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 _json_encode = json.JSONEncoder(default=_fallback, separators=(",", ":")).encode
 
 
@@ -105,7 +105,7 @@ def _encode(doc: dict[str, Any]) -> bytes:
     return line if line.isascii() and b"\x7f" not in line else _json_encode(doc).encode()
 
 
-HELD_MAX_BYTES = 1 << 20  # held lines are written once they are this many bytes
+HELD_MAX_BYTES: Final = 1 << 20  # held lines are written once they are this many bytes
 # stdout's held lines, sooner: a pipe takes 64 KiB, and what it cannot take of one write is
 # sent before anything else (nbwrite.py)
 HELD_OUT_MAX_BYTES = 1 << 16
@@ -189,6 +189,8 @@ class EventLog:
         self._console_renderer = structlog.dev.ConsoleRenderer(colors=False, event_key="event")
         self._clock = _Clock()
         self._held: list[bytes] | None = None  # the file's lines while `held()`, unwritten
+        # while `held()`: the time of every line, written together (a run's thousands)
+        self._held_time: str | None = None
         self._held_bytes = 0
         self._held_out: list[bytes] | None = None  # stdout's, the same
         self._held_out_bytes = 0
@@ -208,7 +210,8 @@ class EventLog:
         else:
             doc = fields  # (a dict given away)
             doc["event"] = event
-        doc["time"] = self._clock.now()
+        held_time = self._held_time
+        doc["time"] = held_time if held_time is not None else self._clock.now()
         self._write(_encode(doc), wanted_on_stdout(event, self.stdout_level))
 
     def _write(self, line: bytes, to_stdout: bool) -> None:
@@ -273,20 +276,22 @@ class EventLog:
 
     @contextmanager
     def held(self) -> Iterator[None]:
-        """The file's lines written when this ends (or the position is asked), together. Lines
-        of any thread meanwhile are held too, so the file keeps the order they came in."""
+        """The file's lines written when this ends (or the position is asked), together, with
+        one time: when the hold began. Lines of any thread meanwhile are held too, so the
+        file keeps the order they came in."""
         with self._lock:
             outer = self._held is not None
             if not outer:
                 self._held, self._held_bytes = [], 0
                 self._held_out, self._held_out_bytes = [], 0
+                self._held_time = self._clock.now()
         try:
             yield
         finally:
             if not outer:
                 with self._lock:
                     self._write_held()
-                    self._held = self._held_out = None
+                    self._held = self._held_out = self._held_time = None
 
     def passthrough(self, line: bytes) -> None:
         """One line of vLLM's output (ending in a newline) to stdout, never to the events file:

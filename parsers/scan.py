@@ -34,12 +34,13 @@ import ctypes
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from types import ModuleType
+from typing import Final
 
 from loadwatch.parsers.events import Event, Record
 from loadwatch.parsers.grammar import Grammar, Stream, load
 
 DENSE_SHARE = 0.5  # candidates this share of a chunk: search the other anchors between them
-WINDOW_BYTES = 64 * 1024  # the C search's reach in one call (records past it: the next call)
+WINDOW_BYTES: Final = 64 * 1024  # the C search's reach in one call (records past it: the next call)
 
 
 def _load_native() -> ModuleType | None:
@@ -54,7 +55,7 @@ def _load_native() -> ModuleType | None:
 
 _native = _load_native()
 NATIVE = _native is not None
-_TERMINATORS = (0x0A, 0x0D)
+_TERMINATORS: Final = (0x0A, 0x0D)
 
 
 def _libc_memmem() -> Callable[[int, int, bytes, int], int | None] | None:

@@ -13,20 +13,21 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from loadwatch.parsers.entries import Head
 from loadwatch.parsers.events import FAILURE_RANK, Event, Failure, FailureKind
 from loadwatch.parsers.wrapped import is_piece, may_continue
 
-TRACEBACK_START = "Traceback (most recent call last):"
+TRACEBACK_START: Final = "Traceback (most recent call last):"
 CHAIN_MARKERS = (
     "During handling of the above exception",
     "The above exception was the direct cause",
 )
-TRACEBACK_LEVELS = (None, "ERROR", "CRITICAL")  # the record levels a traceback opens at
+TRACEBACK_LEVELS: Final = (None, "ERROR", "CRITICAL")  # the record levels a traceback opens at
 # A traceback's frames logged with these levels (an ERROR header on each of its lines) are read
 # even without the traceback's head: a log may begin inside one.
-CUT_LEVELS = ("ERROR", "CRITICAL")
+CUT_LEVELS: Final = ("ERROR", "CRITICAL")
 MAX_TRACEBACK_RECORDS = 2000
 MAX_MESSAGE_CHARS = 2000
 CUT_TRACEBACK = "traceback without an exception line"  # a traceback cut before its end

@@ -6,7 +6,7 @@ session's record of each process's lines (ranks.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from loadwatch.daemon.sources.inputs import GpuReading, IoSample, ModelInfo, ProcessEvent
 from loadwatch.daemon.state.node import NodeFacts, role_view
@@ -30,8 +30,8 @@ from loadwatch.parsers.events import (
 if TYPE_CHECKING:
     from loadwatch.daemon.state.fold import Fold
 
-LOAD_PHASES = ("starting", "loading_weights", "stalled")
-MAX_PIDS = 64  # vLLM processes remembered from the log's prefixes
+LOAD_PHASES: Final = ("starting", "loading_weights", "stalled")
+MAX_PIDS: Final = 64  # vLLM processes remembered from the log's prefixes
 
 
 def on_node_event(f: Fold, ev: Event) -> None:
@@ -53,7 +53,7 @@ def _load(f: Fold) -> NodeLoad:
 
 # Log events whose only bearing on the node is their process and pid: of a run of them, the
 # first of each (process, pid, session) is looked at, the rest change nothing.
-_PLAIN = frozenset(
+_PLAIN: Final = frozenset(
     {KvScaleWarning, ScaleFactorWarning, LogWarning, LogError, ShardProgress, StallHint, Failure}
 )
 
@@ -67,6 +67,14 @@ def _known(f: Fold, process: str | None, pid: int | None, sid: int | None) -> bo
     if pid is not None and sid is not None and not ray and pid not in f.get("node_pids"):
         return False
     return bool(f.get("node_load").session == sid)
+
+
+def track_tick(f: Fold, tick: Any) -> None:
+    """`track_node` of a tick, which holds no fact: the node's load starts again when the
+    session is new to it (`_load`), else nothing changes (analyze ticks each second)."""
+    sid = f.sess.id if f.sess is not None else None
+    if f.get("node_load").session != sid:
+        track_node(f, tick)
 
 
 def track_node(f: Fold, item: Any, lines: bool = True) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from loadwatch.daemon.state.durations import duration
 from loadwatch.daemon.state.records import new_tuple
@@ -33,10 +33,12 @@ from loadwatch.parsers.events import Event, ShardProgress
 if TYPE_CHECKING:
     from loadwatch.daemon.state.fold import Fold
 
-MAX_TRACKED = 128  # processes per session (a node holds 8 or 16 ranks, plus cores and servers)
-MIN_PEERS_ON = 2  # peers that must have moved on to name a rank
+MAX_TRACKED: Final = (
+    128  # processes per session (a node holds 8 or 16 ranks, plus cores and servers)
+)
+MIN_PEERS_ON: Final = 2  # peers that must have moved on to name a rank
 _RANK_DIGITS = str.maketrans("", "", "0123456789")
-_ORDER = {"starting": 0, "loading_weights": 1, "post_load": 2, "ready": 3}
+_ORDER: Final = {"starting": 0, "loading_weights": 1, "post_load": 2, "ready": 3}
 
 
 def family(name: str) -> str:
@@ -50,7 +52,7 @@ def who(name: str, pid: int | None) -> str:
 
 # (name, pid) -> `who`: a load's every line is noted under its process's key, and the same
 # string each time is hashed once
-_KEYS: dict[tuple[str, int | None], str] = {}
+_KEYS: Final[dict[tuple[str, int | None], str]] = {}
 
 
 def _key(spot: tuple[str, int | None]) -> str:

@@ -7,15 +7,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import fields
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 _T = TypeVar("_T")
 _FIELDS: dict[type, frozenset[str]] = {}
-_new = object.__new__
+_new: Final = object.__new__
 # `new_tuple(Cls, (every field, in order))`: a NamedTuple without its `__new__`, which is Python
 # (an interpreted call per estimator step and stall check: a load makes thousands a second).
 # No defaults are filled in: the caller gives every field.
-new_tuple = tuple.__new__
+new_tuple: Final = tuple.__new__
 
 
 def evolve(obj: _T, **changes: Any) -> _T:

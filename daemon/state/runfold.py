@@ -11,14 +11,14 @@ peers moved on when the run holds a `Tick` (ranks.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from loadwatch.daemon.sources.inputs import Tick
 from loadwatch.daemon.state.fold import Fold, settle_due
 from loadwatch.daemon.state.fold_failure import on_failure
 from loadwatch.daemon.state.fold_log import LOG_HANDLERS, LOG_RUNS
 from loadwatch.daemon.state.fold_world import WORLD_HANDLERS
-from loadwatch.daemon.state.nodefold import NODE_EVENTS, track_node
+from loadwatch.daemon.state.nodefold import NODE_EVENTS, track_node, track_tick
 from loadwatch.daemon.state.ranks import check_silent_rank
 from loadwatch.daemon.state.session import StateData
 from loadwatch.parsers.events import Event, Failure
@@ -44,11 +44,11 @@ def _on_ticks(f: Fold, ticks: Sequence[Tick]) -> None:
     (The node is looked at once: a tick after the first finds it as the first left it.)"""
     f.ticked = True
     f.record = None
-    track_node(f, ticks[0])
+    track_tick(f, ticks[0])
 
 
 # Per input type, the handler of a run of inputs of that type back to back.
-RUN_HANDLERS: dict[type, RunHandler] = {
+RUN_HANDLERS: Final[dict[type, RunHandler]] = {
     **{
         cls: _each(h, logged=True)
         for cls, h in {**LOG_HANDLERS, Failure: on_failure, **NODE_EVENTS}.items()
@@ -59,7 +59,7 @@ RUN_HANDLERS: dict[type, RunHandler] = {
 }
 # The log events a log holds many of, back to back, each type folded a run at a time: what the
 # daemon's loop and analyze hand over in one call (a load's warnings and bars, echoed prompts).
-BULK_EVENTS: tuple[type, ...] = tuple(LOG_RUNS)
+BULK_EVENTS: Final[tuple[type, ...]] = tuple(LOG_RUNS)
 
 
 def fold_run(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import Final
 
 from loadwatch.daemon.config import ForecastConfig
 from loadwatch.daemon.sources.inputs import ModelInfo, Tick
@@ -15,13 +16,17 @@ from loadwatch.daemon.state.snapshot import Snapshot
 from loadwatch.exporters.report import SessionCapture
 from loadwatch.parsers import Event, Failure
 
-MAX_SESSIONS_KEPT = 100
+MAX_SESSIONS_KEPT: Final = 100
 # Untimed events before the first timed one wait for its time (a log that starts with a bar);
 # past this many they take the file's mtime instead.
-MAX_UNTIMED_HELD = 10_000
-MAX_FAILURE_OFFSETS = 256  # per session; the state keeps 32 distinct failures anyway
-MAX_RUN_INPUTS = 4096  # the load's events held back before they are folded (memory stays bounded)
-TICK = Tick()  # the daemon's tick, once a second of the log's time (no fields: one serves all)
+MAX_UNTIMED_HELD: Final = 10_000
+MAX_FAILURE_OFFSETS: Final = 256  # per session; the state keeps 32 distinct failures anyway
+MAX_RUN_INPUTS: Final = (
+    4096  # the load's events held back before they are folded (memory stays bounded)
+)
+TICK: Final = (
+    Tick()
+)  # the daemon's tick, once a second of the log's time (no fields: one serves all)
 
 
 class SessionFolder:

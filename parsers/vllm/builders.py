@@ -201,8 +201,19 @@ def scale_factor(code: str) -> Builder:
     return build
 
 
+# A milestone's fields, in `filler`'s order: its kind and detail, the values its groups give
+# (None where none does), then the record's context (a start prints dozens: built by `filler`).
+_MILESTONE_VALUES = ("seconds", "gib", "tokens", "blocks", "count", "value", "args")
+_MILESTONE_FIELDS = ("kind", "detail", *_MILESTONE_VALUES, "offset", "ts", "process", "pid")
+assert set(_MILESTONE_FIELDS) == {f.name for f in fields(Milestone)}, "Milestone changed"
+_make_milestone = filler(Milestone, _MILESTONE_FIELDS)
+
+
 def milestone(kind: str, detail: str | None = None, **groups: str) -> Builder:
     """Build a Milestone; `groups` maps Milestone fields to regex group names."""
+    unknown = set(groups) - set(_MILESTONE_VALUES)
+    if unknown:
+        raise ValueError(f"milestone {kind}: no field {sorted(unknown)}")
 
     def build(m: re.Match[str], head: Head, ctx: dict[str, Any]) -> Event:
         values: dict[str, Any] = {}
@@ -214,7 +225,13 @@ def milestone(kind: str, detail: str | None = None, **groups: str) -> Builder:
                 values[fld] = integer(text)
             else:
                 values[fld] = text
-        return Milestone(kind=kind, detail=detail, **values, **ctx)  # type: ignore[arg-type]
+        return _make_milestone(
+            (kind, detail, *[values.get(name) for name in _MILESTONE_VALUES]),
+            ctx["offset"],
+            ctx["ts"],
+            ctx["process"],
+            ctx["pid"],
+        )
 
     return build
 

@@ -10,7 +10,7 @@ import re
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Literal
+from typing import Final, Literal
 
 from loadwatch.parsers.entries import Head
 
@@ -148,7 +148,7 @@ class ProcessNames:
 
 
 _MISSING = object()
-_HEADER_WINDOW = 256  # a VLLM_LOGGING_PREFIX may stand before the header; nothing longer
+_HEADER_WINDOW: Final = 256  # a VLLM_LOGGING_PREFIX may stand before the header; nothing longer
 
 # The record shape that makes up nearly every line of a vLLM log: at most one process prefix,
 # then the bracketed header. Every class is ASCII and explicit, so whatever these match,
@@ -164,9 +164,9 @@ _BRACKET_HEADER = re.compile(
     r"(?P<stamp>[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:[.,][0-9]{1,6})? "
     r"\[(?P<src>[\x21-\x5c\x5e-\x7e]{1,200})\] "
 )
-_LEVEL_WORDS = ("DEBUG", "INFO", "WARN", "ERROR", "CRITICAL")  # what any header starts with
-_HEAD_CACHE_MAX = 4096
-_HEADER_REACH = 400  # a bracketed header ends this near a record's start, or is not one
+_LEVEL_WORDS: Final = ("DEBUG", "INFO", "WARN", "ERROR", "CRITICAL")  # what any header starts with
+_HEAD_CACHE_MAX: Final = 4096
+_HEADER_REACH: Final = 400  # a bracketed header ends this near a record's start, or is not one
 
 
 def strip_ansi(text: str) -> str:
@@ -416,8 +416,8 @@ def _odd(text: str) -> bool:
 
 
 _NO_PREFIX = (None, None)
-_NO_SPOT = (None, None, 0)  # (`spot` of a record without a prefix)
-_tuple_new = tuple.__new__  # a NamedTuple without its Python-level __new__
+_NO_SPOT: Final = (None, None, 0)  # (`spot` of a record without a prefix)
+_tuple_new: Final = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 
 def owned(head: Head, who: tuple[str, int | None]) -> Head:

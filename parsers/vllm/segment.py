@@ -5,6 +5,8 @@ its stream keeps to.
 
 from __future__ import annotations
 
+from typing import Final
+
 from loadwatch.parsers.dispatch import Dispatch, Mode
 from loadwatch.parsers.entries import MESSAGE, Head
 from loadwatch.parsers.events import ClientText, ClientTextKind, Event
@@ -15,9 +17,11 @@ PREFILTER = DISPATCH.prefilter
 parse_segment = DISPATCH.parse_segment
 has_needle = DISPATCH.has_needle
 
-PREFIX_RECORD_MAX = 256  # a record holding only a process prefix (colour codes included)
-MAX_PARSE_CHARS = 16384  # a record is parsed up to here (the follower's cap is 64 KiB)
-PARSE_CACHE_MAX = 4096  # distinct messages whose events are kept as recipes (parsers/recipes.py)
+PREFIX_RECORD_MAX: Final = 256  # a record holding only a process prefix (colour codes included)
+MAX_PARSE_CHARS: Final = 16384  # a record is parsed up to here (the follower's cap is 64 KiB)
+PARSE_CACHE_MAX: Final = (
+    4096  # distinct messages whose events are kept as recipes (parsers/recipes.py)
+)
 
 
 class ClientLines:
