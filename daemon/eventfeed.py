@@ -214,12 +214,9 @@ def folded(kv: list[KvScaleWarning]) -> dict[str, Any]:
         layer = ev.layer
         if layer is not None:
             layers[layer] = layers.get(layer, 0) + 1
-        scale = ev.scale
-        if scale not in scales:
-            scales[scale] = None
-        who = (ev.process, ev.pid)
-        if who not in procs:
-            procs[who] = None
+        # (a key set again keeps its place: the order of first appearance, one lookup each)
+        scales[ev.scale] = None
+        procs[(ev.process, ev.pid)] = None
         offsets.append(ev.offset)
         stamps.append(ev.ts)
     fields: dict[str, Any] = {

@@ -49,6 +49,7 @@ class SessionFolder:
         self._runs: list[tuple[float, list[Event | Tick]]] = []
         self._runs_inputs = 0
         self._tick_at = -math.inf
+        self._in_session = False  # the state has a session (once it has, it always has)
         if model is not None:
             self.state = self.state.apply(model, fallback_ts)
 
@@ -63,6 +64,8 @@ class SessionFolder:
                 self._held.append(ev)
                 return
             self._release(ts if ts is not None else self.fallback_ts)
+        if not self._in_session:
+            self._in_session = self.state.session is not None
         prev = self.now
         at = ts if ts is not None else prev
         if (
@@ -70,7 +73,7 @@ class SessionFolder:
             and prev is not None
             and at > prev
             and prev - self._tick_at >= 1.0
-            and self.state.session is not None
+            and self._in_session
         ):
             # the daemon's tick, once a second of the log's time, when the second before is
             # over: a rank silent while its peers moved on is judged on ticks (state/ranks.py).
@@ -81,7 +84,7 @@ class SessionFolder:
             self._bulk.append(TICK)
             self._bulk_at = prev
             self._close_bulk()
-        if isinstance(ev, BULK_EVENTS) and self.state.session is not None:
+        if isinstance(ev, BULK_EVENTS) and self._in_session:
             t = at if at is not None else self.fallback_ts  # (as `_apply` takes it)
             if self._bulk and t != self._bulk_at:
                 self._close_bulk()
