@@ -17,7 +17,9 @@ import importlib.util
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
+
+from loadwatch.parsers.stream import Stream
 
 DEFAULT = "vllm"
 
@@ -31,22 +33,6 @@ class Group:
         self.anchor = anchor
         self.needles = needles
         self.level = level  # only level needles: a hit alone may be a quiet record
-
-
-class Stream(Protocol):
-    """What the scanner asks of a grammar's event stream (vllm/stream.py's `EventStream`)."""
-
-    @property
-    def mode(self) -> str: ...
-    @property
-    def in_traceback(self) -> bool: ...
-
-    def feed_text(self, text: str, offset: int, candidate: bool = False) -> list[Any]: ...
-    def quiet(self, stamp: bytes | str) -> None: ...
-    def plain(self, text: str) -> None: ...
-    def forget_pending(self) -> None: ...
-    def flush(self) -> list[Any]: ...
-    def set_reference(self, ts: float) -> None: ...
 
 
 NativePlan = tuple[tuple[bytes, tuple[bytes, ...] | None, bool], ...]

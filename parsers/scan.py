@@ -37,7 +37,8 @@ from types import ModuleType
 from typing import Final
 
 from loadwatch.parsers.events import Event, Record
-from loadwatch.parsers.grammar import Grammar, Stream, load
+from loadwatch.parsers.grammar import Grammar, load
+from loadwatch.parsers.stream import Stream
 
 DENSE_SHARE = 0.5  # candidates this share of a chunk: search the other anchors between them
 WINDOW_BYTES: Final = 64 * 1024  # the C search's reach in one call (records past it: the next call)

@@ -14,7 +14,7 @@ from typing import Any
 from loadwatch.daemon.state.fold import Fold, settle_failure
 from loadwatch.daemon.state.fold_bars import on_progress_run
 from loadwatch.daemon.state.nodefold import track_node
-from loadwatch.daemon.state.ranks import Spans, process_spans, track_processes
+from loadwatch.daemon.state.ranks import Spans, process_spans, replayed, track_processes
 from loadwatch.daemon.state.records import new_tuple
 from loadwatch.daemon.state.session import (
     LOADING_MILESTONES,
@@ -61,11 +61,13 @@ def _tally(
     message: str,
     kv: bool = False,
     spans: Spans | None = None,
+    last_at: float | None = None,
 ) -> None:
     """Count the warnings `evs` of `code`: one record's, or a run of records back to back (a
     load's per-layer k/v scale warnings: `kv`, with their layers and scales), exactly as one at
     a time would, in one call. `spans`: the run's `process_spans`, when the caller has them
-    (its processes are then read from there, in the same order, not record by record)."""
+    (its processes are then read from there, in the same order, not record by record);
+    `last_at`: the time of a run's last record, replayed (ranks.py's `replayed`)."""
     t = f.at(evs[0].ts)
     s = f.ensure_session(t)
     if s.stall is not None and s.stall.kind == "quiet":
@@ -84,15 +86,7 @@ def _tally(
     warnings[code] = w
     mask, over, scales, procs = w.layers_mask, w.layers_over, w.scales, w.processes
     max_layer, max_procs = cfg.max_layer, cfg.max_processes
-    replay, now, offset = f.replay, f.now, f.offset
-    for i, ev in enumerate(evs):
-        if replay and i:  # `Fold.at`, the session's last event being the one before
-            ts = ev.ts
-            if ts is not None:
-                if ts + offset > t:
-                    t = ts + offset
-                if t > now:
-                    t = now
+    for ev in evs:
         if kv:
             layer = ev.layer  # type: ignore[attr-defined]
             if layer is not None:
@@ -112,6 +106,8 @@ def _tally(
             procs = procs | {p}
     d = w.__dict__
     d["layers_mask"], d["layers_over"], d["scales"], d["processes"] = mask, over, scales, procs
+    if last_at is not None:
+        t = last_at
     d["count"] = w.count + len(evs)
     d["last_at"] = t
     sd = f.sess.__dict__  # (the draft: `mine` made it)
@@ -126,10 +122,12 @@ def on_kv_run(f: Fold, run: Sequence[KvScaleWarning]) -> None:
     f.record = run[0].offset
     prev = f.sess.last_event_at if f.sess is not None else None
     spans = process_spans(run)
-    _tally(f, run, "kv_scale_missing", "warning", run[0].checkpoint_name or "", True, spans)
+    times = replayed(f, run, prev) if f.replay else None  # (each record's, as `Fold.at` has it)
+    kv_code, sample = "kv_scale_missing", run[0].checkpoint_name or ""
+    _tally(f, run, kv_code, "warning", sample, True, spans, times[-1] if times else None)
     for first, _last in spans.values():  # (`track_node` would do nothing for the rest)
         track_node(f, run[first], lines=False)
-    track_processes(f, run, prev, spans=spans)  # (each process's first and last line)
+    track_processes(f, run, prev, spans=spans, times=times)  # (each process's first and last)
 
 
 def _on_scale_factor(f: Fold, ev: ScaleFactorWarning) -> None:

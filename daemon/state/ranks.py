@@ -96,13 +96,14 @@ def track_processes(
     *,
     moves_time: bool = True,
     spans: Spans | None = None,
+    times: list[float] | None = None,
 ) -> None:
     """Note a run of events folded in one call (k/v warnings back to back, a bar's burst) as
     one at a time would: only each process's first (when it is new) and last line matter.
     Replayed, each line's time is worked out as `Fold.at` would have, from `prev` (the
     session's last event time before the run) on; `moves_time=False`: the run's events leave
     that time where it is (client text), so each line's time is `Fold.at`'s now. `spans`: the
-    run's `process_spans`, when the caller has them."""
+    run's `process_spans`, and `times` its records' (`replayed`), when the caller has them."""
     if f.sess is None:
         return
     if spans is None:
@@ -110,8 +111,7 @@ def track_processes(
     end = run[-1]
     if isinstance(end, ShardProgress) and end.bar == "weights":  # (a bar's burst: all of it)
         _weights(f, len(run), end.done)
-    times: list[float] | None = None
-    replayed = f.replay and moves_time
+    timed = f.replay and moves_time  # (each line at its own time, as replayed)
     moment = _moment(f)
     procs = f.mine("processes")
     for spot, (j, i) in spans.items():
@@ -120,9 +120,9 @@ def track_processes(
         key = _key(spot)  # type: ignore[arg-type]
         if key in procs:
             j = i
-        if replayed:
+        if timed:
             if times is None:
-                times = _replayed(f, run, prev)
+                times = replayed(f, run, prev)
             cleared = _note(f, procs, key, run[j], run[i], times[i], times[j], moment)
         else:
             cleared = _note(f, procs, key, run[j], run[i], f.at(run[i].ts), f.at(run[j].ts), moment)
@@ -130,7 +130,9 @@ def track_processes(
             moment = _moment(f)
 
 
-def _replayed(f: Fold, run: Sequence[Event], prev: float | None) -> list[float]:
+def replayed(f: Fold, run: Sequence[Event], prev: float | None) -> list[float]:
+    """Each record's time in a run folded replayed, as `Fold.at` gives it one at a time, the
+    session's last event time before the run being `prev`."""
     out: list[float] = []
     t = prev
     for ev in run:

@@ -34,6 +34,7 @@ from loadwatch.parsers.recipes import (
     recipe_of,
     set_fields,
 )
+from loadwatch.parsers.stream import Stream
 from loadwatch.parsers.traceback import (
     CUT_LEVELS,
     TRACEBACK_LEVELS,
@@ -67,7 +68,7 @@ from loadwatch.parsers.vllm.segment import (
 _Plan = tuple[Mode, Maker, tuple[Any, ...], str, str]
 
 
-class EventStream:
+class EventStream(Stream):
     """Feeds records in order, returns events. One instance per followed log."""
 
     def __init__(self, ref_ts: float | None = None) -> None:
