@@ -33,9 +33,8 @@ from loadwatch.parsers.events import Event, ShardProgress
 if TYPE_CHECKING:
     from loadwatch.daemon.state.fold import Fold
 
-MAX_TRACKED: Final = (
-    128  # processes per session (a node holds 8 or 16 ranks, plus cores and servers)
-)
+# processes per session (a node holds 8 or 16 ranks, plus cores and servers)
+MAX_TRACKED: Final = 128
 MIN_PEERS_ON: Final = 2  # peers that must have moved on to name a rank
 _RANK_DIGITS = str.maketrans("", "", "0123456789")
 _ORDER: Final = {"starting": 0, "loading_weights": 1, "post_load": 2, "ready": 3}

@@ -21,12 +21,10 @@ MAX_SESSIONS_KEPT: Final = 100
 # past this many they take the file's mtime instead.
 MAX_UNTIMED_HELD: Final = 10_000
 MAX_FAILURE_OFFSETS: Final = 256  # per session; the state keeps 32 distinct failures anyway
-MAX_RUN_INPUTS: Final = (
-    4096  # the load's events held back before they are folded (memory stays bounded)
-)
-TICK: Final = (
-    Tick()
-)  # the daemon's tick, once a second of the log's time (no fields: one serves all)
+# the load's events held back before they are folded (memory stays bounded)
+MAX_RUN_INPUTS: Final = 4096
+# the daemon's tick, once a second of the log's time (no fields: one serves all)
+TICK: Final = Tick()
 
 
 class SessionFolder:

@@ -19,9 +19,8 @@ has_needle = DISPATCH.has_needle
 
 PREFIX_RECORD_MAX: Final = 256  # a record holding only a process prefix (colour codes included)
 MAX_PARSE_CHARS: Final = 16384  # a record is parsed up to here (the follower's cap is 64 KiB)
-PARSE_CACHE_MAX: Final = (
-    4096  # distinct messages whose events are kept as recipes (parsers/recipes.py)
-)
+# distinct messages whose events are kept as recipes (parsers/recipes.py)
+PARSE_CACHE_MAX: Final = 4096
 
 
 class ClientLines:
