@@ -364,3 +364,23 @@ def test_a_line_is_stamped_in_utc_to_the_microsecond(monkeypatch: pytest.MonkeyP
         "2026-11-18T11:51:33.999999Z",
         "2026-11-18T11:51:34.000000Z",
     ]
+
+
+def test_a_runs_lines_share_the_time_their_hold_began(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Lines held for a run are written together, stamped with when the hold began; a line
+    outside a hold has its own time."""
+    clock = iter(range(1_795_002_693_000_001_000, 1_795_002_694_000_000_000, 1_000))  # +1 µs
+    monkeypatch.setattr(time, "time_ns", lambda: next(clock))
+    path = tmp_path / "events.jsonl"
+    log = EventLog(io.StringIO(), path, console=False, stdout="none")
+    with log.held():
+        log.emit("log.shard_progress", done=1)
+        log.emit("log.shard_progress", done=2)
+    log.emit("after")
+    assert [line["time"] for line in lines(path.read_text())] == [
+        "2026-11-18T11:51:33.000001Z",
+        "2026-11-18T11:51:33.000001Z",
+        "2026-11-18T11:51:33.000002Z",
+    ]
