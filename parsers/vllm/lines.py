@@ -415,7 +415,6 @@ def _odd(text: str) -> bool:
     return False
 
 
-_NO_PREFIX = (None, None)
 _NO_SPOT: Final = (None, None, 0)  # (`spot` of a record without a prefix)
 _tuple_new: Final = tuple.__new__  # a NamedTuple without its Python-level __new__
 
