@@ -12,8 +12,10 @@ installs anywhere without a compiler.
 """
 
 import os
+import shlex
 import shutil
 import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -21,6 +23,14 @@ from setuptools import Extension, setup
 
 PURE = os.environ.get("LOADWATCH_PURE", "") not in ("", "0")
 ROOT = Path(__file__).resolve().parent
+
+
+def have_compiler() -> bool:
+    """Whether the C compiler the build would call (`CC`, else Python's own) is there: without
+    one, mypyc's analysis of the listed modules (half a minute) would be for nothing."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    words = shlex.split(cc)
+    return bool(words) and shutil.which(words[0]) is not None
 
 
 def compiled_modules() -> list[Extension]:
@@ -64,12 +74,15 @@ def compiled_modules() -> list[Extension]:
     return exts
 
 
+COMPILE = not PURE and have_compiler()
+if not PURE and not COMPILE:
+    print("no C compiler: the scanner and the record path run as Python", file=sys.stderr)
 ext_modules = (
-    []
-    if PURE
-    else [
+    [
         Extension("loadwatch.parsers._scan", sources=["parsers/_scan.c"], optional=True),
         *compiled_modules(),
     ]
+    if COMPILE
+    else []
 )
 setup(ext_modules=ext_modules)

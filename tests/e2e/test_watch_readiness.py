@@ -109,15 +109,21 @@ def wait_ready(server: VllmServer, d: Running) -> None:
 
 
 @pytest.mark.parametrize("vllm_and_daemon", [(True, "Hello")], indirect=True)
-def test_servable_passes_then_sigterm_ends_ready(
-    vllm_and_daemon: tuple[VllmServer, Running],
+def test_servable_passes_or_fails_by_the_first_completion_then_sigterm_ends_ready(
+    vllm_and_daemon: tuple[VllmServer, Running], tmp_path: Path
 ) -> None:
+    """Two loadwatches follow one vLLM: one's servable check asks for a completion vLLM gives,
+    the other's for one it refuses (a prompt longer than --max-model-len: HTTP 400 while
+    /health and /v1/models answer). Then SIGTERM ends the first's readiness."""
     server, d = vllm_and_daemon
-    wait_ready(server, d)
-    s = d.status()["session"]
-    assert s["first_completion_s"] is not None and s["first_completion_s"] > 0
-    assert d.metrics()["loadwatch_first_completion_seconds"] > 0
-    assert d.status()["health"]["ok"] is True
+    (tmp_path / "refused").mkdir()
+    with running(_config(tmp_path / "refused", server.log_path, True, TOO_LONG)) as refused:
+        wait_ready(server, d)
+        s = d.status()["session"]
+        assert s["first_completion_s"] is not None and s["first_completion_s"] > 0
+        assert d.metrics()["loadwatch_first_completion_seconds"] > 0
+        assert d.status()["health"]["ok"] is True
+        _servable_fails(server, refused)
     pid = server.pid
     assert pid is not None
     os.killpg(pid, signal.SIGTERM)
@@ -128,8 +134,8 @@ def test_servable_passes_then_sigterm_ends_ready(
 
 
 @pytest.mark.parametrize("vllm_and_daemon", [(False, "Hello")], indirect=True)
-def test_sigkill_ends_ready_within_two_probe_intervals(
-    vllm_and_daemon: tuple[VllmServer, Running],
+def test_sigkill_ends_ready_and_a_loadwatch_started_after_it_is_never_ready(
+    vllm_and_daemon: tuple[VllmServer, Running], tmp_path: Path
 ) -> None:
     server, d = vllm_and_daemon
     wait_ready(server, d)
@@ -149,6 +155,8 @@ def test_sigkill_ends_ready_within_two_probe_intervals(
     assert m["loadwatch_load_ready"] == 0.0
     assert m['loadwatch_session_failure{kind="vanished"}'] == 1.0
     assert m['loadwatch_failures_total{kind="vanished"}'] == 1.0
+    assert server.wait_exit(30) == -signal.SIGKILL
+    _never_ready_on_a_dead_log(server.log_path, pid, tmp_path / "late")
 
 
 def _readyz_until_failed(d: Running, limit_s: float) -> list[int]:
@@ -163,34 +171,19 @@ def _readyz_until_failed(d: Running, limit_s: float) -> list[int]:
     return answers
 
 
-def test_a_loadwatch_started_on_a_killed_vllms_log_is_never_ready(
-    llama: Path, tmp_path: Path
-) -> None:
-    """The log says `Application startup complete.`; the vLLM that wrote it was SIGKILLed
-    before this loadwatch started. /readyz never says 200, and the session fails (`vanished`):
-    /health fails at the logged loopback URL and no process has the logged pid here."""
-    log = tmp_path / "vllm.log"
-    work = Path(tempfile.mkdtemp(prefix="lw-dead-"))
-    server = VllmServer(ServerSpec(model=llama, work_dir=work, port=free_port()), log)
-    server.start(rss_interval_s=None)
-    try:
-        health = server.wait_healthy(START_S)
-        assert health.healthy, health
-        pid = server.pid
-        assert pid is not None
-        os.killpg(pid, signal.SIGKILL)
-        assert server.wait_exit(30) == -signal.SIGKILL
-        with running(_config(tmp_path, log, False, "Hello")) as d:
-            answers = _readyz_until_failed(d, 4 * INTERVAL_S + 10)
-            s = d.status()["session"]
-            print(f"read back: {len(answers)} /readyz answers, then {s['phase']}")
-            assert s["phase"] == "failed" and s["failure_kind"] == "vanished", s
-            assert s["server_pid"] == pid and s["ready_at"] is not None  # ready, by the log
-            assert 200 not in answers, answers
-            assert d.metrics()['loadwatch_session_failure{kind="vanished"}'] == 1.0
-    finally:
-        server.stop(grace_s=20)
-        shutil.rmtree(work, ignore_errors=True)
+def _never_ready_on_a_dead_log(log: Path, pid: int, work: Path) -> None:
+    """The log says `Application startup complete.`; the vLLM that wrote it (API server `pid`)
+    was SIGKILLed before this loadwatch started. /readyz never says 200, and the session fails
+    (`vanished`): /health fails at the logged loopback URL and no process has the pid here."""
+    work.mkdir()
+    with running(_config(work, log, False, "Hello")) as d:
+        answers = _readyz_until_failed(d, 4 * INTERVAL_S + 10)
+        s = d.status()["session"]
+        print(f"read back: {len(answers)} /readyz answers, then {s['phase']}")
+        assert s["phase"] == "failed" and s["failure_kind"] == "vanished", s
+        assert s["server_pid"] == pid and s["ready_at"] is not None  # ready, by the log
+        assert 200 not in answers, answers
+        assert d.metrics()['loadwatch_session_failure{kind="vanished"}'] == 1.0
 
 
 def test_a_start_that_cannot_fit_its_kv_cache_is_one_failure_of_its_root_cause(
@@ -263,11 +256,8 @@ def _session_failure(d: Running) -> dict[str, float]:
 TOO_LONG = "hello " * 3000
 
 
-@pytest.mark.parametrize("vllm_and_daemon", [(True, TOO_LONG)], indirect=True)
-def test_servable_fails_when_the_first_completion_fails(
-    vllm_and_daemon: tuple[VllmServer, Running],
-) -> None:
-    server, d = vllm_and_daemon
+def _servable_fails(server: VllmServer, d: Running) -> None:
+    """`d`'s servable check fails on the first completion, vLLM itself being fine."""
     # /health 200 first (the daemon's /status answers 503 until its first board: retried)
     d.wait(lambda: d.status()["health"]["ok"] is True, "/health 200", START_S)
     try:

@@ -10,7 +10,9 @@ import shlex
 import signal
 import subprocess
 import time
+import tomllib
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -51,13 +53,15 @@ def _system_env() -> dict[str, str]:
     return {**keep, "PATH": SYSTEM_PATH, "DEBIAN_FRONTEND": "noninteractive"}
 
 
-def _run_line(line: str, cwd: Path, env: dict[str, str]) -> None:
-    """One README line through a shell, as an operator pastes it (`&&`, `VAR=x cmd`)."""
+def _run_line(line: str, cwd: Path, env: dict[str, str]) -> str:
+    """One README line through a shell, as an operator pastes it (`&&`, `VAR=x cmd`): what it
+    printed."""
     result = subprocess.run(
         ["/bin/sh", "-ec", line], cwd=cwd, env=env, capture_output=True, text=True,
         timeout=600, check=False,
     )  # fmt: skip
     assert result.returncode == 0, f"{line}: {result.stdout[-2000:]}{result.stderr[-3000:]}"
+    return result.stdout + result.stderr
 
 
 def _debian_packages_missing() -> list[str]:
@@ -88,14 +92,17 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             (src / rel).write_bytes((ROOT / rel).read_bytes())
     opt = work / "opt" / "loadwatch"
-    for line in readme_install_lines():
+    said = work / "said"
+    said.mkdir()
+    for i, line in enumerate(readme_install_lines()):
         if line.startswith("apt-get ") and os.geteuid() != 0:
             # Only root can run it; as another user the packages it installs must be there.
             missing = _debian_packages_missing()
             assert not missing, f"run as root, or `apt-get install -y {' '.join(missing)}`"
             continue
-        _run_line(line.replace(OPT, str(opt)), src, env)
-    return {"src": src, "dist": src / "dist", "opt": opt, "work": work}
+        out = _run_line(line.replace(OPT, str(opt)), src, env)
+        (said / f"{i}.txt").write_text(f"{line}\n{out}")
+    return {"src": src, "dist": src / "dist", "opt": opt, "work": work, "said": said}
 
 
 def test_the_dist_holds_an_sdist_a_platform_wheel_and_a_pure_one(host: dict[str, Path]) -> None:
@@ -146,19 +153,41 @@ def test_the_readme_install_runs_from_its_venv_alone(host: dict[str, Path]) -> N
             assert Path(uri.removeprefix("file:").replace(OPT, str(host["opt"]))).is_file(), uri
 
 
-@pytest.mark.parametrize("compiler", [True, False], ids=["with-cc", "without-cc"])
-def test_the_sdist_installs_with_and_without_a_compiler(
-    host: dict[str, Path], tmp_path: Path, compiler: bool
+def test_the_platform_wheel_is_the_sdist_built_with_a_compiler(host: dict[str, Path]) -> None:
+    """`python3 -m build` (neither --sdist nor --wheel) builds the sdist, then the wheel from
+    that sdist, in an isolated environment as pip's install of the sdist would: with the
+    README host's compiler, the compiled parts are in it. (Installing the sdist with a compiler
+    again would only compile the same sources the same way a second time.)"""
+    build = next(
+        p.read_text()
+        for p in host["said"].iterdir()
+        if p.read_text().startswith("python3 -m build\n")
+    )
+    assert "Building wheel from sdist" in build, build[-3000:]
+    wheel = next(host["dist"].glob(f"loadwatch-{VERSION}-cp3*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("loadwatch/parsers/_scan.") and n.endswith(".so") for n in names)
+    compiled = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["loadwatch"]["compiled"]
+    for rel in compiled:  # every module listed as compiled, compiled
+        stem = "loadwatch/" + rel.removesuffix(".py")
+        assert any(n.startswith(stem + ".") and n.endswith(".so") for n in names), rel
+
+
+@pytest.mark.parametrize(
+    "what", ["the sdist, pure", "the platform wheel, compiled"], ids=["sdist", "wheel"]
+)
+def test_without_a_compiler_the_sdist_installs_pure_and_the_wheel_compiled(
+    host: dict[str, Path], tmp_path: Path, what: str
 ) -> None:
     bin_ = _fresh_venv(tmp_path / "venv")
-    env = {} if compiler else {"CC": "/nonexistent/cc", "LDSHARED": "/nonexistent/cc -shared"}
-    _run([str(bin_ / "pip"), "install", "-q", str(host["dist"] / f"loadwatch-{VERSION}.tar.gz")],
-         tmp_path, env)  # fmt: skip
-    assert _scanner(bin_ / "python", tmp_path)["native"] is compiler
-    wheel = next(host["dist"].glob(f"loadwatch-{VERSION}-cp3*.whl"))
-    bin2 = _fresh_venv(tmp_path / "venv2")
-    _run([str(bin2 / "pip"), "install", "-q", str(wheel)], tmp_path, env)
-    assert _scanner(bin2 / "python", tmp_path)["native"] is True  # built in, no compiler needed
+    env = {"CC": "/nonexistent/cc", "LDSHARED": "/nonexistent/cc -shared"}
+    if what.startswith("the sdist"):
+        dist = host["dist"] / f"loadwatch-{VERSION}.tar.gz"
+    else:
+        dist = next(host["dist"].glob(f"loadwatch-{VERSION}-cp3*.whl"))
+    _run([str(bin_ / "pip"), "install", "-q", str(dist)], tmp_path, env)
+    # the sdist goes on with the Python its compiled parts are made from; the wheel has them
+    assert _scanner(bin_ / "python", tmp_path)["native"] is what.endswith("compiled")
 
 
 def test_the_units_execstart_runs_and_systemd_analyze_verifies_the_units(
