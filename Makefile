@@ -3,10 +3,10 @@ PYTHON ?= python3
 BIN := .venv/bin
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist; tests/conftest.py hands each a whole module, the real-vLLM files
-# to one of them first). Most tests wait on processes, sockets and clocks more than they compute:
-# two kept two cores 60% busy (26 min of CPU in a 22-minute run), so three share two cores;
-# TEST_WORKERS=0 runs them in this process, one after another.
-TEST_WORKERS ?= 3
+# to one of them first). Most tests wait on processes, sockets and clocks more than they compute,
+# so two share two cores well; TEST_WORKERS=0 runs them in this process, one after another.
+# (Three made no run shorter: the real-vLLM chain slowed by as much as the third saved.)
+TEST_WORKERS ?= 2
 
 .PHONY: venv tools vllm lint test test-fast demo bench fuzz soak clean
 

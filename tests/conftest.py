@@ -24,33 +24,27 @@ def fixtures_dir() -> Path:
 
 
 # Test files that start real vLLM (or may: the mark is on some of their tests). Under `-n N`
-# (pytest-xdist) those of one folder are one unit of work (tests/e2e's, the rest's: about seven
-# minutes each), run first, each on a worker of its own that takes nothing else until it is done:
-# one unit of them all was a chain of fourteen minutes and more that the run waited on, with a
-# module queued behind it. Two vLLM starts at once make each slower, not the two together; the
-# test that times a start against another (the learned ETA) runs `alone`.
+# (pytest-xdist) they are one unit of work, run first and one start at a time on one worker: a
+# vLLM start takes both cores while its three processes import torch, so two at once would
+# only make each slower, and the tests that time a start (the learned ETA) less exact.
 TESTS = Path(__file__).parent
 REALVLLM_FILES = frozenset(
     p.relative_to(TESTS.parent).as_posix()
     for p in TESTS.rglob("test_*.py")
     if "mark.realvllm" in p.read_text(encoding="utf-8")
 )
-REALVLLM = "realvllm:"
 
 
 def _unit_of_work(nodeid: str) -> str:
-    """A whole module (its module fixtures are made once), or the real-vLLM files of a folder:
-    tests/e2e's, or all the others'."""
+    """A whole module (its module fixtures are made once), or all the real-vLLM files."""
     path = nodeid.split("::", 1)[0]
-    if path not in REALVLLM_FILES:
-        return path
-    return REALVLLM + ("e2e" if path.startswith("tests/e2e/") else "other")
+    return "realvllm" if path in REALVLLM_FILES else path
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # the real-vLLM files first (a stable sort: each file's own order is kept), so under `-n`
-    # the longest units of work start at once while the other workers take the rest
-    items.sort(key=lambda item: not _unit_of_work(item.nodeid).startswith(REALVLLM))
+    # the longest unit of work starts at once while the other workers take the rest
+    items.sort(key=lambda item: _unit_of_work(item.nodeid) != "realvllm")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -60,16 +54,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class ByModule(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             return _unit_of_work(nodeid)
-
-        def _reschedule(self, node: Any) -> None:
-            # A worker on real vLLM is given no module to run after it (the scheduler queues
-            # one behind each unit) until its real-vLLM tests are done.
-            if self.workqueue and any(
-                scope.startswith(REALVLLM) and not all(done.values())
-                for scope, done in self.assigned_work.get(node, {}).items()
-            ):
-                return
-            super()._reschedule(node)
 
     config.option.loadscopereorder = False  # (the order above, not by the number of tests)
     return ByModule(config, log)
