@@ -92,17 +92,16 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             (src / rel).write_bytes((ROOT / rel).read_bytes())
     opt = work / "opt" / "loadwatch"
-    said = work / "said"
-    said.mkdir()
-    for i, line in enumerate(readme_install_lines()):
+    said: dict[str, str] = {}  # what each line printed
+    for line in readme_install_lines():
         if line.startswith("apt-get ") and os.geteuid() != 0:
             # Only root can run it; as another user the packages it installs must be there.
             missing = _debian_packages_missing()
             assert not missing, f"run as root, or `apt-get install -y {' '.join(missing)}`"
             continue
-        out = _run_line(line.replace(OPT, str(opt)), src, env)
-        (said / f"{i}.txt").write_text(f"{line}\n{out}")
-    return {"src": src, "dist": src / "dist", "opt": opt, "work": work, "said": said}
+        said[line] = _run_line(line.replace(OPT, str(opt)), src, env)
+    (work / "said.json").write_text(json.dumps(said))
+    return {"src": src, "dist": src / "dist", "opt": opt, "work": work}
 
 
 def test_the_dist_holds_an_sdist_a_platform_wheel_and_a_pure_one(host: dict[str, Path]) -> None:
@@ -158,11 +157,7 @@ def test_the_platform_wheel_is_the_sdist_built_with_a_compiler(host: dict[str, P
     that sdist, in an isolated environment as pip's install of the sdist would: with the
     README host's compiler, the compiled parts are in it. (Installing the sdist with a compiler
     again would only compile the same sources the same way a second time.)"""
-    build = next(
-        p.read_text()
-        for p in host["said"].iterdir()
-        if p.read_text().startswith("python3 -m build\n")
-    )
+    build = json.loads((host["work"] / "said.json").read_text())["python3 -m build"]
     assert "Building wheel from sdist" in build, build[-3000:]
     wheel = next(host["dist"].glob(f"loadwatch-{VERSION}-cp3*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
