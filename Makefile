@@ -3,10 +3,11 @@ PYTHON ?= python3
 BIN := .venv/bin
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist; tests/conftest.py hands each a whole module, the real-vLLM files
-# to one of them first). Most tests wait on processes, sockets and clocks more than they compute,
-# so two share two cores well; TEST_WORKERS=0 runs them in this process, one after another.
-# (Three made no run shorter: the real-vLLM chain slowed by as much as the third saved.)
-TEST_WORKERS ?= 2
+# to one of them first). Two compute; the last of three takes the files marked `waits` first (a
+# demo played in real time, a soak, real Prometheus scrapes: minutes of waiting, seconds of CPU),
+# so no computing process stands idle while they wait. TEST_WORKERS=0 runs every test in this
+# process, one after another.
+TEST_WORKERS ?= 3
 
 .PHONY: venv tools vllm lint test test-fast demo bench fuzz soak clean
 

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +20,32 @@ def fixtures_dir() -> Path:
     return FIXTURES
 
 
-# Test files that start real vLLM (or may: the mark is on some of their tests). Under `-n N`
-# (pytest-xdist) they are one unit of work, run first and one start at a time on one worker: a
-# vLLM start takes both cores while its three processes import torch, so two at once would
-# only make each slower, and the tests that time a start (the learned ETA) less exact.
+# Under `-n N` (pytest-xdist) a unit of work is a whole module (its module fixtures are made
+# once), and the files that start real vLLM (or may: the mark is on some of their tests) are one
+# unit together, run first and one start at a time: a vLLM start takes both cores while its
+# three processes import torch, so two at once would only make each slower, and the tests that
+# time a start (the learned ETA) less exact.
 TESTS = Path(__file__).parent
-REALVLLM_FILES = frozenset(
-    p.relative_to(TESTS.parent).as_posix()
-    for p in TESTS.rglob("test_*.py")
-    if "mark.realvllm" in p.read_text(encoding="utf-8")
-)
+
+
+def _files_marked(mark: str) -> frozenset[str]:
+    return frozenset(
+        p.relative_to(TESTS.parent).as_posix()
+        for p in TESTS.rglob("test_*.py")
+        if f"mark.{mark}" in p.read_text(encoding="utf-8")
+    )
+
+
+REALVLLM_FILES = _files_marked("realvllm")
+# Files whose tests spend their time waiting (a demo played in real time, a soak's cycles, a
+# real Prometheus's scrapes) and compute little: with 3 or more processes, the last of them
+# takes these first and the others take them last, so a process that waits does not hold one of
+# the two cores the computing tests share.
+WAITING_FILES = _files_marked("waits")
 
 
 def _unit_of_work(nodeid: str) -> str:
-    """A whole module (its module fixtures are made once), or all the real-vLLM files."""
+    """A whole module, or all the real-vLLM files."""
     path = nodeid.split("::", 1)[0]
     return "realvllm" if path in REALVLLM_FILES else path
 
@@ -55,26 +64,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return _unit_of_work(nodeid)
 
+        def _assign_work_unit(self, node: Any) -> None:
+            """The next unit of the node's own kind (waiting or computing), else the next."""
+            info = node.workerinput
+            waiter = info["workercount"] >= 3 and info["workerid"] == f"gw{info['workercount'] - 1}"
+            queue = self.workqueue
+            scope = next((s for s in queue if (s in WAITING_FILES) == waiter), None)
+            if scope is not None:
+                queue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
     config.option.loadscopereorder = False  # (the order above, not by the number of tests)
     return ByModule(config, log)
-
-
-# A test marked `alone` times something that an operator's machine does with nothing else on it
-# (a repeat start against the one before it). Under `-n`, every test holds a shared lock on one
-# file for the run while it runs, and an `alone` test an exclusive one: the other processes
-# finish the test they are in and wait for it. Its module fixtures are made inside its first
-# test, so they are covered too.
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    run_id = getattr(item.config, "workerinput", {}).get("testrunuid")
-    if run_id is None:  # one test process: nothing runs beside a test
-        yield
-        return
-    path = Path(tempfile.gettempdir()) / f"loadwatch-tests-{run_id}.lock"
-    with open(path, "a") as lock:
-        alone = item.get_closest_marker("alone") is not None
-        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        yield  # (closing the file lets go of the lock)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -19,6 +19,8 @@ import pytest
 from loadwatch.daemon.tools.demo import demo_command
 from loadwatch.daemon.tools.ports import EPHEMERAL_RANGE, free_port
 
+pytestmark = pytest.mark.waits
+
 # scenario: (the verdict it ends in, a line it must show, the exit code: the verdict's)
 EXPECT = {
     "success": ("Verdict: ready", None, 0),

@@ -7,6 +7,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from loadwatch.daemon.config import (
     Config,
     ForecastConfig,
@@ -21,6 +23,7 @@ from loadwatch.daemon.tools.demo import free_port, make_model_dir
 from loadwatch.daemon.tools.patch import patch_model_cli
 from tests.daemon.harness import Running, running
 
+pytestmark = pytest.mark.waits
 GIB = 1 << 30
 
 

@@ -44,8 +44,7 @@ from tests.e2e.test_watch_readiness import build_model
 from tests.helpers import wait_for
 from tests.realvllm.vllmproc import ServerSpec, VllmServer, free_port, group_members
 
-# alone: the starts are timed against each other, so the other test processes wait (conftest.py)
-pytestmark = [pytest.mark.realvllm, pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.realvllm, pytest.mark.slow, pytest.mark.timeout(900)]
 START_S = 300.0  # a vLLM start to /health 200 (about 45 s alone; more on a busy machine)
 # The floor under a learned threshold: the steps after the weights take a second or two here,
 # so 1.5 times that (what one past start allows) would be under the default's 120 s floor.

@@ -35,7 +35,7 @@ from tests.helpers import wait_for
 
 from .common import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 SPEED = 30.0
 TICK_S = 1.0  # loadwatch's loop checks for stalls and publishes at least this often
 BUSY_S = 2.0  # what a loaded 2-core CI machine may add to the daemon's tick and the probes

@@ -46,7 +46,7 @@ from .dashboard import dashboard_queries, resolve
 from .promserver import PromServer, short_rules_copy
 from .test_metric_names import documented
 
-pytestmark = pytest.mark.prometheus
+pytestmark = [pytest.mark.prometheus, pytest.mark.waits]
 GIB = 1 << 30
 CAPACITY = 96 * GIB
 

@@ -39,7 +39,7 @@ from tests.daemon.harness import Running, running
 from .common import ALERTS, require
 from .promserver import PromServer, short_rules_copy
 
-pytestmark = pytest.mark.prometheus
+pytestmark = [pytest.mark.prometheus, pytest.mark.waits]
 GIB = 1 << 30
 TOTAL = 24 * 10**9
 GPUS = 2

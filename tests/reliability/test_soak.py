@@ -24,6 +24,7 @@ import pytest
 from loadwatch.daemon.tools.demo import free_port, make_model_dir
 from tests.reliability.proc import DaemonProc, wait_for
 
+pytestmark = pytest.mark.waits
 SOAK_S = float(os.environ.get("LOADWATCH_SOAK_S", "60"))
 WARMUP_S = min(15.0, SOAK_S / 4)
 WINDOW_S = min(10.0, SOAK_S / 6)
