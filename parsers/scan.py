@@ -225,12 +225,15 @@ class ChunkScanner:
                 continue
             mode = stream.mode
             stop = n
+            # (declared: the C search's result is typed at run time, and a compiled loop over
+            # an untyped list unpacks each tuple through the iterator protocol)
+            found: tuple[list[tuple[int, int, str]], list[QuietRun]]
             if self._native is not None:
                 # A window of whole records: what a mode change makes be searched again (the
                 # rest of the window, with the new mode's needles) stays this small
                 if n - pos > WINDOW_BYTES:
                     stop = data.find(b"\n", pos + WINDOW_BYTES) + 1 or n
-                candidates, quiet = self._native.candidates(
+                found = self._native.candidates(
                     data if stop == n else memoryview(data)[:stop],
                     pos,
                     self._plans[mode],
@@ -239,7 +242,8 @@ class ChunkScanner:
             else:
                 if cr is None:
                     cr = data.find(b"\r") >= 0
-                candidates, quiet = self._candidates_py(data, pos, mode, cr)
+                found = self._candidates_py(data, pos, mode, cr)
+            candidates, quiet = found
             r = 0  # runs of quiet records before this index are accounted for
             for start, end, text in candidates:
                 if start < pos:
