@@ -21,7 +21,6 @@ Expected problems end in one line on stderr and a non-zero exit code, never a tr
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.metadata
 import math
 import sys
@@ -38,6 +37,7 @@ from loadwatch.daemon.tools.plan_args import (
     plan_capacity,
     plan_layout,
 )
+from loadwatch.daemon.tuning import tune_process
 
 EX_USAGE = 64
 EX_DATAERR = 65
@@ -373,8 +373,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # Few of a record's objects are in a cycle: collecting every 700 took 5-6% of a catch-up
-    gc.set_threshold(50_000)
+    tune_process()  # (for reading backlogs: tuning.py)
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
