@@ -1,15 +1,15 @@
 """What the interpreter and the C allocator are told when loadwatch starts: settings for
 reading a backlog of many MiB (a restart's catch-up, `analyze` of a day's log) in reads of
-1 MiB (sources/log/follow_read.py).
+256 KiB (sources/log/follow_read.py).
 
 - The garbage collector runs every 50,000 allocations, not 700: few of a record's objects are
   in a cycle, and collecting every 700 took 5-6% of a catch-up.
-- glibc's malloc keeps reads' buffers in its heap. By default a buffer of 1 MiB is mapped
-  afresh from the kernel for each read (its pages faulted in, zeroed, unmapped once the chunk
-  is released), and the heap gives back any 128 KiB it frees at its top: a catch-up spent
-  about as long in those page faults as in reading the file. Buffers under 8 MiB now come from
-  the heap, which keeps up to 16 MiB unused for the next reads (a round reads at most
-  `max_read_bytes`, 4 MiB by default). A C library without `mallopt` keeps its defaults.
+- glibc's malloc keeps reads' buffers in its heap. By default a read's buffer, over its mmap
+  threshold, was mapped afresh for a read (its pages faulted in zeroed, unmapped once the chunk
+  was let go), and the heap gave back what it freed at its top: a catch-up of a serving log
+  spent about as long in those page faults as in reading the file. Buffers under 8 MiB now
+  come from the heap, which keeps up to 16 MiB unused for the next reads (a round reads at
+  most `max_read_bytes`, 4 MiB by default). A C library without `mallopt` keeps its defaults.
 """
 
 from __future__ import annotations

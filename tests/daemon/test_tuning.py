@@ -1,5 +1,5 @@
-"""daemon/tuning.py against the kernel's own count of page faults: reading a backlog in reads of
-1 MiB, keeping the last two chunks (as the follower keeps what it delivered lately), faults far
+"""daemon/tuning.py against the kernel's own count of page faults: reading a backlog in the
+follower's reads, keeping the last two chunks (as it keeps what it delivered lately), faults far
 fewer pages in once glibc's malloc is told to keep read buffers in its heap."""
 
 from __future__ import annotations
@@ -11,19 +11,20 @@ from pathlib import Path
 
 import pytest
 
-# One process per case (malloc's settings are the process's): 200 reads of 1 MiB, the last
-# two chunks kept, each cut at its last whole record as the follower cuts it; prints the minor
+# One process per case (malloc's settings are the process's): 200 reads of READ_BYTES, the
+# last two chunks kept, each cut at its last whole record as the follower cuts it; prints the minor
 # page faults the reads took (getrusage).
 READS = """
 import collections, os, resource, sys
 if sys.argv[2] == "tuned":
     from loadwatch.daemon.tuning import tune_process
     tune_process()
+from loadwatch.daemon.sources.log.follow_read import READ_BYTES
 fd = os.open(sys.argv[1], os.O_RDONLY)
 kept = collections.deque(maxlen=2)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(200):
-    buf = os.pread(fd, 1 << 20, 0)
+    buf = os.pread(fd, READ_BYTES, 0)
     kept.append(buf[: buf.rfind(b"\\n") + 1])
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
@@ -40,6 +41,6 @@ def test_reads_of_a_backlog_fault_few_pages_once_tuned(tmp_path: Path) -> None:
         return int(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
 
     plain, tuned = faults("plain"), faults("tuned")
-    print(f"minor page faults for 200 reads of 1 MiB: {plain} by default, {tuned} tuned")
-    # (by default each read's buffer is mapped afresh: its 256 pages of 4 KiB faulted in)
+    print(f"minor page faults for 200 reads: {plain} by default, {tuned} tuned")
+    # (by default a read's buffer is mapped afresh: its pages faulted in)
     assert tuned * 10 <= plain

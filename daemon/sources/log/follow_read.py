@@ -25,7 +25,7 @@ from loadwatch.daemon.sources.log.follow_files import FileSet
 from loadwatch.parsers.scan import NATIVE, count_records, longest_record
 
 _LF, _CR = 10, 13
-READ_BYTES = 1024 * 1024  # a read's size, with the C scanner (a backlog in few reads)
+READ_BYTES = 256 * 1024  # a read's size, with the C scanner (a backlog in few reads)
 
 
 def _first_terminator(buf: bytes) -> int:

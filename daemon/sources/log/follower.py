@@ -21,7 +21,7 @@ their own modules:
   `read()` begins with its `refresh`, which stats the path and notices rotations and
   truncations; it also keeps the files left and the identities given before (`know`).
 - `RecordReader` (follow_read.py): reads the first open file with `pread`, in reads of
-  ``read_bytes`` (1 MiB; of ``cap_bytes`` without the C scanner, and where a record of the cap
+  ``read_bytes`` (256 KiB; of ``cap_bytes`` without the C scanner, and where a record of the cap
   or more is), into chunks of whole records (records longer than the cap are cut), up to
   ``max_read_bytes`` per `read()` (then `backlog`); it counts what was read.
 - `Placer` (follow_place.py): where reading starts (`start_at`, else the checkpoint's place) and
