@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import os
 import signal
 import sys
@@ -43,6 +42,7 @@ from loadwatch.daemon.sources.inputs import IoReader
 from loadwatch.daemon.sources.log.inputs import InputError, LogInput
 from loadwatch.daemon.statelock import StateDirBusy, lock_state_dir
 from loadwatch.daemon.supervise.config import SupervisorConfigError
+from loadwatch.daemon.tuning import tune_running_daemon
 from loadwatch.exporters.eventlog import EventLog
 from loadwatch.exporters.http.process import HttpProcess
 from loadwatch.exporters.http.routes import BoardMaker
@@ -286,10 +286,7 @@ def _run_locked(
         daemon.feed.line("daemon.listening", url=server.url, probes=server.probe_url)
     else:
         daemon.feed.line("daemon.listening", url=server.url)
-    # What exists now (modules, config) lives as long as the process: keep it out of every
-    # collection, and collect young objects less often (an event burst makes many short-lived ones).
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
+    tune_running_daemon()
     try:
         # libuv's loop: beside a serving vLLM the loop wakes several times a second for days,
         # and each wake-up of asyncio's own loop costs more than the read it wakes for
