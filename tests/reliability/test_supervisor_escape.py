@@ -112,6 +112,12 @@ def test_restarted_supervisor_stops_the_tree_it_finds(tmp_path: Path) -> None:
         second = _daemon(tmp_path, DEAF, "second")
         try:
             wait_for(lambda: len(_pids(tmp_path, "vllm")) == 2, "a new vLLM started", 10)
+            # (the new vLLM may write its pid before the daemon writes that it started it)
+            wait_for(
+                lambda: any(e.get("event") == "vllm.started" for e in second.events()),
+                "the new vLLM's start in the event log",
+                10,
+            )
             assert not _alive(old)
             left = [e for e in second.events() if e.get("event") == "vllm.leftover"]
             assert [(e["action"], e["pids"]) for e in left] == [
