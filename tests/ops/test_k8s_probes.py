@@ -107,7 +107,12 @@ class Kubelet:
         for probe in probes:
             if now < probe.due:
                 continue
-            probe.due = now + probe.period_s
+            # on a fixed period from its first probe, as the kubelet's prober ticks (Go's
+            # time.Ticker): a late or slow probe does not move the ones after it; of the ticks
+            # missed while it was behind, one is taken at once and the rest dropped
+            probe.due = (
+                now + probe.period_s if not probe.due else max(probe.due + probe.period_s, now)
+            )
             code, body = self.get(probe)
             self.log.append((now, probe.name, code))
             ok = 200 <= code < 400
