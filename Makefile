@@ -5,8 +5,9 @@ PYTEST_ARGS ?=
 # Test processes (pytest-xdist; tests/conftest.py hands each a whole module, the real-vLLM files
 # to one of them first). Two compute; the last of three takes the files marked `waits` first (a
 # demo played in real time, a soak, real Prometheus scrapes: minutes of waiting, seconds of CPU),
-# so no computing process stands idle while they wait. TEST_WORKERS=0 runs every test in this
-# process, one after another.
+# so no computing process stands idle while they wait; the two computing ones run niced, so the
+# waiting one's tests are woken on time. TEST_WORKERS=0 runs every test in this process, one
+# after another.
 TEST_WORKERS ?= 3
 
 .PHONY: venv tools vllm lint test test-fast demo bench fuzz soak clean

@@ -40,8 +40,21 @@ REALVLLM_FILES = _files_marked("realvllm")
 # Files whose tests spend their time waiting (a demo played in real time, a soak's cycles, a
 # real Prometheus's scrapes) and compute little: with 3 or more processes, the last of them
 # takes these first and the others take them last, so a process that waits does not hold one of
-# the two cores the computing tests share.
+# the two cores the computing tests share. The computing processes (and all they start) run
+# at a lower priority: the waiting one's tests time what they wait for, and are woken on time.
 WAITING_FILES = _files_marked("waits")
+COMPUTING_NICE = 10
+
+
+def _waits_lane(info: dict[str, Any]) -> bool:
+    """Whether the test process `info` (xdist's `workerinput`) is the one for the waiting files."""
+    return bool(info["workercount"] >= 3 and info["workerid"] == f"gw{info['workercount'] - 1}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    info = getattr(config, "workerinput", None)
+    if info is not None and info["workercount"] >= 3 and not _waits_lane(info):
+        os.nice(COMPUTING_NICE)
 
 
 def _unit_of_work(nodeid: str) -> str:
@@ -66,8 +79,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
         def _assign_work_unit(self, node: Any) -> None:
             """The next unit of the node's own kind (waiting or computing), else the next."""
-            info = node.workerinput
-            waiter = info["workercount"] >= 3 and info["workerid"] == f"gw{info['workercount'] - 1}"
+            waiter = _waits_lane(node.workerinput)
             queue = self.workqueue
             scope = next((s for s in queue if (s in WAITING_FILES) == waiter), None)
             if scope is not None:
