@@ -149,8 +149,9 @@ class Daemon:
 
     def take_log(self, items: Sequence[Run | Notice]) -> None:
         """Apply what the log source handed over, in order; write its effects once; publish
-        (a transition, a change of the source's health or the end of a backlog at once,
-        counters within the publishing interval)."""
+        (a transition, a change of the source's health or the end of a backlog at once, or
+        within `BACKLOG_PUBLISH_S` while more of a backlog waits; counters within the publishing
+        interval)."""
         source = self.log
         assert source is not None
         # The last read of a backlog (a restart's catch-up, a burst): the board, behind the log
@@ -170,7 +171,7 @@ class Daemon:
             self.feed.notice(notice)
             self.publisher.urgent()
         if items or settled or caught_up:
-            self.publisher.changed()
+            self.publisher.changed(backlog=source.backlog)
 
     def _apply_run(self, source: LogSource, run: Run) -> None:
         if not run.events:

@@ -7,7 +7,10 @@ When. Building and rendering a bundle costs more than reading a second of a busy
 and a serving daemon lives for days between scrapes, so a change is published by what it is: a
 transition, a failure, a stall, a change of readiness or the end of a backlog (`urgent`) at
 once, so that /readyz and /healthz (which read the last board, never ask for a new one) answer it
-at once and a restart's catch-up shows as soon as it is read; a change of
+at once and a restart's catch-up shows as soon as it is read. While a backlog is still being read
+(a restart's catch-up, a burst) an urgent change waits up to `BACKLOG_PUBLISH_S`: the board is
+behind the log until its end is read anyway, and a catch-up of a load's log otherwise built and
+rendered a board for nearly every read, its hundreds of starts' transitions; a change of
 counters only (lines read, GPU readings, probe times) marks what was published behind (the
 `stale` hooks hear it once) and goes out when a reader asks for it (`want`): the HTTP process
 asks when a scrape finds its board behind and older than `[http] publish_interval_s`. So
@@ -27,6 +30,7 @@ from loadwatch.daemon.state.published import LogHealth, Published, SupervisorSta
 from loadwatch.daemon.state.snapshot import Snapshot
 
 VERSION = "0.1.0"
+BACKLOG_PUBLISH_S = 0.25  # the most an urgent change waits while a backlog is read
 
 
 class Publisher:
@@ -61,9 +65,10 @@ class Publisher:
         it at once."""
         self._urgent = True
 
-    def changed(self) -> None:
-        """Something changed: published at once when urgent, else when a reader wants it."""
-        if self._urgent:
+    def changed(self, *, backlog: bool = False) -> None:
+        """Something changed: published at once when urgent (within `BACKLOG_PUBLISH_S` of the
+        last bundle while a `backlog` is still being read), else when a reader wants it."""
+        if self._urgent and (not backlog or self._mono() - self._last >= BACKLOG_PUBLISH_S):
             self.now()
         elif not self._behind:
             self._behind = True

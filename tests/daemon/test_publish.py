@@ -11,7 +11,7 @@ from pathlib import Path
 
 from loadwatch.daemon.config import Config, LogConfig
 from loadwatch.daemon.loop import Daemon
-from loadwatch.daemon.publish import Publisher, status_line
+from loadwatch.daemon.publish import BACKLOG_PUBLISH_S, Publisher, status_line
 from loadwatch.daemon.sdnotify import SdNotifier
 from loadwatch.daemon.sources.gpu.guard import NullGpuSource
 from loadwatch.daemon.sources.inputs import Tick
@@ -63,6 +63,30 @@ def test_counters_go_out_when_asked_for_and_urgent_changes_at_once(tmp_path: Pat
     pub.urgent()  # a transition: at once, nobody asking
     pub.changed()
     assert len(boards) == 3 and said == ["stale", "beat"]
+
+
+def test_urgent_changes_wait_a_quarter_second_while_a_backlog_is_read(tmp_path: Path) -> None:
+    """A catch-up's reads each hold a start's transitions: a board every `BACKLOG_PUBLISH_S`,
+    not one per read; a reader asking gets one at once; the read that ends the backlog at once."""
+    pub, clock, boards, said = _publisher(tmp_path)
+    pub.now()
+    step = 1 / 64  # (exact in binary: a read every 15.6 ms, 16 to a quarter second)
+    for _ in range(64):
+        clock.t += step
+        pub.urgent()
+        pub.changed(backlog=True)
+    assert len(boards) == 1 + 4 and 16 * step == BACKLOG_PUBLISH_S
+    assert said == ["stale"] * 4  # the reader told each time a board fell behind
+    clock.t += step
+    pub.urgent()
+    pub.changed(backlog=True)
+    assert len(boards) == 5 and pub.behind
+    pub.want()  # a scrape in between: at once
+    assert len(boards) == 6 and not pub.behind
+    clock.t += step
+    pub.urgent()
+    pub.changed(backlog=False)  # the last read: at once
+    assert len(boards) == 7 and not pub.behind
 
 
 def test_nothing_changed_is_a_heartbeat_not_a_board(tmp_path: Path) -> None:
