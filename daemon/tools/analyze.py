@@ -49,7 +49,6 @@ from loadwatch.daemon.tools.analyze_input import (
 )
 from loadwatch.exporters.report import Report, SessionCapture, build_report
 from loadwatch.exporters.terminal.clean import json_for_terminal, print_error
-from loadwatch.exporters.terminal.report_text import print_report
 
 
 def analyze_log(
@@ -129,6 +128,9 @@ def analyze_command(
             sys.stdout.write(json_for_terminal(report_json(report.to_dict())) + "\n")
             sys.stdout.flush()
         else:
+            # (the text report's rich, imported for it alone: `--json` starts without it)
+            from loadwatch.exporters.terminal.report_text import print_report
+
             print_report(report, sys.stdout)
     except BrokenPipeError:
         _quiet_stdout()

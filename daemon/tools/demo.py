@@ -197,7 +197,7 @@ def run_demo(
     from loadwatch.daemon.app import run_daemon
     from loadwatch.daemon.sim.gpus import SimulatedGpuSource
     from loadwatch.daemon.sources.gpu.guard import GuardedGpuSource
-    from loadwatch.exporters.terminal.clean import CleanConsole
+    from loadwatch.exporters.terminal.console import CleanConsole
 
     # whatever the log or the daemon says is shown on the terminal, never obeyed
     console = CleanConsole()

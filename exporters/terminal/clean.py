@@ -3,8 +3,8 @@
 The strings loadwatch shows come from the vLLM log (which prints text its clients choose: a
 request id, a model name) or from whatever answers at a `--url`. A terminal obeys what such text
 holds: CSI moves the cursor or makes the terminal type an answer, OSC 52 writes the clipboard,
-OSC 8 makes links, DCS queries settings. So every view writes through `CleanConsole` (or
-`clean_text` for a plain line), which keeps the visible text and drops:
+OSC 8 makes links, DCS queries settings. So every view writes through `CleanConsole`
+(console.py) or `clean_text` for a plain line, which keeps the visible text and drops:
 
 - ESC sequences: CSI (`ESC [` ... final byte), OSC (`ESC ]` ... BEL or ST), the strings DCS, SOS,
   PM and APC (`ESC P`, `ESC X`, `ESC ^`, `ESC _` ... ST), and every other `ESC` + intermediates +
@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-from rich.console import Console, ConsoleOptions, RenderableType
-from rich.segment import Segment
 
 ESC = "\x1b"
 BEL = "\x07"
@@ -166,37 +163,7 @@ def _after_string(text: str, i: int, *, osc: bool) -> int:
     return n
 
 
-# -- the console --------------------------------------------------------------------------------
-
-
-class CleanConsole(Console):
-    """A rich Console whose output holds no control sequence but rich's own.
-
-    Every segment of text any renderable yields is cleaned as it is rendered, so no view, table
-    cell or log line is missed; rich's own control segments (the live screen's cursor moves)
-    and the colours it renders from styles pass. Markup and emoji codes are off: a string from
-    the log such as `[link=...]` is shown as written, never obeyed.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("markup", False)
-        kwargs.setdefault("emoji", False)
-        kwargs.setdefault("highlight", False)
-        super().__init__(**kwargs)
-
-    def render(
-        self, renderable: RenderableType, options: ConsoleOptions | None = None
-    ) -> Iterator[Segment]:
-        for segment in super().render(renderable, options):
-            if segment.control is None and segment.text:
-                text = clean_text(segment.text)
-                if text != segment.text:
-                    segment = Segment(text, segment.style)
-            yield segment
-
-
 __all__ = [
-    "CleanConsole",
     "clean_text",
     "clean_values",
     "json_for_terminal",

@@ -1,19 +1,13 @@
 """Small text helpers shared by the analyze report and the status screen: times in the log's
-own form, durations, sizes, short lists, and the consoles every view draws with: colour on a
-terminal, plain text in a pipe, and in both no control sequence from the text (clean.py)."""
+own form, durations, sizes, short lists (plain text: the consoles that draw it are console.py's)."""
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from collections.abc import Sequence
-from typing import IO
-
-from rich.console import Console, RenderableType
 
 from loadwatch.daemon.state.durations import duration as duration
-from loadwatch.exporters.terminal.clean import CleanConsole
 
 PIPE_WIDTH = 100  # text width when stdout is not a terminal (COLUMNS overrides)
 
@@ -80,41 +74,13 @@ def pipe_width() -> int:
         return PIPE_WIDTH
 
 
-def make_console(file: IO[str]) -> Console:
-    """Colour on a terminal; plain text, no escape codes, in a pipe."""
-    if file.isatty():
-        return CleanConsole(file=file)
-    return CleanConsole(file=file, force_terminal=False, color_system=None, width=pipe_width())
-
-
-def plain_text(renderable: RenderableType, width: int) -> str:
-    """A renderable as text without colour or the padding rich adds at line ends."""
-    console = CleanConsole(
-        file=io.StringIO(), width=width, record=True, force_terminal=False, color_system=None
-    )
-    console.print(renderable)
-    return "".join(line.rstrip() + "\n" for line in console.export_text().splitlines())
-
-
-def show(renderable: RenderableType, file: IO[str]) -> None:
-    """Colour on a terminal; plain text in a pipe."""
-    if file.isatty():
-        make_console(file).print(renderable)
-    else:
-        file.write(plain_text(renderable, pipe_width()))
-        file.flush()
-
-
 __all__ = [
     "clip",
     "clock",
     "duration",
     "few",
     "hms",
-    "make_console",
     "pipe_width",
-    "plain_text",
     "ranges",
-    "show",
     "size",
 ]

@@ -20,17 +20,8 @@ from loadwatch.daemon.state.kvdtype import FP8_PATH_CODES, KV_SCALE_CODES
 from loadwatch.exporters.report import ProcessReport, Report, SessionReport, WarningGroup
 from loadwatch.exporters.report_crashloop import crash_loop_text
 from loadwatch.exporters.terminal.clean import clean_values
-from loadwatch.exporters.terminal.fmt import (
-    clip,
-    clock,
-    duration,
-    few,
-    hms,
-    plain_text,
-    ranges,
-    show,
-    size,
-)
+from loadwatch.exporters.terminal.console import plain_text, show
+from loadwatch.exporters.terminal.fmt import clip, clock, duration, few, hms, ranges, size
 
 TRACEBACK_HEAD = "Traceback (most recent call last):"
 STATUS_STYLE = {"ready": "bold green", "failed": "bold red", "incomplete": "bold yellow"}

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from loadwatch.exporters.terminal.clean import clean_values
+from loadwatch.exporters.terminal.console import plain_text
 from loadwatch.exporters.terminal.docread import (
     amount,
     count,
@@ -28,7 +29,7 @@ from loadwatch.exporters.terminal.docread import (
     strings,
     yes,
 )
-from loadwatch.exporters.terminal.fmt import clip, duration, few, hms, plain_text, ranges, size
+from loadwatch.exporters.terminal.fmt import clip, duration, few, hms, ranges, size
 from loadwatch.exporters.terminal.plan_line import plan_line
 from loadwatch.exporters.terminal.ready_line import ready_line
 

@@ -27,6 +27,7 @@ from rich.live import Live
 from rich.text import Text
 
 from loadwatch.exporters.terminal.clean import print_error
+from loadwatch.exporters.terminal.console import make_console, show
 from loadwatch.exporters.terminal.fetch import (
     EX_DATAERR,
     EX_NOPERM,
@@ -38,7 +39,7 @@ from loadwatch.exporters.terminal.fetch import (
     parse_status,
     status_target,
 )
-from loadwatch.exporters.terminal.fmt import duration, make_console, pipe_width, show
+from loadwatch.exporters.terminal.fmt import duration, pipe_width
 from loadwatch.exporters.terminal.screen import render_status, status_text
 
 

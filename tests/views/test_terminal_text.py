@@ -22,8 +22,8 @@ from loadwatch.daemon.cli import main
 from loadwatch.daemon.tools.analyze import analyze_command, analyze_log
 from loadwatch.daemon.tools.demo import Digest
 from loadwatch.exporters.terminal.clean import clean_text, one_line
+from loadwatch.exporters.terminal.console import make_console, show
 from loadwatch.exporters.terminal.fleet import fleet_command
-from loadwatch.exporters.terminal.fmt import make_console, show
 from loadwatch.exporters.terminal.report_text import print_report
 from loadwatch.exporters.terminal.watch import render_status, status_command, status_text
 
