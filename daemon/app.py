@@ -29,7 +29,6 @@ from loadwatch.daemon.config import (
     Config,
     ConfigError,
     VllmConfig,
-    http_files_problem,
     load_config,
     with_api_key,
 )
@@ -47,6 +46,7 @@ from loadwatch.exporters.eventlog import EventLog
 from loadwatch.exporters.http.process import HttpProcess
 from loadwatch.exporters.http.routes import BoardMaker
 from loadwatch.exporters.http.server import ServerError
+from loadwatch.exporters.http.settings import files_problem
 from loadwatch.parsers.vllm.argv_secrets import Redactor
 
 EX_UNAVAILABLE = 69
@@ -149,7 +149,7 @@ def run_daemon(
     gpu_factory: Callable[[Callable[[], float]], GuardedGpuSource | NullGpuSource] | None = None,
     io_reader: IoReader | None = None,
 ) -> int:
-    problem = http_files_problem(cfg.http)
+    problem = files_problem(cfg.http)
     if problem:
         return fail(f"config error: {problem}", EX_CONFIG)
     try:

@@ -21,7 +21,6 @@ Expected problems end in one line on stderr and a non-zero exit code, never a tr
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import math
 import sys
 from collections.abc import Sequence
@@ -29,14 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from loadwatch.daemon.sources.model.modelfiles import ModelFileError
-from loadwatch.daemon.tools.plan_args import (
-    add_plan_flags,
-    gpu_cc_of,
-    needs_nvml,
-    nvml_gpu,
-    plan_capacity,
-    plan_layout,
-)
+from loadwatch.daemon.tools.plan_args import add_plan_flags
 from loadwatch.daemon.tuning import tune_process
 
 EX_USAGE = 64
@@ -98,7 +90,18 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EX_USAGE)
 
 
+class _Version(argparse.Action):
+    """`--version`, the number looked up when asked for: importlib.metadata costs a start tens
+    of milliseconds."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        print(f"loadwatch {_version()}")
+        parser.exit()
+
+
 def _version() -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("loadwatch")
     except importlib.metadata.PackageNotFoundError:
@@ -142,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=f"{EXAMPLES}\n\n{EXIT_CODES}",
         formatter_class=_Help,
     )
-    ap.add_argument("--version", action="version", version=f"loadwatch {_version()}")
+    ap.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def command(name: str, help: str, epilog: str = "") -> argparse.ArgumentParser:
@@ -421,10 +424,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from loadwatch.daemon.tools.analyze import events_command
 
         return events_command(args.log, max_record_bytes=args.max_record_bytes)
-    if args.command == "preflight":
-        return _preflight(args)
-    if args.command == "patch-model":
-        return _patch_model(args)
+    if args.command in ("preflight", "patch-model"):
+        from loadwatch.daemon.tools.plan_commands import patch_model_command, preflight_command
+
+        return (preflight_command if args.command == "preflight" else patch_model_command)(args)
     if args.command == "alerts":
         from loadwatch.daemon.tools.alerts import alerts_command
 
@@ -438,61 +441,6 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return demo_command(args)
     raise UsageError(f"unknown command {args.command!r}")
-
-
-def _preflight(args: argparse.Namespace) -> int:
-    import json
-
-    from loadwatch.daemon.tools import preflight_remedy as pr
-    from loadwatch.exporters.terminal.clean import clean_text
-
-    try:
-        model_dir, command = pr.target(args)
-        cc = gpu_cc_of(args)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if not model_dir.is_dir():
-        what = "not a directory" if model_dir.exists() else "no such directory"
-        return fail(f"preflight: model directory {model_dir}: {what}", EX_NOINPUT)
-    nvml_cc, nvml_total = nvml_gpu() if needs_nvml(args, for_cc=True) else (None, None)
-    layout, capacity = _plan_inputs(args, nvml_total)
-    text, doc, code = pr.report(args, model_dir, command, cc or nvml_cc, layout, capacity)
-    print(json.dumps(doc, indent=2) if args.json else clean_text(text))
-    return code
-
-
-def _plan_inputs(args: argparse.Namespace, nvml_total: int | None) -> tuple[Any, Any]:
-    try:
-        return plan_layout(args), plan_capacity(args, nvml_total)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _patch_model(args: argparse.Namespace) -> int:
-    from loadwatch.daemon.sources.model.model_info import read_model_dir
-    from loadwatch.daemon.tools.patch import patch_model_cli
-    from loadwatch.daemon.tools.patch_plan import patch_effect_lines
-    from loadwatch.exporters.terminal.clean import clean_text
-
-    if args.force and not args.revert:
-        raise UsageError("patch-model: --force goes with --revert")
-    before = read_model_dir(args.model_dir, tensor_bytes=True) if args.drop_fp8_kv_cache else None
-    text, code = patch_model_cli(
-        str(args.model_dir),
-        drop_fp8=args.drop_fp8_kv_cache,
-        revert=args.revert,
-        dry_run=args.dry_run,
-        force=args.force,
-    )
-    if before is not None and code == 0 and before.checkpoint_kv_dtype == "fp8":
-        nvml_total = nvml_gpu()[1] if needs_nvml(args, for_cc=False) else None
-        layout, capacity = _plan_inputs(args, nvml_total)
-        lines = patch_effect_lines(before, layout, capacity, args.dry_run)
-        text += "".join(line + "\n" for line in lines)
-    if code != 0:
-        return fail(text.rstrip("\n"), code)
-    print(clean_text(text))  # the diff quotes the model's files (a downloaded checkpoint's text)
-    return code
 
 
 if __name__ == "__main__":

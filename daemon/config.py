@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import pwd
-import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -18,8 +17,6 @@ from typing import Any, Literal, TypeVar
 
 from loadwatch.daemon.config_table import ConfigError as ConfigError
 from loadwatch.daemon.config_table import Table as _Table
-from loadwatch.daemon.sources.health import UrlRefused, endpoint_from_config
-from loadwatch.daemon.supervise.remedies import FP8_MODES, REMEDY_NAMES
 from loadwatch.exporters.http.settings import DEFAULT_PORT as DEFAULT_PORT
 from loadwatch.exporters.http.settings import HttpConfig as HttpConfig
 from loadwatch.parsers.grammar import available as grammars
@@ -312,6 +309,9 @@ def _forecast_fields(t: _Table) -> dict[str, Any]:
 
 
 def _vllm_fields(t: _Table) -> dict[str, Any]:
+    # (the supervisor's modules, imported only for a [vllm] table: `analyze` reads no config)
+    from loadwatch.daemon.supervise.remedies import FP8_MODES, REMEDY_NAMES
+
     d = VllmConfig()
     argv = t.strings("argv")
     if not argv and not set(t.data) <= WATCH_KEYS:
@@ -385,6 +385,8 @@ def _vllm_user(t: _Table, argv: tuple[str, ...]) -> int | None:
 def _health_url(t: _Table) -> str | None:
     url = t.string("health_url", None)
     if url is not None:
+        from loadwatch.daemon.sources.health import UrlRefused, endpoint_from_config
+
         try:
             endpoint_from_config(url)
         except UrlRefused as exc:
@@ -441,34 +443,6 @@ def _check_http(http: HttpConfig) -> None:
         raise ConfigError(
             "[http] bearer_token_file", "choose a bearer token or basic auth, not both"
         )
-
-
-def http_files_problem(http: HttpConfig) -> str | None:
-    """A certificate, key or secret file the HTTP server could not use, in one line: checked
-    before anything starts, as a configuration error (a restart would not mend it)."""
-    files = (
-        ("tls_cert", http.tls_cert, False),
-        ("tls_key", http.tls_key, False),
-        ("bearer_token_file", http.bearer_token_file, True),
-        ("basic_auth_password_file", http.basic_auth_password_file, True),
-    )
-    for name, path, secret in files:
-        if path is None:
-            continue
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            return f"[http] {name}: cannot read {path}: {exc.strerror or exc}"
-        if secret and not data.strip():
-            return f"[http] {name}: {path} is empty"
-        if not secret and not data:
-            return f"[http] {name}: {path} is empty"
-    if http.tls_cert is not None and http.tls_key is not None:
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(http.tls_cert, http.tls_key)
-        except (OSError, ssl.SSLError) as exc:
-            return f"[http] tls_cert: {http.tls_cert} and {http.tls_key} are no certificate and key: {exc}"
-    return None
 
 
 def with_api_key(cfg: Config) -> Config:

@@ -33,14 +33,13 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, TextIO
 
 import orjson
-import structlog
 
 from loadwatch.exporters.linefile import LineFile
 from loadwatch.exporters.nbwrite import NonBlockingWriter, for_stream
@@ -186,7 +185,7 @@ class EventLog:
         # stdout on a regular file (`loadwatch run >> events.jsonl`): whole lines, as the file
         self._out_file = _regular_file(self.stream) if self._out is None else None
         self._open_file()
-        self._console_renderer = structlog.dev.ConsoleRenderer(colors=False, event_key="event")
+        self._console_renderer: Callable[..., Any] | None = None  # made when first wanted
         self._clock = _Clock()
         self._held: list[bytes] | None = None  # the file's lines while `held()`, unwritten
         # while `held()`: the time of every line, written together (a run's thousands)
@@ -340,8 +339,17 @@ class EventLog:
             return f"{st.st_dev}:{st.st_ino}", st.st_size
 
     def _render_console(self, line: bytes) -> str:
+        render = self._console_renderer
+        if render is None:
+            # (structlog, and the rich it brings, imported for a console only: `analyze` and a
+            # daemon writing to a file or a pipe start without them)
+            import structlog.dev
+
+            render = self._console_renderer = structlog.dev.ConsoleRenderer(
+                colors=False, event_key="event"
+            )
         data = json.loads(line)
-        return str(self._console_renderer(None, "info", data))
+        return str(render(None, "info", data))
 
     def _fault(self, message: str) -> None:
         self.write_errors += 1

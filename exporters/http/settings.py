@@ -1,6 +1,6 @@
 """The HTTP side's settings: what `[http]` in the config (daemon/config.py reads and checks it)
 decides for the server. A frozen value the server is handed, so the exporters need nothing of
-the daemon to know how to serve."""
+the daemon to know how to serve; and whether the files it names are of use to the server."""
 
 from __future__ import annotations
 
@@ -41,3 +41,33 @@ class HttpConfig:
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:
             return self.host == "localhost"
+
+
+def files_problem(http: HttpConfig) -> str | None:
+    """A certificate, key or secret file the HTTP server could not use, in one line: checked
+    before anything starts, as a configuration error (a restart would not mend it)."""
+    files = (
+        ("tls_cert", http.tls_cert, False),
+        ("tls_key", http.tls_key, False),
+        ("bearer_token_file", http.bearer_token_file, True),
+        ("basic_auth_password_file", http.basic_auth_password_file, True),
+    )
+    for name, path, secret in files:
+        if path is None:
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            return f"[http] {name}: cannot read {path}: {exc.strerror or exc}"
+        if secret and not data.strip():
+            return f"[http] {name}: {path} is empty"
+        if not secret and not data:
+            return f"[http] {name}: {path} is empty"
+    if http.tls_cert is not None and http.tls_key is not None:
+        import ssl  # (for a configured certificate alone: `analyze` reads these settings too)
+
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(http.tls_cert, http.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            return f"[http] tls_cert: {http.tls_cert} and {http.tls_key} are no certificate and key: {exc}"
+    return None
