@@ -11,12 +11,15 @@ before it ended and whether it found data (`begin_read`, `end_read`).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loadwatch.daemon.sources.log.follow_state import Errors, FollowerError, one_line
 from loadwatch.daemon.sources.log.wake import Mode, Wake, WakeError, Waker
+
+if TYPE_CHECKING:  # (the daemon's loop alone runs it: `analyze` reads without asyncio)
+    import asyncio
 
 ReadMark = tuple[Wake, int]  # how the wait before a read ended, and the waker's events then
 
@@ -110,6 +113,8 @@ class Waiting:
         try:
             waker = self._ensure_waker()
         except FollowerError:
+            import asyncio
+
             await asyncio.sleep(max(self._poll, 1.0) if timeout_s is None else timeout_s)
             self._woke = "timer"
             return False

@@ -42,14 +42,13 @@ compressed rotated files in gzipped.py.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loadwatch.daemon.sources.inputs import Chunk
 from loadwatch.daemon.sources.log.checkpoint import Checkpoint
@@ -66,6 +65,9 @@ from loadwatch.daemon.sources.log.follow_state import (
 )
 from loadwatch.daemon.sources.log.follow_wait import Waiting
 from loadwatch.daemon.sources.log.wake import Mode
+
+if TYPE_CHECKING:  # (the daemon's loop alone runs it: `analyze` reads without asyncio)
+    import asyncio
 
 __all__ = [
     "FileIdentity",

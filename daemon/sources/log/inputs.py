@@ -26,12 +26,11 @@ value of the key.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any, Literal, Protocol
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 from loadwatch.daemon.sources.inputs import Chunk
 from loadwatch.daemon.sources.log.checkpoint import Checkpoint
@@ -46,6 +45,9 @@ from loadwatch.daemon.sources.log.container import (
 from loadwatch.daemon.sources.log.follow_state import FollowerHealth, StartKind
 from loadwatch.daemon.sources.log.follower import LogFollower, Position
 from loadwatch.daemon.sources.log.journal import JournalError, JournalPump, JournalSource
+
+if TYPE_CHECKING:  # (the daemon's loop alone runs it: `analyze` reads without asyncio)
+    import asyncio
 
 InputKind = Literal["auto", "file", "cri", "docker", "journal"]
 INPUT_KINDS: tuple[InputKind, ...] = ("auto", "file", "cri", "docker", "journal")

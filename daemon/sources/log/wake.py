@@ -25,13 +25,12 @@ the reader at once.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import select
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from loadwatch.daemon.sources.log.fs_kind import REMOTE_FS_TYPES, fs_type
 from loadwatch.daemon.sources.log.inotify import (
@@ -50,6 +49,9 @@ from loadwatch.daemon.sources.log.inotify import (
     SELF,
     Inotify,
 )
+
+if TYPE_CHECKING:  # (the daemon's loop alone runs it: `analyze` reads without asyncio)
+    import asyncio
 
 Mode = Literal["auto", "inotify", "poll"]
 ActiveMode = Literal["inotify", "poll"]
@@ -362,6 +364,8 @@ class Waker:
 
     async def wait_async(self, timeout_s: float, coalesce_s: float = 0.0) -> bool:
         """`wait` for an asyncio loop (`arm`, awaited)."""
+        import asyncio
+
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[bool] = loop.create_future()
 
