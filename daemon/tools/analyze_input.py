@@ -38,7 +38,7 @@ from loadwatch.exporters.report import LogFacts
 from loadwatch.parsers import ChunkScanner, Event
 from loadwatch.parsers.grammar import load as load_grammar
 from loadwatch.parsers.scan import count_lines
-from loadwatch.parsers.vllm.lines import ProcessNames
+from loadwatch.parsers.vllm.process_names import ProcessNames
 
 EX_DATAERR = 65
 EX_NOINPUT = 66

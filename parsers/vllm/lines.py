@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 from datetime import datetime
 from typing import Final, Literal
 
@@ -80,73 +79,6 @@ def strip_wrapper(text: str) -> str:
     return text
 
 
-def has_wrapper(text: str) -> bool:
-    return text[:1] in _WRAPPER_START and _WRAPPER.match(text) is not None
-
-
-# Every `(NAME ... pid=N)` in a chunk of the log, for the list of the processes a log shows
-# (a post-mortem's; the live path never runs it).
-_PREFIX_BYTES = re.compile(
-    rb"\((?P<name>[A-Za-z][A-Za-z0-9_-]{0,63}+)(?: rank=(?P<rank>[0-9]{1,6}+))?"
-    rb"(?: (?P<ranks>[A-Z]{1,8}+[0-9]{1,6}+(?:_[A-Z]{1,8}+[0-9]{1,6}+){0,7}+))?"
-    rb" pid=[0-9]{1,10}+(?:, ip=[0-9A-Fa-f.:]{1,64}+)?\)"
-)
-# The same, whole: a chunk's prefixes are listed in C (`findall`), and each distinct one is read
-# once (a log repeats a few prefixes on nearly every line).
-_PREFIX_WHOLE = re.compile(
-    rb"\([A-Za-z][A-Za-z0-9_-]{0,63}+(?: rank=[0-9]{1,6}+)?"
-    rb"(?: [A-Z]{1,8}+[0-9]{1,6}+(?:_[A-Z]{1,8}+[0-9]{1,6}+){0,7}+)?"
-    rb" pid=[0-9]{1,10}+(?:, ip=[0-9A-Fa-f.:]{1,64}+)?\)"
-)
-_native_prefixes: Callable[[bytes, int], list[bytes]] | None
-try:
-    from loadwatch.parsers._scan import prefixes as _native_prefixes
-except ImportError:  # built without a C compiler: the regex, same names
-    _native_prefixes = None
-MAX_PROCESS_NAMES = 256
-MAX_PREFIXES_READ = 4096  # distinct prefixes remembered as read (a process per pid: bounded)
-
-
-def distinct_prefixes_py(data: bytes) -> list[bytes]:
-    """Every distinct `_PREFIX_WHOLE` in `data`, in order of first appearance (_scan.c's
-    `prefixes` returns the same, without a match object per line)."""
-    return list(dict.fromkeys(_PREFIX_WHOLE.findall(data)))
-
-
-def distinct_prefixes(data: bytes) -> list[bytes]:
-    if _native_prefixes is None:
-        return distinct_prefixes_py(data)
-    return _native_prefixes(data, MAX_PREFIXES_READ)
-
-
-class ProcessNames:
-    """The distinct process prefixes of a log, in order of first appearance (bounded)."""
-
-    def __init__(self) -> None:
-        self.names: dict[str, None] = {}
-        self._read: set[bytes] = set()
-
-    def feed(self, data: bytes) -> None:
-        if b" pid=" not in data or len(self.names) >= MAX_PROCESS_NAMES:
-            return
-        names, read = self.names, self._read
-        for prefix in distinct_prefixes(data):
-            if prefix in read:
-                continue
-            if len(read) >= MAX_PREFIXES_READ:
-                read.clear()
-            read.add(prefix)
-            m = _PREFIX_BYTES.fullmatch(prefix)
-            if m is None or len(names) >= MAX_PROCESS_NAMES:
-                continue
-            name = m["name"].decode()
-            if m["ranks"]:
-                name = f"{name}_{m['ranks'].decode()}"
-            elif m["rank"]:
-                name = f"{name}_rank{m['rank'].decode()}"
-            names.setdefault(name, None)
-
-
 _MISSING = object()
 _HEADER_WINDOW: Final = 256  # a VLLM_LOGGING_PREFIX may stand before the header; nothing longer
 
@@ -167,6 +99,7 @@ _BRACKET_HEADER = re.compile(
 _LEVEL_WORDS: Final = ("DEBUG", "INFO", "WARN", "ERROR", "CRITICAL")  # what any header starts with
 _HEAD_CACHE_MAX: Final = 4096
 _HEADER_REACH: Final = 400  # a bracketed header ends this near a record's start, or is not one
+_CODE_REACH: Final = 24  # a colour code that closes a prefix ends this near its `)`
 
 
 def strip_ansi(text: str) -> str:
@@ -265,9 +198,11 @@ class StandardHeads:
 
     `head(text)` is the `Head` that `split_segments(strip_ansi(text))` + `parse_head` would give
     for a record that turns out to be one segment, or None when the record is not of a common
-    shape (colour codes, a second prefix in mid-record, an unusual header): then use the general
-    path. Common shapes: `(NAME pid=N) LEVEL MM-DD HH:MM:SS [src] msg`, the same without the
-    prefix, and a record with no header at all (a progress bar), with a prefix or without.
+    shape (colour codes past the prefix, a second prefix in mid-record, an unusual header): then
+    use the general path. Common shapes: `(NAME pid=N) LEVEL MM-DD HH:MM:SS [src] msg`, the same
+    without the prefix, and a record with no header at all (a progress bar), with a prefix or
+    without; each with its prefix coloured or not, after a launcher's or collector's own text
+    or not.
     """
 
     def __init__(self, years: YearResolver) -> None:
@@ -297,13 +232,24 @@ class StandardHeads:
     def spot(self, text: str) -> tuple[str | None, int | None, int] | None:
         """`split`, with where the text after the prefix starts in place of that text (the
         common case reads on in `text`, no copy made). A prefix is judged once, when first seen
-        (`_prefix`): colour codes or a Ray suffix send the record to the general path."""
-        if text[:1] != "(":
-            return _NO_SPOT
-        p = text.find(") ", 1, _HEADER_WINDOW) + 2
-        if p < 2:
+        (`_prefix`): colour codes on it are taken off, a Ray suffix sends the record to the
+        general path. What a launcher or collector wrote before the line (`strip_wrapper`:
+        journald's, docker compose's, a CI stamp) is passed over, as `parse_head` passes it."""
+        c = text[:1]
+        w = 0  # where vLLM's own line starts: after what a launcher or collector wrote first
+        if c != "(" and c in _WRAPPER_START:
+            w = len(text) - len(strip_wrapper(text))
+            c = text[w : w + 1]
+        if c == "(":
+            p = text.find(") ", w + 1, w + _HEADER_WINDOW) + 2
+        elif c == "\x1b":  # vLLM before 2025-11 coloured it: `ESC[1;36m(NAME pid=N)ESC[0;0m `
+            p = text.find(")\x1b[", w + 1, w + _HEADER_WINDOW)
+            p = text.find("m ", p + 3, p + _CODE_REACH) + 2 if p > 0 else 0
+        else:
+            return _NO_SPOT if w == 0 else (None, None, w)
+        if p < w + 2:
             return None
-        prefix = self._prefixes.get(text[:p]) or self._prefix(text[:p])
+        prefix = self._prefixes.get(text[w:p]) or self._prefix(text[w:p])
         if prefix is False:
             return None
         return prefix[0], prefix[1], p
@@ -353,9 +299,13 @@ class StandardHeads:
         return header
 
     def _prefix(self, text: str) -> tuple[str, int] | Literal[False]:
+        """A prefix's (process, pid), or False: not of the common shape. Colour codes on it are
+        taken off first, as the general path takes them off the whole record (a code in the
+        rest sends that rest to the general path: `rest_head`)."""
         prefix = self._prefixes.get(text)
         if prefix is None:
-            m = None if _odd(text) else _ONE_PREFIX.fullmatch(text)
+            plain = strip_ansi(text) if text[:1] == "\x1b" else text
+            m = None if _odd(plain) else _ONE_PREFIX.fullmatch(plain)
             prefix = (_process_name(m), int(m.group("pid"))) if m else False
             if len(self._prefixes) >= _HEAD_CACHE_MAX:
                 self._prefixes.clear()
@@ -365,6 +315,8 @@ class StandardHeads:
     def lone_prefix(self, text: str) -> tuple[str, int] | None:
         """(process, pid) when `text` is exactly one process prefix and its space (the record
         before a `\r` bar), as `parse_head` would read it; None: not that shape."""
+        if text[:1] == "\x1b":  # (coloured: `_prefix` takes the codes off)
+            return self._prefix(text) or None if text[-2:] == "m " else None
         if text[:1] != "(" or text[-2:] != ") " or "\x1b" in text or "0m" in text or "6m" in text:
             return None
         return self._prefix(text) or None
@@ -382,9 +334,10 @@ class StandardHeads:
     @staticmethod
     def _bare(text: str) -> Head | None:
         """A record without prefix or header (a bar, stderr): no level word in reach of
-        `parse_head`'s header search, nothing that starts a prefix."""
+        `parse_head`'s header search, nothing that starts a prefix. (What a collector wrote
+        before it `spot` passed over, as `parse_head` passes over it.)"""
         c = text[:1]
-        if not c or c == "(" or c.isspace() or " pid=" in text or has_wrapper(text):
+        if not c or c == "(" or c.isspace() or " pid=" in text:
             return None
         window = text[: _HEADER_WINDOW + 16]
         for word in _LEVEL_WORDS:

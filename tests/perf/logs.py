@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 
 from loadwatch.daemon.sim.kimilog import Counts, Shape, SyntheticClock, serving, startup
@@ -52,3 +53,12 @@ def coloured(data: bytes) -> bytes:
             line = line.replace(b" INFO ", b" \x1b[32mINFO\x1b[0m ", 1)
         out.append(line)
     return b"\n".join(out)
+
+
+_PREFIX = re.compile(rb"\(([A-Za-z][\w -]*? pid=[0-9]+)\) ")
+
+
+def coloured_prefixes(data: bytes) -> bytes:
+    """Every process prefix coloured as vLLM coloured it before 2025-11, on a file too
+    (tests/fixtures/v1-2025.log): `ESC[1;36m(NAME pid=N)ESC[0;0m `."""
+    return _PREFIX.sub(b"\x1b[1;36m(\\1)\x1b[0;0m ", data)

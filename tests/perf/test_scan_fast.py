@@ -3,6 +3,8 @@ the benchmarks' (dense per-layer warnings, `\\r` bars, request echoes that say E
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -19,7 +21,7 @@ from loadwatch.parsers.vllm.lines import (
 from loadwatch.parsers.vllm.plans import PLANS, quiet_record
 from loadwatch.parsers.vllm.segment import PREFILTER
 from tests.parsers.golden import REF_TS, events_of, scanned
-from tests.perf.logs import coloured, load_log, serving_log
+from tests.perf.logs import coloured, coloured_prefixes, load_log, serving_log
 
 SERVING, SERVING_COUNTS = serving_log()
 LOAD, LOAD_COUNTS = load_log()
@@ -33,6 +35,7 @@ LOAD, LOAD_COUNTS = load_log()
         ("serving-crlf", SERVING.replace(b"\n", b"\r\n")),
         ("load-coloured", coloured(LOAD)),
         ("serving-coloured", coloured(SERVING)),
+        ("load-coloured-prefixes", coloured_prefixes(LOAD)),
     ],
 )
 @pytest.mark.parametrize("chunk", [977, 65536, 1 << 20])  # the last: several search windows
@@ -41,6 +44,22 @@ def test_chunk_scanner_equals_record_by_record_on_generated_logs(
     name: str, data: bytes, chunk: int, native: bool
 ) -> None:
     assert scanned(data, chunk, native) == events_of(data)
+
+
+def test_coloured_prefixes_read_as_the_plain_ones() -> None:
+    """A load logged with its prefixes coloured (vLLM before 2025-11): the same events, its
+    records read on the common path (`StandardHeads`: each prefix's text judged once), not
+    stripped of codes and split one by one on the general path."""
+    coloured_log = coloured_prefixes(LOAD)
+    assert coloured_log.count(b"\x1b[1;36m(") > 1000
+    heads = StandardHeads(YearResolver(REF_TS))
+    warning = next(r for r in coloured_log.decode().split("\n") if "k_scale" in r)
+    assert warning.startswith("\x1b[1;36m(Worker_TP")
+    assert heads.head(warning) == parse_head(strip_ansi(warning), heads.years)
+    plain, tinted = events_of(LOAD), events_of(coloured_log)
+    assert [dataclasses.replace(e, offset=0) for e in tinted] == [
+        dataclasses.replace(e, offset=0) for e in plain
+    ]
 
 
 def test_request_echoes_are_quiet_and_never_failures() -> None:
@@ -135,6 +154,15 @@ _PARTS = st.sampled_from(
         " pid=",
         "\x1b[0m",
         "[1;36m",
+        # a prefix coloured as vLLM before 2025-11 coloured it
+        "\x1b[1;36m",
+        "(Worker_TP0 pid=7)",
+        "\x1b[0;0m ",
+        # what launchers and collectors write before vLLM's line
+        "vllm-1  | ",
+        "Dec 06 10:00:00 gpu-node-1 vllm[4242]: ",
+        "2025-08-12T08:42:32.1234567Z ",
+        "[vllm]: ",
         " [repeated 3x across cluster]",
         "Found k_scale in the checkpoint (e.g. ",
         "msg ",

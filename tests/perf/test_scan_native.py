@@ -20,8 +20,8 @@ from loadwatch.parsers.dispatch import (
 from loadwatch.parsers.events import Event, KvScaleWarning, ShardProgress, field_names, filler
 from loadwatch.parsers.scan import NATIVE, count_records, count_records_py, longest_record_py
 from loadwatch.parsers.vllm.grammar import GRAMMAR
-from loadwatch.parsers.vllm.lines import distinct_prefixes_py
 from loadwatch.parsers.vllm.plans import quiet_record
+from loadwatch.parsers.vllm.process_names import distinct_prefixes_py
 from tests.perf.logs import load_log, serving_log
 
 NATIVE_PLANS = GRAMMAR.native_plans
