@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/daemon_catchup.py [--quick] [--runs N] [--exe PATH]
 
-One log per shape of bench/loggen.py (seeded): the three load-phase shapes (Kimi-K2.5-like
+One log per shape of bench/loggen.py (seeded): the five load-phase shapes (Kimi-K2.5-like
 starts, ~100,000 lines, nearly every line a k/v scale warning or a bar update: warnings in
 blocks with the bar after a lone prefix record, the 8 workers' warnings interleaved with the
-bar's prefix on its own record, interleaved with the bar after a lone prefix) and the two
+bar's prefix on its own record, interleaved with the bar after a lone prefix, that with every
+prefix coloured as vLLM printed it before 2025-11, and that read through `docker compose
+logs`, its service column before every line) and the two
 serving-phase shapes (~1,000,000 lines: kimilog.py's request lines, and vLLM 0.32's logged
 requests with prompts and outputs echoed); a tenth of that with --quick. Per shape, runs
 alternating tool by tool, each timed from its spawn:

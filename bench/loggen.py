@@ -2,12 +2,14 @@
 
 Shapes, as an inference host sees them (`LOAD_SHAPES`, `SERVING_SHAPES`):
 - load-phase logs: Kimi-K2.5-like startups (119 shards, 8 tensor-parallel workers, per-layer k/v
-  scale warnings from every worker, milestones, progress bars), repeated, in three shapes:
+  scale warnings from every worker, milestones, progress bars), repeated, in five shapes:
   `blocks` (each layer's warnings worker after worker, the bar after a lone `(Worker_TP0
   pid=N) ` record and tqdm's `\\r`: what the demo's simulated vLLM prints), `interleaved` (the
   8 workers' own per-layer warnings merged as processes writing to one stream merge them, the
-  bar with its process prefix on the same record) and `interleaved-lone` (interleaved warnings,
-  the bar after a lone prefix record);
+  bar with its process prefix on the same record), `interleaved-lone` (interleaved warnings,
+  the bar after a lone prefix record), `coloured` (as `interleaved-lone`, every process
+  prefix in colour codes as vLLM printed them before 2025-11) and `compose` (as
+  `interleaved-lone`, read through `docker compose logs`: `vllm-1  | ` before every line);
 - serving-phase logs: one startup, then request lines, periodic engine statistics, and a few
   restarts with fresh loads (one of them failing with a CUDA OOM), in two shapes: `serving`
   (the request, access and statistics lines of daemon/sim/kimilog.py's `serving`, prompts that
@@ -42,7 +44,12 @@ LOAD_SHAPES: dict[str, Shape] = {
     "blocks": Shape(),
     "interleaved": Shape(warnings="interleaved", bar="same_record"),
     "interleaved-lone": Shape(warnings="interleaved", bar="lone_prefix"),
+    "coloured": Shape(warnings="interleaved", bar="lone_prefix", coloured=True),
 }
+# What stands before each line of the shapes read through a log collector: `docker compose
+# logs`'s service column (the line as vLLM wrote it after it)
+WRAPPED: dict[str, str] = {"compose": "vllm-1  | "}
+LOAD_SHAPES["compose"] = LOAD_SHAPES["interleaved-lone"]
 Requests = Callable[[random.Random, LogClock, int], Iterator[str]]
 SERVING_SHAPES: dict[str, Requests] = {"serving": serving, "requests": logged_requests}
 
@@ -76,8 +83,25 @@ def load_log(path: Path, lines: int = 200_000, seed: int = 1, shape: str = "bloc
                 produced += line.count("\n")
                 yield line
 
-    write(gen(), path, truth)
+    wrapper = WRAPPED.get(shape)
+    write(gen() if wrapper is None else wrapped(gen(), wrapper), path, truth)
     return truth
+
+
+def wrapped(lines: Iterator[str], wrapper: str) -> Iterator[str]:
+    """`lines` with `wrapper` before each line, as a collector writes it (a `\r` inside a line
+    is the line's own)."""
+    at_start = True
+    for text in lines:
+        out = []
+        for i, part in enumerate(text.split("\n")):
+            if i:
+                out.append("\n")
+                at_start = True
+            if part:
+                out.append(wrapper + part if at_start else part)
+                at_start = False
+        yield "".join(out)
 
 
 def serving_log(

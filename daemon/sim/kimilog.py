@@ -85,6 +85,9 @@ class Shape:
     # prefix a record of its own (tests/fixtures/v1-2026-sm120.log); "same_record": the prefix
     # and the bar in one record (the `\r` gone, as a log shipper that drops it writes it)
     bar: Literal["lone_prefix", "same_record"] = "lone_prefix"
+    # Each process prefix coloured, `ESC[1;36m(NAME pid=N)ESC[0;0m `: what vLLM printed before
+    # 2025-11 whatever the output was (tests/fixtures/v1-2025.log)
+    coloured: bool = False
     # The KV cache: what profiling leaves per GPU, and the MLA latent vLLM keeps per token and
     # layer (Kimi-K2.5's config.json: kv_lora_rank 512 + qk_rope_head_dim 64), not split by TP.
     kv_available_gib: float = 13.61
@@ -137,11 +140,15 @@ PID_BASE = 1 << 22
 
 
 class Prefixes:
-    def __init__(self, rng: random.Random, workers: int) -> None:
-        self.api = f"(APIServer pid={PID_BASE + rng.randint(1000, 60000)}) "
-        self.core = f"(EngineCore_DP0 pid={PID_BASE + rng.randint(1000, 60000)}) "
+    def __init__(self, rng: random.Random, workers: int, coloured: bool = False) -> None:
+        def prefix(name: str, pid: int) -> str:
+            return f"\x1b[1;36m({name} pid={pid})\x1b[0;0m " if coloured else f"({name} pid={pid}) "
+
+        self.api_pid = PID_BASE + rng.randint(1000, 60000)
+        self.api = prefix("APIServer", self.api_pid)
+        self.core = prefix("EngineCore_DP0", PID_BASE + rng.randint(1000, 60000))
         base = PID_BASE + rng.randint(1000, 60000)
-        self.workers = [f"(Worker_TP{i} pid={base + i}) " for i in range(workers)]
+        self.workers = [prefix(f"Worker_TP{i}", base + i) for i in range(workers)]
 
 
 def startup(
@@ -160,7 +167,7 @@ def startup(
     `silent_worker` (worker, shard): that worker prints nothing after the shard, the others
     read on to the weights' end, where the script stops (the ranks wait on the silent one)."""
     c = counts if counts is not None else Counts()
-    p = prefixes or Prefixes(rng, shape.workers)
+    p = prefixes or Prefixes(rng, shape.workers, shape.coloured)
     api, core, w = p.api, p.core, p.workers
     c.sessions += 1
     c.shards_total, c.shards_done = shape.shards, 0
@@ -257,7 +264,7 @@ def startup(
     yield f"{core}INFO {clock.stamp()} [core.py:272] init engine (profile, create kv cache, warmup model) took 49.57 s (compilation: 14.31 s)\n"
     clock.advance(2)
     yield f"{api}INFO {clock.stamp()} [api_server.py:1020] Starting vLLM server on http://127.0.0.1:{shape.port}\n"
-    yield f"{api}INFO:     Started server process [{api.split('pid=')[1].rstrip(') ')}]\n"
+    yield f"{api}INFO:     Started server process [{p.api_pid}]\n"
     yield f"{api}INFO:     Waiting for application startup.\n"
     yield f"{api}INFO:     Application startup complete.\n"
     c.ready += 1

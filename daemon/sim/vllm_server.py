@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed if args.seed is not None else os.getpid())
     out = sys.stdout
     clock = RealClock(args.speed, flush=out.flush)
-    prefixes = Prefixes(rng, shape.workers)
+    prefixes = Prefixes(rng, shape.workers, shape.coloured)
     workers = _workers(shape.workers - 1)
     server: ThreadingHTTPServer | None = None
     try:
