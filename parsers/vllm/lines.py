@@ -69,14 +69,21 @@ MAX_WRAPPERS = 4
 
 def strip_wrapper(text: str) -> str:
     """The record without what a launcher or collector wrote before it (nothing when none)."""
-    if text[:1] not in _WRAPPER_START:
-        return text
+    return text[wrapper_end(text) :]
+
+
+def wrapper_end(text: str) -> int:
+    """Where vLLM's own line starts in the record: after what a launcher or collector wrote
+    before it (0: nothing)."""
+    end = 0
     for _ in range(MAX_WRAPPERS):
-        m = _WRAPPER.match(text)
-        if m is None or m.end() == 0:
+        if text[end : end + 1] not in _WRAPPER_START:  # (vLLM's own `(`, a bar's text)
             break
-        text = text[m.end() :]
-    return text
+        m = _WRAPPER.match(text, end)
+        if m is None or m.end() == end:
+            break
+        end = m.end()
+    return end
 
 
 _MISSING = object()
@@ -238,7 +245,9 @@ class StandardHeads:
         c = text[:1]
         w = 0  # where vLLM's own line starts: after what a launcher or collector wrote first
         if c != "(" and c in _WRAPPER_START:
-            w = len(text) - len(strip_wrapper(text))
+            w = wrapper_end(text)
+            if w and _odd(text[:w]):
+                return None
             c = text[w : w + 1]
         if c == "(":
             p = text.find(") ", w + 1, w + _HEADER_WINDOW) + 2
@@ -315,11 +324,10 @@ class StandardHeads:
     def lone_prefix(self, text: str) -> tuple[str, int] | None:
         """(process, pid) when `text` is exactly one process prefix and its space (the record
         before a `\r` bar), as `parse_head` would read it; None: not that shape."""
-        if text[:1] == "\x1b":  # (coloured: `_prefix` takes the codes off)
-            return self._prefix(text) or None if text[-2:] == "m " else None
-        if text[:1] != "(" or text[-2:] != ") " or "\x1b" in text or "0m" in text or "6m" in text:
+        spot = self.spot(text)
+        if spot is None or spot[0] is None or spot[1] is None or spot[2] != len(text):
             return None
-        return self._prefix(text) or None
+        return spot[0], spot[1]
 
     def says_more(self, text: str) -> bool:
         """Whether `text` is one process prefix of the common shape with a message after it
@@ -355,15 +363,21 @@ def header_end(rest: str, start: int = 0) -> int:
 
 
 def _odd(text: str) -> bool:
-    """Colour codes to strip, or a Ray suffix to drop: not a common shape."""
+    """Colour codes to strip, or a Ray suffix to drop: not a common shape. A code that lost its
+    escape counts (`[1;36m`: `strip_ansi` takes it off where the record holds another code), and
+    so does any `0m` or `6m` (which make `strip_ansi` look at all)."""
     if "\x1b" in text or " [repeated " in text:
         return True
-    # `0m`, `6m` (a colour code that lost its escape), looked for at each `m`: a record holds
-    # far fewer of those than of digits, which a search for `0m` stops at
+    # looked for at each `m`: a record holds far fewer of those than of digits
     i = text.find("m", 1)
     while i > 0:
-        if text[i - 1] == "0" or text[i - 1] == "6":
+        c = text[i - 1]
+        if c == "0" or c == "6":
             return True
+        if "1" <= c <= "9":
+            k = text.rfind("[", max(0, i - _CODE_REACH), i)
+            if k >= 0 and text[k + 1 : i].replace(";", "").isdigit():
+                return True
         i = text.find("m", i + 1)
     return False
 

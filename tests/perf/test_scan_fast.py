@@ -158,6 +158,9 @@ _PARTS = st.sampled_from(
         "\x1b[1;36m",
         "(Worker_TP0 pid=7)",
         "\x1b[0;0m ",
+        "[3m",
+        "[12;3m",
+        " 15m",
         # what launchers and collectors write before vLLM's line
         "vllm-1  | ",
         "Dec 06 10:00:00 gpu-node-1 vllm[4242]: ",
@@ -181,6 +184,18 @@ _PARTS = st.sampled_from(
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_PARTS, min_size=1, max_size=12))
+# a coloured prefix: `strip_ansi` then takes a code without its escape off the message too
+@example(
+    [
+        "\x1b[1;36m",
+        "(Worker_TP0 pid=7)",
+        "\x1b[0;0m ",
+        "INFO ",
+        "11-30 10:00:00",
+        " [x.py:1] ",
+        "[3m",
+    ]
+)
 def test_standard_heads_equal_the_general_path(parts: list[str]) -> None:
     text = "".join(parts)
     years = YearResolver(REF_TS)
