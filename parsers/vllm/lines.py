@@ -98,10 +98,13 @@ _ONE_PREFIX = re.compile(
     r"(?: (?P<ranks>[A-Z]{1,8}[0-9]{1,6}(?:_[A-Z]{1,8}[0-9]{1,6}){0,7}))?"
     r" pid=(?P<pid>[0-9]{1,10})(?:, ip=[0-9A-Fa-f.:]{1,64})?\) "
 )
-_BRACKET_HEADER = re.compile(
+# The header of either age (the source in brackets, or before vLLM 0.7.3 without the opening
+# one, before 2025-02), as `_HEADER` reads it: its source holds no `]`, so the first `] ` ends it
+# (`header_end`).
+_STANDARD_HEADER = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
     r"(?P<stamp>[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:[.,][0-9]{1,6})? "
-    r"\[(?P<src>[\x21-\x5c\x5e-\x7e]{1,200})\] "
+    r"(?:\[(?P<src>[\x21-\x5c\x5e-\x7e]{1,200})\]|(?P<osrc>[\x21-\x5c\x5e-\x7e]{1,200})\]) "
 )
 _LEVEL_WORDS: Final = ("DEBUG", "INFO", "WARN", "ERROR", "CRITICAL")  # what any header starts with
 _HEAD_CACHE_MAX: Final = 4096
@@ -208,8 +211,9 @@ class StandardHeads:
     shape (colour codes past the prefix, a second prefix in mid-record, an unusual header): then
     use the general path. Common shapes: `(NAME pid=N) LEVEL MM-DD HH:MM:SS [src] msg`, the same
     without the prefix, and a record with no header at all (a progress bar), with a prefix or
-    without; each with its prefix coloured or not, after a launcher's or collector's own text
-    or not.
+    without; each with its prefix and header coloured or not (vLLM colours both on a terminal),
+    the header's source in brackets or in the older `src] ` form, after a launcher's or
+    collector's own text or not.
     """
 
     def __init__(self, years: YearResolver) -> None:
@@ -251,9 +255,11 @@ class StandardHeads:
             c = text[w : w + 1]
         if c == "(":
             p = text.find(") ", w + 1, w + _HEADER_WINDOW) + 2
-        elif c == "\x1b":  # vLLM before 2025-11 coloured it: `ESC[1;36m(NAME pid=N)ESC[0;0m `
+        elif c == "\x1b":  # coloured (before 2025-11 always): `ESC[1;36m(NAME pid=N)ESC[0;0m `
             p = text.find(")\x1b[", w + 1, w + _HEADER_WINDOW)
-            p = text.find("m ", p + 3, p + _CODE_REACH) + 2 if p > 0 else 0
+            if p < 0:  # no prefix: a coloured header, maybe (`header_end`)
+                return _NO_SPOT if w == 0 else (None, None, w)
+            p = text.find("m ", p + 3, p + _CODE_REACH) + 2
         else:
             return _NO_SPOT if w == 0 else (None, None, w)
         if p < w + 2:
@@ -268,7 +274,7 @@ class StandardHeads:
         (`_rest`), as its prefix is."""
         got = self._rests.get(rest)
         if got is None:
-            got = False if _odd(rest) or rest.startswith("[repeated ") else self._rest(rest)
+            got = self._rest(rest)
             if got is False or got[0] is not None:  # (a bar's text is new with each update)
                 if len(self._rests) >= _HEAD_CACHE_MAX:
                     self._rests.clear()
@@ -280,28 +286,36 @@ class StandardHeads:
 
     def _rest(self, rest: str) -> tuple[str | None, float | None, str | None, str] | Literal[False]:
         """What `head` makes of a record's text after its prefix (the whole text without one)."""
+        if rest.startswith("[repeated ") or " [repeated " in rest:
+            return False  # (the general path drops a Ray suffix)
         k = header_end(rest)
         if k < 0:  # no header: a bar (after its prefix, or alone), or other bare text
-            bare = self._bare(rest)
+            bare = None if _odd(rest) else self._bare(rest)
             return False if bare is None else (None, None, None, bare.body)
-        header = self.header(rest[:k])
-        if header is False or rest.find(" pid=") >= 0:
+        body = rest[k:]
+        header = self.header(rest[:k])  # (its colour codes, if any, taken off)
+        if header is False or _odd(body) or rest.find(" pid=") >= 0:
             return False  # (another process's record may start in this one)
         level, ts, src = header
-        return level, ts, src, rest[k:]
+        return level, ts, src, body
 
     def header(self, key: str) -> tuple[str, float | None, str] | Literal[False]:
         """(level, time, source) of a record's header, the text up to `header_end`, read once
         per distinct text (records within one second share one); False: not of the common
-        shape (nor when it holds what `_odd` looks for: then so does any record it heads)."""
+        shape (nor when it holds what `_odd` looks for once its colour codes are off). A header
+        vLLM coloured (on a terminal, since 2025-11) has its codes taken off first, as the
+        general path takes them off the whole record (a code in the message sends the record
+        there: `rest_head`)."""
         header = self._headers.get(key)
         if header is None:
             header = False
-            m = None if _odd(key) else _BRACKET_HEADER.fullmatch(key)
+            plain = strip_ansi(key) if key[:1] == "\x1b" else key
+            m = None if _odd(plain) else _STANDARD_HEADER.fullmatch(plain)
             if m is not None:
                 level = m.group("level")
                 stamp = self.years.stamp(m.group("stamp"))
-                header = ("WARNING" if level == "WARN" else level, stamp, m.group("src"))
+                src = m.group("src") or m.group("osrc")
+                header = ("WARNING" if level == "WARN" else level, stamp, src)
             if len(self._headers) >= _HEAD_CACHE_MAX:
                 self._headers.clear()
             self._headers[key] = header
@@ -356,9 +370,14 @@ class StandardHeads:
 
 def header_end(rest: str, start: int = 0) -> int:
     """Where the message starts in a record's text after its prefix (from `start` in it), when
-    a bracketed header (`LEVEL MM-DD HH:MM:SS [file.py:N] `) may stand before it: after its
-    `] `; -1: none there."""
-    k = rest.find("] ", start, start + _HEADER_REACH)
+    a header (`LEVEL MM-DD HH:MM:SS [file.py:N] `) may stand before it: after its `] `, or,
+    where vLLM coloured it (`ESC[32mINFO ... [file.py:N]ESC[0m `), after the code that closes
+    its source; -1: none there."""
+    if rest[start : start + 1] == "\x1b":
+        k = rest.find("]\x1b[", start, start + _HEADER_REACH)
+        k = rest.find("m ", k + 3, k + _CODE_REACH) if k >= 0 else -1
+    else:
+        k = rest.find("] ", start, start + _HEADER_REACH)
     return -1 if k < 0 else k + 2
 
 

@@ -4,6 +4,8 @@ the benchmarks' (dense per-layer warnings, `\\r` bars, request echoes that say E
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -59,6 +61,45 @@ def test_coloured_prefixes_read_as_the_plain_ones() -> None:
     plain, tinted = events_of(LOAD), events_of(coloured_log)
     assert [dataclasses.replace(e, offset=0) for e in tinted] == [
         dataclasses.replace(e, offset=0) for e in plain
+    ]
+
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+# A colour code whose ESC byte a copy lost (`[32m`): put back, as vLLM wrote it.
+_ESCLESS = re.compile(r"\[([0-9]{1,3}(?:;[0-9]{1,3})*m)")
+
+
+@pytest.mark.parametrize(
+    "fixture, shape, records",
+    [
+        # vLLM on a terminal since 2025-11: prefix and header coloured (vLLM-Omni's docs)
+        ("vllmomni-2026-tty-colours.log", r"\x1b\[90m\[", 6),
+        # the header before 2025-02: `INFO 11-05 09:58:01 api_server.py:528] `
+        (
+            "v0-old-header.log",
+            r"^[A-Z]{4,7} [0-9]{2}-[0-9]{2} [0-9:]{8} [a-z_0-9]+\.py:[0-9]+\] ",
+            21,
+        ),
+    ],
+)
+def test_headers_of_every_age_and_colour_are_read_on_the_common_path(
+    fixture: str, shape: str, records: int
+) -> None:
+    """Each record of a real log whose header vLLM coloured, or wrote in its older form, is read
+    by `StandardHeads` (its header judged once per text), as the general path reads it once its
+    codes are off; the log gives the same events with the codes as without."""
+    text = (FIXTURES / fixture).read_text()
+    tinted = _ESCLESS.sub("\x1b[\\1", text)
+    heads = StandardHeads(YearResolver(REF_TS))
+    of_shape = [r for r in tinted.splitlines() if re.search(shape, r)]
+    assert len(of_shape) == records
+    for record in of_shape:
+        head = heads.head(record)
+        assert head is not None and head.ts is not None, record
+        assert head == parse_head(strip_ansi(record), heads.years)
+    plain = strip_ansi(tinted).encode()
+    assert [dataclasses.replace(e, offset=0) for e in events_of(tinted.encode())] == [
+        dataclasses.replace(e, offset=0) for e in events_of(plain)
     ]
 
 
@@ -161,6 +202,12 @@ _PARTS = st.sampled_from(
         "[3m",
         "[12;3m",
         " 15m",
+        # a header coloured as vLLM colours it on a terminal since 2025-11
+        "\x1b[32m",
+        "INFO",
+        "\x1b[90m",
+        "\x1b[90m[x.py:1]\x1b[0m ",
+        "]\x1b[0m ",
         # what launchers and collectors write before vLLM's line
         "vllm-1  | ",
         "Dec 06 10:00:00 gpu-node-1 vllm[4242]: ",
@@ -196,6 +243,24 @@ _PARTS = st.sampled_from(
         "[3m",
     ]
 )
+# a header coloured by vLLM on a terminal (formatter.py's ColoredFormatter), after a coloured prefix
+@example(
+    [
+        "\x1b[1;36m",
+        "(Worker_TP0 pid=7)",
+        "\x1b[0;0m ",
+        "\x1b[32m",
+        "INFO",
+        "\x1b[0m ",
+        "\x1b[90m",
+        "11-30 10:00:00",
+        "\x1b[0m ",
+        "\x1b[90m[x.py:1]\x1b[0m ",
+        "msg ",
+    ]
+)
+# the header before 2025-02, its source without the opening bracket
+@example(["(Worker_TP0 pid=7) ", "WARNING ", "11-30 10:00:00", " x.py:1] ", "msg "])
 def test_standard_heads_equal_the_general_path(parts: list[str]) -> None:
     text = "".join(parts)
     years = YearResolver(REF_TS)

@@ -119,6 +119,8 @@ EXPECTED: dict[str, tuple[int, str, list[str]]] = {
     ),
     "v1-2025.log": (1, "ready", []),
     "v1-2026-sm120.log": (2, "ready", ["failed: fp8_kv_unsupported"]),
+    # a shutdown's tail on a terminal: prefixes and headers in colour codes (their ESC lost)
+    "vllmomni-2026-tty-colours.log": (1, "incomplete: no vLLM start in the log", []),
 }
 
 
