@@ -2,12 +2,14 @@
 
     .venv/bin/python bench/daemon_catchup.py [--quick] [--runs N] [--exe PATH]
 
-One log per shape of bench/loggen.py (seeded): the five load-phase shapes (Kimi-K2.5-like
+One log per shape of bench/loggen.py (seeded): the seven load-phase shapes (Kimi-K2.5-like
 starts, ~100,000 lines, nearly every line a k/v scale warning or a bar update: warnings in
 blocks with the bar after a lone prefix record, the 8 workers' warnings interleaved with the
 bar's prefix on its own record, interleaved with the bar after a lone prefix, that with every
-prefix coloured as vLLM printed it before 2025-11, and that read through `docker compose
-logs`, its service column before every line) and the two
+prefix coloured as vLLM printed it before 2025-11, that read through `docker compose logs`,
+its service column before every line, that with prefixes and headers coloured as vLLM prints
+them on a terminal since 2025-11, and that with the header vLLM wrote before 2025-02) and the
+two
 serving-phase shapes (~1,000,000 lines: kimilog.py's request lines, and vLLM 0.32's logged
 requests with prompts and outputs echoed); a tenth of that with --quick. Per shape, runs
 alternating tool by tool, each timed from its spawn:
@@ -27,7 +29,8 @@ hundredth, is a large share; the floors are on the net rates).
 Counts are checked against the generator's truth: the daemon's from /metrics (sessions, k/v
 scale warnings, weight-bar updates, CUDA OOM failures, the last bar's shards), analyze's from
 its JSON report (the load logs hold fewer starts than analyze keeps in full), mtail's from its
-own counters. `--exe` measures another build's `loadwatch` (an older
+own counters (its program matches vLLM's plain header: on `tty` and `old-header` it misses the
+k/v warnings, so its rate there is that of a program doing less). `--exe` measures another build's `loadwatch` (an older
 checkout's venv) on the same logs. The floors: the daemon and analyze at least 1x mtail on
 every load-phase shape and 10x on every serving shape. The last line is key=value pairs.
 """

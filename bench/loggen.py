@@ -2,14 +2,17 @@
 
 Shapes, as an inference host sees them (`LOAD_SHAPES`, `SERVING_SHAPES`):
 - load-phase logs: Kimi-K2.5-like startups (119 shards, 8 tensor-parallel workers, per-layer k/v
-  scale warnings from every worker, milestones, progress bars), repeated, in five shapes:
+  scale warnings from every worker, milestones, progress bars), repeated, in seven shapes:
   `blocks` (each layer's warnings worker after worker, the bar after a lone `(Worker_TP0
   pid=N) ` record and tqdm's `\\r`: what the demo's simulated vLLM prints), `interleaved` (the
   8 workers' own per-layer warnings merged as processes writing to one stream merge them, the
   bar with its process prefix on the same record), `interleaved-lone` (interleaved warnings,
   the bar after a lone prefix record), `coloured` (as `interleaved-lone`, every process
-  prefix in colour codes as vLLM printed them before 2025-11) and `compose` (as
-  `interleaved-lone`, read through `docker compose logs`: `vllm-1  | ` before every line);
+  prefix in colour codes as vLLM printed them before 2025-11), `compose` (as
+  `interleaved-lone`, read through `docker compose logs`: `vllm-1  | ` before every line),
+  `tty` (as `coloured`, every header coloured too, as vLLM prints both on a terminal since
+  2025-11) and `old-header` (as `interleaved-lone`, the header as vLLM wrote it before
+  2025-02: `WARNING 11-18 11:07:05 weight_utils.py:1398] `);
 - serving-phase logs: one startup, then request lines, periodic engine statistics, and a few
   restarts with fresh loads (one of them failing with a CUDA OOM), in two shapes: `serving`
   (the request, access and statistics lines of daemon/sim/kimilog.py's `serving`, prompts that
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,6 +54,20 @@ LOAD_SHAPES: dict[str, Shape] = {
 # logs`'s service column (the line as vLLM wrote it after it)
 WRAPPED: dict[str, str] = {"compose": "vllm-1  | "}
 LOAD_SHAPES["compose"] = LOAD_SHAPES["interleaved-lone"]
+# vLLM's header, `LEVEL MM-DD HH:MM:SS [file.py:N] `, as the shapes that change it print it:
+# on a terminal since 2025-11 (vllm/logging_utils/formatter.py colours the level, the time and
+# the source, each closed by `ESC[0m`; the prefixes are coloured too), and before 2025-02 (the
+# source without its opening bracket).
+_HEADER = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d-\d\d \d\d:\d\d:\d\d) \[(\S+?)\] ")
+_LEVEL_COLOUR = {"DEBUG": 37, "INFO": 32, "WARNING": 33, "ERROR": 31, "CRITICAL": 35}
+HEADERS: dict[str, Callable[[re.Match[str]], str]] = {
+    "tty": lambda m: (
+        f"\x1b[{_LEVEL_COLOUR[m[1]]}m{m[1]}\x1b[0m \x1b[90m{m[2]}\x1b[0m \x1b[90m[{m[3]}]\x1b[0m "
+    ),
+    "old-header": lambda m: f"{m[1]} {m[2]} {m[3]}] ",
+}
+LOAD_SHAPES["tty"] = LOAD_SHAPES["coloured"]
+LOAD_SHAPES["old-header"] = LOAD_SHAPES["interleaved-lone"]
 Requests = Callable[[random.Random, LogClock, int], Iterator[str]]
 SERVING_SHAPES: dict[str, Requests] = {"serving": serving, "requests": logged_requests}
 
@@ -83,8 +101,12 @@ def load_log(path: Path, lines: int = 200_000, seed: int = 1, shape: str = "bloc
                 produced += line.count("\n")
                 yield line
 
+    lines_out = gen()
+    header = HEADERS.get(shape)
+    if header is not None:
+        lines_out = (_HEADER.sub(header, text) for text in lines_out)
     wrapper = WRAPPED.get(shape)
-    write(gen() if wrapper is None else wrapped(gen(), wrapper), path, truth)
+    write(lines_out if wrapper is None else wrapped(lines_out, wrapper), path, truth)
     return truth
 
 

@@ -4,13 +4,15 @@
                                                  [--only SHAPE ...] [--python PATH]
 
 One vLLM log per shape of bench/loggen.py is generated in the real byte format (seeded, into a
-temp dir; the generator knows what each holds): five load-phase shapes (Kimi-K2.5-like starts:
+temp dir; the generator knows what each holds): seven load-phase shapes (Kimi-K2.5-like starts:
 119 shards, 8 workers, per-layer k/v scale warnings, repeated to ~200,000 lines): `blocks`
 (each layer's warnings worker after worker, the weights bar after a lone process-prefix record),
 `interleaved` (the 8 workers' warnings interleaved, the bar with its prefix in the same record),
 `interleaved-lone` (interleaved, the bar after a lone prefix record), `coloured` (that with
 every process prefix in colour codes, as vLLM printed them before 2025-11), `compose` (that
-read through `docker compose logs`: `vllm-1  | ` before every line); and two serving-phase
+read through `docker compose logs`: `vllm-1  | ` before every line), `tty` (prefixes and
+headers coloured, as vLLM prints them on a terminal since 2025-11), `old-header` (the header
+before 2025-02: `src] `, no opening bracket); and two serving-phase
 shapes of 1,000,000 lines (a few restarts, one of them dying of a CUDA OOM): `serving`
 (request, access and statistics lines, prompts that say "ERROR" or "CUDA out of memory") and
 `requests` (vLLM 0.32's `--enable-log-requests` lines with the prompts and outputs echoed,
