@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from loadwatch.daemon.config_table import ConfigError as ConfigError
 from loadwatch.daemon.config_table import Table as _Table
+from loadwatch.daemon.state.session import FAILURE_HOLD_S
 from loadwatch.exporters.http.settings import DEFAULT_PORT as DEFAULT_PORT
 from loadwatch.exporters.http.settings import HttpConfig as HttpConfig
 from loadwatch.parsers.grammar import available as grammars
@@ -65,8 +66,8 @@ class ForecastConfig:
     quiet_stall_s: float = 1800.0
     load_budget_s: float | None = None  # exported so an alert can fire when the ETA overruns it
     # a fatal failure is held this long for the crash's echoes before the session fails of its
-    # root cause (vLLM logs `EngineCore failed to start.` before the traceback that says why)
-    failure_hold_s: float = 5.0
+    # root cause (state/session.py)
+    failure_hold_s: float = FAILURE_HOLD_S
 
 
 @dataclass(frozen=True)

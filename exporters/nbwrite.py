@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import stat
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import socket
 
 
 class NonBlockingWriter:
@@ -26,6 +29,8 @@ class NonBlockingWriter:
         self._fd: int | None = None
         mode = os.fstat(fd).st_mode
         if stat.S_ISSOCK(mode):
+            import socket  # (here: only journald's stdout is one; `analyze` writes to none)
+
             self._sock = socket.socket(fileno=os.dup(fd))
         elif own:
             os.set_blocking(fd, False)
@@ -60,6 +65,8 @@ class NonBlockingWriter:
 
     def _send(self, data: bytes) -> int:
         if self._sock is not None:
+            import socket
+
             return self._sock.send(data, socket.MSG_DONTWAIT)
         assert self._fd is not None
         try:

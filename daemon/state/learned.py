@@ -18,7 +18,6 @@ daemon's clock.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -155,6 +154,12 @@ def _open_step(s: Session) -> tuple[str, float, frozenset[str]] | None:
     return tl[-1].phase, tl[-1].started_at, seen
 
 
+def _median(values: Sequence[float]) -> float:
+    from statistics import median  # (here: with no past start, which `analyze` has, none is asked)
+
+    return median(values)
+
+
 def _rest(e: PastStart, phase: str, seen: frozenset[str]) -> float:
     """The seconds past start `e` spent in the phases after `phase` not seen yet."""
     return sum(t for p, t in e.seconds().items() if p not in seen and p != phase)
@@ -190,11 +195,11 @@ def startup_eta(
         assert bar is not None
         rests = sorted(_rest(e, phase, seen) for e in past)
         low = rests[0] + bar.low_s
-        mid = statistics.median(rests) + bar.remaining_s
+        mid = _median(rests) + bar.remaining_s
         high = rests[-1] + bar.high_s
     else:
         left = sorted(_remaining(e, phase, elapsed, seen) for e in past)
-        low, mid, high = left[0], statistics.median(left), left[-1]
+        low, mid, high = left[0], _median(left), left[-1]
     pad = MIN_SPREAD * mid  # one start, or starts that agree: the spread is not known
     low, high = min(low, mid - pad), max(high, mid + pad)
     first = s.timeline.steps[0]
@@ -267,7 +272,7 @@ def learned_step(
     took = [e.seconds()[phase] for e in past if phase in e.seconds()]
     if not took:
         return None
-    spread = max(max(took) - min(took), MIN_SPREAD * statistics.median(took))
+    spread = max(max(took) - min(took), MIN_SPREAD * _median(took))
     threshold = max(max(took) + k * spread, floor_s)
     return LearnedStep(phase, since, threshold, min(took), max(took), len(took))
 

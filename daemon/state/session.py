@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 from loadwatch.daemon.sources.inputs import (
     CompletionProbe,
@@ -69,6 +69,12 @@ POST_LOAD_MILESTONES = frozenset(
 LOADING_MILESTONES = frozenset({"model_load_start", "checkpoint_info", "gguf_shards"})
 
 
+# The daemon's hold of a fatal failure for the crash's echoes (`[forecast] failure_hold_s`'s
+# default; analyze holds as long, on the log's own time): vLLM logs `EngineCore failed to
+# start.` before the traceback that says why.
+FAILURE_HOLD_S: Final = 5.0
+
+
 @dataclass(frozen=True, slots=True)
 class StateConfig:
     max_sessions: int = 16  # earlier sessions kept
@@ -93,7 +99,8 @@ class StateConfig:
     # A fatal failure is held this long (the daemon's clock) before the session fails, so the
     # echoes one crash leaves (`EngineCore failed to start.` before the traceback that says why)
     # are folded into its root cause first (fold_failure.py `settle_failure`). The daemon's is
-    # `[forecast] failure_hold_s`; 0 decides at the first fatal record.
+    # `[forecast] failure_hold_s` (`FAILURE_HOLD_S` unless set); 0 decides at the first fatal
+    # record.
     failure_hold_s: float = 0.0
     eta: EtaConfig = field(default_factory=EtaConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)

@@ -9,9 +9,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Final
 
-from loadwatch.daemon.config import ForecastConfig
 from loadwatch.daemon.sources.inputs import ModelInfo, Tick
 from loadwatch.daemon.state.loadstate import BULK_EVENTS, LoadState, StateConfig
+from loadwatch.daemon.state.session import FAILURE_HOLD_S
 from loadwatch.daemon.state.snapshot import Snapshot
 from loadwatch.exporters.report import SessionCapture
 from loadwatch.parsers import Event, Failure
@@ -32,7 +32,7 @@ class SessionFolder:
 
     def __init__(self, fallback_ts: float, model: ModelInfo | None = None) -> None:
         # The daemon's hold for a crash's echoes, on the log's own time here.
-        self.state = LoadState(config=StateConfig(failure_hold_s=ForecastConfig().failure_hold_s))
+        self.state = LoadState(config=StateConfig(failure_hold_s=FAILURE_HOLD_S))
         self.fallback_ts = fallback_ts
         self.now: float | None = None
         self.kept: deque[SessionCapture] = deque(maxlen=MAX_SESSIONS_KEPT)

@@ -11,8 +11,7 @@ nothing is decided by it.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import functools
 import os
 import struct
 
@@ -23,10 +22,14 @@ _MASK = struct.Struct("=I")  # stx_mask, at offset 0
 _BTIME = struct.Struct("=qI")  # stx_btime: tv_sec, tv_nsec, at offset 80
 
 
-def _load() -> object | None:
+@functools.cache
+def _statx() -> object | None:
+    """glibc's `statx`, found when first asked for (`analyze` reads a file without asking when
+    it was born): in the process's own symbols, which hold libc's."""
+    import ctypes
+
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.statx
+        fn = ctypes.CDLL(None, use_errno=True).statx
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
@@ -34,15 +37,15 @@ def _load() -> object | None:
     return fn
 
 
-_statx = _load()
-
-
 def born_ns(fd: int) -> int | None:
     """The birth time of the open file `fd` in nanoseconds, or None when it cannot be known."""
-    if _statx is None:
+    statx = _statx()
+    if statx is None:
         return None
+    import ctypes
+
     buf = ctypes.create_string_buffer(_STATX_SIZE)
-    if _statx(fd, b"", _AT_EMPTY_PATH, _STATX_BTIME, buf) != 0:  # type: ignore[operator]
+    if statx(fd, b"", _AT_EMPTY_PATH, _STATX_BTIME, buf) != 0:  # type: ignore[operator]
         return None
     raw = buf.raw
     if not _MASK.unpack_from(raw, 0)[0] & _STATX_BTIME:
