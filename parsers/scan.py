@@ -100,18 +100,18 @@ def count_records(data: bytes) -> int:
     return count_records_py(data)
 
 
-def longest_record(data: bytes, cr: bool) -> int:
-    """The length of the longest run of bytes holding no `\\n` (nor `\\r` when `cr`) in `data`,
-    an unterminated end counted as one."""
+def long_record(data: bytes, cap: int, cr: bool) -> bool:
+    """Whether `data` holds a run of at least `cap` bytes with no `\\n` (nor `\\r` when `cr`):
+    a record that long, an unterminated end counted as one."""
     if _native is not None:
-        return int(_native.longest_record(data, cr))
-    return longest_record_py(data, cr)
+        return bool(_native.long_record(data, cap, cr))
+    return long_record_py(data, cap, cr)
 
 
-def longest_record_py(data: bytes, cr: bool) -> int:
+def long_record_py(data: bytes, cap: int, cr: bool) -> bool:
     if cr:
         data = data.replace(b"\r", b"\n")
-    return max(map(len, data.split(b"\n")))
+    return max(map(len, data.split(b"\n"))) >= cap
 
 
 def count_lines(data: bytes, start: int = 0, end: int | None = None) -> int:

@@ -18,7 +18,7 @@ from loadwatch.parsers.dispatch import (
     Mode,
 )
 from loadwatch.parsers.events import Event, KvScaleWarning, ShardProgress, field_names, filler
-from loadwatch.parsers.scan import NATIVE, count_records, count_records_py, longest_record_py
+from loadwatch.parsers.scan import NATIVE, count_records, count_records_py, long_record_py
 from loadwatch.parsers.vllm.grammar import GRAMMAR
 from loadwatch.parsers.vllm.plans import quiet_record
 from loadwatch.parsers.vllm.process_names import distinct_prefixes_py
@@ -241,11 +241,24 @@ def test_count_lines_equals_bytes_count(parts: list[bytes], start: int, end: int
     assert _scan.count_lines(data, start, end) == data.count(b"\n", max(start, 0), max(end, 0))
 
 
-@given(st.lists(st.sampled_from([b"a", b"\n", b"\r", b"\r\n", b"xyz"]) | st.binary(max_size=5)))
-def test_longest_record_equals_python(parts: list[bytes]) -> None:
+# Parts long enough that the sixteen-byte blocks, and a lane's 255 of them, are crossed.
+_LONG_PARTS = st.sampled_from(
+    [b"a", b"\n", b"\r", b"\r\n", b"xyz", b"x" * 300, b"\n" * 40, b"\r\n" * 33, b"y\n" * 600]
+) | st.binary(max_size=5)
+
+
+@given(st.lists(_LONG_PARTS), st.integers(-1, 700))
+def test_long_record_equals_python(parts: list[bytes], cap: int) -> None:
     data = b"".join(parts)
     for cr in (False, True):
-        assert _scan.longest_record(data, cr) == longest_record_py(data, cr)
+        assert _scan.long_record(data, cap, cr) == long_record_py(data, cap, cr)
+
+
+@given(st.lists(_LONG_PARTS), st.integers(-3, 9000), st.integers(-3, 9000))
+def test_counts_of_long_data_equal_bytes_count(parts: list[bytes], start: int, end: int) -> None:
+    data = b"".join(parts)
+    assert _scan.count_lines(data, start, end) == data.count(b"\n", max(start, 0), max(end, 0))
+    assert _scan.count_records(data) == count_records_py(data)
 
 
 def test_bad_plans_are_refused_with_a_clear_error() -> None:

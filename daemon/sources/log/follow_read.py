@@ -22,7 +22,7 @@ import os
 from loadwatch.daemon.sources.inputs import Chunk
 from loadwatch.daemon.sources.log.files import OpenFile
 from loadwatch.daemon.sources.log.follow_files import FileSet
-from loadwatch.parsers.scan import NATIVE, count_records, longest_record
+from loadwatch.parsers.scan import NATIVE, count_records, long_record
 
 _LF, _CR = 10, 13
 READ_BYTES = 256 * 1024  # a read's size, with the C scanner (a backlog in few reads)
@@ -93,7 +93,7 @@ class RecordReader:
                     return budget, False
                 continue
             full = want  # what a read that did not reach the end of the file returns
-            if n > cap and longest_record(buf, self._split_cr) >= cap:
+            if n > cap and long_record(buf, cap, self._split_cr):
                 buf, n, full = buf[:cap], cap, cap  # as a read of the cap here would be
             last = buf.rfind(b"\n")
             cr = buf.rfind(b"\r", last + 1) if self._split_cr else -1
