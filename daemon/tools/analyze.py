@@ -88,7 +88,7 @@ def analyze_log(
                 offsets.update(e.offset for e in f.evidence)
                 if f.offset is not None:
                     offsets.add(f.offset)
-        lines = line_numbers(reader.source, offsets)
+        lines = line_numbers(reader.source, offsets, reader.marks)
     finally:
         reader.close()
     return build_report(

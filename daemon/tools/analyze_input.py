@@ -18,6 +18,7 @@ file, an empty file, gzip data with no log in it), 64 for a bad ``--max-record-b
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import stat
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from loadwatch.daemon.sources.inputs import joined
+from loadwatch.daemon.sources.inputs import Chunk, joined
 from loadwatch.daemon.sources.log.container import spool_if_container
 from loadwatch.daemon.sources.log.follower import DEFAULT_MAX_READ_BYTES, FollowerError, LogFollower
 from loadwatch.daemon.sources.log.gzipped import GZIP_MAGIC, inflate_into
@@ -175,6 +176,25 @@ class WithoutEventLines:
         return out
 
 
+class LineMarks:
+    """The lines before places in the file read, counted as it was read: after each chunk of the
+    file's own bytes, back to back from its start (a cut record's chunk is not those bytes, and
+    the marks stop there). A line number asked for later reads again only the bytes from the
+    mark before it (`line_numbers`), not the file up to it."""
+
+    def __init__(self) -> None:
+        self.at = [0]  # offsets, ascending
+        self.lines = [0]  # the `\n` before each
+        self._whole = True
+
+    def add(self, chunk: Chunk) -> None:
+        if self._whole and not chunk.cut and chunk.offset == self.at[-1]:
+            self.lines.append(self.lines[-1] + count_lines(chunk.data))
+            self.at.append(chunk.next_offset)
+        else:
+            self._whole = False
+
+
 class LogReader:
     """The events of one log file, read once with bounded memory; `facts()` after `events()`."""
 
@@ -213,6 +233,7 @@ class LogReader:
         self._tail_cut = False
         self._unterminated = False
         self.processes = ProcessNames()
+        self.marks = LineMarks()
         self._health_records = 0
         self._health_bytes = 0
         self._health_cuts = 0
@@ -254,6 +275,7 @@ class LogReader:
         grammar = load_grammar()
         scanner = ChunkScanner(grammar.new_stream(self.opened.mtime), grammar=grammar)
         names = self.processes
+        marks = self.marks
         try:
             follower = self._reader()
         except FollowerError as exc:
@@ -261,6 +283,7 @@ class LogReader:
         try:
             while True:
                 for chunk in joined(follower.read()):
+                    marks.add(chunk)
                     names.feed(chunk.data)
                     batch = scanner.feed(chunk.data, chunk.offset, chunk.file_id)
                     if batch:
@@ -333,31 +356,26 @@ class LogReader:
         )
 
 
-def line_numbers(path: Path, offsets: set[int]) -> dict[int, int]:
-    """1-based line numbers (counting ``\\n``) of byte offsets, in one bounded pass."""
+def line_numbers(path: Path, offsets: set[int], marks: LineMarks | None = None) -> dict[int, int]:
+    """1-based line numbers (counting ``\\n``) of byte offsets: from the nearest of `marks` (the
+    file's start when none) before each, the bytes up to it read once."""
     out: dict[int, int] = {}
-    if not offsets:
-        return out
-    wanted = sorted(offsets)
-    lines = 1
-    pos = 0
-    i = 0
+    at, before = (marks.at, marks.lines) if marks is not None else ([0], [0])
+    pos = lines = 0  # `lines` breaks before `pos`, where reading stands
     try:
         with open(path, "rb") as fh:
-            while i < len(wanted):
-                block = fh.read(_LINE_BLOCK)
-                if not block:
-                    break
-                end = pos + len(block)
-                at = 0  # counted up to here in this block (each byte counted once)
-                while i < len(wanted) and wanted[i] < end:
-                    to = max(wanted[i] - pos, 0)
-                    lines += count_lines(block, at, to)
-                    at = to
-                    out[wanted[i]] = lines
-                    i += 1
-                lines += count_lines(block, at)
-                pos = end
+            for offset in sorted(offsets):
+                k = bisect.bisect_right(at, offset) - 1
+                if at[k] > pos:  # a mark nearer than where reading stands: go on from there
+                    pos, lines = at[k], before[k]
+                    fh.seek(pos)
+                while pos < offset:
+                    block = fh.read(min(_LINE_BLOCK, offset - pos))
+                    if not block:
+                        return out
+                    lines += count_lines(block)
+                    pos += len(block)
+                out[offset] = lines + 1
     except OSError:
         return out
     return out

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from loadwatch.daemon.cli import main
+from loadwatch.daemon.sources.inputs import Chunk
 from loadwatch.daemon.tools import analyze_input
 from loadwatch.daemon.tools.analyze import analyze_log, report_json
 from loadwatch.daemon.tools.analyze_input import line_numbers
@@ -596,3 +597,27 @@ def test_line_numbers_of_many_offsets_across_blocks(tmp_path: Path) -> None:
     breaks = [i for i, c in enumerate(data) if c == 10]
     assert got == {o: bisect.bisect_left(breaks, o) + 1 for o in offsets}
     assert len(data) > 2 * analyze_input._LINE_BLOCK  # (the offsets span several blocks)
+
+
+def test_line_numbers_from_the_marks_of_the_read_equal_those_counted_from_the_start(
+    tmp_path: Path,
+) -> None:
+    """The marks a read leaves (lines counted chunk by chunk, back to back from the file's
+    start) give each offset the line a count from the start gives; a cut record's chunk (not the
+    file's bytes) ends them, and the offsets after it are counted from the last mark."""
+    data = b"".join(b"y" * (i % 89) + (b"\r\n" if i % 7 else b"\n") for i in range(40_000))
+    log = tmp_path / "vllm.log"
+    log.write_bytes(data)
+    offsets = set(range(3, len(data), 1013)) | {0, len(data) - 1}
+    marks = analyze_input.LineMarks()
+    step = 65_536
+    for start in range(0, len(data), step):
+        end = min(start + step, len(data))
+        cut = start >= 8 * step  # from here on, as if a record had been cut
+        marks.add(Chunk(data[start:end], start, "f", end, cut))
+    assert 1 < len(marks.at) <= 9 and marks.at[-1] == 8 * step
+    assert line_numbers(log, offsets, marks) == line_numbers(log, offsets)
+    breaks = [i for i, c in enumerate(data) if c == 10]
+    assert line_numbers(log, offsets, marks) == {
+        o: bisect.bisect_left(breaks, o) + 1 for o in offsets
+    }
