@@ -155,7 +155,7 @@ def _open_step(s: Session) -> tuple[str, float, frozenset[str]] | None:
 
 
 def _median(values: Sequence[float]) -> float:
-    from statistics import median  # (here: with no past start, which `analyze` has, none is asked)
+    from statistics import median  # (imported here: `analyze` has no past start, so never asks)
 
     return median(values)
 

@@ -98,9 +98,8 @@ _ONE_PREFIX = re.compile(
     r"(?: (?P<ranks>[A-Z]{1,8}[0-9]{1,6}(?:_[A-Z]{1,8}[0-9]{1,6}){0,7}))?"
     r" pid=(?P<pid>[0-9]{1,10})(?:, ip=[0-9A-Fa-f.:]{1,64})?\) "
 )
-# The header of either age (the source in brackets, or before vLLM 0.7.3 without the opening
-# one, before 2025-02), as `_HEADER` reads it: its source holds no `]`, so the first `] ` ends it
-# (`header_end`).
+# The header of either age (the source in brackets, or, before 2025-02, without the opening
+# one), as `_HEADER` reads it: its source holds no `]`, so the first `] ` ends it (`header_end`).
 _STANDARD_HEADER = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
     r"(?P<stamp>[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:[.,][0-9]{1,6})? "
