@@ -29,8 +29,7 @@ hundredth, is a large share; the floors are on the net rates).
 Counts are checked against the generator's truth: the daemon's from /metrics (sessions, k/v
 scale warnings, weight-bar updates, CUDA OOM failures, the last bar's shards), analyze's from
 its JSON report (the load logs hold fewer starts than analyze keeps in full), mtail's from its
-own counters (its program matches vLLM's plain header: on `tty` and `old-header` it misses the
-k/v warnings, so its rate there is that of a program doing less). `--exe` measures another build's `loadwatch` (an older
+own counters. `--exe` measures another build's `loadwatch` (an older
 checkout's venv) on the same logs. The floors: the daemon and analyze at least 1x mtail on
 every load-phase shape and 10x on every serving shape. The last line is key=value pairs.
 """

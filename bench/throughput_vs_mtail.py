@@ -73,11 +73,13 @@ FACTS = (
     "shards_total",
 )
 
-# The naive loop's regexes: the mtail program's, one per fact.
+# The naive loop's regexes: the mtail program's, one per fact. (Its header, in each form vLLM
+# prints: bracketed, before 2025-02 without the opening bracket, coloured on a terminal.)
+_HEADER = rb"%s(\x1b\[0m)? (\x1b\[90m)?\d\d-\d\d \d\d:\d\d:\d\d(\x1b\[0m)? (\x1b\[90m)?\[?\S+\](\x1b\[0m)?"
 NAIVE = {
-    "kv_scale_warnings": rb" WARNING \d\d-\d\d \d\d:\d\d:\d\d \[\S+\] Found [kv]_scale in the checkpoint \(e\.g\. ",
+    "kv_scale_warnings": _HEADER % b"WARNING" + rb" Found [kv]_scale in the checkpoint \(e\.g\. ",
     "weight_updates": rb"Loading safetensors checkpoint shards: +\d+% Completed \| (\d+)/(\d+) \[",
-    "oom_failures": rb" ERROR \d\d-\d\d \d\d:\d\d:\d\d \[\S+\] (torch\.)?OutOfMemoryError: CUDA out of memory",
+    "oom_failures": _HEADER % b"ERROR" + rb" (torch\.)?OutOfMemoryError: CUDA out of memory",
     "sessions": rb"  version \d\S*$",
     "model_load_start": rb"Starting to load model ",
     "weights_loaded": rb"Loading weights took ",
