@@ -55,8 +55,8 @@ _WRAPPER = re.compile(
     r"|[^\s\d\[(][^\s]{0,11}+ {1,2}\d{1,2}+ \d\d:\d\d:\d\d \S{1,255}+ [^\s\[:]{1,128}+(?:\[\d{1,10}+\])?: "
     # an ISO-stamped journal (`--output=short-iso`): `host unit[pid]: ` after the stamp above
     r"|(?=[^\s(\[]{1,255}+ [^\s\[:]{1,128}+\[\d{1,10}+\]: )\S{1,255}+ [^\s\[:]{1,128}+\[\d{1,10}+\]: "
-    # docker compose: `vllm-1  | `, `name | `
-    r"|[A-Za-z0-9][A-Za-z0-9_.-]{0,63}+ {1,40}+\| ?"
+    # docker compose: `vllm-1  | `, `name | ` (named: `StandardHeads` keeps the columns it saw)
+    r"|(?P<column>[A-Za-z0-9][A-Za-z0-9_.-]{0,63}+ {1,40}+\| ?)"
     # a launcher's tag: `[vllm]: `
     r"|\[[A-Za-z][A-Za-z0-9_.-]{0,39}+\]: "
     # pytest's failure report in a CI log: `E       RuntimeError: ...`
@@ -72,11 +72,11 @@ def strip_wrapper(text: str) -> str:
     return text[wrapper_end(text) :]
 
 
-def wrapper_end(text: str) -> int:
+def wrapper_end(text: str, start: int = 0, steps: int = MAX_WRAPPERS) -> int:
     """Where vLLM's own line starts in the record: after what a launcher or collector wrote
-    before it (0: nothing)."""
-    end = 0
-    for _ in range(MAX_WRAPPERS):
+    before it (`start`: nothing; `steps`: what is left of `MAX_WRAPPERS` after `start`)."""
+    end = start
+    for _ in range(steps):
         if text[end : end + 1] not in _WRAPPER_START:  # (vLLM's own `(`, a bar's text)
             break
         m = _WRAPPER.match(text, end)
@@ -86,6 +86,23 @@ def wrapper_end(text: str) -> int:
     return end
 
 
+def compose_column(text: str) -> bool:
+    """Whether `text` is one docker compose column and its space (`vllm-1  | `) as `_WRAPPER`'s
+    first step reads it, whatever follows it in a record: every alternative before the
+    column's fails inside it (at its space, or its `|`, where each wants another character),
+    and its own ends at the space. So a record that starts with it has its first step there
+    without a match (`StandardHeads.spot`)."""
+    m = _WRAPPER.match(text)
+    return (
+        m is not None
+        and m.lastgroup == "column"
+        and m.end() == len(text)
+        and text.endswith("| ")
+        and not _odd(text)
+    )
+
+
+_COLUMN_REACH: Final = 110  # a compose column's `| ` is this near the record's start or absent
 _MISSING = object()
 _HEADER_WINDOW: Final = 256  # a VLLM_LOGGING_PREFIX may stand before the header; nothing longer
 
@@ -225,6 +242,8 @@ class StandardHeads:
         # behind its own prefix, and it is read once.
         self._rests: dict[str, tuple[str | None, float | None, str | None, str] | Literal[False]]
         self._rests = {}
+        # compose columns (`compose_column`) -> True; other texts up to a first `| ` -> False
+        self._columns: dict[str, bool] = {}
 
     def head(self, text: str) -> Head | None:
         split = self.split(text)
@@ -248,9 +267,17 @@ class StandardHeads:
         c = text[:1]
         w = 0  # where vLLM's own line starts: after what a launcher or collector wrote first
         if c != "(" and c in _WRAPPER_START:
-            w = wrapper_end(text)
-            if w and _odd(text[:w]):
-                return None
+            w = self._column_end(text)
+            if w:  # (read as the first step: what follows it in turn, as `wrapper_end` reads)
+                if text[w : w + 1] in _WRAPPER_START:
+                    end = wrapper_end(text, w, MAX_WRAPPERS - 1)
+                    if end > w and _odd(text[w:end]):
+                        return None
+                    w = end
+            else:
+                w = wrapper_end(text)
+                if w and _odd(text[:w]):
+                    return None
             c = text[w : w + 1]
         if c == "(":
             p = text.find(") ", w + 1, w + _HEADER_WINDOW) + 2
@@ -267,6 +294,23 @@ class StandardHeads:
         if prefix is False:
             return None
         return prefix[0], prefix[1], p
+
+    def _column_end(self, text: str) -> int:
+        """The length of the compose column the record starts with (`compose_column`), judged
+        once per distinct column; 0: none (docker compose writes one before every line)."""
+        k = text.find("| ", 1, _COLUMN_REACH)
+        if k < 0:
+            return 0
+        key = text[: k + 2]
+        if ":" in key:  # (a stamp's, a tag's: not a column, and new with each second)
+            return 0
+        known = self._columns.get(key)
+        if known is None:
+            known = compose_column(key)
+            if len(self._columns) >= _HEAD_CACHE_MAX:
+                self._columns.clear()
+            self._columns[key] = known
+        return len(key) if known else 0
 
     def rest_head(self, process: str | None, pid: int | None, rest: str) -> Head | None:
         """`head` of a record split as `split` splits it. A rest is judged once, when first seen

@@ -274,6 +274,45 @@ def test_standard_heads_equal_the_general_path(parts: list[str]) -> None:
         assert head == parse_head(segments[0], years)
 
 
+# What docker compose writes before each line, and texts that look like it, near enough to
+# meet another alternative of the collector grammar.
+_COLUMNS = st.builds(
+    lambda name, spaces, bar: name + " " * spaces + bar,
+    st.text("aZ09_.-:[]( T", min_size=1, max_size=14),
+    st.integers(0, 3),
+    st.sampled_from(["| ", "|", "|  ", "| |"]),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_COLUMNS, st.lists(_COLUMNS | _PARTS, max_size=8), st.lists(_PARTS, max_size=8))
+@example("vllm-1  | ", [], ["(Worker_TP0 pid=7) ", "WARNING ", "11-30 10:00:00", " [x.py:1] "])
+@example("Dec 06 | ", [], ["10:00:00 gpu-node-1 vllm[4242]: ", "INFO "])
+@example("host |", [], ["x[12]: ", "INFO "])
+def test_a_compose_column_seen_before_is_read_as_the_collector_grammar_reads_it(
+    column: str, before: list[str], parts: list[str]
+) -> None:
+    """The column a record starts with is judged once (`StandardHeads` keeps it); every later
+    record that starts with it, whatever follows, reads as the general path reads it."""
+    years = YearResolver(REF_TS)
+    heads = StandardHeads(years)
+    for text in (column + "".join(before), column + "".join(parts)):
+        head = heads.head(text)
+        if head is not None:
+            segments = split_segments(strip_ansi(text))
+            assert len(segments) == 1
+            assert head == parse_head(segments[0], years)
+
+
+def test_the_compose_column_is_judged_once() -> None:
+    heads = StandardHeads(YearResolver(REF_TS))
+    lines = [
+        f"vllm-1  | (Worker_TP{i} pid={i}) WARNING 11-30 10:00:0{i} [x.py:1] m" for i in range(8)
+    ]
+    assert [heads.spot(t) for t in lines] == [(f"Worker_TP{i}", i, 29) for i in range(8)]
+    assert heads._columns == {"vllm-1  | ": True}  # (one judgement: the rest read it)
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_PARTS | st.sampled_from(["\u2003", "\n", "\x0b"]), min_size=1, max_size=8))
 @example(["(Worker_TP0 pid=7) ", " "])
