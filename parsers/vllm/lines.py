@@ -11,6 +11,14 @@ import time
 from datetime import datetime
 from typing import Final, Literal
 
+from loadwatch.parsers.collectors import (
+    COLUMN_REACH,
+    MAX_WRAPPERS,
+    WRAPPER_START,
+    compose_column,
+    strip_wrapper,
+    wrapper_end,
+)
 from loadwatch.parsers.entries import Head
 
 # ESC [ ... m, and the same with the ESC byte lost in a copy (`[1;36m`).
@@ -43,66 +51,6 @@ _DATED = re.compile(
     r"(?P<Y>\d{4})-(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)[.,]\d{1,6}+"
     r" - (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - "
 )
-# What a launcher or log collector writes before vLLM's own line, stripped before the grammar
-# reads it (repeatedly: a CI stamp before a compose prefix). Anchored, bounded, no backtracking.
-_WRAPPER = re.compile(
-    r"(?:"
-    # torch.distributed's rank prefix: `[rank0]: `
-    r"\[rank\d{1,6}+\]: ?"
-    # CI and collectors: `[2025-08-12T08:42:32Z] `, `2025-08-12T08:42:32.1234567Z `
-    r"|\[?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9}+)?(?:Z|[+-]\d\d:?\d\d)?\]? "
-    # journald / syslog: `Mon DD HH:MM:SS host unit[pid]: `, the month in any locale's spelling
-    r"|[^\s\d\[(][^\s]{0,11}+ {1,2}\d{1,2}+ \d\d:\d\d:\d\d \S{1,255}+ [^\s\[:]{1,128}+(?:\[\d{1,10}+\])?: "
-    # an ISO-stamped journal (`--output=short-iso`): `host unit[pid]: ` after the stamp above
-    r"|(?=[^\s(\[]{1,255}+ [^\s\[:]{1,128}+\[\d{1,10}+\]: )\S{1,255}+ [^\s\[:]{1,128}+\[\d{1,10}+\]: "
-    # docker compose: `vllm-1  | `, `name | ` (named: `StandardHeads` keeps the columns it saw)
-    r"|(?P<column>[A-Za-z0-9][A-Za-z0-9_.-]{0,63}+ {1,40}+\| ?)"
-    # a launcher's tag: `[vllm]: `
-    r"|\[[A-Za-z][A-Za-z0-9_.-]{0,39}+\]: "
-    # pytest's failure report in a CI log: `E       RuntimeError: ...`
-    r"|E {3,16}+(?=\S)"
-    r")"
-)
-_WRAPPER_START = frozenset("[0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
-MAX_WRAPPERS = 4
-
-
-def strip_wrapper(text: str) -> str:
-    """The record without what a launcher or collector wrote before it (nothing when none)."""
-    return text[wrapper_end(text) :]
-
-
-def wrapper_end(text: str, start: int = 0, steps: int = MAX_WRAPPERS) -> int:
-    """Where vLLM's own line starts in the record: after what a launcher or collector wrote
-    before it (`start`: nothing; `steps`: what is left of `MAX_WRAPPERS` after `start`)."""
-    end = start
-    for _ in range(steps):
-        if text[end : end + 1] not in _WRAPPER_START:  # (vLLM's own `(`, a bar's text)
-            break
-        m = _WRAPPER.match(text, end)
-        if m is None or m.end() == end:
-            break
-        end = m.end()
-    return end
-
-
-def compose_column(text: str) -> bool:
-    """Whether `text` is one docker compose column and its space (`vllm-1  | `) as `_WRAPPER`'s
-    first step reads it, whatever follows it in a record: every alternative before the
-    column's fails inside it (at its space, or its `|`, where each wants another character),
-    and its own ends at the space. So a record that starts with it has its first step there
-    without a match (`StandardHeads.spot`)."""
-    m = _WRAPPER.match(text)
-    return (
-        m is not None
-        and m.lastgroup == "column"
-        and m.end() == len(text)
-        and text.endswith("| ")
-        and not _odd(text)
-    )
-
-
-_COLUMN_REACH: Final = 110  # a compose column's `| ` is this near the record's start or absent
 _MISSING = object()
 _HEADER_WINDOW: Final = 256  # a VLLM_LOGGING_PREFIX may stand before the header; nothing longer
 
@@ -263,13 +211,14 @@ class StandardHeads:
         common case reads on in `text`, no copy made). A prefix is judged once, when first seen
         (`_prefix`): colour codes on it are taken off, a Ray suffix sends the record to the
         general path. What a launcher or collector wrote before the line (`strip_wrapper`:
-        journald's, docker compose's, a CI stamp) is passed over, as `parse_head` passes it."""
+        journald's, docker compose's, a CI stamp) is passed over, as `parse_head` passes it; a
+        compose column, the same before every line, is judged once (`_column_end`)."""
         c = text[:1]
         w = 0  # where vLLM's own line starts: after what a launcher or collector wrote first
-        if c != "(" and c in _WRAPPER_START:
+        if c != "(" and c in WRAPPER_START:
             w = self._column_end(text)
             if w:  # (read as the first step: what follows it in turn, as `wrapper_end` reads)
-                if text[w : w + 1] in _WRAPPER_START:
+                if text[w : w + 1] in WRAPPER_START:
                     end = wrapper_end(text, w, MAX_WRAPPERS - 1)
                     if end > w and _odd(text[w:end]):
                         return None
@@ -298,7 +247,7 @@ class StandardHeads:
     def _column_end(self, text: str) -> int:
         """The length of the compose column the record starts with (`compose_column`), judged
         once per distinct column; 0: none (docker compose writes one before every line)."""
-        k = text.find("| ", 1, _COLUMN_REACH)
+        k = text.find("| ", 1, COLUMN_REACH)
         if k < 0:
             return 0
         key = text[: k + 2]
@@ -306,7 +255,7 @@ class StandardHeads:
             return 0
         known = self._columns.get(key)
         if known is None:
-            known = compose_column(key)
+            known = compose_column(key) and not _odd(key)
             if len(self._columns) >= _HEAD_CACHE_MAX:
                 self._columns.clear()
             self._columns[key] = known
