@@ -248,11 +248,9 @@ class StandardHeads:
         """The length of the compose column the record starts with (`compose_column`), judged
         once per distinct column; 0: none (docker compose writes one before every line)."""
         k = text.find("| ", 1, COLUMN_REACH)
-        if k < 0:
+        if k < 0 or text.find(":", 0, k) >= 0:  # (a stamp's, a tag's, a bar's: not a column)
             return 0
         key = text[: k + 2]
-        if ":" in key:  # (a stamp's, a tag's: not a column, and new with each second)
-            return 0
         known = self._columns.get(key)
         if known is None:
             known = compose_column(key) and not _odd(key)
