@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 from loadwatch.daemon.state.durations import duration
 from loadwatch.daemon.state.failures import root_cause, stop_consequences
-from loadwatch.daemon.state.forecast import EtaState, stall_threshold_s
+from loadwatch.daemon.state.forecast import EtaState, next_item_seconds, stall_threshold_s
 from loadwatch.daemon.state.learned import (
     LearnedStep,
     PastStart,
@@ -405,7 +405,7 @@ def _next_item_seconds(eta: EtaState) -> float | None:
     global _asked
     last, answer = _asked
     if last is not eta:
-        answer = eta.next_item_seconds()
+        answer = next_item_seconds(eta)
         _asked = (eta, answer)
     return answer
 

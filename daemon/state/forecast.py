@@ -1,7 +1,7 @@
 """Estimators for a weight load: time left, and when silence means a stall.
 
 Everything here is pure: immutable values in, new immutable values out, time passed in. (The
-final memory: memfit.py.)
+final memory: memfit.py; the speed model of the time left, segments and regimes: regime.py.)
 
 Time left (`EtaState`)
     vLLM loads shard files in a known order, so `done=N` on the weights bar means the first N
@@ -28,169 +28,29 @@ if TYPE_CHECKING:
     from loadwatch.parsers.events import ShardProgress
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from loadwatch.daemon.state.records import new_tuple
+from loadwatch.daemon.state.records import CompiledRecord, new_tuple
+from loadwatch.daemon.state.regime import (
+    EtaConfig,
+    Regime,
+    Segment,
+    change_point,
+    regime_add,
+    regime_from,
+    regime_predict,
+    regime_sigma,
+)
 
 Units = Literal["bytes", "items"]
-Cusum = tuple[float, float, int, int]  # (upward sum, downward sum, where each run began)
-
-
-class _Record:
-    """The dataclasses here copy and pickle through their constructor: compiled (mypyc), they
-    are native classes without `__dict__`, which `copy` and `pickle` would write. (The records
-    made per bar update are named tuples (`new_tuple`): compiled, a frozen dataclass is built
-    through a Python-level `__init__` that sets each field, several times slower.)"""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return type(self), tuple(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
 
 
 # -- time left ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class EtaConfig(_Record):
-    min_segment_s: float = 0.5  # shorter segments are merged with the next
-    window: int = 24  # recent segments kept (to restart a regime at a change point)
-    prior_sigma: float = 0.25  # log-duration noise assumed before the data says otherwise
-    prior_weight: float = 3.0  # how many segments' worth that assumption counts for
-    min_sigma: float = 0.05
-    ridge: float = 0.002  # pull on the per-file cost: with equal files it is not identifiable
-    cusum_k: float = 0.75  # slack per segment, in sigmas
-    cusum_h: float = 5.0  # alarm level, in sigmas
-    range_z: float = 1.64  # the low/high range is about a 90% interval
-
-
-class Segment(NamedTuple):
-    """Progress between two bar updates: `items` files and `x1 - x0` units in `t1 - t0` s.
-    `resid` is log(actual / predicted duration) against the regime it was tested on."""
-
-    serial: int
-    t0: float
-    t1: float
-    x0: float
-    x1: float
-    items: int
-    resid: float = 0.0
-
-    @property
-    def dt(self) -> float:
-        return self.t1 - self.t0
-
-    @property
-    def dx(self) -> float:
-        return self.x1 - self.x0
-
-
-class Regime(NamedTuple):
-    """A stretch of constant speed. Durations are modelled as `a * files + b * units` (a
-    per-file cost and a per-byte cost), fitted by least squares from running sums."""
-
-    n: int = 0
-    s_nn: float = 0.0
-    s_nx: float = 0.0
-    s_xx: float = 0.0
-    s_nt: float = 0.0
-    s_xt: float = 0.0
-    t_sum: float = 0.0
-    x_sum: float = 0.0
-    r2_sum: float = 0.0  # sum of squared residuals (log actual/predicted)
-    sigma_prior: float = 0.25
-    cusum_pos: float = 0.0
-    cusum_neg: float = 0.0
-    pos_from: int = 0  # serial of the first segment of the current upward run
-    neg_from: int = 0
-    tested_from: int = 0  # segments from this serial on were tested against this regime
-
-    def add(self, seg: Segment, resid: float | None = None, cusum: Cusum | None = None) -> Regime:
-        """The regime with `seg` in its sums (with the residual `resid` in place of its own),
-        and the CUSUM's state `cusum` when given. (A load adds a segment per bar update.)"""
-        n, x, t = float(seg.items), seg.x1 - seg.x0, seg.t1 - seg.t0
-        r = seg.resid if resid is None else resid
-        pos, neg, pos_from, neg_from = (
-            cusum
-            if cusum is not None
-            else (self.cusum_pos, self.cusum_neg, self.pos_from, self.neg_from)
-        )
-        return new_tuple(
-            Regime,
-            (
-                self.n + 1,
-                self.s_nn + n * n,
-                self.s_nx + n * x,
-                self.s_xx + x * x,
-                self.s_nt + n * t,
-                self.s_xt + x * t,
-                self.t_sum + t,
-                self.x_sum + x,
-                self.r2_sum + r * r,
-                self.sigma_prior,
-                pos,
-                neg,
-                pos_from,
-                neg_from,
-                self.tested_from,
-            ),
-        )
-
-    def coef(self, cfg: EtaConfig) -> tuple[float, float]:
-        """(seconds per file, seconds per unit)."""
-        ratio = (0.0, self.t_sum / self.x_sum)
-        if self.n < 3:
-            return ratio
-        a11 = self.s_nn * (1.0 + cfg.ridge)
-        det = a11 * self.s_xx - self.s_nx * self.s_nx
-        if det <= 0.0:
-            return ratio
-        a = (self.s_nt * self.s_xx - self.s_nx * self.s_xt) / det
-        b = (a11 * self.s_xt - self.s_nx * self.s_nt) / det
-        if a < 0.0 or b <= 0.0:
-            return ratio
-        return a, b
-
-    def predict(self, items: float, units: float, cfg: EtaConfig) -> float:
-        a, b = self.coef(cfg)
-        return a * items + b * units
-
-    @property
-    def rate(self) -> float:
-        """Units per second over the regime."""
-        return self.x_sum / self.t_sum
-
-    def sigma(self, cfg: EtaConfig) -> float:
-        w = cfg.prior_weight
-        var = (w * self.sigma_prior**2 + self.r2_sum) / (w + self.n)
-        return max(cfg.min_sigma, math.sqrt(var))
-
-
-def _split(run: tuple[Segment, ...]) -> int:
-    """Where in `run` the new speed most likely began: the suffix whose residuals depart most
-    from the old regime, weighted by its length (the likelihood ratio of a shift). CUSUM's own
-    start of the run can lie a few noisy segments too early."""
-    best, best_score = 0, -1.0
-    total = 0.0
-    for j in range(len(run) - 1, -1, -1):
-        total += run[j].resid
-        score = total * total / (len(run) - j)
-        if score > best_score:
-            best, best_score = j, score
-    return best
-
-
-def _regime_from(segments: tuple[Segment, ...], sigma_prior: float) -> Regime:
-    r = Regime(sigma_prior=sigma_prior)
-    for seg in segments:
-        r = r.add(seg, resid=0.0)
-    nxt = segments[-1].serial + 1
-    return r._replace(pos_from=nxt, neg_from=nxt, tested_from=nxt)
-
-
-@dataclass(frozen=True, slots=True)
-class Eta(_Record):
+class Eta(CompiledRecord):
     """Time left on one weights bar, seen at `at`."""
 
     at: float
@@ -274,8 +134,7 @@ class EtaState(NamedTuple):
         return "items" if self.cum is None else "bytes"
 
     def x(self, done: int) -> float:
-        done = min(max(done, 0), self.total_items)
-        return float(done) if self.cum is None else float(self.cum[done])
+        return eta_units(self, done)
 
     @property
     def total(self) -> float:
@@ -283,86 +142,7 @@ class EtaState(NamedTuple):
 
     def update(self, t: float, done: int) -> EtaState:
         """A bar update. Repeats and regressions are ignored (the caller starts a new bar)."""
-        if done <= self.last_done or t < self.last_t:
-            return self
-        done = min(done, self.total_items)
-        finished = self.finished_at if done < self.total_items else t
-        dt = t - self.open_t
-        if dt <= 0.0 or (dt < self.cfg.min_segment_s and done < self.total_items):
-            return self._moved(t, done, self.open_t, self.open_done, finished)
-        x0, x1 = self.x(self.open_done), self.x(done)
-        if x1 <= x0:  # zero-byte files: no speed to learn from
-            return self._moved(t, done, t, done, finished)
-        regime, seg, changed = self._fold(t, x0, x1, done - self.open_done)
-        return self._moved(
-            t,
-            done,
-            t,
-            done,
-            finished,
-            regime,
-            self.recent[-(self.cfg.window - 1) :] + (seg,),  # noqa: RUF005 (`_moved` says why)
-            self.serial + 1,
-            self.changes + (1 if changed else 0),
-        )
-
-    def _moved(
-        self,
-        t: float,
-        done: int,
-        open_t: float,
-        open_done: int,
-        finished_at: float | None,
-        regime: Regime | None = None,
-        recent: tuple[Segment, ...] | None = None,
-        serial: int | None = None,
-        changes: int | None = None,
-    ) -> EtaState:
-        """The state after an update at `t` to `done` (the segment open from `open_t`), with a
-        new segment in (`regime`, `recent`, `serial`, `changes`) or not (None: as they are)."""
-        # total_items, cum, start_t and start_done as they are, the rest anew (concatenated:
-        # compiled, a starred tuple display is built through a list)
-        return new_tuple(
-            EtaState,
-            self[:4]  # noqa: RUF005
-            + (
-                t,
-                done,
-                open_t,
-                open_done,
-                self.regime if regime is None else regime,
-                self.recent if recent is None else recent,
-                self.serial if serial is None else serial,
-                self.changes if changes is None else changes,
-                finished_at,
-                self.cfg,
-            ),
-        )
-
-    def _fold(self, t1: float, x0: float, x1: float, items: int) -> tuple[Regime, Segment, bool]:
-        """The segment from the open one to (t1, x1), tested against the regime and added."""
-        cfg = self.cfg
-        r = self.regime
-        t0 = self.open_t
-        if r is None:
-            seg = new_tuple(Segment, (self.serial, t0, t1, x0, x1, items, 0.0))
-            return _regime_from((seg,), cfg.prior_sigma), seg, False
-        predicted = r.predict(items, x1 - x0, cfg)
-        resid = math.log((t1 - t0) / predicted) if predicted > 0 else 0.0
-        seg = new_tuple(Segment, (self.serial, t0, t1, x0, x1, items, resid))
-        sigma = r.sigma(cfg)
-        # The fit is itself uncertain while the regime is young.
-        z = resid / (sigma * math.sqrt(1.0 + 1.0 / r.n))
-        pos = max(0.0, r.cusum_pos + z - cfg.cusum_k)
-        neg = max(0.0, r.cusum_neg - z - cfg.cusum_k)
-        pos_from = seg.serial if r.cusum_pos == 0.0 else r.pos_from
-        neg_from = seg.serial if r.cusum_neg == 0.0 else r.neg_from
-        if pos > cfg.cusum_h or neg > cfg.cusum_h:
-            since = pos_from if pos > cfg.cusum_h else neg_from
-            run = tuple(s for s in (*self.recent, seg) if s.serial >= since) or (seg,)
-            return _regime_from(run[_split(run) :], sigma), seg, True
-        regime = r.add(seg, cusum=(pos, neg, pos_from, neg_from))
-        return regime, seg, False
+        return eta_advance(self, t, done)
 
     # -- reading the estimate -----------------------------------------------------------------
 
@@ -379,31 +159,16 @@ class EtaState(NamedTuple):
 
     def _item_cost(self, done: int) -> float | None:
         """Predicted seconds for file number `done + 1`."""
-        if done >= self.total_items:
-            return None
-        size = self.x(done + 1) - self.x(done)
-        if self.regime is not None:
-            return self.regime.predict(1, size, self.cfg)
-        rate = self.rate()
-        return size / rate if rate else None
+        return _item_cost(self, done)
 
     def item_seconds(self) -> float | None:
         """Typical seconds per file lately (median over the recent segments)."""
-        # (asked at each fold while a bar loads: a list and the fields, no generator or property)
-        per = [(s.t1 - s.t0) / s.items for s in self.recent[-9:] if s.items > 0]
-        per.sort()
-        if not per:
-            return None
-        return per[len(per) // 2]
+        return item_seconds(self)
 
     def next_item_seconds(self) -> float | None:
         """How long the file in progress should take: by its size when sizes are known, and
         never less than the typical time per file."""
-        typical = self.item_seconds()
-        cost = self._item_cost(self.last_done) if self.cum is not None else None
-        if cost is None:
-            return typical
-        return cost if typical is None else max(cost, typical)
+        return next_item_seconds(self)
 
     def _in_file(self, now: float, read_bytes_since_update: int | None) -> float:
         """Share of the file in progress done at `now`, from bytes read (bytes mode) or from
@@ -471,6 +236,131 @@ def stall_threshold_s(expected_item_s: float | None, k: float, floor_s: float) -
 __all__ = ["Eta", "EtaConfig", "EtaState", "Regime", "Segment", "Units", "stall_threshold_s"]
 
 
+# The estimator's update, a bar update at a time, as functions (compiled, a call of one is a
+# C call; a named tuple's method is looked up and called as Python's).
+
+
+def eta_units(eta: EtaState, done: int) -> float:
+    """Units done when `done` files are (`EtaState.x`)."""
+    done = min(max(done, 0), eta.total_items)
+    return float(done) if eta.cum is None else float(eta.cum[done])
+
+
+def eta_advance(eta: EtaState, t: float, done: int) -> EtaState:
+    """`EtaState.update`."""
+    if done <= eta.last_done or t < eta.last_t:
+        return eta
+    done = min(done, eta.total_items)
+    finished = eta.finished_at if done < eta.total_items else t
+    dt = t - eta.open_t
+    if dt <= 0.0 or (dt < eta.cfg.min_segment_s and done < eta.total_items):
+        return _moved(eta, t, done, eta.open_t, eta.open_done, finished)
+    x0, x1 = eta_units(eta, eta.open_done), eta_units(eta, done)
+    if x1 <= x0:  # zero-byte files: no speed to learn from
+        return _moved(eta, t, done, t, done, finished)
+    regime, seg, changed = _fold(eta, t, x0, x1, done - eta.open_done)
+    return _moved(
+        eta,
+        t,
+        done,
+        t,
+        done,
+        finished,
+        regime,
+        eta.recent[-(eta.cfg.window - 1) :] + (seg,),  # noqa: RUF005 (`_moved` says why)
+        eta.serial + 1,
+        eta.changes + (1 if changed else 0),
+    )
+
+
+def _moved(
+    eta: EtaState,
+    t: float,
+    done: int,
+    open_t: float,
+    open_done: int,
+    finished_at: float | None,
+    regime: Regime | None = None,
+    recent: tuple[Segment, ...] | None = None,
+    serial: int | None = None,
+    changes: int | None = None,
+) -> EtaState:
+    """The state after an update at `t` to `done` (the segment open from `open_t`), with a new
+    segment in (`regime`, `recent`, `serial`, `changes`) or not (None: as they are)."""
+    # total_items, cum, start_t and start_done as they are, the rest anew (concatenated:
+    # compiled, a starred tuple display is built through a list)
+    return new_tuple(
+        EtaState,
+        eta[:4]  # noqa: RUF005
+        + (
+            t,
+            done,
+            open_t,
+            open_done,
+            eta.regime if regime is None else regime,
+            eta.recent if recent is None else recent,
+            eta.serial if serial is None else serial,
+            eta.changes if changes is None else changes,
+            finished_at,
+            eta.cfg,
+        ),
+    )
+
+
+def _fold(
+    eta: EtaState, t1: float, x0: float, x1: float, items: int
+) -> tuple[Regime, Segment, bool]:
+    """The segment from the open one to (t1, x1), tested against the regime and added."""
+    cfg = eta.cfg
+    r = eta.regime
+    t0 = eta.open_t
+    if r is None:
+        seg = new_tuple(Segment, (eta.serial, t0, t1, x0, x1, items, 0.0))
+        return regime_from((seg,), cfg.prior_sigma), seg, False
+    predicted = regime_predict(r, items, x1 - x0, cfg)
+    resid = math.log((t1 - t0) / predicted) if predicted > 0 else 0.0
+    seg = new_tuple(Segment, (eta.serial, t0, t1, x0, x1, items, resid))
+    sigma = regime_sigma(r, cfg)
+    # The fit is itself uncertain while the regime is young.
+    z = resid / (sigma * math.sqrt(1.0 + 1.0 / r.n))
+    pos = max(0.0, r.cusum_pos + z - cfg.cusum_k)
+    neg = max(0.0, r.cusum_neg - z - cfg.cusum_k)
+    pos_from = seg.serial if r.cusum_pos == 0.0 else r.pos_from
+    neg_from = seg.serial if r.cusum_neg == 0.0 else r.neg_from
+    if pos > cfg.cusum_h or neg > cfg.cusum_h:
+        since = pos_from if pos > cfg.cusum_h else neg_from
+        run = tuple(s for s in (*eta.recent, seg) if s.serial >= since) or (seg,)
+        return regime_from(run[change_point(run) :], sigma), seg, True
+    return regime_add(r, seg, None, (pos, neg, pos_from, neg_from)), seg, False
+
+
+def _item_cost(eta: EtaState, done: int) -> float | None:
+    if done >= eta.total_items:
+        return None
+    size = eta_units(eta, done + 1) - eta_units(eta, done)
+    if eta.regime is not None:
+        return regime_predict(eta.regime, 1, size, eta.cfg)
+    rate = eta.rate()
+    return size / rate if rate else None
+
+
+def item_seconds(eta: EtaState) -> float | None:
+    # (asked at each fold while a bar loads: a list and the fields, no generator or property)
+    per = [(s.t1 - s.t0) / s.items for s in eta.recent[-9:] if s.items > 0]
+    per.sort()
+    if not per:
+        return None
+    return per[len(per) // 2]
+
+
+def next_item_seconds(eta: EtaState) -> float | None:
+    typical = item_seconds(eta)
+    cost = _item_cost(eta, eta.last_done) if eta.cum is not None else None
+    if cost is None:
+        return typical
+    return cost if typical is None else max(cost, typical)
+
+
 def eta_update(eta: EtaState, t: float, ev: ShardProgress) -> EtaState:
     """The estimator after a bar update at `t`. Updates read in one burst (a backlog, a busy
     moment) all happen at one instant of the daemon's clock, which then times nothing: until
@@ -479,7 +369,7 @@ def eta_update(eta: EtaState, t: float, ev: ShardProgress) -> EtaState:
         took = tqdm_elapsed_s(ev)
         if took is not None:
             return EtaState.start(t, ev.done, ev.total, eta.cum, took, eta.cfg)
-    return eta.update(t, ev.done)
+    return eta_advance(eta, t, ev.done)
 
 
 def tqdm_elapsed_s(ev: ShardProgress) -> float | None:

@@ -18,6 +18,19 @@ _new: Final = object.__new__
 new_tuple: Final = tuple.__new__
 
 
+class CompiledRecord:
+    """A dataclass of a compiled module (forecast.py's), copied and pickled through its
+    constructor: compiled (mypyc), it is a native class without `__dict__`, which `copy` and
+    `pickle` would write. (The records made per bar update are named tuples (`new_tuple`):
+    compiled, a frozen dataclass is built through a Python-level `__init__` that sets each
+    field, several times slower.)"""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return type(self), tuple(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
+
+
 def evolve(obj: _T, **changes: Any) -> _T:
     """`dataclasses.replace` for frozen records, several times faster. The records keep their
     fields in `__dict__` (no slots) and have no validation, so a copy is two dict updates and no
