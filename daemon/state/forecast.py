@@ -157,10 +157,6 @@ class EtaState(NamedTuple):
             return dx / dt
         return None
 
-    def _item_cost(self, done: int) -> float | None:
-        """Predicted seconds for file number `done + 1`."""
-        return _item_cost(self, done)
-
     def item_seconds(self) -> float | None:
         """Typical seconds per file lately (median over the recent segments)."""
         return item_seconds(self)
@@ -179,7 +175,7 @@ class EtaState(NamedTuple):
         if self.cum is not None and read_bytes_since_update and size > 0:
             share = read_bytes_since_update / size
         else:
-            cost = self._item_cost(self.last_done)
+            cost = _item_cost(self, self.last_done)
             share = (now - self.last_t) / cost if cost and now > self.last_t else 0.0
         return min(max(share, 0.0), 0.95)
 
@@ -335,6 +331,7 @@ def _fold(
 
 
 def _item_cost(eta: EtaState, done: int) -> float | None:
+    """Predicted seconds for file number `done + 1`."""
     if done >= eta.total_items:
         return None
     size = eta_units(eta, done + 1) - eta_units(eta, done)
@@ -345,6 +342,7 @@ def _item_cost(eta: EtaState, done: int) -> float | None:
 
 
 def item_seconds(eta: EtaState) -> float | None:
+    """`EtaState.item_seconds`."""
     # (asked at each fold while a bar loads: a list and the fields, no generator or property)
     per = [(s.t1 - s.t0) / s.items for s in eta.recent[-9:] if s.items > 0]
     per.sort()
@@ -354,6 +352,7 @@ def item_seconds(eta: EtaState) -> float | None:
 
 
 def next_item_seconds(eta: EtaState) -> float | None:
+    """`EtaState.next_item_seconds` (the stall check's, after every run of input)."""
     typical = item_seconds(eta)
     cost = _item_cost(eta, eta.last_done) if eta.cum is not None else None
     if cost is None:

@@ -216,17 +216,11 @@ class StandardHeads:
         c = text[:1]
         w = 0  # where vLLM's own line starts: after what a launcher or collector wrote first
         if c != "(" and c in WRAPPER_START:
-            w = self._column_end(text)
-            if w:  # (read as the first step: what follows it in turn, as `wrapper_end` reads)
-                if text[w : w + 1] in WRAPPER_START:
-                    end = wrapper_end(text, w, MAX_WRAPPERS - 1)
-                    if end > w and _odd(text[w:end]):
-                        return None
-                    w = end
-            else:
-                w = wrapper_end(text)
-                if w and _odd(text[:w]):
-                    return None
+            w = self._column_end(text)  # (the first step, when a column: judged once)
+            end = wrapper_end(text, w, MAX_WRAPPERS - 1 if w else MAX_WRAPPERS)
+            if end > w and _odd(text[w:end]):
+                return None
+            w = end
             c = text[w : w + 1]
         if c == "(":
             p = text.find(") ", w + 1, w + _HEADER_WINDOW) + 2
